@@ -1,0 +1,489 @@
+"""The llama.cpp engine: one thread owns the model and context, and decodes many sequences per step.
+
+A llama context is not thread-safe, so exactly one thread touches it. Callers submit `Job`s to a
+bounded queue and read events back on their own asyncio loop. Each decode step builds one
+`llama_batch` holding the next token of every running sequence plus a chunk of a newcomer's prompt
+(so a long prompt never stalls the others for its whole length), then samples every sequence
+from its own logits row with its own parameters.
+
+Logprobs come from the logits rows we already have: the log-softmax at the sampled token. This
+avoids `logits_all=True`, which computes vocabulary logits for every prompt token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import ctypes
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from router.errors import ContextLengthError, DeadlineError, ModelError, OverloadedError
+from router.generation import GenerationRequest
+
+log = logging.getLogger(__name__)
+
+
+def physical_cores() -> int:
+    """Physical cores from /proc/cpuinfo (llama.cpp gains nothing from SMT siblings)."""
+    import os
+
+    try:
+        cores: set[tuple[str, str]] = set()
+        phys = core = ""
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "physical id":
+                    phys = value
+                elif key == "core id":
+                    core = value
+                elif not key and (phys or core):
+                    cores.add((phys, core))
+                    phys = core = ""
+        if phys or core:
+            cores.add((phys, core))
+        if cores:
+            return len(cores)
+    except OSError:
+        pass
+    return os.cpu_count() or 1
+
+
+# ---- events sent back to the caller's loop --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    text: str  # text safe to emit (never part of a pending stop string)
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    token_logprobs: tuple[float, ...]
+    ttft_s: float | None
+    busy_s: float
+    queued_s: float
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    error: BaseException
+
+
+Event = TokenEvent | DoneEvent | ErrorEvent
+
+
+@dataclass
+class Job:
+    """A generation request as the engine sees it. `cancel()` is safe from any thread."""
+
+    prompt_tokens: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+    deadline: float | None
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[Event]
+    submitted: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def emit(self, event: Event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+            self.cancelled = True
+
+
+@dataclass
+class _Seq:
+    job: Job
+    seq_id: int
+    started: float
+    n_prefilled: int = 0
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    emitted: int = 0  # chars of text already sent
+    first_token_at: float | None = None
+    busy_s: float = 0.0
+    rng: np.random.Generator | None = None
+    decoder: Any = None
+    reserved: int = 0
+
+    @property
+    def pos(self) -> int:
+        return self.n_prefilled + len(self.generated)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_prefilled < len(self.job.prompt_tokens)
+
+
+class LlamaEngine:
+    """Owns one llama.cpp model and context on a dedicated thread."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int = 0,
+        n_batch: int = 512,
+        n_parallel: int = 4,
+        max_queue: int = 64,
+        name: str = "llamacpp",
+    ) -> None:
+        self.model_path = model_path
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads or physical_cores()
+        self.n_batch = n_batch
+        self.n_parallel = n_parallel
+        self.max_queue = max_queue
+        self.name = name
+        self._pending: deque[Job] = deque()
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._loaded = threading.Event()
+        self._load_error: BaseException | None = None
+        self.active = 0
+        self.steps = 0
+        self.tokens_out = 0
+        self.chat_template: str | None = None
+        self.bos_text = ""
+        self.eos_text = ""
+
+    # ---- public, any thread -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"llama-engine-{self.name}", daemon=True)
+        self._thread.start()
+        self._loaded.wait()
+        if self._load_error is not None:
+            raise self._load_error
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    @property
+    def ready(self) -> bool:
+        return self._loaded.is_set() and self._load_error is None and self._thread is not None
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._pending)
+
+    def submit(self, job: Job) -> None:
+        n_prompt = len(job.prompt_tokens)
+        if n_prompt == 0:
+            raise ContextLengthError("the prompt is empty after tokenization")
+        if n_prompt + 1 > self.n_ctx:
+            raise ContextLengthError(
+                f"This model's maximum context length is {self.n_ctx} tokens, but the prompt has "
+                f"{n_prompt} tokens. Shorten the prompt."
+            )
+        with self._cv:
+            if len(self._pending) >= self.max_queue:
+                raise OverloadedError(f"tier '{self.name}' is at capacity; retry later", retry_after=2.0)
+            self._pending.append(job)
+            self._cv.notify()
+
+    # ---- tokenizer helpers (read-only on the model: safe from any thread) ---------------------
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        import llama_cpp as lc
+
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        import llama_cpp as lc
+
+        buf = ctypes.create_string_buffer(64)
+        n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    # ---- the engine thread -------------------------------------------------------------------
+
+    def _load(self) -> None:
+        import llama_cpp as lc
+
+        logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+        lc.llama_backend_init()
+        mparams = lc.llama_model_default_params()
+        model = lc.llama_model_load_from_file(str(self.model_path).encode(), mparams)
+        if not model:
+            raise ModelError(f"llama.cpp could not load {self.model_path}")
+        self._model = model
+        self._vocab = lc.llama_model_get_vocab(model)
+        self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = self.n_ctx
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = min(self.n_batch, 512)
+        cparams.n_seq_max = self.n_parallel
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.kv_unified = True  # sequences share the whole context; admission reserves cells
+        cparams.no_perf = True
+        ctx = lc.llama_init_from_model(model, cparams)
+        if not ctx:
+            raise ModelError(f"llama.cpp could not create a context for {self.model_path}")
+        self._ctx = ctx
+        self._mem = lc.llama_get_memory(ctx)
+        self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        tmpl = lc.llama_model_chat_template(model, None)
+        self.chat_template = tmpl.decode("utf-8") if tmpl else None
+        self.bos_text = self.piece_special(lc.llama_vocab_bos(self._vocab))
+        self.eos_text = self.piece_special(lc.llama_vocab_eos(self._vocab))
+
+    def piece_special(self, token: int) -> str:
+        import llama_cpp as lc
+
+        if token < 0:
+            return ""
+        buf = ctypes.create_string_buffer(128)
+        n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+        return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
+
+    def _free(self) -> None:
+        import llama_cpp as lc
+
+        lc.llama_batch_free(self._batch)
+        lc.llama_free(self._ctx)
+        lc.llama_model_free(self._model)
+
+    def _run(self) -> None:
+        try:
+            self._load()
+        except BaseException as exc:  # reported to start()
+            self._load_error = exc
+            self._loaded.set()
+            return
+        self._loaded.set()
+        running: list[_Seq] = []
+        free_ids = list(range(self.n_parallel - 1, -1, -1))
+        reserved = 0
+        try:
+            while True:
+                with self._cv:
+                    while not self._stop and not running and not self._pending:
+                        self._cv.wait()
+                    if self._stop:
+                        break
+                    # admit newcomers while a slot and their worst-case KV cells are free
+                    while self._pending and free_ids:
+                        job = self._pending[0]
+                        need = min(len(job.prompt_tokens) + job.max_tokens, self.n_ctx)
+                        if running and reserved + need > self.n_ctx:
+                            break  # wait for a running sequence to leave
+                        self._pending.popleft()
+                        if job.cancelled:
+                            continue
+                        seq = _Seq(job=job, seq_id=free_ids.pop(), started=time.monotonic(), reserved=need)
+                        seq.rng = np.random.default_rng(job.seed)
+                        seq.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+                        reserved += need
+                        running.append(seq)
+                self.active = len(running)
+                # drop sequences whose caller left or whose deadline passed: within one step
+                now = time.monotonic()
+                for seq in list(running):
+                    if seq.job.cancelled or (seq.job.deadline is not None and now > seq.job.deadline):
+                        if not seq.job.cancelled:
+                            seq.job.emit(ErrorEvent(DeadlineError("generation passed its deadline")))
+                        reserved -= self._release(seq, running, free_ids)
+                if not running:
+                    continue
+                self._step(running)
+                for seq in list(running):
+                    if seq.job.cancelled:  # finished inside _step
+                        reserved -= self._release(seq, running, free_ids)
+        except BaseException as exc:  # a native failure: fail every caller, never hang them
+            log.exception("llama engine %s crashed", self.name)
+            for seq in running:
+                seq.job.emit(ErrorEvent(ModelError(f"engine failure: {exc}")))
+            with self._cv:
+                for job in self._pending:
+                    job.emit(ErrorEvent(ModelError(f"engine failure: {exc}")))
+                self._pending.clear()
+        finally:
+            self._free()
+
+    def _release(self, seq: _Seq, running: list[_Seq], free_ids: list[int]) -> int:
+        import llama_cpp as lc
+
+        lc.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
+        running.remove(seq)
+        free_ids.append(seq.seq_id)
+        seq.job.cancelled = True
+        return seq.reserved
+
+    def _step(self, running: Sequence[_Seq]) -> None:
+        import llama_cpp as lc
+
+        batch = self._batch
+        n = 0
+        outputs: list[_Seq] = []
+        # decoding sequences first: one token each, always
+        for seq in running:
+            if not seq.prefilling:
+                self._put(batch, n, seq.generated[-1], seq.pos - 1, seq.seq_id, True)
+                outputs.append(seq)
+                n += 1
+        # then prompt chunks within what is left of the batch
+        for seq in running:
+            if not seq.prefilling or n >= self.n_batch:
+                continue
+            prompt = seq.job.prompt_tokens
+            take = min(len(prompt) - seq.n_prefilled, self.n_batch - n)
+            for i in range(take):
+                last = seq.n_prefilled + i == len(prompt) - 1
+                self._put(batch, n, prompt[seq.n_prefilled + i], seq.n_prefilled + i, seq.seq_id, last)
+                n += 1
+                if last:
+                    outputs.append(seq)
+            seq.n_prefilled += take
+        batch.n_tokens = n
+        t0 = time.monotonic()
+        rc = lc.llama_decode(self._ctx, batch)
+        if rc != 0:
+            raise ModelError(f"llama_decode returned {rc}")
+        logits_ptr = lc.llama_get_logits(self._ctx)
+        rows = np.ctypeslib.as_array(logits_ptr, shape=(len(outputs), self.n_vocab))
+        self._sample(outputs, rows)
+        dt = time.monotonic() - t0
+        self.steps += 1
+        share = dt / max(1, len(running))
+        for seq in running:
+            seq.busy_s += share
+
+    @staticmethod
+    def _put(batch: Any, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
+        batch.token[i] = token
+        batch.pos[i] = pos
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = seq_id
+        batch.logits[i] = 1 if logits else 0
+
+    def _sample(self, outputs: list[_Seq], rows: np.ndarray) -> None:
+        import llama_cpp as lc
+
+        if not outputs:
+            return
+        # log-softmax normaliser of every row at once (the model's own distribution, T=1)
+        peak = rows.max(axis=1)
+        lse = peak + np.log(np.exp(rows - peak[:, None]).sum(axis=1))
+        now = time.monotonic()
+        for r, seq in enumerate(outputs):
+            job = seq.job
+            row = rows[r]
+            if job.temperature <= 0.0:
+                token = int(row.argmax())
+            else:
+                token = self._sample_row(row, job.temperature, job.top_p, seq.rng)
+            if seq.first_token_at is None:
+                seq.first_token_at = now
+            if lc.llama_vocab_is_eog(self._vocab, token):
+                self._finish(seq, "stop")
+                continue
+            seq.generated.append(token)
+            seq.logprobs.append(float(row[token] - lse[r]))
+            self.tokens_out += 1
+            seq.text += seq.decoder.decode(self.piece(token))
+            if self._check_stop(seq):
+                continue
+            if len(seq.generated) >= job.max_tokens or seq.pos + 1 >= self.n_ctx:
+                self._finish(seq, "length")
+                continue
+            self._emit_safe(seq)
+
+    @staticmethod
+    def _sample_row(row: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator | None) -> int:
+        scaled = row.astype(np.float64) / temperature
+        # restrict to the top candidates first: a full-vocabulary sort per token is wasteful
+        k = min(64, scaled.shape[0])
+        top = np.argpartition(scaled, -k)[-k:]
+        logits = scaled[top]
+        order = np.argsort(-logits)
+        top, logits = top[order], logits[order]
+        probs = np.exp(logits - logits[0])
+        probs /= probs.sum()
+        if top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(probs), top_p) + 1)
+            top, probs = top[:keep], probs[:keep] / probs[:keep].sum()
+        gen = rng if rng is not None else np.random.default_rng()
+        return int(top[gen.choice(len(top), p=probs)])
+
+    def _check_stop(self, seq: _Seq) -> bool:
+        stops = seq.job.stop
+        if not stops:
+            return False
+        longest = max(len(s) for s in stops)
+        window_start = max(0, seq.emitted - longest)
+        hits = [i for i in (seq.text.find(s, window_start) for s in stops) if i >= 0]
+        if not hits:
+            return False
+        seq.text = seq.text[: min(hits)]
+        self._finish(seq, "stop")
+        return True
+
+    def _emit_safe(self, seq: _Seq) -> None:
+        hold = max((len(s) for s in seq.job.stop), default=1) - 1
+        safe = len(seq.text) - hold
+        if safe > seq.emitted:
+            seq.job.emit(TokenEvent(seq.text[seq.emitted : safe]))
+            seq.emitted = safe
+
+    def _finish(self, seq: _Seq, reason: str) -> None:
+        seq.text += seq.decoder.decode(b"", final=True)
+        if len(seq.text) > seq.emitted:
+            seq.job.emit(TokenEvent(seq.text[seq.emitted :]))
+            seq.emitted = len(seq.text)
+        seq.job.emit(
+            DoneEvent(
+                text=seq.text,
+                finish_reason=reason,
+                prompt_tokens=len(seq.job.prompt_tokens),
+                completion_tokens=len(seq.generated),
+                token_logprobs=tuple(seq.logprobs),
+                ttft_s=(seq.first_token_at - seq.job.submitted) if seq.first_token_at else None,
+                busy_s=seq.busy_s,
+                queued_s=seq.started - seq.job.submitted,
+            )
+        )
+        seq.job.cancelled = True  # marks the slot for release

@@ -1,0 +1,129 @@
+"""The local tier: llama-cpp-python in-process, behind the async Backend interface.
+
+The engine thread (`llama_engine.LlamaEngine`) owns the context; this class renders the chat
+template, tokenizes, submits a job and relays the engine's events on the caller's loop. The event
+loop is never blocked: model loading runs in a worker thread, decoding on the engine thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from router.backends.base import Backend
+from router.backends.llama_engine import DoneEvent, ErrorEvent, Job, LlamaEngine, TokenEvent
+from router.catalog import resolve_model
+from router.errors import DeadlineError, ModelError
+from router.generation import Delta, Generation, GenerationRequest
+
+if TYPE_CHECKING:
+    from router.config import LlamaCppSettings, Settings, TierSettings
+
+
+class LlamaCppBackend(Backend):
+    local = True
+
+    def __init__(self, name: str, model_path: Path, settings: LlamaCppSettings, max_tokens_cap: int) -> None:
+        super().__init__(name)
+        self.model_path = model_path
+        self.engine = LlamaEngine(
+            model_path,
+            n_ctx=settings.n_ctx,
+            n_threads=settings.n_threads,
+            n_batch=settings.n_batch,
+            n_parallel=settings.n_parallel,
+            max_queue=settings.max_queue,
+            name=name,
+        )
+        self.max_tokens_cap = max_tokens_cap
+        self._formatter: Any = None
+        self.model_name = settings.model
+
+    @classmethod
+    def from_settings(cls, tier: TierSettings, settings: Settings) -> LlamaCppBackend:
+        assert tier.llamacpp is not None
+        path = resolve_model(tier.llamacpp.model, settings.models.cache_dir)
+        return cls(tier.name, path, tier.llamacpp, tier.max_tokens)
+
+    async def start(self) -> None:
+        if self.engine.ready:
+            return
+        await asyncio.to_thread(self.engine.start)
+        template = self.engine.chat_template
+        if template:
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            self._formatter = Jinja2ChatFormatter(
+                template=template, eos_token=self.engine.eos_text, bos_token=self.engine.bos_text
+            )
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.engine.stop)
+
+    @property
+    def ready(self) -> bool:
+        return self.engine.ready
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "queue_depth": float(self.engine.queue_depth),
+            "active_sequences": float(self.engine.active),
+        }
+
+    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        """The token ids the model will see: the chat template rendered, or the plain prompt."""
+        if request.messages is None:
+            assert request.prompt is not None
+            return self.engine.tokenize(request.prompt, add_special=True, parse_special=False)
+        if self._formatter is None:
+            raise ModelError(f"model {self.model_path.name} has no chat template; use /v1/completions")
+        rendered = self._formatter(messages=[{"role": m.role, "content": m.content} for m in request.messages])
+        added = bool(getattr(rendered, "added_special", False))
+        return self.engine.tokenize(rendered.prompt, add_special=not added, parse_special=True)
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta | Generation]:
+        if not self.engine.ready:
+            await self.start()
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        job = Job(
+            prompt_tokens=self.prompt_tokens(request),
+            max_tokens=min(request.max_tokens, self.max_tokens_cap),
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            stop=tuple(s for s in request.stop if s),
+            deadline=request.deadline,
+            loop=loop,
+            events=asyncio.Queue(),
+        )
+        self.engine.submit(job)
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(job.events.get(), timeout=request.remaining())
+                except TimeoutError:
+                    raise DeadlineError(f"tier '{self.name}' did not finish before the deadline") from None
+                if isinstance(event, TokenEvent):
+                    if event.text:
+                        yield Delta(event.text)
+                elif isinstance(event, DoneEvent):
+                    yield Generation(
+                        text=event.text,
+                        finish_reason=event.finish_reason,  # type: ignore[arg-type]
+                        prompt_tokens=event.prompt_tokens,
+                        completion_tokens=event.completion_tokens,
+                        token_logprobs=event.token_logprobs,
+                        latency_s=time.monotonic() - started,
+                        ttft_s=event.ttft_s,
+                        busy_s=event.busy_s,
+                        model=self.model_name,
+                    )
+                    return
+                elif isinstance(event, ErrorEvent):
+                    raise event.error
+        finally:
+            job.cancel()  # a caller that stops listening frees its slot within one step

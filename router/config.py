@@ -1,0 +1,232 @@
+"""Typed, validated configuration.
+
+`config.toml` is read into `Settings` through pydantic-settings. Precedence, highest first:
+keyword arguments, environment variables (prefix ``TIERROUTE_``, nested keys joined with ``__``,
+e.g. ``TIERROUTE_SERVER__PORT=9000``), then the TOML file. Every model forbids unknown keys, so a
+typo is refused at start-up with the key's path in the message instead of silently ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import TomlConfigSettingsSource
+
+from router.errors import ConfigError
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
+_TIER_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PriceSettings(_Strict):
+    """What a tier costs. Hosted models are priced by tokens, self-hosted hardware by busy time."""
+
+    usd_per_1m_input_tokens: float | None = Field(None, ge=0, description="Token price for input.")
+    usd_per_1m_output_tokens: float | None = Field(None, ge=0, description="Token price for output.")
+    usd_per_hour: float | None = Field(
+        None, ge=0, description="Hardware price, charged for the measured busy time of each request."
+    )
+    stands_for: str = Field("", description="What this price models, printed in every report.")
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> PriceSettings:
+        by_tokens = self.usd_per_1m_input_tokens is not None or self.usd_per_1m_output_tokens is not None
+        by_time = self.usd_per_hour is not None
+        if by_tokens == by_time:
+            raise ValueError(
+                "set either usd_per_1m_input_tokens and usd_per_1m_output_tokens, or usd_per_hour"
+            )
+        if by_tokens and (self.usd_per_1m_input_tokens is None or self.usd_per_1m_output_tokens is None):
+            raise ValueError("token pricing needs both usd_per_1m_input_tokens and usd_per_1m_output_tokens")
+        return self
+
+
+class VerifierSpec(_Strict):
+    name: str = Field(description="Registered verifier name, e.g. 'confidence' or a plugin's name.")
+    weight: float = Field(1.0, gt=0, description="Weight in the tier's combined score.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Passed to the verifier factory.")
+
+
+class LlamaCppSettings(_Strict):
+    model: str = Field(description="Catalog name, a local .gguf path, or 'hf:REPO/FILE'.")
+    n_ctx: int = Field(4096, ge=256, description="Context size shared by all parallel sequences' KV.")
+    n_threads: int = Field(0, ge=0, description="CPU threads; 0 means the machine's physical cores.")
+    n_batch: int = Field(512, ge=16, description="Most tokens in one decode step (prefill chunk).")
+    n_parallel: int = Field(4, ge=1, le=64, description="Sequences decoded together in one step.")
+    max_queue: int = Field(64, ge=1, description="Requests waiting for a slot before 503.")
+
+
+class OpenAIBackendSettings(_Strict):
+    base_url: str = Field(description="OpenAI-compatible base URL, e.g. http://127.0.0.1:8001/v1.")
+    model: str = Field(description="Model name sent upstream.")
+    api_key_env: str | None = Field(
+        None, description="Name of the environment variable holding the upstream key (never the key)."
+    )
+    max_attempts: int = Field(3, ge=1, le=10, description="Tries per request, retryable errors only.")
+    backoff_initial_s: float = Field(0.5, gt=0)
+    backoff_max_s: float = Field(8.0, gt=0)
+    breaker_failures: int = Field(5, ge=1, description="Consecutive failures that open the breaker.")
+    breaker_cooldown_s: float = Field(30.0, gt=0, description="Open time before a half-open probe.")
+    logprobs: bool = Field(True, description="Ask upstream for the sampled tokens' logprobs.")
+
+
+class TierSettings(_Strict):
+    name: str
+    backend: Literal["llamacpp", "openai"]
+    llamacpp: LlamaCppSettings | None = None
+    openai: OpenAIBackendSettings | None = None
+    price: PriceSettings = Field(description="Required: every tier is priced.")
+    verifiers: list[VerifierSpec] = Field(default_factory=list)
+    combine: Literal["mean", "min"] = Field("mean", description="How verifier scores are combined.")
+    threshold: float = Field(0.5, ge=0, le=1, description="Accept when the combined score >= this.")
+    max_tokens: int = Field(512, ge=1, description="Cap on a request's max_tokens at this tier.")
+    timeout_s: float = Field(120.0, gt=0, description="Deadline for one generation at this tier.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _TIER_NAME.match(v) or v == "auto":
+            raise ValueError("tier names are lowercase [a-z0-9_.-], and 'auto' is reserved")
+        return v
+
+    @model_validator(mode="after")
+    def _backend_section(self) -> TierSettings:
+        section = getattr(self, self.backend)
+        if section is None:
+            raise ValueError(f"backend '{self.backend}' needs a [tiers.{self.backend}] section")
+        other = "openai" if self.backend == "llamacpp" else "llamacpp"
+        if getattr(self, other) is not None:
+            raise ValueError(f"backend is '{self.backend}' but a [tiers.{other}] section is set")
+        return self
+
+
+class ApiKeyEntry(_Strict):
+    name: str
+    hash: str = Field(description="'scrypt$salt$digest' as printed by `tierroute keys create`.")
+    usd_per_day: float | None = Field(None, ge=0)
+    usd_per_month: float | None = Field(None, ge=0)
+    requests_per_minute: int | None = Field(None, ge=1)
+
+
+class ServerSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    allow_unauthenticated: bool = Field(
+        False, description="Serve without API keys. Must be explicit; refused on public addresses."
+    )
+    allow_public_without_keys: bool = Field(False, description="Override the public-bind refusal.")
+    api_keys: list[ApiKeyEntry] = Field(default_factory=list)
+    max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger request bodies get 413.")
+    metrics_public: bool = Field(False, description="Serve /metrics without auth.")
+
+
+class CascadeSettings(_Strict):
+    on_unavailable: Literal["error", "best_effort"] = Field(
+        "error",
+        description="When an escalation target is down: 503 with Retry-After, or the best lower-tier "
+        "answer marked unverified.",
+    )
+    retry_after_s: int = Field(30, ge=1)
+
+
+class ModelsSettings(_Strict):
+    cache_dir: Path | None = Field(None, description="Where pulled models live; default XDG cache.")
+
+
+class LedgerSettings(_Strict):
+    path: Path = Field(Path("tierroute-ledger.sqlite3"), description="SQLite file of served requests.")
+    enabled: bool = True
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TIERROUTE_", env_nested_delimiter="__", extra="forbid", toml_file=None
+    )
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    models: ModelsSettings = Field(default_factory=ModelsSettings)
+    cascade: CascadeSettings = Field(default_factory=CascadeSettings)
+    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+    tiers: list[TierSettings] = Field(min_length=1)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+    @model_validator(mode="after")
+    def _unique_tiers(self) -> Settings:
+        names = [t.name for t in self.tiers]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate tier names: {', '.join(dupes)}")
+        return self
+
+    def tier(self, name: str) -> TierSettings:
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+
+def _loc(loc: tuple[Any, ...], data: dict[str, Any] | None) -> str:
+    parts: list[str] = []
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            label = f"[{part}]"
+            if i > 0 and loc[i - 1] == "tiers" and data:
+                try:
+                    label = f"[{part}] ({data['tiers'][part]['name']})"
+                except (KeyError, IndexError, TypeError):
+                    pass
+            parts.append(label)
+        else:
+            parts.append(("." if parts else "") + str(part))
+    return "".join(parts)
+
+
+def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
+    """Read, validate and return the settings; raise ConfigError naming the offending key."""
+    config_path = Path(path) if path is not None else DEFAULT_CONFIG
+    if not config_path.is_file():
+        raise ConfigError(f"config file not found: {config_path}")
+    bound = type(
+        "Settings", (Settings,), {"model_config": {**Settings.model_config, "toml_file": config_path}}
+    )
+    try:
+        return bound(**overrides)
+    except ValidationError as exc:
+        raw: dict[str, Any] | None = None
+        try:
+            import tomllib
+
+            raw = tomllib.loads(config_path.read_text())
+        except Exception:  # the error below is the one that matters
+            raw = None
+        lines = [
+            f"  {_loc(tuple(err['loc']), raw) or '(top level)'}: {err['msg']}"
+            + (f" (got {err['input']!r})" if err["type"] != "missing" and _short(err.get("input")) else "")
+            for err in exc.errors()
+        ]
+        raise ConfigError(f"invalid config {config_path}:\n" + "\n".join(lines)) from None
+    except ValueError as exc:  # TOML syntax errors surface as ValueError subclasses
+        raise ConfigError(f"invalid config {config_path}: {exc}") from None
+
+
+def _short(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool)) and len(repr(value)) < 60

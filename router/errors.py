@@ -1,0 +1,93 @@
+"""The exception hierarchy. Each type maps to one HTTP status in `router.api.errors`.
+
+TierrouteError
+ ├── ConfigError                 bad or inconsistent configuration (start-up)
+ ├── ModelError                  catalog / model file problems
+ │    └── IntegrityError         a file's size or sha256 does not match the pin
+ ├── RequestError (400)          the request cannot be served as asked
+ │    ├── ContextLengthError     prompt + max_tokens exceed the context
+ │    └── UnknownModelError (404)
+ ├── AuthError (401)
+ ├── RateLimitError (429)        per-key request rate; carries retry_after
+ ├── QuotaError (429)            per-key budget spent (OpenAI's insufficient_quota)
+ └── UnavailableError (503)      a tier cannot answer now; carries retry_after
+      ├── OverloadedError        a local tier's queue is full
+      ├── CircuitOpenError       the tier's breaker is open
+      ├── UpstreamError          retries spent against an upstream server
+      └── DeadlineError          the request's deadline passed
+"""
+
+from __future__ import annotations
+
+
+class TierrouteError(Exception):
+    """Base of every error tierroute raises on purpose."""
+
+
+class ConfigError(TierrouteError):
+    pass
+
+
+class ModelError(TierrouteError):
+    pass
+
+
+class IntegrityError(ModelError):
+    pass
+
+
+class RequestError(TierrouteError):
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+class ContextLengthError(RequestError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="messages", code="context_length_exceeded")
+
+
+class UnknownModelError(RequestError):
+    def __init__(self, model: str, available: list[str]) -> None:
+        super().__init__(
+            f"The model '{model}' does not exist. Available: {', '.join(available)}",
+            param="model",
+            code="model_not_found",
+        )
+
+
+class AuthError(TierrouteError):
+    pass
+
+
+class RateLimitError(TierrouteError):
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class QuotaError(TierrouteError):
+    pass
+
+
+class UnavailableError(TierrouteError):
+    def __init__(self, message: str, retry_after: float = 30.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class OverloadedError(UnavailableError):
+    pass
+
+
+class CircuitOpenError(UnavailableError):
+    pass
+
+
+class UpstreamError(UnavailableError):
+    pass
+
+
+class DeadlineError(UnavailableError):
+    pass

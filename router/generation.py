@@ -1,0 +1,88 @@
+"""The typed values that flow between the API, the cascade, backends and verifiers."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool", "developer"]
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation, chat (messages) or plain completion (prompt): exactly one is set."""
+
+    messages: tuple[Message, ...] | None = None
+    prompt: str | None = None
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    deadline: float | None = None  # time.monotonic() after which the work is abandoned
+    metadata: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("exactly one of messages and prompt must be set")
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+    def with_(self, **changes: Any) -> GenerationRequest:
+        return replace(self, **changes)
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (never negative), or None without one."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - time.monotonic())
+
+    def last_user_text(self) -> str:
+        if self.prompt is not None:
+            return self.prompt
+        assert self.messages is not None
+        for m in reversed(self.messages):
+            if m.role == "user":
+                return m.content
+        return self.messages[-1].content if self.messages else ""
+
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A backend's answer: text, counts and the logprob of each sampled token."""
+
+    text: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    token_logprobs: tuple[float, ...] | None  # None when the backend cannot give them
+    latency_s: float
+    ttft_s: float | None = None
+    busy_s: float | None = None  # compute time attributable to this request (for time pricing)
+    model: str = ""
+
+    @property
+    def mean_logprob(self) -> float | None:
+        if not self.token_logprobs:
+            return None
+        return math.fsum(self.token_logprobs) / len(self.token_logprobs)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A piece of streamed text."""
+
+    text: str
