@@ -1,0 +1,105 @@
+"""Every error leaves the service in OpenAI's shape, with its status chosen here, by exception type.
+
+    {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+
+Nothing else in the app picks a status, and no stack trace ever reaches a client.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from router.errors import (
+    AuthError,
+    ContextLengthError,
+    QuotaError,
+    RateLimitError,
+    RequestError,
+    TierrouteError,
+    UnavailableError,
+    UnknownModelError,
+)
+
+log = logging.getLogger(__name__)
+
+
+class PayloadTooLarge(TierrouteError):
+    pass
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    """Map one of our exceptions to its response."""
+    headers: dict[str, str] = {}
+    if isinstance(exc, UnknownModelError):
+        status, body = 404, error_body(str(exc), "invalid_request_error", exc.param, exc.code)
+    elif isinstance(exc, ContextLengthError):
+        status, body = 400, error_body(str(exc), "invalid_request_error", exc.param, exc.code)
+    elif isinstance(exc, RequestError):
+        status, body = 400, error_body(str(exc), "invalid_request_error", exc.param, exc.code)
+    elif isinstance(exc, AuthError):
+        status, body = 401, error_body(str(exc), "invalid_request_error", None, "invalid_api_key")
+    elif isinstance(exc, QuotaError):
+        status, body = 429, error_body(str(exc), "insufficient_quota", None, "insufficient_quota")
+    elif isinstance(exc, RateLimitError):
+        status, body = 429, error_body(str(exc), "requests", None, "rate_limit_exceeded")
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+    elif isinstance(exc, UnavailableError):
+        status, body = 503, error_body(str(exc), "server_error", None, "service_unavailable")
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+    elif isinstance(exc, PayloadTooLarge):
+        status, body = 413, error_body(str(exc), "invalid_request_error", None, "payload_too_large")
+    else:
+        log.error("unhandled error", exc_info=exc)
+        status, body = 500, error_body("The server had an error while processing your request.", "server_error")
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"We could not parse the JSON body of your request: {first.get('ctx', {}).get('error', 'invalid JSON')}", None
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    msg = first.get("msg", "invalid value")
+    if first.get("type") == "missing":
+        return f"Missing required parameter: '{param}'.", param
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"Invalid value for '{param}': {msg}{more}", param
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(TierrouteError)
+    async def _ours(request: Request, exc: TierrouteError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return JSONResponse(error_body(message, "invalid_request_error", param, None), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = str(exc.detail) if exc.status_code != 404 else f"Unknown request URL: {request.method} {request.url.path}"
+        return JSONResponse(
+            error_body(message, "invalid_request_error", None, None),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc)

@@ -1,0 +1,129 @@
+"""POST /v1/chat/completions and /v1/completions, streaming and not."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from router.api import openai_types as ot
+from router.api.app import PrincipalDep, Services, ServicesDep
+from router.api.errors import error_response
+from router.auth import Principal
+from router.cascade import Answering, CascadeResult, Final
+from router.generation import Delta, GenerationRequest
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1")
+
+
+def _extension(rid: str, result: CascadeResult) -> dict[str, Any]:
+    return {"request_id": rid, **result.summary()}
+
+
+def _headers(result_tier: str, escalated: bool) -> dict[str, str]:
+    return {"x-tierroute-tier": result_tier, "x-tierroute-escalated": "true" if escalated else "false"}
+
+
+def _sse(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def _prepare(services: Services, body: ot._Common) -> GenerationRequest:
+    plan = services.engine.cascade.plan(body.model)  # 404 for an unknown model, before any work
+    default_max = max(t.settings.max_tokens for t in plan)
+    return body.to_generation(default_max)  # type: ignore[attr-defined,no-any-return]
+
+
+async def _finish(services: Services, principal: Principal, rid: str, result: CascadeResult) -> None:
+    """Everything that happens once a response is settled (the ledger hooks in here)."""
+    recorder = getattr(services, "record", None)
+    if recorder is not None:
+        await recorder(principal, rid, result)
+
+
+async def _respond(
+    services: Services,
+    principal: Principal,
+    body: ot._Common,
+    rid: str,
+    shape: Callable[[str, CascadeResult, dict[str, Any]], dict[str, Any]],
+    chunk: Callable[[str, str, str | None, bool], dict[str, Any]],
+) -> Any:
+    request = _prepare(services, body)
+    cascade = services.engine.cascade
+    if not body.stream:
+        result = await cascade.run(request, body.model)
+        await _finish(services, principal, rid, result)
+        return JSONResponse(
+            shape(rid, result, _extension(rid, result)), headers=_headers(result.final.tier, result.escalated)
+        )
+
+    events = cascade.stream(request, body.model).__aiter__()
+    first = await events.__anext__()  # errors before any output are plain HTTP errors
+    assert isinstance(first, Answering)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    body_is_chat = isinstance(body, ot.ChatCompletionRequest)
+
+    async def sse() -> AsyncIterator[bytes]:
+        tier = first.tier
+        if body_is_chat:
+            yield _sse(chunk(rid, tier, "", True))  # OpenAI's first chunk carries the role
+        try:
+            async for event in events:
+                if isinstance(event, Delta):
+                    yield _sse(chunk(rid, tier, event.text, False))
+                elif isinstance(event, Final):
+                    result = event.result
+                    final = chunk(rid, tier, "", False)
+                    final["choices"][0]["finish_reason"] = result.generation.finish_reason
+                    _strip_delta(final)
+                    final["tierroute"] = _extension(rid, result)
+                    if include_usage:
+                        final["usage"] = ot.usage(result)
+                    yield _sse(final)
+                    await _finish(services, principal, rid, result)
+            yield _sse("[DONE]")
+        except Exception as exc:  # output has begun: report in-band, the status is already sent
+            log.warning("stream %s failed mid-way: %s", rid, exc)
+            yield _sse(json.loads(error_response(exc).body))
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    return StreamingResponse(
+        sse(),
+        media_type="text/event-stream",
+        headers={**_headers(first.tier, first.escalated), "cache-control": "no-cache"},
+    )
+
+
+def _strip_delta(chunk: dict[str, Any]) -> None:
+    choice = chunk["choices"][0]
+    if "delta" in choice:
+        choice["delta"] = {}
+    else:
+        choice["text"] = ""
+
+
+def _chat_chunk(rid: str, model: str, text: str, first: bool) -> dict[str, Any]:
+    delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {"content": text}
+    return ot.chat_chunk(rid, model, delta)
+
+
+def _completion_chunk(rid: str, model: str, text: str, first: bool) -> dict[str, Any]:
+    return ot.completion_chunk(rid, model, text)
+
+
+@router.post("/chat/completions")
+async def chat_completions(body: ot.ChatCompletionRequest, services: ServicesDep, principal: PrincipalDep) -> Any:
+    return await _respond(services, principal, body, ot.new_id("chatcmpl"), ot.chat_response, _chat_chunk)
+
+
+@router.post("/completions")
+async def completions(body: ot.CompletionRequest, services: ServicesDep, principal: PrincipalDep) -> Any:
+    return await _respond(services, principal, body, ot.new_id("cmpl"), ot.completion_response, _completion_chunk)

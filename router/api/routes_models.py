@@ -1,0 +1,42 @@
+"""GET /v1/models: `auto` (the cascade) and each tier."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter
+
+from router.api.app import PrincipalDep, ServicesDep
+from router.errors import UnknownModelError
+from router.pricing import describe
+
+router = APIRouter(prefix="/v1")
+
+
+def _card(services: ServicesDep, name: str) -> dict[str, Any]:
+    created = int(time.time())
+    if name == "auto":
+        tiers = [t.name for t in services.settings.tiers]
+        return {"id": "auto", "object": "model", "created": created, "owned_by": "tierroute",
+                "tierroute": {"cascade": tiers}}
+    tier = services.settings.tier(name)
+    section = tier.llamacpp or tier.openai
+    return {
+        "id": name, "object": "model", "created": created, "owned_by": "tierroute",
+        "tierroute": {"backend": tier.backend, "model": section.model if section else None,
+                      "price": describe(tier.price), "threshold": tier.threshold},
+    }
+
+
+@router.get("/models")
+async def list_models(services: ServicesDep, principal: PrincipalDep) -> dict[str, Any]:
+    return {"object": "list", "data": [_card(services, n) for n in services.engine.cascade.model_names()]}
+
+
+@router.get("/models/{model}")
+async def get_model(model: str, services: ServicesDep, principal: PrincipalDep) -> dict[str, Any]:
+    names = services.engine.cascade.model_names()
+    if model not in names:
+        raise UnknownModelError(model, names)
+    return _card(services, model)

@@ -1,0 +1,99 @@
+"""API keys: stored only as salted hashes, compared in constant time.
+
+Keys are 32 random bytes, so a salted SHA-256 is enough: there is no dictionary to attack, and a
+slow KDF would cost every request tens of milliseconds for nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import secrets
+from dataclasses import dataclass
+
+from router.config import ApiKeyEntry, ServerSettings
+from router.errors import AuthError, ConfigError
+
+KEY_PREFIX = "trk-"
+
+
+def new_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_key(key: str, salt: str | None = None) -> str:
+    salt = salt or secrets.token_hex(16)
+    digest = hashlib.sha256(f"{salt}:{key}".encode()).hexdigest()
+    return f"sha256${salt}${digest}"
+
+
+def _matches(key: str, stored: str) -> bool:
+    try:
+        scheme, salt, digest = stored.split("$")
+    except ValueError:
+        return False
+    if scheme != "sha256":
+        return False
+    candidate = hashlib.sha256(f"{salt}:{key}".encode()).hexdigest()
+    return hmac.compare_digest(candidate, digest)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a key's name (never the key), or 'anonymous' when keys are off."""
+
+    key_id: str
+    entry: ApiKeyEntry | None
+
+
+ANONYMOUS = Principal("anonymous", None)
+
+
+class Authenticator:
+    def __init__(self, server: ServerSettings) -> None:
+        self.keys = list(server.api_keys)
+        self.open = server.allow_unauthenticated and not self.keys
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        if self.open:
+            return ANONYMOUS
+        if not authorization:
+            raise AuthError("You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.")
+        scheme, _, key = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise AuthError("Malformed Authorization header; expected 'Bearer KEY'.")
+        key = key.strip()
+        found: ApiKeyEntry | None = None
+        for entry in self.keys:  # check every entry: timing does not reveal which one matched
+            if _matches(key, entry.hash) and found is None:
+                found = entry
+        if found is None:
+            raise AuthError("Incorrect API key provided.")
+        return Principal(found.name, found)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(server: ServerSettings) -> None:
+    """Refuse to serve without keys unless that is explicit, and never on a public address unless
+    told twice."""
+    if server.api_keys:
+        return
+    if not server.allow_unauthenticated:
+        raise ConfigError(
+            "server.api_keys is empty: create a key with `tierroute keys create NAME`, or set "
+            "server.allow_unauthenticated = true to serve without keys"
+        )
+    if not is_loopback(server.host) and not server.allow_public_without_keys:
+        raise ConfigError(
+            f"server.host = {server.host!r} is not a loopback address and no API keys are configured; "
+            "add keys, or set server.allow_public_without_keys = true"
+        )

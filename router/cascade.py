@@ -1,0 +1,271 @@
+"""The cascade: try tiers cheapest first, verify each answer, escalate the rejected.
+
+For each tier in order (or only the tier the client named): generate, score with the tier's
+verifiers, accept when the combined score reaches the tier's threshold or the tier is the last.
+The decision is made here, once; verifiers only score and backends only generate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.backends.base import Backend
+from router.config import CascadeSettings, TierSettings
+from router.errors import RequestError, UnavailableError, UnknownModelError
+from router.generation import Delta, Generation, GenerationRequest
+from router.pricing import Usage, cost_usd
+from verifiers.base import Score, VerifierCost, VerifierSet
+
+
+@dataclass
+class Tier:
+    settings: TierSettings
+    backend: Backend
+    verifiers: VerifierSet
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    def price(self, usage: Usage) -> float:
+        return cost_usd(self.settings.price, usage)
+
+
+@dataclass
+class Attempt:
+    tier: str
+    threshold: float
+    generation: Generation | None = None
+    score: float | None = None
+    scores: dict[str, Score] = field(default_factory=dict)
+    accepted: bool = False
+    reason: str = ""
+    cost_usd: float = 0.0  # generating the candidate
+    verifier_cost: VerifierCost = field(default_factory=VerifierCost)
+    verifier_cost_usd: float = 0.0
+    error: str | None = None
+    verify_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        g = self.generation
+        return {
+            "tier": self.tier,
+            "accepted": self.accepted,
+            "score": None if self.score is None else round(self.score, 6),
+            "threshold": self.threshold,
+            "reason": self.reason,
+            "error": self.error,
+            "scores": {
+                name: {"score": round(s.value, 6), "reason": s.reason, "details": s.details}
+                for name, s in self.scores.items()
+            },
+            "prompt_tokens": g.prompt_tokens if g else 0,
+            "completion_tokens": g.completion_tokens if g else 0,
+            "finish_reason": g.finish_reason if g else None,
+            "latency_ms": round(g.latency_s * 1000, 1) if g else None,
+            "verify_ms": round(self.verify_s * 1000, 1),
+            "cost_usd": self.cost_usd,
+            "verifier_cost_usd": self.verifier_cost_usd,
+            "verifier_tokens": self.verifier_cost.prompt_tokens + self.verifier_cost.completion_tokens,
+        }
+
+
+@dataclass
+class CascadeResult:
+    model: str  # what the client asked for
+    attempts: list[Attempt]
+    final: Attempt
+    unverified: bool = False  # a lower tier's answer returned because the next tier was down
+    counterfactual_usd: float = 0.0  # had the request gone straight to the top tier
+
+    @property
+    def escalated(self) -> bool:
+        return len([a for a in self.attempts if a.generation is not None or a.error]) > 1
+
+    @property
+    def cost_usd(self) -> float:
+        return sum(a.cost_usd + a.verifier_cost_usd for a in self.attempts)
+
+    @property
+    def generation(self) -> Generation:
+        assert self.final.generation is not None
+        return self.final.generation
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "tier": self.final.tier,
+            "escalated": self.escalated,
+            "unverified": self.unverified,
+            "cost_usd": self.cost_usd,
+            "counterfactual_top_tier_usd": self.counterfactual_usd,
+            "attempts": [a.to_dict() for a in self.attempts],
+        }
+
+
+@dataclass(frozen=True)
+class Answering:
+    """Yielded once, before the first text: which tier answers. Lets the HTTP layer send headers
+    only when the answer is settled (or, for the last tier, once it has produced output)."""
+
+    tier: str
+    escalated: bool
+
+
+@dataclass(frozen=True)
+class Final:
+    """The last item of Cascade.stream: the full result."""
+
+    result: CascadeResult
+
+
+class Cascade:
+    def __init__(self, tiers: Sequence[Tier], settings: CascadeSettings) -> None:
+        if not tiers:
+            raise ValueError("a cascade needs at least one tier")
+        self.tiers = list(tiers)
+        self.by_name: Mapping[str, Tier] = {t.name: t for t in tiers}
+        self.settings = settings
+
+    def model_names(self) -> list[str]:
+        return ["auto", *self.by_name]
+
+    def plan(self, model: str) -> list[Tier]:
+        if model == "auto":
+            return self.tiers
+        if model in self.by_name:
+            return [self.by_name[model]]
+        raise UnknownModelError(model, self.model_names())
+
+    async def run(self, request: GenerationRequest, model: str = "auto") -> CascadeResult:
+        result: CascadeResult | None = None
+        async for item in self.stream(request, model, live=False):
+            if isinstance(item, Final):
+                result = item.result
+        assert result is not None
+        return result
+
+    async def stream(
+        self, request: GenerationRequest, model: str = "auto", *, live: bool = True
+    ) -> AsyncIterator[Answering | Delta | Final]:
+        """Yield the answer's text, then a Final. Only the last planned tier streams live: text of a
+        tier that may still be rejected is held back until it is verified."""
+        plan = self.plan(model)
+        attempts: list[Attempt] = []
+        for i, tier in enumerate(plan):
+            last = i == len(plan) - 1
+            attempt = Attempt(tier=tier.name, threshold=tier.settings.threshold)
+            attempts.append(attempt)
+            tier_request = self._bound(request, tier)
+            try:
+                if last and live:
+                    gen = None
+                    announced = False
+                    async for item in tier.backend.stream(tier_request):
+                        if not announced:
+                            announced = True
+                            yield Answering(tier.name, escalated=i > 0)
+                        if isinstance(item, Delta):
+                            yield item
+                        else:
+                            gen = item
+                    assert gen is not None
+                else:
+                    gen = await tier.backend.generate(tier_request)
+            except UnavailableError as exc:
+                attempt.error = f"{type(exc).__name__}: {exc}"
+                attempt.reason = "tier unavailable"
+                if not last:
+                    continue
+                fallback = self._best_effort(attempts)
+                if fallback is None:
+                    raise
+                yield Answering(fallback.tier, escalated=True)
+                yield Delta(fallback.generation.text)  # type: ignore[union-attr]
+                yield Final(self._result(model, attempts, fallback, plan, unverified=True))
+                return
+            attempt.generation = gen
+            attempt.cost_usd = tier.price(Usage(gen.prompt_tokens, gen.completion_tokens, gen.busy_s or gen.latency_s))
+            await self._verify(tier, tier_request, gen, attempt)
+            accept = attempt.score is not None and attempt.score >= tier.settings.threshold
+            if accept:
+                attempt.accepted = True
+                attempt.reason = attempt.reason or "score reached the threshold"
+            elif last:
+                attempt.accepted = True
+                attempt.reason = "last tier: accepted without passing" if tier.verifiers else "last tier"
+            else:
+                attempt.reason = self._why_rejected(attempt)
+                continue
+            if not (last and live):
+                yield Answering(tier.name, escalated=i > 0)
+                yield Delta(gen.text)
+            yield Final(self._result(model, attempts, attempt, plan))
+            return
+
+    @staticmethod
+    def _bound(request: GenerationRequest, tier: Tier) -> GenerationRequest:
+        deadline = time.monotonic() + tier.settings.timeout_s
+        if request.deadline is not None:
+            deadline = min(deadline, request.deadline)
+        return request.with_(max_tokens=min(request.max_tokens, tier.settings.max_tokens), deadline=deadline)
+
+    async def _verify(self, tier: Tier, request: GenerationRequest, gen: Generation, attempt: Attempt) -> None:
+        if not tier.verifiers:
+            attempt.score = 1.0
+            attempt.reason = "no verifiers"
+            return
+        t0 = time.monotonic()
+        verdict = await tier.verifiers.score(request, gen)
+        attempt.verify_s = time.monotonic() - t0
+        attempt.score = verdict.score
+        attempt.scores = verdict.scores
+        attempt.verifier_cost = verdict.cost
+        worker = self.by_name.get(verdict.cost.tier or tier.name, tier)
+        attempt.verifier_cost_usd = worker.price(
+            Usage(verdict.cost.prompt_tokens, verdict.cost.completion_tokens, verdict.cost.seconds)
+        )
+
+    @staticmethod
+    def _why_rejected(attempt: Attempt) -> str:
+        low = sorted(attempt.scores.items(), key=lambda kv: kv[1].value)
+        detail = "; ".join(f"{name}={s.value:.3f} ({s.reason})" for name, s in low[:3])
+        return f"score {attempt.score:.3f} < threshold {attempt.threshold:.2f}" + (f": {detail}" if detail else "")
+
+    def _best_effort(self, attempts: list[Attempt]) -> Attempt | None:
+        if self.settings.on_unavailable != "best_effort":
+            return None
+        answered = [a for a in attempts if a.generation is not None]
+        if not answered:
+            return None
+        best = max(answered, key=lambda a: a.score if a.score is not None else -1.0)
+        best.accepted = True
+        best.reason = f"unverified: higher tier unavailable; {best.reason}"
+        return best
+
+    def _result(
+        self, model: str, attempts: list[Attempt], final: Attempt, plan: list[Tier], *, unverified: bool = False
+    ) -> CascadeResult:
+        result = CascadeResult(model=model, attempts=attempts, final=final, unverified=unverified)
+        result.counterfactual_usd = self._counterfactual(attempts, final)
+        return result
+
+    def _counterfactual(self, attempts: list[Attempt], final: Attempt) -> float:
+        """What the request would have cost sent straight to the top tier: the top tier's own cost
+        when it ran, else its price for the same prompt and the answer's length."""
+        top = self.tiers[-1]
+        for a in attempts:
+            if a.tier == top.name and a.generation is not None:
+                return a.cost_usd
+        gen = final.generation
+        if gen is None:
+            return 0.0
+        seconds = gen.busy_s or gen.latency_s
+        return top.price(Usage(gen.prompt_tokens, gen.completion_tokens, seconds))
+
+
+def validate_request(request: GenerationRequest) -> None:
+    if request.max_tokens < 1:
+        raise RequestError("max_tokens must be at least 1", param="max_tokens")

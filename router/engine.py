@@ -1,0 +1,100 @@
+"""Wiring: settings -> backends, verifiers and the cascade, with one start/close for all of them.
+
+The HTTP app, the CLI and the eval runner each build an `Engine` from settings; nothing here is a
+module-level global, so tests build as many as they like side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from router.backends.base import Backend, make_backend
+from router.cascade import Cascade, Tier
+from router.config import Settings
+from router.errors import ConfigError, ModelError
+from verifiers.base import Registry, VerifierContext, VerifierError, VerifierSet, WeightedVerifier
+
+
+def check_resources(settings: Settings, registry: Registry | None = None) -> list[str]:
+    """What would stop the service starting, each naming the config key: missing or corrupt model
+    files, unknown verifiers."""
+    from router.catalog import resolve_model
+
+    problems: list[str] = []
+    reg = registry or Registry.from_entry_points()
+    for i, tier in enumerate(settings.tiers):
+        key = f"tiers[{i}] ({tier.name})"
+        if tier.llamacpp is not None:
+            try:
+                resolve_model(tier.llamacpp.model, settings.models.cache_dir)
+            except ModelError as exc:
+                problems.append(f"{key}.llamacpp.model: {exc}")
+        for j, spec in enumerate(tier.verifiers):
+            if spec.name not in reg.names():
+                problems.append(f"{key}.verifiers[{j}].name: unknown verifier '{spec.name}'; known: {', '.join(reg.names())}")
+    return problems
+
+
+@dataclass
+class Engine:
+    settings: Settings
+    cascade: Cascade
+    backends: Mapping[str, Backend]
+    started: bool = field(default=False)
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        only: Sequence[str] | None = None,
+        registry: Registry | None = None,
+        backends: Mapping[str, Backend] | None = None,
+    ) -> Engine:
+        """Build every tier (or just those in `only`). `backends` replaces the configured backend of
+        the named tiers: the seam tests use to put an instant or faulty backend behind a tier."""
+        reg = registry or Registry.from_entry_points()
+        tier_settings = [t for t in settings.tiers if only is None or t.name in only]
+        if only is not None:
+            unknown = set(only) - {t.name for t in settings.tiers}
+            if unknown:
+                raise ConfigError(f"unknown tier(s): {', '.join(sorted(unknown))}")
+        problems = [
+            p for p in check_resources(settings, reg) if backends is None or not _about_replaced(p, backends)
+        ]
+        if problems:
+            raise ConfigError("cannot start:\n  " + "\n  ".join(problems))
+        built: dict[str, Backend] = {}
+        for t in tier_settings:
+            built[t.name] = (backends or {}).get(t.name) or make_backend(t, settings)
+        tiers: list[Tier] = []
+        for t in tier_settings:
+            ctx = VerifierContext(tier=t.name, backend=built[t.name], backends=built)
+            members = []
+            for spec in t.verifiers:
+                try:
+                    members.append(WeightedVerifier(reg.create(spec.name, spec.params, ctx), spec.weight))
+                except VerifierError as exc:
+                    raise ConfigError(f"tiers ({t.name}).verifiers: {exc}") from None
+            tiers.append(Tier(t, built[t.name], VerifierSet(members, t.combine)))
+        return cls(settings=settings, cascade=Cascade(tiers, settings.cascade), backends=built)
+
+    async def start(self) -> None:
+        # one at a time: two models loading at once only fight over memory bandwidth
+        for backend in self.backends.values():
+            await backend.start()
+        self.started = True
+
+    async def close(self) -> None:
+        await asyncio.gather(*(b.close() for b in self.backends.values()), return_exceptions=True)
+        self.started = False
+
+    @property
+    def ready(self) -> bool:
+        return self.started and all(b.ready for b in self.backends.values())
+
+
+def _about_replaced(problem: str, backends: Mapping[str, Backend]) -> bool:
+    return any(problem.startswith(f"tiers[") and f"({name})." in problem.split(":")[0] for name in backends)
