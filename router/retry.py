@@ -1,0 +1,132 @@
+"""Deadline-aware retry policy on top of tenacity, and the `Retry-After` header.
+
+The policy retries only what the caller's predicate calls retryable, at most `max_attempts` tries,
+sleeping an exponential backoff with jitter in [backoff_initial_s, backoff_max_s] between them.
+When the failed attempt carried a server's `Retry-After`, the sleep is at least that long. It never
+sleeps into the deadline: when the next sleep would end at or past it, it gives up at once and
+re-raises the last error, so the caller can tell the client now instead of after a useless wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int
+    backoff_initial_s: float
+    backoff_max_s: float
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
+            raise ValueError("need 0 < backoff_initial_s <= backoff_max_s")
+
+    def backoff(self, retry_number: int) -> float:
+        """Sleep before retry number `retry_number` (1 = the first retry), jittered."""
+        ceiling = min(self.backoff_max_s, self.backoff_initial_s * 2 ** (retry_number - 1))
+        return random.uniform(self.backoff_initial_s, ceiling)
+
+    def retrying(
+        self,
+        *,
+        deadline: float,
+        is_retryable: Callable[[BaseException], bool],
+        retry_after: Callable[[BaseException], float | None] = lambda exc: None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> AsyncRetrying:
+        """A tenacity controller for one logical request that must finish by `deadline` (clock time).
+
+        Use it as ``async for attempt in policy.retrying(...): with attempt: ...``. It re-raises
+        the last exception when it gives up (tenacity's ``reraise=True``).
+        """
+        plan = _Plan(self, deadline, retry_after, clock)
+        return AsyncRetrying(
+            stop=plan.stop,
+            wait=plan.wait,
+            retry=retry_if_exception(is_retryable),
+            reraise=True,
+            sleep=sleep,
+        )
+
+
+class _Plan:
+    """The sleep after each failed attempt, computed once and shared by stop and wait.
+
+    tenacity calls `wait` before `stop` in some versions and after it in others; both must agree on
+    the same jittered number, so it is memoised per attempt.
+    """
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        deadline: float,
+        retry_after: Callable[[BaseException], float | None],
+        clock: Callable[[], float],
+    ) -> None:
+        self._policy = policy
+        self._deadline = deadline
+        self._retry_after = retry_after
+        self._clock = clock
+        self._pauses: dict[int, float] = {}
+
+    def pause(self, state: RetryCallState) -> float:
+        n = state.attempt_number
+        if n not in self._pauses:
+            pause = self._policy.backoff(n)
+            exc = state.outcome.exception() if state.outcome is not None else None
+            if exc is not None:
+                pause = max(pause, self._retry_after(exc) or 0.0)
+            self._pauses[n] = pause
+        return self._pauses[n]
+
+    def stop(self, state: RetryCallState) -> bool:
+        if state.attempt_number >= self._policy.max_attempts:
+            return True
+        return self.pause(state) >= self._deadline - self._clock()
+
+    def wait(self, state: RetryCallState) -> float:
+        return self.pause(state)
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: datetime | None = None) -> float | None:
+    """Seconds a server asked us to wait, from `retry-after-ms` or `Retry-After`; None if absent.
+
+    `Retry-After` is either delta-seconds or an HTTP date (RFC 9110 10.2.3); `retry-after-ms` is
+    the millisecond form some OpenAI-compatible servers send. Unparseable values are ignored and
+    past dates read as 0.
+    """
+    lowered = {k.lower(): v for k, v in headers.items()}
+    raw_ms = lowered.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            return max(0.0, float(raw_ms) / 1000.0)
+        except ValueError:
+            pass
+    raw = lowered.get("retry-after")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is always GMT
+        when = when.replace(tzinfo=timezone.utc)
+    now = now or datetime.now(timezone.utc)
+    return max(0.0, (when - now).total_seconds())
