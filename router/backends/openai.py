@@ -345,7 +345,13 @@ class OpenAIBackend(Backend):
         else:
             params["prompt"] = request.prompt
         if "logprobs" not in self._refused:
-            params["logprobs"] = True if request.is_chat else 1
+            if request.is_chat:
+                # top_logprobs=0 is OpenAI's "none of the alternatives"; llama-cpp-python's server
+                # returns no logprobs at all without it.
+                params["logprobs"] = True
+                params["top_logprobs"] = 0
+            else:
+                params["logprobs"] = 1
         if stream:
             params["stream"] = True
             if "stream_options" not in self._refused:

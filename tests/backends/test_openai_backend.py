@@ -114,7 +114,7 @@ async def test_chat_generate_returns_text_counts_and_logprobs(upstream: FaultUps
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Say hello."},
     ]
-    assert req.body["logprobs"] is True
+    assert (req.body["logprobs"], req.body["top_logprobs"]) == (True, 0)
     assert (req.body["max_tokens"], req.body["seed"], req.body["stop"]) == (32, 7, ["\n"])
     assert not req.body.get("stream")
     assert req.headers["authorization"] == "Bearer not-needed"
@@ -180,6 +180,7 @@ async def test_refused_logprobs_are_dropped_once_and_remembered(upstream: FaultU
     assert first.text == second.text == TEXT
     assert first.token_logprobs is None and second.token_logprobs is None
     assert [r.body.get("logprobs") for r in upstream.requests] == [True, None, None]
+    assert [r.body.get("top_logprobs") for r in upstream.requests] == [0, None, None]
 
 
 async def test_refused_stream_options_are_dropped_and_tokens_counted(upstream: FaultUpstream) -> None:
