@@ -63,6 +63,12 @@ class LlamaCppSettings(_Strict):
     n_batch: int = Field(512, ge=16, description="Most tokens in one decode step (prefill chunk).")
     n_parallel: int = Field(4, ge=1, le=64, description="Sequences decoded together in one step.")
     max_queue: int = Field(64, ge=1, description="Requests waiting for a slot before 503.")
+    prefix_cache_slots: int = Field(
+        4, ge=0, le=64, description="Prompt prefixes kept in the KV cache for reuse; 0 turns it off."
+    )
+    kv_cache_type: Literal["f16", "q8_0", "q4_0"] = Field(
+        "f16", description="KV cache precision; quantized types halve or quarter its memory."
+    )
 
 
 class OpenAIBackendSettings(_Strict):

@@ -102,8 +102,11 @@ class Job:
     events: asyncio.Queue[Event]
     submitted: float = field(default_factory=time.monotonic)
     cancelled: bool = False
+    cancelled_by_caller: bool = False
 
     def cancel(self) -> None:
+        if not self.cancelled:
+            self.cancelled_by_caller = True
         self.cancelled = True
 
     def emit(self, event: Event) -> None:
@@ -150,6 +153,8 @@ class LlamaEngine:
         n_batch: int = 512,
         n_parallel: int = 4,
         max_queue: int = 64,
+        prefix_cache_slots: int = 4,
+        kv_cache_type: str = "f16",
         name: str = "llamacpp",
     ) -> None:
         self.model_path = model_path
@@ -158,7 +163,9 @@ class LlamaEngine:
         self.n_batch = n_batch
         self.n_parallel = n_parallel
         self.max_queue = max_queue
+        self.kv_cache_type = kv_cache_type
         self.name = name
+        self.prefix = PrefixCache(first_id=n_parallel, slots=prefix_cache_slots)
         self._pending: deque[Job] = deque()
         self._cv = threading.Condition()
         self._stop = False
@@ -255,11 +262,16 @@ class LlamaEngine:
         cparams.n_ctx = self.n_ctx
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = min(self.n_batch, 512)
-        cparams.n_seq_max = self.n_parallel
+        cparams.n_seq_max = self.n_parallel + self.prefix.slots
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
         cparams.kv_unified = True  # sequences share the whole context; admission reserves cells
         cparams.no_perf = True
+        if self.kv_cache_type != "f16":
+            kv_type = {"q8_0": lc.GGML_TYPE_Q8_0, "q4_0": lc.GGML_TYPE_Q4_0}[self.kv_cache_type]
+            cparams.type_k = kv_type
+            cparams.type_v = kv_type
+            cparams.flash_attn_type = 1  # llama.cpp needs flash attention for a quantized V cache
         ctx = lc.llama_init_from_model(model, cparams)
         if not ctx:
             raise ModelError(f"llama.cpp could not create a context for {self.model_path}")
@@ -305,20 +317,11 @@ class LlamaEngine:
                         self._cv.wait()
                     if self._stop:
                         break
-                    # admit newcomers while a slot and their worst-case KV cells are free
-                    while self._pending and free_ids:
-                        job = self._pending[0]
-                        need = min(len(job.prompt_tokens) + job.max_tokens, self.n_ctx)
-                        if running and reserved + need > self.n_ctx:
-                            break  # wait for a running sequence to leave
-                        self._pending.popleft()
-                        if job.cancelled:
-                            continue
-                        seq = _Seq(job=job, seq_id=free_ids.pop(), started=time.monotonic(), reserved=need)
-                        seq.rng = np.random.default_rng(job.seed)
-                        seq.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-                        reserved += need
-                        running.append(seq)
+                    admitted = self._admit(running, free_ids, reserved)
+                for seq in admitted:
+                    reserved += seq.reserved
+                    self._reuse_prefix(seq, running)
+                    running.append(seq)
                 self.active = len(running)
                 # drop sequences whose caller left or whose deadline passed: within one step
                 now = time.monotonic()
@@ -346,9 +349,64 @@ class LlamaEngine:
         finally:
             self._free()
 
+    def _admit(self, running: list[_Seq], free_ids: list[int], reserved: int) -> list[_Seq]:
+        """Take newcomers from the queue (caller holds the lock) while a slot and their worst-case
+        KV cells are free. A newcomer sharing a prompt prefix with a sequence still prefilling waits
+        a step, so it can copy that KV instead of computing it again (self-consistency samples)."""
+        admitted: list[_Seq] = []
+        deferred: list[Job] = []
+        while self._pending and len(admitted) < len(free_ids):
+            job = self._pending[0]
+            if job.cancelled:
+                self._pending.popleft()
+                continue
+            need = min(len(job.prompt_tokens) + job.max_tokens, self.n_ctx)
+            budget = self.n_ctx - reserved - sum(a.reserved for a in admitted)
+            if need > budget - self.prefix.cells:
+                self.prefix.evict_until(self._mem, max(0, need - (budget - self.prefix.cells)))
+            if (running or admitted) and need > budget - self.prefix.cells:
+                break  # wait for a running sequence to leave
+            self._pending.popleft()
+            if any(_common_prefix(job.prompt_tokens, o.job.prompt_tokens) > o.n_prefilled + PrefixCache.MIN
+                   and o.prefilling for o in running) or any(
+                   _common_prefix(job.prompt_tokens, a.job.prompt_tokens) >= PrefixCache.MIN for a in admitted):
+                deferred.append(job)
+                continue
+            seq = _Seq(job=job, seq_id=free_ids[-1 - len(admitted)], started=time.monotonic(), reserved=need)
+            seq.rng = np.random.default_rng(job.seed)
+            seq.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            admitted.append(seq)
+        self._pending.extendleft(reversed(deferred))
+        for seq in admitted:
+            free_ids.remove(seq.seq_id)
+        return admitted
+
+    def _reuse_prefix(self, seq: _Seq, running: list[_Seq]) -> None:
+        """Start a newcomer from the longest cached or running prompt prefix it shares."""
+        import llama_cpp as lc
+
+        prompt = seq.job.prompt_tokens
+        sources = [(e.seq_id, e.tokens) for e in self.prefix.entries]
+        sources += [(o.seq_id, o.job.prompt_tokens[: o.n_prefilled]) for o in running]
+        best_id, best = -1, 0
+        for sid, tokens in sources:
+            n = _common_prefix(prompt, tokens)
+            if n > best:
+                best_id, best = sid, n
+        best = min(best, len(prompt) - 1)  # at least one token must be decoded for logits
+        self.prefix.lookups += 1
+        if best >= PrefixCache.MIN:
+            lc.llama_memory_seq_cp(self._mem, best_id, seq.seq_id, 0, best)
+            seq.n_prefilled = best
+            self.prefix.hits += 1
+            self.prefix.tokens_saved += best
+            self.prefix.touch(best_id)
+
     def _release(self, seq: _Seq, running: list[_Seq], free_ids: list[int]) -> int:
         import llama_cpp as lc
 
+        if not seq.prefilling and not seq.job.cancelled_by_caller:
+            self.prefix.store(self._mem, seq.seq_id, seq.job.prompt_tokens)
         lc.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
         running.remove(seq)
         free_ids.append(seq.seq_id)
@@ -383,6 +441,9 @@ class LlamaEngine:
         batch.n_tokens = n
         t0 = time.monotonic()
         rc = lc.llama_decode(self._ctx, batch)
+        if rc == 1 and self.prefix.entries:  # no KV slot: cached prefixes are the first to go
+            self.prefix.evict_until(self._mem, self.n_ctx)
+            rc = lc.llama_decode(self._ctx, batch)
         if rc != 0:
             raise ModelError(f"llama_decode returned {rc}")
         logits_ptr = lc.llama_get_logits(self._ctx)
@@ -489,3 +550,74 @@ class LlamaEngine:
             )
         )
         seq.job.cancelled = True  # marks the slot for release
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class _CacheEntry:
+    seq_id: int
+    tokens: list[int]
+    used: float
+
+
+class PrefixCache:
+    """Prompt KV kept after a sequence leaves, under spare sequence ids, reused by newcomers that
+    share a prefix (system prompts, few-shot examples, tool lists). Engine thread only."""
+
+    MIN = 16  # shorter shared prefixes are not worth a lookup
+
+    def __init__(self, first_id: int, slots: int) -> None:
+        self.slots = slots
+        self.free = list(range(first_id + slots - 1, first_id - 1, -1))
+        self.entries: list[_CacheEntry] = []
+        self.lookups = 0
+        self.hits = 0
+        self.tokens_saved = 0
+
+    @property
+    def cells(self) -> int:
+        return sum(len(e.tokens) for e in self.entries)
+
+    def touch(self, seq_id: int) -> None:
+        for e in self.entries:
+            if e.seq_id == seq_id:
+                e.used = time.monotonic()
+
+    def store(self, mem: Any, src_seq: int, tokens: list[int]) -> None:
+        import llama_cpp as lc
+
+        if self.slots == 0 or len(tokens) < self.MIN:
+            return
+        for e in list(self.entries):
+            if _common_prefix(e.tokens, tokens) == len(e.tokens):  # an older, shorter copy
+                self._drop(mem, e)
+            elif _common_prefix(e.tokens, tokens) == len(tokens):  # already covered
+                e.used = time.monotonic()
+                return
+        if not self.free:
+            self._drop(mem, min(self.entries, key=lambda e: e.used))
+        sid = self.free.pop()
+        lc.llama_memory_seq_cp(mem, src_seq, sid, 0, len(tokens))
+        self.entries.append(_CacheEntry(sid, list(tokens), time.monotonic()))
+
+    def evict_until(self, mem: Any, cells: int) -> None:
+        freed = 0
+        for e in sorted(self.entries, key=lambda e: e.used):
+            if freed >= cells:
+                break
+            freed += len(e.tokens)
+            self._drop(mem, e)
+
+    def _drop(self, mem: Any, entry: _CacheEntry) -> None:
+        import llama_cpp as lc
+
+        lc.llama_memory_seq_rm(mem, entry.seq_id, -1, -1)
+        self.entries.remove(entry)
+        self.free.append(entry.seq_id)

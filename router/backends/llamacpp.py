@@ -36,6 +36,8 @@ class LlamaCppBackend(Backend):
             n_batch=settings.n_batch,
             n_parallel=settings.n_parallel,
             max_queue=settings.max_queue,
+            prefix_cache_slots=settings.prefix_cache_slots,
+            kv_cache_type=settings.kv_cache_type,
             name=name,
         )
         self.max_tokens_cap = max_tokens_cap
@@ -71,6 +73,9 @@ class LlamaCppBackend(Backend):
         return {
             "queue_depth": float(self.engine.queue_depth),
             "active_sequences": float(self.engine.active),
+            "prefix_cache_lookups": float(self.engine.prefix.lookups),
+            "prefix_cache_hits": float(self.engine.prefix.hits),
+            "prefix_cache_tokens_saved": float(self.engine.prefix.tokens_saved),
         }
 
     def prompt_tokens(self, request: GenerationRequest) -> list[int]:
