@@ -247,7 +247,7 @@ def delayed(seconds: float, action: Action) -> Action:
     return act
 
 
-def broken_stream(after: int, end: Literal["cut", "reset", "eof", "hang"], *,
+def broken_stream(after: int, end: Literal["cut", "reset", "eof", "hang", "error"], *,
                   tokens: tuple[str, ...] = TOKENS) -> Action:
     """Start a stream, send `after` tokens, then break it.
 
@@ -257,7 +257,8 @@ def broken_stream(after: int, end: Literal["cut", "reset", "eof", "hang"], *,
            has not read yet, so what arrives before it is not exact);
     eof:   a clean close, on a response that is delimited by the close (so nothing is malformed at
            the HTTP level: only the missing finish_reason tells it is cut);
-    hang:  stop sending and keep the connection open.
+    hang:  stop sending and keep the connection open;
+    error: an OpenAI-style error event in the stream, then a properly ended body.
     """
 
     async def act(conn: _Conn, req: Received) -> bool:
@@ -275,6 +276,10 @@ def broken_stream(after: int, end: Literal["cut", "reset", "eof", "hang"], *,
             conn.reset()
         elif end in ("cut", "eof"):
             conn.writer.close()
+        elif end == "error":
+            await _send_chunked(conn, _event({"error": {"message": "model overloaded", "type": "server_error"}}))
+            await conn.send(b"0\r\n\r\n")
+            return True
         else:
             await asyncio.sleep(60)
         return False

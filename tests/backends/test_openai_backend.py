@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -243,6 +244,18 @@ async def test_context_too_long_maps_to_context_length_error(upstream: FaultUpst
     assert len(upstream.requests) == 2
 
 
+async def test_validation_error_echoing_our_body_does_not_drop_logprobs(upstream: FaultUpstream) -> None:
+    # FastAPI-style 422s echo the request, logprobs included; only the failing field counts.
+    detail = {"detail": [{"loc": ["body", "messages", 0, "role"], "msg": "Input should be 'user'",
+                          "input": {"logprobs": True, "top_logprobs": 0}}]}
+    upstream.script(raw(422, json.dumps(detail).encode()))
+    async with backend_for(upstream) as backend:
+        with pytest.raises(RequestError, match="body.messages.0.role"):
+            await backend.generate(CHAT)
+        await backend.generate(CHAT)
+    assert [r.body.get("logprobs") for r in upstream.requests] == [True, True]
+
+
 async def test_retries_spent_raise_upstream_error(upstream: FaultUpstream) -> None:
     upstream.script(status(500), status(503), status(500), ok())
     async with backend_for(upstream) as backend:
@@ -318,6 +331,16 @@ async def test_deadline_bounds_retries_and_backoff(upstream: FaultUpstream) -> N
     assert 2 <= len(upstream.requests) <= 4
 
 
+async def test_a_passed_deadline_sends_nothing(upstream: FaultUpstream) -> None:
+    async with backend_for(upstream) as backend:
+        with pytest.raises(DeadlineError):
+            await backend.generate(CHAT.with_(deadline=time.monotonic() - 1))
+        with pytest.raises(DeadlineError):
+            await collect(backend, CHAT.with_(deadline=time.monotonic()))
+        assert backend.breaker.consecutive_failures == 0
+    assert upstream.requests == []
+
+
 async def test_a_hang_then_success_fits_in_the_deadline_only_if_time_remains(upstream: FaultUpstream) -> None:
     upstream.script(hang(), ok())
     async with backend_for(upstream) as backend:
@@ -366,10 +389,20 @@ async def test_stream_stalled_mid_way_hits_the_deadline(upstream: FaultUpstream)
     assert pieces == [TOKENS[0]]
 
 
+async def test_error_event_after_output_began_raises(upstream: FaultUpstream) -> None:
+    upstream.script(broken_stream(2, "error"))
+    async with backend_for(upstream) as backend:
+        pieces, error = await collect_until_error(backend, CHAT)
+    assert isinstance(error, UpstreamError)
+    assert "model overloaded" in str(error)
+    assert pieces == list(TOKENS[:2])
+    assert len(upstream.requests) == 1
+
+
 @pytest.mark.parametrize(
     "failure",
-    [status(500), reset(), broken_stream(0, "cut"), broken_stream(0, "eof")],
-    ids=["500", "reset", "cut-before-text", "eof-before-text"],
+    [status(500), reset(), broken_stream(0, "cut"), broken_stream(0, "eof"), broken_stream(0, "error")],
+    ids=["500", "reset", "cut-before-text", "eof-before-text", "error-event-before-text"],
 )
 async def test_stream_failing_before_any_text_is_retried(upstream: FaultUpstream, failure: Any) -> None:
     upstream.script(failure)
@@ -431,6 +464,25 @@ async def test_breaker_opens_rejects_fast_probes_once_and_closes(upstream: Fault
         assert backend.stats()["breaker_open"] == 0.0
         assert (await backend.generate(CHAT)).text == TEXT
     assert len(upstream.requests) == 4
+
+
+async def test_cancelled_probe_lets_the_next_request_probe(upstream: FaultUpstream) -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker("large", failures=1, cooldown_s=10.0, clock=clock)
+    upstream.script(status(500), hang())
+    async with backend_for(upstream, max_attempts=1, breaker=breaker) as backend:
+        with pytest.raises(UpstreamError):
+            await backend.generate(CHAT)
+        clock.now += 10.0
+        probe = asyncio.create_task(backend.generate(CHAT))
+        await asyncio.sleep(0.1)
+        probe.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await probe
+        assert breaker.state == "half_open"  # the cancelled probe proved nothing either way
+        assert (await backend.generate(CHAT)).text == TEXT
+        assert breaker.state == "closed"
+    assert len(upstream.requests) == 3
 
 
 async def test_failed_probe_reopens_the_breaker(upstream: FaultUpstream) -> None:
