@@ -1,0 +1,32 @@
+"""The built-in verifiers, registered exactly as a third-party plugin registers its own.
+
+pyproject.toml names `register_verifiers` under the entry-point group ``tierroute.verifiers``.
+Each factory builds a verifier from its params and raises TypeError or ValueError on bad ones
+(an unknown key is a TypeError), which the registry reports with the verifier's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from verifiers.base import VerifierFactory
+from verifiers.code_tests import make_code_tests
+from verifiers.confidence import make_confidence
+from verifiers.consistency import make_self_consistency
+from verifiers.format import make_format
+from verifiers.judge import make_judge
+from verifiers.math_answer import make_math_answer
+
+BUILTINS: dict[str, VerifierFactory] = {
+    "confidence": make_confidence,
+    "format": make_format,
+    "math_answer": make_math_answer,
+    "code_tests": make_code_tests,
+    "self_consistency": make_self_consistency,
+    "judge": make_judge,
+}
+
+
+def register_verifiers(register: Callable[[str, VerifierFactory], None]) -> None:
+    for name, factory in BUILTINS.items():
+        register(name, factory)

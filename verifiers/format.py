@@ -1,0 +1,103 @@
+"""Whether the answer has the shape the caller asked for: a regex, JSON, a JSON Schema.
+
+Checks run in that order and the first failure names itself in the reason. JSON may be the whole
+answer or sit in a ```json (or unlabelled) fenced block, the way chat models like to wrap it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.generation import Generation, GenerationRequest
+from verifiers.base import Score, VerifierContext
+from verifiers.extract import fenced_blocks
+
+
+def parse_json_answer(text: str) -> Any:
+    """The JSON value of an answer: the whole text, else the first ```json / unlabelled fenced
+    block that parses. Raises ValueError (json.JSONDecodeError) when there is none."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        first_error = exc
+    for block in fenced_blocks(text):
+        if block.lang in ("json", "jsonc", ""):
+            try:
+                return json.loads(block.body)
+            except ValueError:
+                continue
+    raise first_error
+
+
+@dataclass(frozen=True)
+class FormatVerifier:
+    regex: str | None = None
+    json: bool = False
+    json_schema: dict[str, Any] | None = None
+    name: str = "format"
+    _pattern: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
+    _validator: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.regex is None and not self.json and self.json_schema is None:
+            raise ValueError("give at least one of regex, json = true, json_schema")
+        if not isinstance(self.json, bool):
+            raise TypeError("json must be true or false")
+        if self.regex is not None:
+            if not isinstance(self.regex, str):
+                raise TypeError("regex must be a string")
+            try:
+                object.__setattr__(self, "_pattern", re.compile(self.regex))
+            except re.error as exc:
+                raise ValueError(f"regex {self.regex!r} does not compile: {exc}") from None
+        if self.json_schema is not None:
+            if not isinstance(self.json_schema, dict):
+                raise TypeError("json_schema must be a table (a JSON Schema object)")
+            import jsonschema  # only configs that ask for schemas pay for the import
+
+            cls = jsonschema.validators.validator_for(self.json_schema)
+            try:
+                cls.check_schema(self.json_schema)
+            except jsonschema.SchemaError as exc:
+                raise ValueError(f"json_schema is not a valid schema: {exc.message}") from None
+            object.__setattr__(self, "_validator", cls(self.json_schema))
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError("name must be a non-empty string")
+
+    async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
+        text = candidate.text
+        passed: list[str] = []
+        if self._pattern is not None:
+            if self._pattern.search(text) is None:
+                return Score(0.0, f"does not match regex {self.regex!r}", {"failed": "regex", "passed": passed})
+            passed.append("regex")
+        if self.json or self._validator is not None:
+            try:
+                value = parse_json_answer(text.strip())
+            except ValueError as exc:
+                return Score(0.0, f"not JSON: {exc}", {"failed": "json", "passed": passed})
+            passed.append("json")
+            if self._validator is not None:
+                error = _first_schema_error(self._validator, value)
+                if error is not None:
+                    return Score(0.0, f"JSON does not match the schema: {error}", {"failed": "json_schema", "passed": passed})
+                passed.append("json_schema")
+        return Score(1.0, "format ok: " + ", ".join(passed), {"passed": passed})
+
+
+def _first_schema_error(validator: Any, value: Any) -> str | None:
+    # the most relevant error first, as jsonschema ranks them
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path)
+    return f"at '/{where}': {error.message}" if where else error.message
+
+
+def make_format(params: dict[str, Any], ctx: VerifierContext) -> FormatVerifier:
+    return FormatVerifier(**params)
