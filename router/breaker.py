@@ -150,7 +150,7 @@ class CircuitBreaker:
 class Permit:
     """One admitted call. Report its outcome once; the first report wins."""
 
-    __slots__ = ("_breaker", "probe", "_done")
+    __slots__ = ("_breaker", "_done", "probe")
 
     def __init__(self, breaker: CircuitBreaker, *, probe: bool) -> None:
         self._breaker = breaker

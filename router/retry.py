@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
@@ -127,6 +127,6 @@ def parse_retry_after(headers: Mapping[str, str], *, now: datetime | None = None
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:  # an HTTP date is always GMT
-        when = when.replace(tzinfo=timezone.utc)
-    now = now or datetime.now(timezone.utc)
+        when = when.replace(tzinfo=UTC)
+    now = now or datetime.now(UTC)
     return max(0.0, (when - now).total_seconds())

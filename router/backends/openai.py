@@ -34,6 +34,7 @@ repeated once without that parameter, and the tier stops sending it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -655,8 +656,7 @@ def _refused_param(exc: openai.APIStatusError, params: dict[str, Any]) -> str | 
 
 
 async def _close_quietly(upstream: Any) -> None:
-    try:
+    # Closing a broken stream may fail again; the first error is the one to keep.
+    with contextlib.suppress(Exception):
         await upstream.close()
-    except Exception:  # closing a broken stream may fail again; the first error is the one to keep
-        pass
 

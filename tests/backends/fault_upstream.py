@@ -144,8 +144,8 @@ def _chunks(req: Received, tokens: tuple[str, ...], *, logprobs: bool, usage: bo
     else:
         base["object"] = "text_completion"
         for i, t in enumerate(tokens):
-            out.append({**base, "choices": [{"index": 0, "text": t, "finish_reason": None,
-                                             "logprobs": _completion_logprobs((t,), i) if want_lp else None}]})
+            lps = _completion_logprobs((t,), i) if want_lp else None
+            out.append({**base, "choices": [{"index": 0, "text": t, "finish_reason": None, "logprobs": lps}]})
         final = {**base, "choices": [{"index": 0, "text": "", "finish_reason": finish}]}
     if upto is not None:
         return out[: upto + (1 if req.is_chat else 0)]
@@ -277,7 +277,8 @@ def broken_stream(after: int, end: Literal["cut", "reset", "eof", "hang", "error
         elif end in ("cut", "eof"):
             conn.writer.close()
         elif end == "error":
-            await _send_chunked(conn, _event({"error": {"message": "model overloaded", "type": "server_error"}}))
+            error = {"error": {"message": "model overloaded", "type": "server_error"}}
+            await _send_chunked(conn, _event(error))
             await conn.send(b"0\r\n\r\n")
             return True
         else:

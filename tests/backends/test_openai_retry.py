@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
@@ -104,7 +104,7 @@ async def test_never_sleeps_into_the_deadline() -> None:
 
 
 def test_parse_retry_after_forms() -> None:
-    now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+    now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
     assert parse_retry_after({"Retry-After": "3"}) == 3.0
     assert parse_retry_after({"retry-after": " 1.5 "}) == 1.5
     assert parse_retry_after({"Retry-After": "-4"}) == 0.0
