@@ -314,6 +314,8 @@ class OpenAIBackend(Backend):
                 if refused is None:
                     raise
                 self._refused.add(refused)
+                if refused == "logprobs":
+                    self.gives_logprobs = False  # so the cascade knows its verifiers go without
 
     async def _next_piece(self, upstream: Any, acc: _Accumulator, call: _Call) -> str | None:
         """The next non-empty piece of text, or None when the stream has ended."""

@@ -178,8 +178,10 @@ async def test_logprobs_off_in_config_are_not_requested(upstream: FaultUpstream)
 async def test_refused_logprobs_are_dropped_once_and_remembered(upstream: FaultUpstream) -> None:
     upstream.script(status(400, "logprobs are not supported by this server", param="logprobs"))
     async with backend_for(upstream) as backend:
+        assert backend.gives_logprobs
         first = await backend.generate(CHAT)
         second = await backend.generate(CHAT)
+        assert not backend.gives_logprobs
     assert first.text == second.text == TEXT
     assert first.token_logprobs is None and second.token_logprobs is None
     assert [r.body.get("logprobs") for r in upstream.requests] == [True, None, None]
