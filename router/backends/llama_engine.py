@@ -59,6 +59,27 @@ def physical_cores() -> int:
     return os.cpu_count() or 1
 
 
+_native_log_callback: Any = None
+
+
+def _route_native_logs() -> None:
+    """Send llama.cpp's own log lines to Python logging (debug), instead of raw stderr, where
+    harmless vocabulary notices look like errors to an operator."""
+    global _native_log_callback
+    import llama_cpp as lc
+
+    if _native_log_callback is not None:
+        return
+    native = logging.getLogger("llama_cpp.native")
+
+    @lc.llama_log_callback  # type: ignore[misc]
+    def forward(level: int, text: bytes, user_data: Any) -> None:
+        native.debug("%s", text.decode("utf-8", errors="replace").rstrip())
+
+    _native_log_callback = forward  # ctypes callbacks must outlive every call into llama.cpp
+    lc.llama_log_set(forward, ctypes.c_void_p(0))
+
+
 # ---- events sent back to the caller's loop --------------------------------------------------
 
 
@@ -249,7 +270,7 @@ class LlamaEngine:
     def _load(self) -> None:
         import llama_cpp as lc
 
-        logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+        _route_native_logs()
         lc.llama_backend_init()
         mparams = lc.llama_model_default_params()
         model = lc.llama_model_load_from_file(str(self.model_path).encode(), mparams)
