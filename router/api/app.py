@@ -7,13 +7,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from router.accounting import Accounting
 from router.api import errors
 from router.auth import Authenticator, Principal
+from router.cascade import CascadeResult
 from router.config import Settings
 from router.engine import Engine
+from router.metrics import ResponseCounter
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +28,15 @@ class Services:
         self.settings = settings
         self.engine = engine
         self.auth = Authenticator(settings.server)
+        self.accounting = Accounting(settings, engine)
+
+    def admit(self, principal: Principal, request_id: str) -> Any:
+        """Budget and rate checks before any generation; returns a hold to release at the end."""
+        return self.accounting.admit(principal, request_id)
+
+    async def record(self, principal: Principal, request_id: str, result: CascadeResult) -> None:
+        """Commit a settled request to the ledger, charge its key, count its metrics."""
+        await self.accounting.record(principal, request_id, result)
 
 
 def get_services(request: Request) -> Services:
@@ -61,23 +73,43 @@ class BodyLimit:
                 if too_big:
                     await self._reject(send)
                     return
+        # read the body here (at most max_bytes of it), so an over-long chunked body is refused
+        # before any parser sees it, then replay it to the app
+        chunks: list[bytes] = []
         seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise errors.PayloadTooLarge(f"request body over {self.max_bytes} bytes")
-            return message
-
-        await self.app(scope, limited, send)
+            if message["type"] != "http.request":
+                await self.app(scope, _replay([message]), send)
+                return
+            body = message.get("body", b"")
+            seen += len(body)
+            if seen > self.max_bytes:
+                await self._reject(send)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+        await self.app(scope, _replay(replay, receive), send)
 
     async def _reject(self, send: Send) -> None:
         response = errors.error_response(errors.PayloadTooLarge(f"request body over {self.max_bytes} bytes"))
         await send({"type": "http.response.start", "status": 413, "headers": response.raw_headers})
         await send({"type": "http.response.body", "body": response.body})
+
+
+def _replay(messages: list[Message], then: Receive | None = None) -> Receive:
+    queue = list(messages)
+
+    async def receive() -> Message:
+        if queue:
+            return queue.pop(0)
+        if then is not None:
+            return await then()  # after the body: wait for the disconnect like the server would
+        return {"type": "http.disconnect"}
+
+    return receive
 
 
 def create_app(settings: Settings, *, engine: Engine | None = None, **engine_kwargs: Any) -> FastAPI:
@@ -90,9 +122,12 @@ def create_app(settings: Settings, *, engine: Engine | None = None, **engine_kwa
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if owned or not eng.started:
             await eng.start()
+        accounting = app.state.services.accounting
         try:
+            await accounting.start()
             yield
         finally:
+            await accounting.close()  # after the server has drained: every answered request is in
             if owned:
                 await eng.close()
 
@@ -105,5 +140,28 @@ def create_app(settings: Settings, *, engine: Engine | None = None, **engine_kwa
     app.include_router(routes_health.router)
     app.include_router(routes_models.router)
     app.include_router(routes_completions.router)
+    _add_metrics_route(app, settings)
     app.add_middleware(BodyLimit, max_bytes=settings.server.max_body_bytes)
+    paths = {getattr(r, "path", "") for r in app.routes}
+    app.add_middleware(ResponseCounter, metrics=app.state.services.accounting.metrics, paths=lambda: paths)
     return app
+
+
+def _add_metrics_route(app: FastAPI, settings: Settings) -> None:
+    """Prometheus metrics, behind the API keys unless server.metrics_public."""
+
+    def render(services: Services) -> Response:
+        metrics = services.accounting.metrics
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    if settings.server.metrics_public:
+
+        @app.get("/metrics", include_in_schema=False)
+        async def metrics_public(services: ServicesDep) -> Response:
+            return render(services)
+
+    else:
+
+        @app.get("/metrics", include_in_schema=False)
+        async def metrics_private(services: ServicesDep, principal: PrincipalDep) -> Response:
+            return render(services)

@@ -56,16 +56,24 @@ async def _respond(
     chunk: Callable[[str, str, str | None, bool], dict[str, Any]],
 ) -> Any:
     request = _prepare(services, body)
+    hold = services.admit(principal, rid)  # budget and rate limit: 429 before any generation
     cascade = services.engine.cascade
     if not body.stream:
-        result = await cascade.run(request, body.model)
-        await _finish(services, principal, rid, result)
+        try:
+            result = await cascade.run(request, body.model)
+            await _finish(services, principal, rid, result)  # committed before the client sees it
+        finally:
+            hold.release()
         return JSONResponse(
             shape(rid, result, _extension(rid, result)), headers=_headers(result.final.tier, result.escalated)
         )
 
     events = cascade.stream(request, body.model).__aiter__()
-    first = await events.__anext__()  # errors before any output are plain HTTP errors
+    try:
+        first = await events.__anext__()  # errors before any output are plain HTTP errors
+    except BaseException:
+        hold.release()
+        raise
     assert isinstance(first, Answering)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     body_is_chat = isinstance(body, ot.ChatCompletionRequest)
@@ -86,13 +94,14 @@ async def _respond(
                     final["tierroute"] = _extension(rid, result)
                     if include_usage:
                         final["usage"] = ot.usage(result)
+                    await _finish(services, principal, rid, result)  # committed before its cost is sent
                     yield _sse(final)
-                    await _finish(services, principal, rid, result)
             yield _sse("[DONE]")
         except Exception as exc:  # output has begun: report in-band, the status is already sent
             log.warning("stream %s failed mid-way: %s", rid, exc)
             yield _sse(json.loads(error_response(exc).body))
         finally:
+            hold.release()
             await events.aclose()  # type: ignore[attr-defined]
 
     return StreamingResponse(

@@ -1,0 +1,444 @@
+"""The cost ledger: one durable record per served request, with every tier attempt it took.
+
+Two layers:
+
+- a `LedgerStore` is the storage: synchronous, one transaction per request, no knowledge of
+  asyncio. `SQLiteStore` is the one that exists; a PostgreSQL store implements the same five
+  methods and nothing above it changes.
+- `Ledger` is what the service talks to: it owns one writer thread, and every store call runs on
+  it, so a write never blocks the event loop and the store's single connection never crosses
+  threads.
+
+Durability, and what a crash can lose: the HTTP layer awaits `Ledger.record` *before* it sends the
+part of a response that carries cost (the whole body, or a stream's final chunk), so a client that
+saw a `tierroute` cost object implies a committed row. A kill -9 therefore loses only requests still
+in flight; the reverse can happen (a row committed, the process killed before the bytes left), and
+such a row is a request the client never saw completed. SQLite runs in WAL mode with
+`synchronous=NORMAL`: a commit survives the process dying at any instant; a power cut of the whole
+machine may lose the last commits (use `FULL` for that, at an fsync per request). Each request is
+one transaction, its `requests` row and all its `attempts` rows, so the ledger never holds half a
+request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from router.errors import ConfigError
+
+if TYPE_CHECKING:
+    from router.cascade import Attempt, CascadeResult
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class AttemptEntry:
+    """One tier's try at a request, as the client saw it in `tierroute.attempts`."""
+
+    idx: int
+    tier: str
+    decision: str  # accepted | rejected | error
+    reason: str
+    error: str | None
+    score: float | None
+    threshold: float
+    scores: dict[str, float]
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None
+    latency_ms: float | None
+    busy_ms: float | None  # compute time the backend measured (what time-priced tiers charge for)
+    verify_ms: float
+    cost_usd: float
+    verifier_cost_usd: float
+    verifier_tokens: int
+
+    @classmethod
+    def from_attempt(cls, idx: int, a: Attempt) -> AttemptEntry:
+        g = a.generation
+        if a.accepted:
+            decision = "accepted"
+        elif a.error:
+            decision = "error"
+        else:
+            decision = "rejected"
+        return cls(
+            idx=idx,
+            tier=a.tier,
+            decision=decision,
+            reason=a.reason,
+            error=a.error,
+            score=a.score,
+            threshold=a.threshold,
+            scores={name: s.value for name, s in a.scores.items()},
+            prompt_tokens=g.prompt_tokens if g else 0,
+            completion_tokens=g.completion_tokens if g else 0,
+            finish_reason=g.finish_reason if g else None,
+            latency_ms=g.latency_s * 1000 if g else None,
+            busy_ms=g.busy_s * 1000 if g and g.busy_s is not None else None,
+            verify_ms=a.verify_s * 1000,
+            cost_usd=a.cost_usd,
+            verifier_cost_usd=a.verifier_cost_usd,
+            verifier_tokens=a.verifier_cost.prompt_tokens + a.verifier_cost.completion_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One served request. Costs are the same floats the client received, not recomputed."""
+
+    request_id: str
+    ts: float  # unix seconds (UTC) when the answer settled
+    key_id: str  # the API key's name, never the key
+    model: str  # what the client asked for: 'auto' or a tier name
+    tier: str  # the tier that answered
+    escalated: bool
+    unverified: bool
+    latency_ms: float  # admission to settled answer, as the router measured it
+    cost_usd: float  # every attempt's generation and verifier cost
+    counterfactual_usd: float  # had the request gone straight to the top tier
+    attempts: tuple[AttemptEntry, ...] = field(default_factory=tuple)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(a.prompt_tokens for a in self.attempts)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(a.completion_tokens for a in self.attempts)
+
+    @property
+    def verifier_cost_usd(self) -> float:
+        return sum(a.verifier_cost_usd for a in self.attempts)
+
+    @classmethod
+    def from_result(
+        cls, request_id: str, key_id: str, result: CascadeResult, *, latency_s: float, ts: float | None = None
+    ) -> LedgerEntry:
+        return cls(
+            request_id=request_id,
+            ts=time.time() if ts is None else ts,
+            key_id=key_id,
+            model=result.model,
+            tier=result.final.tier,
+            escalated=result.escalated,
+            unverified=result.unverified,
+            latency_ms=latency_s * 1000,
+            cost_usd=result.cost_usd,
+            counterfactual_usd=result.counterfactual_usd,
+            attempts=tuple(AttemptEntry.from_attempt(i, a) for i, a in enumerate(result.attempts)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class LedgerStore(Protocol):
+    """Storage for ledger entries. Methods are synchronous and called from one thread only."""
+
+    def open(self) -> None:
+        """Connect and create the schema if needed."""
+
+    def write(self, entry: LedgerEntry) -> None:
+        """Store the entry and its attempts atomically: all of it or nothing."""
+
+    def spend_by_key(self, since: float) -> dict[str, float]:
+        """USD spent per key on requests settled at or after `since` (unix seconds)."""
+
+    def entries(self, since: float | None = None, until: float | None = None) -> Iterator[LedgerEntry]:
+        """Entries with since <= ts < until, oldest first, each with its attempts."""
+
+    def close(self) -> None:
+        """Commit nothing further and release the connection."""
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS requests (
+    request_id         TEXT PRIMARY KEY,
+    ts                 REAL NOT NULL,
+    key_id             TEXT NOT NULL,
+    model              TEXT NOT NULL,
+    tier               TEXT NOT NULL,
+    escalated          INTEGER NOT NULL,
+    unverified         INTEGER NOT NULL,
+    n_attempts         INTEGER NOT NULL,
+    prompt_tokens      INTEGER NOT NULL,
+    completion_tokens  INTEGER NOT NULL,
+    latency_ms         REAL NOT NULL,
+    cost_usd           REAL NOT NULL,
+    verifier_cost_usd  REAL NOT NULL,
+    counterfactual_usd REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
+CREATE INDEX IF NOT EXISTS requests_key_ts ON requests (key_id, ts);
+CREATE TABLE IF NOT EXISTS attempts (
+    request_id        TEXT NOT NULL REFERENCES requests (request_id) ON DELETE CASCADE,
+    idx               INTEGER NOT NULL,
+    tier              TEXT NOT NULL,
+    decision          TEXT NOT NULL,
+    reason            TEXT NOT NULL,
+    error             TEXT,
+    score             REAL,
+    threshold         REAL NOT NULL,
+    scores_json       TEXT NOT NULL,
+    prompt_tokens     INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    finish_reason     TEXT,
+    latency_ms        REAL,
+    busy_ms           REAL,
+    verify_ms         REAL NOT NULL,
+    cost_usd          REAL NOT NULL,
+    verifier_cost_usd REAL NOT NULL,
+    verifier_tokens   INTEGER NOT NULL,
+    PRIMARY KEY (request_id, idx)
+);
+"""
+
+_REQUEST_COLUMNS = (
+    "request_id, ts, key_id, model, tier, escalated, unverified, n_attempts, prompt_tokens, "
+    "completion_tokens, latency_ms, cost_usd, verifier_cost_usd, counterfactual_usd"
+)
+_ATTEMPT_COLUMNS = (
+    "request_id, idx, tier, decision, reason, error, score, threshold, scores_json, prompt_tokens, "
+    "completion_tokens, finish_reason, latency_ms, busy_ms, verify_ms, cost_usd, verifier_cost_usd, verifier_tokens"
+)
+
+
+class SQLiteStore:
+    """The ledger in one SQLite file, WAL mode. Readers (reports) never block the writer."""
+
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+        self.path = Path(path)
+        self.read_only = read_only
+        self._conn: sqlite3.Connection | None = None
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError("ledger store is not open")
+        return self._conn
+
+    def open(self) -> None:
+        if self.read_only:
+            if not self.path.is_file():
+                raise ConfigError(f"ledger.path: no ledger at {self.path}")
+            self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # autocommit mode: transactions are the explicit BEGIN/COMMIT in write()
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.executescript(_SCHEMA)
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+            )
+        except (sqlite3.Error, OSError) as exc:
+            raise ConfigError(f"ledger.path: cannot open ledger {self.path}: {exc}") from None
+        self._conn = conn
+
+    def write(self, entry: LedgerEntry) -> None:
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(
+                f"INSERT INTO requests ({_REQUEST_COLUMNS}) VALUES ({', '.join('?' * 14)})",
+                (
+                    entry.request_id,
+                    entry.ts,
+                    entry.key_id,
+                    entry.model,
+                    entry.tier,
+                    int(entry.escalated),
+                    int(entry.unverified),
+                    len(entry.attempts),
+                    entry.prompt_tokens,
+                    entry.completion_tokens,
+                    entry.latency_ms,
+                    entry.cost_usd,
+                    entry.verifier_cost_usd,
+                    entry.counterfactual_usd,
+                ),
+            )
+            conn.executemany(
+                f"INSERT INTO attempts ({_ATTEMPT_COLUMNS}) VALUES ({', '.join('?' * 18)})",
+                [
+                    (
+                        entry.request_id,
+                        a.idx,
+                        a.tier,
+                        a.decision,
+                        a.reason,
+                        a.error,
+                        a.score,
+                        a.threshold,
+                        json.dumps(a.scores, sort_keys=True),
+                        a.prompt_tokens,
+                        a.completion_tokens,
+                        a.finish_reason,
+                        a.latency_ms,
+                        a.busy_ms,
+                        a.verify_ms,
+                        a.cost_usd,
+                        a.verifier_cost_usd,
+                        a.verifier_tokens,
+                    )
+                    for a in entry.attempts
+                ],
+            )
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def spend_by_key(self, since: float) -> dict[str, float]:
+        rows = self.conn.execute(
+            "SELECT key_id, SUM(cost_usd) FROM requests WHERE ts >= ? GROUP BY key_id", (since,)
+        ).fetchall()
+        return {key: float(total) for key, total in rows}
+
+    def entries(self, since: float | None = None, until: float | None = None) -> Iterator[LedgerEntry]:
+        where, params = _window("ts", since, until)
+        r_where, _ = _window("r.ts", since, until)
+        attempts: dict[str, list[AttemptEntry]] = {}
+        # one consistent snapshot for both tables: a request and its attempts are read together
+        self.conn.execute("BEGIN")
+        try:
+            for row in self.conn.execute(
+                f"SELECT a.{_ATTEMPT_COLUMNS.replace(', ', ', a.')} FROM attempts a "
+                f"JOIN requests r ON r.request_id = a.request_id {r_where} "
+                "ORDER BY a.request_id, a.idx",
+                params,
+            ):
+                attempts.setdefault(row[0], []).append(_attempt_from_row(row))
+            rows = self.conn.execute(
+                f"SELECT {_REQUEST_COLUMNS} FROM requests {where} ORDER BY ts, request_id", params
+            ).fetchall()
+        finally:
+            self.conn.execute("COMMIT")
+        for row in rows:
+            yield LedgerEntry(
+                request_id=row[0],
+                ts=row[1],
+                key_id=row[2],
+                model=row[3],
+                tier=row[4],
+                escalated=bool(row[5]),
+                unverified=bool(row[6]),
+                latency_ms=row[10],
+                cost_usd=row[11],
+                counterfactual_usd=row[13],
+                attempts=tuple(attempts.get(row[0], ())),
+            )
+
+    def close(self) -> None:
+        if self._conn is not None:
+            if not self.read_only:
+                try:  # fold the WAL back into the main file so a copied .sqlite3 is complete
+                    self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                except sqlite3.Error as exc:
+                    log.warning("ledger checkpoint failed: %s", exc)
+            self._conn.close()
+            self._conn = None
+
+
+def _window(column: str, since: float | None, until: float | None) -> tuple[str, tuple[float, ...]]:
+    clauses, params = [], []
+    if since is not None:
+        clauses.append(f"{column} >= ?")
+        params.append(since)
+    if until is not None:
+        clauses.append(f"{column} < ?")
+        params.append(until)
+    return ("WHERE " + " AND ".join(clauses)) if clauses else "", tuple(params)
+
+
+def _attempt_from_row(row: Sequence[Any]) -> AttemptEntry:
+    return AttemptEntry(
+        idx=row[1],
+        tier=row[2],
+        decision=row[3],
+        reason=row[4],
+        error=row[5],
+        score=row[6],
+        threshold=row[7],
+        scores=json.loads(row[8]),
+        prompt_tokens=row[9],
+        completion_tokens=row[10],
+        finish_reason=row[11],
+        latency_ms=row[12],
+        busy_ms=row[13],
+        verify_ms=row[14],
+        cost_usd=row[15],
+        verifier_cost_usd=row[16],
+        verifier_tokens=row[17],
+    )
+
+
+def open_store(path: str | Path, *, read_only: bool = False) -> LedgerStore:
+    """The store a `ledger.path` names. A `postgresql://` URL will pick a PostgreSQL store here."""
+    text = str(path)
+    if text.startswith(("postgres://", "postgresql://")):
+        raise ConfigError("ledger.path: PostgreSQL ledgers are not implemented yet; use a file path")
+    return SQLiteStore(path, read_only=read_only)
+
+
+class Ledger:
+    """The async face of a store: every call runs on the ledger's own thread, in order."""
+
+    def __init__(self, store: LedgerStore) -> None:
+        self.store = store
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    async def open(self) -> None:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierroute-ledger")
+        await self._call(self.store.open)
+
+    async def record(self, entry: LedgerEntry) -> None:
+        """Return once the entry is committed."""
+        await self._call(self.store.write, entry)
+
+    async def spend_by_key(self, since: float) -> dict[str, float]:
+        return await self._call(self.store.spend_by_key, since)
+
+    async def entries(self, since: float | None = None, until: float | None = None) -> list[LedgerEntry]:
+        return await self._call(lambda: list(self.store.entries(since, until)))
+
+    async def close(self) -> None:
+        """Finish every queued write, then close the store."""
+        pool = self._pool
+        if pool is None:
+            return
+        try:
+            await self._call(self.store.close)
+        finally:
+            self._pool = None
+            await asyncio.to_thread(pool.shutdown, wait=True)
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._pool is None:
+            raise RuntimeError("ledger is not open")
+        return await asyncio.wrap_future(self._pool.submit(fn, *args))

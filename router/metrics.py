@@ -1,0 +1,147 @@
+"""Prometheus metrics, one registry per app (never the process-global one, so apps built side by
+side in tests or in one process do not share counters).
+
+Served requests are observed from their ledger entry, so /metrics and the ledger count the same
+numbers. Queue depth and sequences in flight are read from the backends at scrape time; resident
+memory comes from prometheus-client's process collector. Every HTTP response is counted by route
+and status, which covers what never reaches the cascade (401, 429, 503, 4xx).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from router.backends.base import Backend
+from router.ledger import LedgerEntry
+
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+_SCORE_BUCKETS = tuple(round(0.1 * i, 1) for i in range(1, 11))
+
+
+class _BackendCollector(Collector):
+    """Each backend's own gauges (`Backend.stats()`), read when Prometheus scrapes."""
+
+    def __init__(self, backends: Callable[[], Mapping[str, Backend]]) -> None:
+        self.backends = backends
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families: dict[str, GaugeMetricFamily] = {}
+        for tier, backend in self.backends().items():
+            for stat, value in backend.stats().items():
+                family = families.get(stat)
+                if family is None:
+                    family = families[stat] = GaugeMetricFamily(
+                        f"tierroute_backend_{stat}", f"Backend gauge '{stat}' per tier.", labels=["tier"]
+                    )
+                family.add_metric([tier], value)
+        yield from families.values()
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, backends: Callable[[], Mapping[str, Backend]]) -> None:
+        r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, cpu seconds, open fds
+        r.register(_BackendCollector(backends))
+        self.requests = Counter(
+            "tierroute_requests",
+            "Served requests by answering tier and outcome (accepted, escalated, unverified).",
+            ["tier", "outcome"],
+            registry=r,
+        )
+        self.refused = Counter(
+            "tierroute_requests_refused", "Requests refused before generation, by reason.", ["reason"], registry=r
+        )
+        self.escalations = Counter(
+            "tierroute_escalations", "Answers rejected at one tier and sent to the next.", ["from_tier", "to_tier"],
+            registry=r,
+        )
+        self.attempts = Counter(
+            "tierroute_attempts", "Tier attempts by decision (accepted, rejected, error).", ["tier", "decision"],
+            registry=r,
+        )
+        self.scores = Histogram(
+            "tierroute_verifier_score",
+            "Verifier scores per tier; verifier='combined' is the score compared with the threshold.",
+            ["tier", "verifier"],
+            buckets=_SCORE_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "tierroute_tokens", "Tokens processed per tier (prompt, completion).", ["tier", "kind"], registry=r
+        )
+        self.cost = Counter(
+            "tierroute_cost_usd", "Priced cost per tier, generation plus verification.", ["tier"], registry=r
+        )
+        self.key_cost = Counter("tierroute_key_cost_usd", "Priced cost per API key name.", ["key"], registry=r)
+        self.counterfactual = Counter(
+            "tierroute_counterfactual_cost_usd",
+            "What the served requests would have cost sent straight to the top tier.",
+            registry=r,
+        )
+        self.attempt_latency = Histogram(
+            "tierroute_attempt_latency_seconds", "Generation latency per tier attempt.", ["tier"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.request_latency = Histogram(
+            "tierroute_request_latency_seconds", "Admission to settled answer, by answering tier.", ["tier"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.in_flight = Gauge("tierroute_requests_in_flight", "Admitted requests not yet settled.", registry=r)
+        self.http = Counter(
+            "tierroute_http_responses", "HTTP responses by route and status.", ["path", "status"], registry=r
+        )
+
+    def observe(self, entry: LedgerEntry) -> None:
+        outcome = "unverified" if entry.unverified else "escalated" if entry.escalated else "accepted"
+        self.requests.labels(entry.tier, outcome).inc()
+        self.key_cost.labels(entry.key_id).inc(entry.cost_usd)
+        self.counterfactual.inc(entry.counterfactual_usd)
+        self.request_latency.labels(entry.tier).observe(entry.latency_ms / 1000)
+        for a, nxt in zip(entry.attempts, [*entry.attempts[1:], None]):
+            self.attempts.labels(a.tier, a.decision).inc()
+            if nxt is not None:
+                self.escalations.labels(a.tier, nxt.tier).inc()
+            self.tokens.labels(a.tier, "prompt").inc(a.prompt_tokens)
+            self.tokens.labels(a.tier, "completion").inc(a.completion_tokens)
+            self.cost.labels(a.tier).inc(a.cost_usd + a.verifier_cost_usd)
+            if a.latency_ms is not None:
+                self.attempt_latency.labels(a.tier).observe(a.latency_ms / 1000)
+            if a.score is not None and a.scores:
+                self.scores.labels(a.tier, "combined").observe(a.score)
+            for name, value in a.scores.items():
+                self.scores.labels(a.tier, name).observe(value)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class ResponseCounter:
+    """ASGI middleware: count every HTTP response by route and status. Unknown paths are folded
+    into one label so a scanner cannot blow up the series count."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, paths: Callable[[], set[str]]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.paths = paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        label = path if path in self.paths() else "other"
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.http.labels(label, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counted)

@@ -1,0 +1,178 @@
+"""The ledger: atomic per-request writes off the event loop, and an exact record of what clients got."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from router.errors import ConfigError
+from router.ledger import AttemptEntry, Ledger, LedgerEntry, SQLiteStore, open_store
+from tests.router.accounting_helpers import (
+    ESCALATE_ON_MARK,
+    MARK,
+    assert_matches,
+    assert_no_partial_requests,
+    auth,
+    chat,
+    config_with_keys,
+    read_ledger,
+    running,
+    tierroute_of,
+)
+
+
+def attempt(idx: int, tier: str, decision: str = "accepted", cost: float = 1e-6) -> AttemptEntry:
+    return AttemptEntry(
+        idx=idx, tier=tier, decision=decision, reason="r", error=None, score=0.5, threshold=0.4,
+        scores={"v": 0.5}, prompt_tokens=10, completion_tokens=5, finish_reason="stop", latency_ms=12.5,
+        busy_ms=11.0, verify_ms=0.1, cost_usd=cost, verifier_cost_usd=cost / 10, verifier_tokens=3,
+    )
+
+
+def entry(rid: str, ts: float, key: str = "alice", attempts: tuple[AttemptEntry, ...] | None = None) -> LedgerEntry:
+    atts = attempts or (attempt(0, "small", "rejected", 1.25e-7), attempt(1, "large", "accepted", 3.3e-5))
+    return LedgerEntry(
+        request_id=rid, ts=ts, key_id=key, model="auto", tier=atts[-1].tier, escalated=len(atts) > 1,
+        unverified=False, latency_ms=40.0, cost_usd=sum(a.cost_usd + a.verifier_cost_usd for a in atts),
+        counterfactual_usd=3.3e-5, attempts=atts,
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path):  # type: ignore[no-untyped-def]
+    s = SQLiteStore(tmp_path / "ledger.sqlite3")
+    s.open()
+    yield s
+    s.close()
+
+
+def test_round_trip_is_exact(store: SQLiteStore) -> None:
+    e = entry("r1", 1_700_000_000.123456)
+    store.write(e)
+    assert list(store.entries()) == [e]
+    assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_failed_write_leaves_nothing_behind(store: SQLiteStore) -> None:
+    store.write(entry("ok", 1.0))
+    broken = entry("broken", 2.0, attempts=(attempt(0, "small"), attempt(0, "large")))  # duplicate idx
+    with pytest.raises(sqlite3.IntegrityError):
+        store.write(broken)
+    assert [e.request_id for e in store.entries()] == ["ok"]
+    assert store.conn.execute("SELECT COUNT(*) FROM attempts WHERE request_id = 'broken'").fetchone()[0] == 0
+    store.write(entry("after", 3.0))  # the connection is usable again
+    assert [e.request_id for e in store.entries()] == ["ok", "after"]
+
+
+def test_windows_and_spend(store: SQLiteStore) -> None:
+    for i, (key, ts) in enumerate([("a", 10.0), ("a", 20.0), ("b", 20.0), ("a", 30.0)]):
+        store.write(entry(f"r{i}", ts, key))
+    assert [e.request_id for e in store.entries(since=20.0, until=30.0)] == ["r1", "r2"]
+    each = entry("x", 0).cost_usd
+    assert store.spend_by_key(20.0) == {"a": pytest.approx(2 * each), "b": pytest.approx(each)}
+
+
+def test_reopening_keeps_everything(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "ledger.sqlite3"
+    s = SQLiteStore(path)
+    s.open()
+    s.write(entry("r1", 1.0))
+    s.close()
+    s = SQLiteStore(path)
+    s.open()
+    s.write(entry("r2", 2.0))
+    assert [e.request_id for e in s.entries()] == ["r1", "r2"]
+    s.close()
+
+
+def test_unusable_path_names_the_key(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="ledger.path"):
+        SQLiteStore(blocker / "ledger.sqlite3").open()
+    with pytest.raises(ConfigError, match="ledger.path"):
+        open_store("postgresql://db/ledger")
+
+
+class SlowStore(SQLiteStore):
+    """Every write takes a while, and says which thread ran it."""
+
+    threads: set[str]
+
+    def write(self, e: LedgerEntry) -> None:
+        self.threads.add(threading.current_thread().name)
+        time.sleep(0.2)
+        super().write(e)
+
+
+async def test_writes_run_on_the_ledger_thread_and_never_block_the_loop(tmp_path: Path) -> None:
+    store = SlowStore(tmp_path / "ledger.sqlite3")
+    store.threads = set()
+    ledger = Ledger(store)
+    await ledger.open()
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    await asyncio.gather(*(ledger.record(entry(f"r{i}", float(i))) for i in range(4)))
+    task.cancel()
+    assert ticks > 30  # 0.8 s of writes; the loop kept running throughout
+    assert store.threads and all(name.startswith("tierroute-ledger") for name in store.threads)
+    assert len(await ledger.entries()) == 4
+    await ledger.close()
+    await ledger.close()  # idempotent
+
+
+@pytest.mark.timeout(300)
+async def test_concurrent_burst_reconciles_exactly(tmp_path: Path, smol_path: Path) -> None:
+    cfg, keys = config_with_keys(
+        tmp_path, {"alice": {}, "bob": {}}, threshold=0.5, verifiers=ESCALATE_ON_MARK
+    )
+    plan = [  # (key, model, prompt, stream)
+        ("alice", "auto", "Name a color.", False),
+        ("alice", "auto", f"Name a fruit. {MARK}", False),
+        ("bob", "auto", "Name a planet.", True),
+        ("bob", "auto", f"Name an animal. {MARK}", True),
+        ("alice", "large", "Say yes.", False),
+        ("bob", "small", f"Say no. {MARK}", False),  # one tier named: accepted as the last tier
+        ("alice", "auto", "Count to three.", True),
+        ("bob", "auto", f"Name a city. {MARK}", False),
+        ("alice", "auto", "Name a month.", False),
+        ("bob", "large", "Name a day.", True),
+    ]
+    async with running(cfg) as client:
+        responses = await asyncio.gather(*(
+            client.post("/v1/chat/completions", json=chat(p, model=m, stream=s), headers=auth(keys[k]))
+            for k, m, p, s in plan
+        ))
+        assert [r.status_code for r in responses] == [200] * len(plan)
+        exts = [tierroute_of(r.text, s) for r, (_, _, _, s) in zip(responses, plan)]
+    # the lifespan has closed the ledger: read it as a report would
+    path = tmp_path / "ledger.sqlite3"
+    ledger = read_ledger(path)
+    assert len(ledger) == len(plan)
+    for ext, (key, model, prompt, _) in zip(exts, plan):
+        assert ext is not None
+        got = ledger[ext["request_id"]]
+        assert_matches(got, ext, key_id=key)
+        assert got.model == model
+        if model == "auto":
+            assert got.escalated == (MARK in prompt)
+            assert [a.tier for a in got.attempts] == (["small", "large"] if MARK in prompt else ["small"])
+    escalated = [e for e in ledger.values() if e.escalated]
+    assert len(escalated) == 3
+    assert all(e.attempts[0].decision == "rejected" and e.attempts[0].verifier_cost_usd > 0 for e in escalated)
+    assert all(e.latency_ms > 0 for e in ledger.values())
+    assert_no_partial_requests(path)
+    for raw in keys.values():  # the ledger knows keys by name only
+        assert raw.encode() not in path.read_bytes()
