@@ -1,0 +1,221 @@
+"""Choose each tier's threshold on a calibration split; report it on the held-out split.
+
+The split is fixed by a seed and decided per item id (a hash), so it does not depend on the
+order or number of items, and an item is on the same side in every run that holds it.
+Thresholds are chosen from the calibration items' scores and outcomes alone; the held-out
+items are only ever evaluated, once, with the chosen thresholds.
+
+Targets:
+
+- ``min-accuracy=A``: the cheapest thresholds whose accuracy is at least A;
+- ``min-pgr=G``: the same, with A set to recover the fraction G of the gap between the first and
+  the top tier's accuracy (on the calibration split);
+- ``max-cost=C``: the most accurate thresholds costing at most C dollars per 1k requests;
+- ``max-escalation=E``: the most accurate thresholds escalating at most the fraction E.
+
+When no threshold meets the target on the calibration split, the nearest miss is taken (the most
+accurate, or the cheapest, or the least escalating) and the result says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from evals.sweep import CascadePolicy, PolicyResult, ResultTable, accuracy_of, evaluate
+from router.errors import ConfigError
+
+TARGET_KINDS = ("min-accuracy", "min-pgr", "max-cost", "max-escalation")
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str
+    value: float
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        kind, sep, raw = text.partition("=")
+        kind = kind.strip()
+        if not sep or kind not in TARGET_KINDS:
+            raise ConfigError(f"target {text!r}: expected KIND=VALUE with KIND one of {', '.join(TARGET_KINDS)}")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"target {text!r}: {raw!r} is not a number") from None
+        if kind != "max-cost" and not 0 <= value <= 1.5:
+            raise ConfigError(f"target {text!r}: {kind} is a fraction (0.9, not 90)")
+        return cls(kind, value)
+
+    def __str__(self) -> str:
+        return f"{self.kind}={self.value:g}"
+
+
+def in_calibration(item_id: str, seed: int, fraction: float) -> bool:
+    h = hashlib.sha256(f"{seed}\x1f{item_id}".encode()).digest()
+    return int.from_bytes(h[:8], "big") / 2**64 < fraction
+
+
+def split(table: ResultTable, seed: int = 0, fraction: float = 0.5) -> tuple[ResultTable, ResultTable]:
+    """(calibration, held-out), fixed by seed, per item id."""
+    if not 0 < fraction < 1:
+        raise ConfigError("the calibration fraction must be between 0 and 1")
+    calib = [it.id for it in table.items if in_calibration(it.id, seed, fraction)]
+    held = [it.id for it in table.items if not in_calibration(it.id, seed, fraction)]
+    if not calib or not held:
+        raise ConfigError(f"run {table.run}: {len(table.items)} items are too few to split for calibration")
+    return table.subset(calib), table.subset(held)
+
+
+def candidate_thresholds(table: ResultTable, verifier: str, tier: int, max_points: int) -> list[float]:
+    """Each distinct score on these items (or `max_points` quantiles of them), within [0, 1]:
+    the values a config's `threshold` can take."""
+    values = sorted({min(1.0, max(0.0, it.tiers[tier].scores[verifier])) for it in table.items} | {0.0, 1.0})
+    if len(values) > max_points:
+        idx = sorted({round(i * (len(values) - 1) / (max_points - 1)) for i in range(max_points)})
+        values = [values[i] for i in idx]
+    return values
+
+
+@dataclass(frozen=True)
+class Calibration:
+    verifier: str
+    target: Target
+    seed: int
+    fraction: float
+    thresholds: dict[str, float]  # tier name -> threshold (every tier but the last)
+    met: bool  # the target was reachable on the calibration split
+    calibration: PolicyResult
+    held_out: PolicyResult
+    held_out_tiers: list[PolicyResult]  # each single tier on the held-out items, for comparison
+    n_calibration: int
+    n_held_out: int
+
+    @property
+    def held_out_met(self) -> bool:
+        return _meets(self.held_out, self.target, self._held_out_goal())
+
+    def _held_out_goal(self) -> float:
+        if self.target.kind != "min-pgr":
+            return self.target.value
+        weak, strong = self.held_out_tiers[0].accuracy, self.held_out_tiers[-1].accuracy
+        return weak + self.target.value * (strong - weak)
+
+
+def _meets(r: PolicyResult, target: Target, goal: float) -> bool:
+    if target.kind in ("min-accuracy", "min-pgr"):
+        return r.accuracy >= goal - 1e-12
+    if target.kind == "max-cost":
+        return r.cost_per_1k <= goal + 1e-12
+    return r.escalation_rate <= goal + 1e-12
+
+
+def choose(table: ResultTable, verifier: str, target: Target, *, max_points: int = 101) -> tuple[tuple[float, ...], PolicyResult, bool]:
+    """The thresholds (one per tier but the last) that best meet `target` on `table`."""
+    if verifier not in table.verifiers:
+        raise ConfigError(f"run {table.run}: no '{verifier}' scores on every item; have: {', '.join(table.verifiers)}")
+    k = max(1, table.top)
+    per_tier = max_points if k == 1 else max(5, int(max_points ** (1 / k)))
+    grids = [candidate_thresholds(table, verifier, t, per_tier) for t in range(k)]
+    goal = target.value
+    if target.kind == "min-pgr":
+        weak, strong = accuracy_of(table, 0), accuracy_of(table, table.top)
+        goal = weak + target.value * (strong - weak)
+    results = [(ths, evaluate(CascadePolicy(verifier, ths), table, ths[0])) for ths in itertools.product(*grids)]
+    feasible = [(ths, r) for ths, r in results if _meets(r, target, goal)]
+    pool = feasible or results
+    if target.kind in ("min-accuracy", "min-pgr"):
+        # cheapest that meets it; else the most accurate
+        key = (lambda x: (x[1].cost_per_1k, -x[1].accuracy)) if feasible else (lambda x: (-x[1].accuracy, x[1].cost_per_1k))
+    elif feasible:
+        key = lambda x: (-x[1].accuracy, x[1].cost_per_1k)  # noqa: E731
+    elif target.kind == "max-cost":
+        key = lambda x: (x[1].cost_per_1k, -x[1].accuracy)  # noqa: E731
+    else:
+        key = lambda x: (x[1].escalation_rate, -x[1].accuracy)  # noqa: E731
+    best_ths, best = min(pool, key=lambda x: (*key(x), x[0]))
+    return best_ths, best, bool(feasible)
+
+
+def calibrate(table: ResultTable, verifier: str, target: Target, *, seed: int = 0, fraction: float = 0.5) -> Calibration:
+    """Choose on the calibration split, evaluate once on the held-out split."""
+    from evals.sweep import SingleTier
+
+    calib, held = split(table, seed, fraction)
+    ths, on_calib, met = choose(calib, verifier, target)
+    names = [t.name for t in table.tiers[: max(1, table.top)]]
+    return Calibration(
+        verifier=verifier, target=target, seed=seed, fraction=fraction,
+        thresholds=dict(zip(names, ths, strict=True)), met=met, calibration=on_calib,
+        held_out=evaluate(CascadePolicy(verifier, ths), held, ths[0]),
+        held_out_tiers=[evaluate(SingleTier(i, t.name), held) for i, t in enumerate(table.tiers)],
+        n_calibration=len(calib.items), n_held_out=len(held.items),
+    )
+
+
+# ---- writing the thresholds --------------------------------------------------------------------------------
+
+
+def toml_snippet(cal: Calibration) -> str:
+    lines = [f"# calibrated for {cal.target} with verifier '{cal.verifier}' (seed {cal.seed}, "
+             f"{cal.n_calibration} calibration items)"]
+    for name, th in cal.thresholds.items():
+        lines += ["[[tiers]]", f'name = "{name}"', f"threshold = {th:.6g}", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+_HEADER = re.compile(r"^\s*\[")
+_NAME = re.compile(r'^\s*name\s*=\s*"([^"]*)"')
+_THRESHOLD = re.compile(r"^(\s*)threshold\s*=\s*[^#\n]*(#.*)?$")
+
+
+def write_thresholds(path: Path, thresholds: dict[str, float]) -> str:
+    """Set each named tier's `threshold` in a config.toml, keeping every other line (and comment)
+    as it is. The result is validated before it replaces the file; returns the new text."""
+    import os
+    import tempfile
+
+    from router.config import load_settings
+
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    blocks: list[tuple[int, int]] = []  # [start, end) of each [[tiers]] table's own keys
+    for i, line in enumerate(lines):
+        if line.strip() == "[[tiers]]":
+            end = next((j for j in range(i + 1, len(lines)) if _HEADER.match(lines[j])), len(lines))
+            blocks.append((i, end))
+    done: set[str] = set()
+    for start, end in reversed(blocks):
+        name = next((m.group(1) for j in range(start + 1, end) if (m := _NAME.match(lines[j]))), None)
+        if name not in thresholds:
+            continue
+        value = f"{thresholds[name]:.6g}"
+        for j in range(start + 1, end):
+            m = _THRESHOLD.match(lines[j])
+            if m:
+                comment = f"  {m.group(2)}" if m.group(2) else ""
+                lines[j] = f"{m.group(1)}threshold = {value}{comment}\n"
+                break
+        else:
+            at = next(j for j in range(start + 1, end) if _NAME.match(lines[j]))
+            lines.insert(at + 1, f"threshold = {value}\n")
+        done.add(name)
+    missing = set(thresholds) - done
+    if missing:
+        raise ConfigError(f"{path}: no [[tiers]] named {', '.join(sorted(missing))}")
+    text = "".join(lines)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        settings = load_settings(tmp)  # refuse to write a config that no longer loads
+        for name, th in thresholds.items():
+            if abs(settings.tier(name).threshold - th) > 1e-6:
+                raise ConfigError(f"{path}: writing the threshold of tier '{name}' did not take")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return text

@@ -1,0 +1,320 @@
+"""`tierroute eval run | sweep | calibrate | report`: registered into the main CLI by `register`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from router.errors import ConfigError
+
+DEFAULT_RUNS_DIR = "runs"
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from router.config import load_settings
+
+    return load_settings(args.config)
+
+
+def _run_dir(args: argparse.Namespace, run: str) -> Path:
+    path = Path(run)
+    if (path / "manifest.json").is_file():
+        return path
+    return Path(args.runs_dir) / run
+
+
+def _parse_suites(args: argparse.Namespace) -> list[tuple[str, int | None]]:
+    out = []
+    for spec in args.suite:
+        name, limit = spec, args.limit
+        head, sep, tail = spec.rpartition(":")
+        if sep and head and tail.isdigit():
+            name, limit = head, int(tail)
+        out.append((name, limit))
+    return out
+
+
+class _RichProgress:
+    """One bar per tier: items done, rate and time left."""
+
+    def __init__(self) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        class Rate(TextColumn):
+            def __init__(self) -> None:
+                super().__init__("")
+
+            def render(self, task: Any) -> Any:
+                from rich.text import Text
+
+                speed = task.finished_speed or task.speed
+                return Text("–/s" if not speed else (f"{speed:.2f} items/s" if speed >= 0.1 else f"{60 * speed:.2f} items/min"))
+
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
+            Rate(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), transient=False,
+        )
+        self.tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> _RichProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def start(self, tier: str, total: int, cached: int) -> None:
+        label = f"{tier}" + (f" ({cached} cached)" if cached else "")
+        self.tasks[tier] = self.progress.add_task(label, total=total)
+
+    def advance(self, tier: str) -> None:
+        self.progress.advance(self.tasks[tier])
+
+    def finish(self, tier: str) -> None:
+        self.progress.refresh()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from evals.runner import EvalPlan, parse_verifier_option, plan_tiers, run_eval, select_items
+    from evals.store import RunStore
+    from evals.suites import get_suite
+    from router.config import VerifierSpec
+
+    settings = _settings(args)
+    suites = _parse_suites(args)
+    if args.run and len(suites) > 1:
+        raise ConfigError("--run names one run; leave it out to run several suites (each into its own run)")
+    tiers = plan_tiers(settings, args.tiers.split(",") if args.tiers else None)
+    explicit = [parse_verifier_option(v) for v in args.verifier]
+    cache_dir = Path(args.cache_dir) if args.cache_dir else settings.models.cache_dir
+    status = 0
+    for name, limit in suites:
+        suite = get_suite(name)
+        store = RunStore(Path(args.runs_dir) / (args.run or suite.name))
+        verifiers: list[VerifierSpec] = explicit
+        if not verifiers and store.exists():
+            verifiers = [VerifierSpec(name=v["name"], params=v["params"]) for v in store.manifest().get("verifiers", [])]
+        if not verifiers and not args.no_default_verifiers:
+            verifiers = default_verifiers(suite.task)
+        items = select_items(suite, limit, args.seed, cache_dir)
+        plan = EvalPlan(
+            suite=suite, items=items, settings=settings, tiers=tiers, verifiers=verifiers, limit=limit,
+            seed=args.seed, concurrency=args.concurrency, config_path=str(args.config) if args.config else None,
+        )
+        labels = ", ".join(sorted({v.name for v in verifiers})) or "none besides the tiers' own"
+        print(f"{suite.name}: {len(items)} items x {len(tiers)} tiers ({', '.join(tiers)}); eval verifiers: {labels}; "
+              f"results in {store.root}", file=sys.stderr)
+        try:
+            with store, _RichProgress() as progress:
+                summary = asyncio.run(run_eval(plan, store, progress=progress))
+        except KeyboardInterrupt:
+            print(f"interrupted: every finished item is stored in {store.root}; run the same command to resume",
+                  file=sys.stderr)
+            return 130
+        what = (f"computed {summary.generated} generations, {summary.scored} scores, {summary.graded} grades"
+                if summary.computed else "everything was cached")
+        print(f"{suite.name}: {what} in {summary.wall_s:.1f}s", file=sys.stderr)
+        if summary.failed:
+            status = 1
+            print(f"{len(summary.failed)} failed (not stored; a rerun retries them):", file=sys.stderr)
+            for line in summary.failed[:20]:
+                print(f"  {line}", file=sys.stderr)
+    return status
+
+
+def default_verifiers(task: str) -> list[Any]:
+    """What an eval scores with when `--verifier` is not given: every built-in verifier that costs
+    no extra generation and applies to the task. Only the registered ones are used."""
+    from router.config import VerifierSpec
+    from verifiers.base import Registry
+
+    wanted = {
+        "math": [("confidence", {"stat": "mean"}), ("confidence", {"stat": "min"}), ("format", {}), ("math_answer", {})],
+        "code": [("confidence", {"stat": "mean"}), ("confidence", {"stat": "min"}), ("format", {}), ("code_tests", {})],
+        "choice": [("confidence", {"stat": "mean"}), ("confidence", {"stat": "min"}), ("format", {})],
+    }.get(task, [("confidence", {"stat": "mean"}), ("format", {})])
+    try:
+        known = set(Registry.from_entry_points().names())
+    except Exception:  # the built-ins not installed yet: score with the tiers' own verifiers only
+        return []
+    return [VerifierSpec(name=n, params=p) for n, p in wanted if n in known]
+
+
+def _load(args: argparse.Namespace, run: str) -> Any:
+    from evals.store import RunStore
+    from evals.sweep import load_table
+
+    prices = None
+    if getattr(args, "reprice", False):
+        settings = _settings(args)
+        prices = {t.name: t.price for t in settings.tiers}
+    store = RunStore(_run_dir(args, run))
+    tiers = args.tiers.split(",") if getattr(args, "tiers", None) else None
+    return load_table(store, prices=prices, tiers=tiers)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from evals.report import _num, _pct, _th, _usd
+    from evals.sweep import baselines, summarize
+
+    from router.cli import _console
+
+    table = _load(args, args.run)
+    console = _console()
+    verifiers = [args.verifier] if args.verifier else table.verifiers
+    for v in verifiers:
+        s = summarize(table, v)
+        console.print(f"[bold]{table.suite} / {v}[/]: AUROC {', '.join(_num(a) for a in s.auroc)}; APGR {_num(s.apgr)}; "
+                      f"CPT(50/80/95%) {', '.join(_pct(s.cpt[x]) for x in (0.5, 0.8, 0.95))}; AIQ {_num(s.aiq)}")
+        out = Table("threshold", "accuracy", "cost/1k", "escalation", "savings", "p50", "p95")
+        step = max(1, len(s.curve) // args.rows)
+        for p in s.curve[::step]:
+            out.add_row(_th(p.param), _pct(p.accuracy), _usd(p.cost_per_1k), _pct(p.escalation_rate), _pct(p.savings),
+                        _num(p.latency_p50, 2), _num(p.latency_p95, 2))
+        console.print(out)
+    base = baselines(table)
+    for p in base["tiers"] + base["oracle"]:
+        console.print(f"{p.policy}: accuracy {_pct(p.accuracy)}, {_usd(p.cost_per_1k)} per 1k")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from evals.calibrate import Target, calibrate, toml_snippet, write_thresholds
+    from evals.report import _pct, _th, _usd
+    from evals.sweep import CONFIG
+
+    table = _load(args, args.run)
+    target = Target.parse(args.target)
+    verifier = args.verifier or CONFIG
+    cal = calibrate(table, verifier, target, seed=args.seed, fraction=args.fraction)
+    ths = ", ".join(f"{n}={_th(v)}" for n, v in cal.thresholds.items())
+    print(f"{table.suite}: verifier '{verifier}', target {target}: thresholds {ths} "
+          f"(chosen on {cal.n_calibration} calibration items{'' if cal.met else '; target NOT reachable there, nearest shown'})")
+    for label, r in (("calibration", cal.calibration), ("held-out", cal.held_out)):
+        print(f"  {label:12s} accuracy {_pct(r.accuracy)}, {_usd(r.cost_per_1k)} per 1k, escalation "
+              f"{_pct(r.escalation_rate)}, savings vs top {_pct(r.savings)} (n={r.n})")
+    for t in cal.held_out_tiers:
+        print(f"  held-out, always {t.policy}: accuracy {_pct(t.accuracy)}, {_usd(t.cost_per_1k)} per 1k")
+    print(f"  target met on held-out items: {'yes' if cal.held_out_met else 'no'}")
+    snippet = toml_snippet(cal)
+    configured = _single_configured(table, verifier)
+    if args.write:
+        if not configured:
+            raise ConfigError(
+                f"--write sets the tiers' thresholds, which apply to their configured verifiers; '{verifier}' is not "
+                "what every calibrated tier is configured with. Set the tiers' verifiers, or paste:\n" + snippet
+            )
+        path = Path(args.config) if args.config else __import__("router.config", fromlist=["DEFAULT_CONFIG"]).DEFAULT_CONFIG
+        write_thresholds(path, cal.thresholds)
+        print(f"wrote thresholds into {path}")
+    else:
+        print("\n# paste into config.toml (or rerun with --write):\n" + snippet)
+    return 0
+
+
+def _single_configured(table: Any, verifier: str) -> bool:
+    """Whether a threshold on `verifier` means the same as the config's threshold on each tier."""
+    from evals.sweep import CONFIG
+
+    if verifier == CONFIG:
+        return True
+    for snap in table.manifest["tiers"][: max(1, len(table.tiers) - 1)]:
+        members = snap["verifiers"]
+        if len(members) != 1 or members[0]["label"] != verifier:
+            return False
+    return True
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from evals.calibrate import Target
+    from evals.report import build, write
+
+    target = Target.parse(args.target)
+    reports = [build(_load(args, run), target, seed=args.seed, fraction=args.fraction) for run in args.runs]
+    command = args.command_line or _report_command(args)
+    written = write(reports, Path(args.out), command=command)
+    for path in written:
+        print(path)
+    return 0
+
+
+def _report_command(args: argparse.Namespace) -> str:
+    """The command that regenerates this report, spelled the same however it was typed."""
+    parts = ["tierroute", "eval", "report", *args.runs, "--runs-dir", args.runs_dir, "--out", args.out,
+             "--target", args.target]
+    if args.seed:
+        parts += ["--seed", str(args.seed)]
+    if args.fraction != 0.5:
+        parts += ["--fraction", str(args.fraction)]
+    if args.tiers:
+        parts += ["--tiers", args.tiers]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def register(sub: Any, add: Any) -> None:
+    ev = sub.add_parser("eval", help="run eval suites, sweep policies, calibrate thresholds, write reports")
+    esub = ev.add_subparsers(dest="eval_command", metavar="ACTION", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--runs-dir", default=DEFAULT_RUNS_DIR, help=f"where runs live (default: ./{DEFAULT_RUNS_DIR})")
+
+    p = add("run", "run every tier on every item once; score with every verifier; store and cache per item", cmd_run, esub)
+    common(p)
+    p.add_argument("--suite", action="append", required=True, metavar="NAME[:LIMIT]",
+                   help="gsm8k, humaneval, mmlu, or a .jsonl file; repeat for several (each its own run)")
+    p.add_argument("--limit", type=int, default=None, help="items per suite (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="which items are drawn (default 0)")
+    p.add_argument("--tiers", default=None, help="comma-separated tier names (default: every configured tier)")
+    p.add_argument("--verifier", action="append", default=[], metavar="NAME[:JSON]",
+                   help="score every tier with this verifier too, e.g. confidence:'{\"stat\":\"min\"}' (repeatable; "
+                        "default: the run's earlier list, else the cheap built-ins for the suite's task)")
+    p.add_argument("--no-default-verifiers", action="store_true", help="only the tiers' own verifiers")
+    p.add_argument("--run", default=None, help="run name (default: the suite's name)")
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight for a remote tier (default 8)")
+    p.add_argument("--cache-dir", default=None, help="model and data cache (default: config or XDG cache)")
+
+    p = add("sweep", "print the cascade's accuracy and cost at every threshold, from stored results", cmd_sweep, esub)
+    common(p)
+    p.add_argument("run", help="run name or directory")
+    p.add_argument("--verifier", default=None, help="one verifier label (default: all)")
+    p.add_argument("--tiers", default=None, help="comma-separated subset of the run's tiers, cheapest first")
+    p.add_argument("--rows", type=int, default=15, help="rows per table (default 15)")
+    p.add_argument("--reprice", action="store_true", help="price with the config's price sheet, not the run's")
+
+    p = add("calibrate", "choose thresholds on a calibration split for a target; report them on held-out items",
+            cmd_calibrate, esub)
+    common(p)
+    p.add_argument("--run", required=True, help="run name or directory")
+    p.add_argument("--target", required=True, metavar="KIND=VALUE",
+                   help="min-accuracy=0.6, min-pgr=0.8, max-cost=0.05 (USD per 1k requests) or max-escalation=0.3")
+    p.add_argument("--verifier", default=None, help="the verifier to threshold (default: 'config', the tiers' own)")
+    p.add_argument("--seed", type=int, default=0, help="fixes the calibration split (default 0)")
+    p.add_argument("--fraction", type=float, default=0.5, help="share of items used to calibrate (default 0.5)")
+    p.add_argument("--tiers", default=None, help="comma-separated subset of the run's tiers, cheapest first")
+    p.add_argument("--reprice", action="store_true", help="price with the config's price sheet, not the run's")
+    p.add_argument("--write", action="store_true", help="write the thresholds into the config file")
+
+    p = add("report", "Markdown + self-contained HTML + CSV report from stored runs", cmd_report, esub)
+    common(p)
+    p.add_argument("runs", nargs="+", help="run names or directories (one per suite)")
+    p.add_argument("--out", default="eval-report", help="output directory (default ./eval-report)")
+    p.add_argument("--target", default="min-pgr=0.8", help="calibration target for the held-out section")
+    p.add_argument("--seed", type=int, default=0, help="fixes the calibration split (default 0)")
+    p.add_argument("--fraction", type=float, default=0.5, help="share of items used to calibrate (default 0.5)")
+    p.add_argument("--tiers", default=None, help="comma-separated subset of the runs' tiers, cheapest first")
+    p.add_argument("--reprice", action="store_true", help="price with the config's price sheet, not the runs'")
+    p.add_argument("--command-line", default=None, help=argparse.SUPPRESS)

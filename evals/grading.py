@@ -1,0 +1,119 @@
+"""Graders: decide whether an answer is right, given what only the grader may see.
+
+A grader reads the model's text and the item's answer key (a reference answer, hidden tests).
+Verifiers never see the answer key; suites build the caller's request without it. The answer
+extraction reuses the verifiers' pure functions (`verifiers.math_answer`, `verifiers.extract`) so
+that a grader and a verifier read an answer the same way; sandboxed code runs through
+`verifiers.sandbox`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+CHOICE_LETTERS = "ABCD"
+
+
+@dataclass(frozen=True)
+class Grade:
+    correct: bool
+    extracted: str | None = None  # the answer the grader read out of the text
+    detail: str = ""  # why, in a few words (a failed test's last line, say)
+
+
+def _fold(s: str) -> str:
+    return " ".join(s.split()).casefold()
+
+
+def grade_exact(text: str, reference: str | list[str]) -> Grade:
+    """Right when the whole answer, stripped and case-folded with whitespace collapsed, equals
+    the reference (or one of a list of references)."""
+    refs = [reference] if isinstance(reference, str) else list(reference)
+    got = _fold(text)
+    return Grade(any(got == _fold(r) for r in refs), text.strip()[:200])
+
+
+def grade_numeric(text: str, reference: float | int | str) -> Grade:
+    """Right when the stated final answer (\\boxed{}, '####', 'answer:', else the last number)
+    reads as the reference number (relative tolerance 1e-6)."""
+    from verifiers.math_answer import extract_answer, numbers_equal, parse_number
+
+    ref = reference if isinstance(reference, int | float) else parse_number(str(reference))
+    if ref is None:
+        raise ValueError(f"numeric reference {reference!r} is not a number")
+    answer = extract_answer(text, fallback_last_number=True)
+    value = parse_number(answer)
+    detail = "no answer found" if answer is None else ("not a number" if value is None else "")
+    return Grade(numbers_equal(value, float(ref)), answer, detail)
+
+
+def grade_regex(text: str, pattern: str) -> Grade:
+    """Right when the pattern matches anywhere in the answer (Python `re`, case-sensitive unless
+    the pattern says `(?i)`)."""
+    m = re.search(pattern, text)
+    return Grade(m is not None, m.group(0)[:200] if m else None)
+
+
+_CHOICE_PATTERNS = [
+    # "answer is (B)", "Answer: B", "correct option is B."
+    re.compile(r"(?:answer|option|choice)\s*(?:is|:)?\s*(?:\*\*)?\(?([A-Z])\)?(?![\w])", re.IGNORECASE),
+    # the reply starts with the letter: "B", "B.", "(B)", "**B**"
+    re.compile(r"^\s*(?:\*\*)?\(?([A-Z])\)?(?:\*\*)?(?:[.):\s]|$)"),
+    # a lone capital letter anywhere
+    re.compile(r"(?<![\w'])\(?([A-Z])\)?(?![\w'])"),
+]
+
+
+def extract_choice(text: str, letters: str = CHOICE_LETTERS) -> str | None:
+    """The option letter an answer picks, or None. Tried in order: 'answer is X', a reply that
+    starts with the letter, then the first lone capital letter among the options."""
+    for pattern in _CHOICE_PATTERNS:
+        for m in pattern.finditer(text):
+            letter = m.group(1).upper()
+            if pattern is _CHOICE_PATTERNS[2] and m.group(1) != letter:
+                continue
+            if letter in letters:
+                return letter
+    return None
+
+
+def grade_choice(text: str, reference: str, letters: str = CHOICE_LETTERS) -> Grade:
+    got = extract_choice(text, letters)
+    return Grade(got == reference.strip().upper(), got, "" if got else "no option letter found")
+
+
+def build_program(prompt: str, code: str, entry_point: str | None) -> str:
+    """The candidate program: the answer's code, after the prompt when the answer is only the
+    function's body (or does not define the entry point itself, so its imports still count)."""
+    if entry_point and re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE):
+        # the prompt first keeps its imports and helpers (its stub, a def with only a docstring,
+        # is valid Python); the answer's own definition comes later and wins
+        return f"{prompt}\n{code}\n"
+    if code.startswith((" ", "\t")):
+        return prompt + code + "\n"
+    return f"{prompt}\n{code}\n"
+
+
+async def grade_code_tests(
+    text: str, tests: str, *, prompt: str = "", entry_point: str | None = None, timeout_s: float = 20.0
+) -> Grade:
+    """Right when the answer's code, followed by the hidden tests (and `check(entry_point)` when an
+    entry point is named), exits 0 in the sandbox within the time limit."""
+    from verifiers.extract import extract_code
+    from verifiers.sandbox import run_python_async
+
+    code = extract_code(text)
+    program = build_program(prompt, code, entry_point) if prompt else code + "\n"
+    program += f"\n\n{tests}\n"
+    if entry_point:
+        program += f"\ncheck({entry_point})\n"
+    result = await run_python_async(program, timeout_s=timeout_s)
+    if result.ok:
+        return Grade(True, code[:2000])
+    if result.timed_out:
+        why = "timed out"
+    else:
+        lines = [ln for ln in result.stderr.strip().splitlines() if ln.strip()]
+        why = (result.killed_reason or "") + (lines[-1][:200] if lines else f"exit {result.returncode}")
+    return Grade(False, code[:2000], why)

@@ -1,0 +1,463 @@
+"""Reports from stored runs: Markdown (with PNG figures beside it), one self-contained HTML file,
+and CSV. Everything is computed from the run directories alone, so a report regenerates on any
+machine, without models, in seconds.
+
+Per suite: each tier's accuracy, tokens, latency and priced cost; every verifier's AUROC, ECE,
+APGR, CPT and AIQ over the whole threshold sweep, beside the oracle and random baselines; and the
+cascade at thresholds calibrated on one split, reported on the held-out split only.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evals import metrics
+from evals.calibrate import Calibration, Target, calibrate, split
+from evals.sweep import (
+    CONFIG,
+    CascadePolicy,
+    PolicyResult,
+    ResultTable,
+    VerifierSummary,
+    baselines,
+    evaluate,
+    summarize,
+)
+
+DEFAULT_TARGET = Target("min-pgr", 0.8)
+
+
+@dataclass
+class TierRow:
+    name: str
+    model: str
+    price_text: str
+    accuracy: float
+    prompt_tokens: float
+    completion_tokens: float
+    latency_p50: float | None
+    latency_p95: float | None
+    busy_s: float
+    cost_per_1k: float
+
+
+@dataclass
+class SuiteReport:
+    table: ResultTable
+    tiers: list[TierRow]
+    verifiers: list[VerifierSummary]
+    baselines: dict[str, list[PolicyResult]]
+    configured: PolicyResult | None  # the cascade at the thresholds in the run's config
+    calibrations: list[Calibration]
+    best: str | None  # the verifier with the best AUROC on the calibration split
+    best_auroc_calibration: float | None
+    best_auroc_held_out: float | None
+    target: Target
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best_calibration(self) -> Calibration | None:
+        return next((c for c in self.calibrations if c.verifier == self.best), None)
+
+
+def build(table: ResultTable, target: Target = DEFAULT_TARGET, *, seed: int = 0, fraction: float = 0.5) -> SuiteReport:
+    if not table.items:
+        raise ValueError(f"run {table.run}: no complete items")
+    rows = []
+    for i, t in enumerate(table.tiers):
+        outs = [it.tiers[i] for it in table.items]
+        n = len(outs)
+        rows.append(
+            TierRow(
+                name=t.name, model=t.model, price_text=t.price_text,
+                accuracy=sum(o.correct for o in outs) / n,
+                prompt_tokens=sum(o.prompt_tokens for o in outs) / n,
+                completion_tokens=sum(o.completion_tokens for o in outs) / n,
+                latency_p50=metrics.percentile([o.latency_s for o in outs], 50),
+                latency_p95=metrics.percentile([o.latency_s for o in outs], 95),
+                busy_s=sum(o.busy_s for o in outs) / n,
+                cost_per_1k=metrics.cost_per_1k([o.cost_usd for o in outs]),
+            )
+        )
+    summaries = [summarize(table, v) for v in table.verifiers]
+    notes = []
+    if table.incomplete:
+        notes.append(f"{len(table.incomplete)} item(s) lack some tier's output or grade and are left out.")
+    configured = None
+    if CONFIG in table.verifiers and len(table.tiers) > 1:
+        ths = tuple(t.threshold for t in table.tiers[:-1])
+        configured = evaluate(CascadePolicy(CONFIG, ths), table, ths[0])
+    calibrations: list[Calibration] = []
+    best = best_cal = best_held = None
+    if len(table.tiers) > 1 and table.verifiers:
+        try:
+            calib, held = split(table, seed, fraction)
+        except Exception as exc:  # too few items to split: say so, report the rest
+            notes.append(f"No calibration: {exc}")
+        else:
+            calibrations = [calibrate(table, v, target, seed=seed, fraction=fraction) for v in table.verifiers]
+            ranked = []
+            for v in table.verifiers:
+                a = summarize(calib, v, curve=[]).auroc[0] if calib.items else None
+                ranked.append((a if a is not None else -1.0, v))
+            score, best = max(ranked, key=lambda x: (x[0], x[1] == CONFIG))
+            best_cal = score if score >= 0 else None
+            best_held = summarize(held, best, curve=[]).auroc[0]
+    return SuiteReport(
+        table=table, tiers=rows, verifiers=summaries, baselines=baselines(table), configured=configured,
+        calibrations=calibrations, best=best, best_auroc_calibration=best_cal, best_auroc_held_out=best_held,
+        target=target, notes=notes,
+    )
+
+
+# ---- formatting helpers -----------------------------------------------------------------------------
+
+
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def _num(x: float | None, digits: int = 3) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _usd(x: float | None) -> str:
+    if x is None:
+        return "–"
+    return f"${x:.4f}" if x < 1 else f"${x:,.2f}"
+
+
+def _sec(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f} s"
+
+
+def _th(x: float | None) -> str:
+    return "–" if x is None else ("∞" if math.isinf(x) else f"{x:.4g}")
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return out
+
+
+# ---- the sections, as (header, rows) tables shared by Markdown and HTML ------------------------------------
+
+
+def tier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
+    header = ["tier", "model", "accuracy", "tokens in / out", "latency p50 / p95", "busy s / request", "cost / 1k requests"]
+    rows = [
+        [t.name, t.model.split("@")[0], _pct(t.accuracy), f"{t.prompt_tokens:.0f} / {t.completion_tokens:.0f}",
+         f"{_sec(t.latency_p50)} / {_sec(t.latency_p95)}", f"{t.busy_s:.2f}", _usd(t.cost_per_1k)]
+        for t in r.tiers
+    ]
+    return header, rows
+
+
+def verifier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
+    names = [t.name for t in r.table.tiers]
+    header = ["verifier", *(f"AUROC ({n})" for n in names), f"ECE ({names[0]})", f"Brier ({names[0]})",
+              "APGR", "CPT(50%)", "CPT(80%)", "CPT(95%)", "AIQ"]
+    rows = []
+    for v in r.verifiers:
+        rows.append([v.verifier, *(_num(a) for a in v.auroc), _num(v.ece[0]), _num(v.brier[0]), _num(v.apgr),
+                     *(_pct(v.cpt[x]) for x in (0.5, 0.8, 0.95)), _num(v.aiq)])
+    random_curve = r.baselines["random"]
+    weak, strong = r.tiers[0].accuracy, r.tiers[-1].accuracy
+    singles = [t.cost_per_1k for t in r.tiers]
+    oracle = r.baselines["oracle"][0]
+    rand_xy = [(p.top_rate, p.accuracy) for p in random_curve]
+    rows.append(["*random escalation*", *("0.500" if i == 0 else "–" for i in range(len(names))), "–", "–",
+                 _num(metrics.apgr(rand_xy, weak, strong)),
+                 *(_pct(metrics.cpt(rand_xy, weak, strong, x)) for x in (0.5, 0.8, 0.95)),
+                 _num(metrics.aiq([(p.cost_per_1k, p.accuracy) for p in random_curve], min(singles), max(singles)))])
+    tiers_xy = [(p.cost_per_1k, p.accuracy) for p in r.baselines["tiers"]]
+    rows.append(["*oracle*", *("–" for _ in names), "–", "–", "–", "–", "–", "–",
+                 _num(metrics.aiq([*tiers_xy, (oracle.cost_per_1k, oracle.accuracy)], min(singles), max(singles)))])
+    return header, rows
+
+
+def calibration_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
+    header = ["verifier", "thresholds", "met on calibration", "accuracy (calibration)", "accuracy (held-out)",
+              "cost / 1k (held-out)", "escalation (held-out)", "savings vs top (held-out)", "target met (held-out)"]
+    rows = []
+    for c in r.calibrations:
+        ths = ", ".join(f"{n}={_th(v)}" for n, v in c.thresholds.items())
+        rows.append([c.verifier + (" **(best)**" if c.verifier == r.best else ""), ths, "yes" if c.met else "no",
+                     _pct(c.calibration.accuracy), _pct(c.held_out.accuracy), _usd(c.held_out.cost_per_1k),
+                     _pct(c.held_out.escalation_rate), _pct(c.held_out.savings), "yes" if c.held_out_met else "no"])
+    if r.calibrations:
+        for t in r.calibrations[0].held_out_tiers:
+            rows.append([f"*always {t.policy}*", "–", "–", "–", _pct(t.accuracy), _usd(t.cost_per_1k),
+                         _pct(t.escalation_rate), _pct(t.savings), "–"])
+    return header, rows
+
+
+def headline(r: SuiteReport) -> list[str]:
+    tiers = "; ".join(f"**{t.name}** {_pct(t.accuracy)} at {_usd(t.cost_per_1k)} per 1k requests" for t in r.tiers)
+    lines = [f"Tiers on all {len(r.table.items)} items: {tiers}."]
+    oracle = r.baselines["oracle"][0]
+    lines.append(f"Oracle (cheapest right tier): {_pct(oracle.accuracy)} at {_usd(oracle.cost_per_1k)} per 1k.")
+    if r.best is not None:
+        lines.append(
+            f"Best verifier (by AUROC on the calibration split): **{r.best}**, AUROC "
+            f"{_num(r.best_auroc_calibration)} on the calibration split and **{_num(r.best_auroc_held_out)} on held-out items**."
+        )
+        c = r.best_calibration
+        if c is not None:
+            lines.append(
+                f"Cascade with {c.verifier} calibrated for {c.target} on {c.n_calibration} items, on the "
+                f"{c.n_held_out} held-out items: **accuracy {_pct(c.held_out.accuracy)}, {_usd(c.held_out.cost_per_1k)} "
+                f"per 1k requests**, escalation {_pct(c.held_out.escalation_rate)}, savings against always "
+                f"{r.tiers[-1].name} {_pct(c.held_out.savings)} (always {r.tiers[-1].name} on the same items: "
+                f"{_pct(c.held_out_tiers[-1].accuracy)} at {_usd(c.held_out_tiers[-1].cost_per_1k)})."
+                + ("" if c.met else " The target was not reachable on the calibration split; the nearest setting is shown.")
+            )
+    if r.configured is not None:
+        ths = ", ".join(f"{t.name}={t.threshold:g}" for t in r.table.tiers[:-1])
+        lines.append(
+            f"The cascade as configured ({ths}), on all items: accuracy {_pct(r.configured.accuracy)}, "
+            f"{_usd(r.configured.cost_per_1k)} per 1k, escalation {_pct(r.configured.escalation_rate)}."
+        )
+    return lines
+
+
+# ---- figures --------------------------------------------------------------------------------------------------
+
+
+def figures(r: SuiteReport) -> dict[str, bytes]:
+    """PNG figures: accuracy against cost, escalation against threshold, latency per tier, and the
+    reliability of each verifier's score on the first tier."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out: dict[str, bytes] = {}
+    suite = r.table.suite
+
+    def save(fig: Any, name: str) -> None:
+        buf = io.BytesIO()
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=90, metadata={"Software": None})
+        plt.close(fig)
+        out[name] = buf.getvalue()
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for v in r.verifiers:
+        pts = sorted((p.cost_per_1k, p.accuracy) for p in v.curve)
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker=".", markersize=3, linewidth=1.2, label=f"cascade: {v.verifier}")
+    rand = r.baselines["random"]
+    ax.plot([p.cost_per_1k for p in rand], [p.accuracy for p in rand], "k--", linewidth=1, label="random escalation")
+    o = r.baselines["oracle"][0]
+    ax.plot([o.cost_per_1k], [o.accuracy], "k*", markersize=11, label="oracle")
+    for t in r.baselines["tiers"]:
+        ax.plot([t.cost_per_1k], [t.accuracy], "s", markersize=8, label=f"always {t.policy}")
+    c = r.best_calibration
+    if c is not None:
+        ax.plot([c.held_out.cost_per_1k], [c.held_out.accuracy], "rX", markersize=10, label=f"calibrated ({c.verifier}), held-out")
+    ax.set_xlabel("cost per 1k requests (USD)")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"{suite}: accuracy against cost")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    save(fig, f"{suite}-accuracy-cost.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for v in r.verifiers:
+        pts = [(p.param, p.escalation_rate) for p in v.curve if p.param is not None and math.isfinite(p.param)]
+        ax.step([x for x, _ in pts], [y for _, y in pts], where="post", label=v.verifier)
+    ax.set_xlabel(f"threshold on {r.table.tiers[0].name}")
+    ax.set_ylabel("escalation rate")
+    ax.set_title(f"{suite}: escalation rate against threshold")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    save(fig, f"{suite}-escalation-threshold.png")
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    data = [[it.tiers[i].latency_s for it in r.table.items] for i in range(len(r.table.tiers))]
+    ax.boxplot(data, vert=False, tick_labels=[t.name for t in r.table.tiers], showfliers=True)
+    ax.set_xlabel("latency per request (s, measured with concurrent requests batched)")
+    ax.set_title(f"{suite}: latency per tier")
+    ax.grid(alpha=0.3, axis="x")
+    save(fig, f"{suite}-latency.png")
+
+    fig, ax = plt.subplots(figsize=(5, 4.5))
+    ax.plot([0, 1], [0, 1], "k:", linewidth=1)
+    for v in r.verifiers:
+        y = [it.tiers[0].correct for it in r.table.items]
+        s = [it.tiers[0].scores[v.verifier] for it in r.table.items]
+        mean, frac = metrics.reliability(y, s)
+        if mean:
+            ax.plot(mean, frac, marker="o", markersize=3, label=v.verifier)
+    ax.set_xlabel(f"verifier score ({r.table.tiers[0].name})")
+    ax.set_ylabel("fraction correct")
+    ax.set_title(f"{suite}: reliability")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    save(fig, f"{suite}-reliability.png")
+    return out
+
+
+# ---- writers -------------------------------------------------------------------------------------------------------
+
+
+def _assumptions(reports: Sequence[SuiteReport]) -> tuple[list[str], list[list[str]]]:
+    seen: dict[str, list[str]] = {}
+    for r in reports:
+        for t in r.table.tiers:
+            seen.setdefault(t.name, [t.name, t.model.split("@")[0], t.price_text])
+    return ["tier", "model", "priced as"], list(seen.values())
+
+
+PREAMBLE = [
+    "Costs are priced from the price sheet recorded with each run: token-priced tiers pay for "
+    "the measured prompt and completion tokens; time-priced tiers pay their hourly price for the "
+    "measured busy time of each request (its share of the batched decode steps). The priced cost "
+    "is what the tier stands for, not what this machine spent: the busy seconds per request are "
+    "shown beside it.",
+    "A cascade pays for every tier it tried and for the verifiers it ran on the tiers that decided. "
+    "Latency is measured with several requests decoded together, so it is higher than a lone request's.",
+    "Random escalation is a cascade whose verifier escalates each answer with probability p (expected "
+    "values); the oracle answers with the cheapest tier that is right (an upper bound, not a router). "
+    "APGR and CPT follow RouteLLM (x = fraction of requests that reach the top tier; PGR = "
+    "(acc − acc first tier) / (acc top tier − acc first tier)); AIQ follows RouterBench (area under the "
+    "non-decreasing convex hull of (cost, accuracy), over the cost range between the cheapest and the "
+    "dearest tier). ECE uses 10 equal-width bins.",
+]
+
+
+def markdown(reports: Sequence[SuiteReport], *, command: str = "", images: bool = True) -> str:
+    lines = ["# tierroute eval report", ""]
+    if command:
+        lines += ["Regenerate (no models needed; the per-item results are committed):", "", "```", command, "```", ""]
+    h, rows = _assumptions(reports)
+    lines += ["## Prices and assumptions", "", *_md_table(h, rows), ""]
+    lines += [*(p + "\n" for p in PREAMBLE)]
+    for r in reports:
+        t = r.table
+        m = t.manifest
+        lines += [f"## {t.suite}", "", f"Run `{t.run}`: {len(t.items)} items. Data: {t.source}. "
+                  f"Items drawn with seed {m['suite'].get('seed')}; greedy decoding; calibration split seed "
+                  f"{r.calibrations[0].seed if r.calibrations else '–'}, target `{r.target}`.", ""]
+        lines += [f"- {x}" for x in headline(r)] + [f"- {n}" for n in r.notes] + [""]
+        lines += ["### Tiers", "", *_md_table(*tier_table(r)), ""]
+        lines += ["### Verifiers (all items, whole threshold sweep)", "", *_md_table(*verifier_table(r)), ""]
+        if r.calibrations:
+            c0 = r.calibrations[0]
+            lines += [f"### Calibrated cascade: `{r.target}`, chosen on {c0.n_calibration} items, reported on "
+                      f"{c0.n_held_out} held-out items", "", *_md_table(*calibration_table(r)), ""]
+        if images:
+            lines += ["### Figures", ""]
+            for name in (f"{t.suite}-accuracy-cost.png", f"{t.suite}-escalation-threshold.png",
+                         f"{t.suite}-latency.png", f"{t.suite}-reliability.png"):
+                lines += [f"![{name}]({name})", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _inline(text: str) -> str:
+    """The little Markdown the tables use (**bold**, *italic*, `code`) as HTML."""
+    import re
+
+    t = html.escape(str(text))
+    t = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", t)
+    t = re.sub(r"\*(.+?)\*", r"<i>\1</i>", t)
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", t)
+
+
+def html_report(reports: Sequence[SuiteReport], figs: dict[str, bytes], *, command: str = "") -> str:
+    style = (
+        "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+        "table{border-collapse:collapse;margin:1em 0;font-size:.9em}td,th{border:1px solid #ccc;padding:.3em .6em;"
+        "text-align:left}th{background:#f3f3f3}img{max-width:100%;margin:.5em 0}code,pre{background:#f6f6f6}"
+    )
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>tierroute eval report</title><style>{style}</style>"
+             "</head><body><h1>tierroute eval report</h1>"]
+    if command:
+        parts.append(f"<p>Regenerate (no models needed):</p><pre>{html.escape(command)}</pre>")
+    parts.append("<h2>Prices and assumptions</h2>" + _html_table(*_assumptions(reports)))
+    parts += [f"<p>{_inline(p)}</p>" for p in PREAMBLE]
+    for r in reports:
+        t = r.table
+        parts.append(f"<h2>{html.escape(t.suite)}</h2><p>Run <code>{html.escape(t.run)}</code>: {len(t.items)} items. "
+                     f"Data: {html.escape(t.source)}. Target <code>{html.escape(str(r.target))}</code>.</p>")
+        parts.append("<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in headline(r) + r.notes) + "</ul>")
+        parts.append("<h3>Tiers</h3>" + _html_table(*tier_table(r)))
+        parts.append("<h3>Verifiers (all items, whole threshold sweep)</h3>" + _html_table(*verifier_table(r)))
+        if r.calibrations:
+            parts.append("<h3>Calibrated cascade (held-out items)</h3>" + _html_table(*calibration_table(r)))
+        for name, png in figs.items():
+            if name.startswith(f"{t.suite}-"):
+                parts.append(f"<img alt='{html.escape(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def sweep_rows(reports: Sequence[SuiteReport]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for r in reports:
+        base = {"suite": r.table.suite, "run": r.table.run}
+        for v in r.verifiers:
+            rows += [{**base, "kind": "cascade", "verifier": v.verifier, "split": "all", **p.as_row()} for p in v.curve]
+        for kind, points in r.baselines.items():
+            rows += [{**base, "kind": kind, "verifier": "", "split": "all", **p.as_row()} for p in points]
+        for c in r.calibrations:
+            rows.append({**base, "kind": f"calibrated {c.target}", "verifier": c.verifier, "split": "held-out", **c.held_out.as_row()})
+    return rows
+
+
+def summary_rows(reports: Sequence[SuiteReport]) -> list[dict[str, Any]]:
+    rows = []
+    for r in reports:
+        for v in r.verifiers:
+            for i, t in enumerate(r.table.tiers):
+                rows.append({"suite": r.table.suite, "verifier": v.verifier, "tier": t.name, "auroc": v.auroc[i],
+                             "ece": v.ece[i], "brier": v.brier[i], "apgr": v.apgr, "cpt50": v.cpt[0.5],
+                             "cpt80": v.cpt[0.8], "cpt95": v.cpt[0.95], "aiq": v.aiq})
+    return rows
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        path.write_text("")
+        return
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: ("" if v is None else (f"{v:.6g}" if isinstance(v, float) else v)) for k, v in row.items()})
+
+
+def write(reports: Sequence[SuiteReport], out: Path, *, command: str = "") -> list[Path]:
+    """Write README.md (+ PNGs), report.html, sweep.csv and summary.csv into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    figs: dict[str, bytes] = {}
+    for r in reports:
+        figs.update(figures(r))
+    written = []
+    for name, png in figs.items():
+        (out / name).write_bytes(png)
+        written.append(out / name)
+    for name, text in (("README.md", markdown(reports, command=command)),
+                       ("report.html", html_report(reports, figs, command=command))):
+        (out / name).write_text(text, encoding="utf-8")
+        written.append(out / name)
+    _write_csv(out / "sweep.csv", sweep_rows(reports))
+    _write_csv(out / "summary.csv", summary_rows(reports))
+    written += [out / "sweep.csv", out / "summary.csv"]
+    return written

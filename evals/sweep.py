@@ -1,0 +1,402 @@
+"""Policy simulation: any routing policy, evaluated on stored results without touching a model.
+
+A run stores, for every item, every tier's output, whether it was right, what it cost and every
+verifier's score (see `evals.runner`). A policy maps one item's stored outcomes to a `Route`:
+which tiers ran, whose verifiers were paid for, and which tier's answer is returned. So the live
+cascade at any threshold, the oracle, a single tier, and later learned routers (a trained
+verifier, a prompt-only pre-router that skips tiers) are all evaluated by the same function,
+`evaluate`, on the same items.
+
+Costs are priced here, from the token counts and measured busy time in the store and the price
+sheet recorded with the run (or a new one passed in), so a price change needs no rerun.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from evals import metrics
+from evals.runner import verifier_fingerprint
+from evals.store import RunStore, generation_key, grade_key, score_key
+from router.config import PriceSettings
+from router.pricing import Usage, cost_usd
+
+CONFIG = "config"  # the pseudo-verifier: each tier's configured verifiers, combined as configured
+
+
+# ---- the table of outcomes --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TierOutcome:
+    correct: bool
+    cost_usd: float  # generating the answer, priced
+    latency_s: float
+    busy_s: float
+    prompt_tokens: int
+    completion_tokens: int
+    scores: Mapping[str, float]  # verifier label -> score in [0, 1]
+    verify_cost_usd: Mapping[str, float]
+    verify_s: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class ItemOutcome:
+    id: str
+    group: str
+    tiers: tuple[TierOutcome, ...]
+
+
+@dataclass(frozen=True)
+class TierInfo:
+    name: str
+    model: str
+    price: PriceSettings
+    price_text: str
+    threshold: float
+    local: bool
+
+
+@dataclass
+class ResultTable:
+    run: str
+    suite: str
+    source: str
+    tiers: list[TierInfo]
+    items: list[ItemOutcome]
+    verifiers: list[str]  # labels scored on every item at every tier but the last, CONFIG first
+    incomplete: list[str] = field(default_factory=list)  # item ids lacking some tier's output or grade
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    def subset(self, ids: Iterable[str]) -> ResultTable:
+        keep = set(ids)
+        return replace(self, items=[i for i in self.items if i.id in keep])
+
+    @property
+    def top(self) -> int:
+        return len(self.tiers) - 1
+
+
+def load_table(
+    store: RunStore, *, prices: Mapping[str, PriceSettings] | None = None, tiers: Sequence[str] | None = None
+) -> ResultTable:
+    """The run's items that have every tier's output and grade, priced by the run's price sheet
+    (or by `prices`, per tier name, where given). `tiers` picks and orders a subset."""
+    from router.pricing import describe
+
+    m = store.manifest()
+    suite_fp = m["suite"]["fingerprint"]
+    snaps = m["tiers"]
+    if tiers:
+        by_name = {t["name"]: t for t in snaps}
+        missing = [t for t in tiers if t not in by_name]
+        if missing:
+            from router.errors import ConfigError
+
+            raise ConfigError(f"run {store.name} has no tier(s) {', '.join(missing)}; it has {', '.join(by_name)}")
+        snaps = [by_name[t] for t in tiers]
+    infos = []
+    for t in snaps:
+        price = (prices or {}).get(t["name"]) or PriceSettings(**t["price"])
+        infos.append(TierInfo(t["name"], t["model"], price, describe(price), t["threshold"], t["backend"] == "llamacpp"))
+    by_tier = {t.name: t for t in infos}
+    extra = [(v["label"], v["name"], v["params"]) for v in m.get("verifiers", [])]
+
+    items: list[ItemOutcome] = []
+    incomplete: list[str] = []
+    for entry in m["items"]:
+        outcomes = []
+        for snap in snaps:
+            info = by_tier[snap["name"]]
+            gk = generation_key(snap["fingerprint"], entry["prompt_sha"])
+            gen = store.generations.records.get(gk)
+            grade = store.grades.records.get(grade_key(gk, suite_fp, entry["id"]))
+            if gen is None or grade is None:
+                break
+            specs = [(v["label"], v["name"], v["params"]) for v in snap["verifiers"]] + extra
+            scores: dict[str, float] = {}
+            vcost: dict[str, float] = {}
+            vtime: dict[str, float] = {}
+            for label, name, params in specs:
+                rec = store.scores.records.get(score_key(gk, verifier_fingerprint(name, params)))
+                if rec is None:
+                    continue
+                scores[label] = rec.value
+                worker = by_tier.get(rec.cost_tier or info.name, info)
+                vcost[label] = cost_usd(
+                    worker.price, Usage(rec.cost_prompt_tokens, rec.cost_completion_tokens, rec.cost_seconds)
+                )
+                vtime[label] = rec.verify_s
+            _combine(snap, scores, vcost, vtime)
+            seconds = gen.busy_s if gen.busy_s is not None else gen.latency_s
+            outcomes.append(
+                TierOutcome(
+                    correct=grade.correct,
+                    cost_usd=cost_usd(info.price, Usage(gen.prompt_tokens, gen.completion_tokens, seconds)),
+                    latency_s=gen.latency_s,
+                    busy_s=seconds,
+                    prompt_tokens=gen.prompt_tokens,
+                    completion_tokens=gen.completion_tokens,
+                    scores=scores,
+                    verify_cost_usd=vcost,
+                    verify_s=vtime,
+                )
+            )
+        if len(outcomes) == len(snaps):
+            items.append(ItemOutcome(entry["id"], entry.get("group", ""), tuple(outcomes)))
+        else:
+            incomplete.append(entry["id"])
+    labels = [CONFIG] + sorted({label for t in snaps for label in t.get("scored_with", [])} | {e[0] for e in extra})
+    deciding = range(len(snaps) - 1) if len(snaps) > 1 else range(len(snaps))
+    usable = [
+        label for label in labels if items and all(label in it.tiers[t].scores for it in items for t in deciding)
+    ]
+    return ResultTable(
+        run=store.name, suite=m["suite"]["name"], source=m["suite"].get("source", ""), tiers=infos,
+        items=items, verifiers=usable, incomplete=incomplete, manifest=m,
+    )
+
+
+def _combine(snap: Mapping[str, Any], scores: dict[str, float], vcost: dict[str, float], vtime: dict[str, float]) -> None:
+    """Add the CONFIG score: the tier's configured verifiers combined as the live cascade does
+    (weighted mean or min; 1.0, accept, when it has none)."""
+    members = snap["verifiers"]
+    if not members:
+        scores[CONFIG], vcost[CONFIG], vtime[CONFIG] = 1.0, 0.0, 0.0
+        return
+    if any(v["label"] not in scores for v in members):
+        return
+    values = [scores[v["label"]] for v in members]
+    if snap.get("combine", "mean") == "min":
+        combined = min(values)
+    else:
+        total = math.fsum(v["weight"] for v in members)
+        combined = math.fsum(v["weight"] * scores[v["label"]] for v in members) / total
+    scores[CONFIG] = min(1.0, max(0.0, combined))
+    vcost[CONFIG] = math.fsum(vcost[v["label"]] for v in members)
+    vtime[CONFIG] = max(vtime[v["label"]] for v in members)  # the cascade runs them concurrently
+
+
+# ---- policies -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Route:
+    answered: int  # the tier whose answer is returned
+    ran: tuple[int, ...]  # the tiers that generated, in order
+    verified: tuple[tuple[int, str], ...] = ()  # (tier, verifier label) whose cost was paid
+
+
+class Policy(Protocol):
+    """Maps one item's stored outcomes to a route. Implementations must only read what the route
+    says ran: a cascade reads the scores of the tiers it tried, a pre-router reads nothing but
+    the item, the oracle (a bound, not a router) reads correctness."""
+
+    name: str
+
+    def route(self, item: ItemOutcome) -> Route: ...
+
+
+@dataclass(frozen=True)
+class CascadePolicy:
+    """The live cascade: try tiers in order, accept when `verifier`'s score reaches the tier's
+    threshold; the last tier always answers."""
+
+    verifier: str
+    thresholds: tuple[float, ...]  # one per tier but the last
+
+    @property
+    def name(self) -> str:
+        return f"cascade[{self.verifier}]"
+
+    def route(self, item: ItemOutcome) -> Route:
+        verified = []
+        last = len(item.tiers) - 1
+        for i, outcome in enumerate(item.tiers):
+            if i == last:
+                return Route(i, tuple(range(i + 1)), tuple(verified))
+            verified.append((i, self.verifier))
+            if outcome.scores[self.verifier] >= self.thresholds[i]:
+                return Route(i, tuple(range(i + 1)), tuple(verified))
+        raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class SingleTier:
+    tier: int
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.label or f"tier {self.tier}"
+
+    def route(self, item: ItemOutcome) -> Route:
+        return Route(self.tier, (self.tier,))
+
+
+@dataclass(frozen=True)
+class OraclePolicy:
+    """The cheapest tier that is right, else the top tier: what a perfect router would pay."""
+
+    name: str = "oracle"
+
+    def route(self, item: ItemOutcome) -> Route:
+        for i, outcome in enumerate(item.tiers):
+            if outcome.correct:
+                return Route(i, (i,))
+        top = len(item.tiers) - 1
+        return Route(top, (top,))
+
+
+# ---- evaluation --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    policy: str
+    param: float | None  # the threshold or escalation probability, where there is one
+    n: int
+    accuracy: float
+    cost_per_1k: float
+    escalation_rate: float  # answered by a tier other than the first
+    top_rate: float  # the top tier generated: "calls to the strong model" in RouteLLM's terms
+    answered: tuple[float, ...]  # share answered by each tier
+    latency_p50: float | None
+    latency_p95: float | None
+    savings: float | None  # against always using the top tier
+
+    def as_row(self) -> dict[str, Any]:
+        row = {k: getattr(self, k) for k in ("policy", "param", "n", "accuracy", "cost_per_1k", "escalation_rate",
+                                            "top_rate", "latency_p50", "latency_p95", "savings")}
+        row["answered"] = "/".join(f"{a:.3f}" for a in self.answered)
+        return row
+
+
+def route_cost(item: ItemOutcome, route: Route) -> tuple[float, float, bool]:
+    """(cost in USD, latency in s, correct) of one item along one route."""
+    cost = sum(item.tiers[t].cost_usd for t in route.ran)
+    latency = sum(item.tiers[t].latency_s for t in route.ran)
+    for t, label in route.verified:
+        cost += item.tiers[t].verify_cost_usd.get(label, 0.0)
+        latency += item.tiers[t].verify_s.get(label, 0.0)
+    return cost, latency, item.tiers[route.answered].correct
+
+
+def top_cost_per_1k(table: ResultTable) -> float:
+    return metrics.cost_per_1k([it.tiers[table.top].cost_usd for it in table.items])
+
+
+def evaluate(policy: Policy, table: ResultTable, param: float | None = None) -> PolicyResult:
+    n = len(table.items)
+    if n == 0:
+        raise ValueError(f"run {table.run}: no complete items to evaluate")
+    costs, latencies, right = [], [], 0
+    answered = [0] * len(table.tiers)
+    escalated = top = 0
+    for item in table.items:
+        route = policy.route(item)
+        cost, latency, correct = route_cost(item, route)
+        costs.append(cost)
+        latencies.append(latency)
+        right += correct
+        answered[route.answered] += 1
+        escalated += route.answered != 0
+        top += table.top in route.ran
+    c1k = metrics.cost_per_1k(costs)
+    return PolicyResult(
+        policy=policy.name, param=param, n=n, accuracy=right / n, cost_per_1k=c1k,
+        escalation_rate=escalated / n, top_rate=top / n, answered=tuple(a / n for a in answered),
+        latency_p50=metrics.percentile(latencies, 50), latency_p95=metrics.percentile(latencies, 95),
+        savings=metrics.savings(c1k, top_cost_per_1k(table)),
+    )
+
+
+def random_escalation(table: ResultTable, p: float) -> PolicyResult:
+    """The random baseline: a cascade whose verifier escalates each answer with probability `p`,
+    whatever it says. Expected values, computed exactly: tier k answers with probability
+    p^k (1 - p) (the last with p^last), and tier k runs with probability p^k. No verifier is paid."""
+    n = len(table.items)
+    last = table.top
+    reach = [p**k for k in range(last + 1)]
+    answer = [reach[k] * (1 - p) if k < last else reach[k] for k in range(last + 1)]
+    acc = sum(answer[k] * sum(it.tiers[k].correct for it in table.items) for k in range(last + 1)) / n
+    c1k = sum(reach[k] * metrics.cost_per_1k([it.tiers[k].cost_usd for it in table.items]) for k in range(last + 1))
+    return PolicyResult(
+        policy="random", param=p, n=n, accuracy=acc, cost_per_1k=c1k, escalation_rate=1 - answer[0],
+        top_rate=reach[last], answered=tuple(answer), latency_p50=None, latency_p95=None,
+        savings=metrics.savings(c1k, top_cost_per_1k(table)),
+    )
+
+
+def threshold_grid(table: ResultTable, verifier: str, *, max_points: int = 200) -> list[float]:
+    """Thresholds that give every distinct routing on these items: each distinct score (or
+    `max_points` quantiles of them), plus 0 (accept everything) and +inf (escalate everything)."""
+    values = sorted({it.tiers[t].scores[verifier] for it in table.items for t in range(max(1, table.top))})
+    if len(values) > max_points:
+        idx = [round(i * (len(values) - 1) / (max_points - 1)) for i in range(max_points)]
+        values = [values[i] for i in sorted(set(idx))]
+    return sorted({0.0, *values, math.inf})
+
+
+def sweep(table: ResultTable, verifier: str, thresholds: Sequence[float] | None = None) -> list[PolicyResult]:
+    """The cascade with `verifier` at each threshold (shared by every tier but the last)."""
+    grid = threshold_grid(table, verifier) if thresholds is None else thresholds
+    k = max(1, table.top)
+    return [evaluate(CascadePolicy(verifier, (th,) * k), table, th) for th in grid]
+
+
+@dataclass
+class VerifierSummary:
+    verifier: str
+    auroc: list[float | None]  # per tier (None where the tier has no score or one class)
+    ece: list[float | None]
+    brier: list[float | None]
+    apgr: float | None
+    cpt: dict[float, float | None]  # target PGR -> fraction of calls to the top tier
+    aiq: float | None
+    curve: list[PolicyResult]
+
+
+CPT_TARGETS = (0.5, 0.8, 0.95)
+
+
+def summarize(table: ResultTable, verifier: str, curve: list[PolicyResult] | None = None) -> VerifierSummary:
+    curve = curve if curve is not None else sweep(table, verifier)
+    aurocs, eces, briers = [], [], []
+    for t in range(len(table.tiers)):
+        pairs = [(it.tiers[t].correct, it.tiers[t].scores[verifier]) for it in table.items if verifier in it.tiers[t].scores]
+        if not pairs:
+            for column in (aurocs, eces, briers):
+                column.append(None)
+            continue
+        y, s = zip(*pairs, strict=True)
+        aurocs.append(metrics.auroc(y, s))
+        eces.append(metrics.ece(y, s))
+        briers.append(metrics.brier(y, s))
+    weak = accuracy_of(table, 0)
+    strong = accuracy_of(table, table.top)
+    xy = [(r.top_rate, r.accuracy) for r in curve]
+    singles = [metrics.cost_per_1k([it.tiers[t].cost_usd for it in table.items]) for t in range(len(table.tiers))]
+    return VerifierSummary(
+        verifier=verifier, auroc=aurocs, ece=eces, brier=briers,
+        apgr=metrics.apgr(xy, weak, strong),
+        cpt={x: metrics.cpt(xy, weak, strong, x) for x in CPT_TARGETS},
+        aiq=metrics.aiq([(r.cost_per_1k, r.accuracy) for r in curve], min(singles), max(singles)),
+        curve=curve,
+    )
+
+
+def accuracy_of(table: ResultTable, tier: int) -> float:
+    return sum(it.tiers[tier].correct for it in table.items) / len(table.items)
+
+
+def baselines(table: ResultTable, steps: int = 20) -> dict[str, list[PolicyResult]]:
+    """Single tiers, the oracle, and the random-escalation curve."""
+    return {
+        "tiers": [evaluate(SingleTier(i, t.name), table) for i, t in enumerate(table.tiers)],
+        "oracle": [evaluate(OraclePolicy(), table)],
+        "random": [random_escalation(table, i / steps) for i in range(steps + 1)],
+    }
