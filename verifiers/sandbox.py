@@ -174,13 +174,13 @@ async def run_python_async(
         await asyncio.to_thread(shutil.rmtree, workdir, True)
 
 
-def run_python(code: str, **options: object) -> SandboxResult:
+def run_python(code: str, **options: Any) -> SandboxResult:
     """Blocking twin of `run_python_async` (same keyword options), for code without an event loop
     (threads of an eval runner, scripts). Inside a running loop, await `run_python_async`."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(run_python_async(code, **options))  # type: ignore[arg-type]
+        return asyncio.run(run_python_async(code, **options))
     raise RuntimeError("run_python() would block the running event loop; await run_python_async()")
 
 
@@ -292,27 +292,6 @@ def _child_main(config_json: str) -> None:  # pragma: no cover - runs only insid
     layers: list[str] = []
     libc = ctypes.CDLL(None, use_errno=True)
 
-    # 1. No network: a fresh namespace has only a loopback device, and it is down.
-    if cfg["netns"]:
-        clone_newnet, clone_newuser = 0x40000000, 0x10000000
-        flags = clone_newnet if os.geteuid() == 0 else clone_newnet | clone_newuser
-        if libc.unshare(flags) == 0:
-            layers.append("netns")
-
-    # 2. Not root: as root RLIMIT_NPROC is not enforced and every file is writable.
-    def readable_as(uid: int, paths: list[str]) -> bool:
-        os.setegid(uid)
-        os.seteuid(uid)
-        try:
-            for p in paths:
-                os.listdir(p)
-            return True
-        except OSError:
-            return False
-        finally:
-            os.seteuid(0)
-            os.setegid(0)
-
     def set_caps(mask: int) -> bool:
         class Header(ctypes.Structure):
             _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
@@ -328,9 +307,46 @@ def _child_main(config_json: str) -> None:  # pragma: no cover - runs only insid
             data[i].effective = data[i].permitted = word
         return libc.capset(ctypes.byref(header), data) == 0
 
-    uid = cfg["uid"]
-    if os.geteuid() == 0 and uid is not None:
-        import_paths = [p for p in sys.path if os.path.isdir(p)] + [os.path.dirname(os.__file__)]
+    def write_file(path: str, text: str) -> None:
+        with open(path, "w") as fh:
+            fh.write(text)
+
+    # 1. No network: a fresh namespace has only a loopback device, and it is down.
+    if cfg["netns"]:
+        clone_newnet, clone_newuser = 0x40000000, 0x10000000
+        if os.geteuid() == 0:
+            if libc.unshare(clone_newnet) == 0:
+                layers.append("netns")
+        else:
+            outer_uid, outer_gid = os.geteuid(), os.getegid()
+            if libc.unshare(clone_newnet | clone_newuser) == 0:
+                layers.append("netns")
+                try:
+                    # map our own ids, or the process could not create a single file
+                    write_file("/proc/self/setgroups", "deny")
+                    write_file("/proc/self/uid_map", f"{outer_uid} {outer_uid} 1")
+                    write_file("/proc/self/gid_map", f"{outer_gid} {outer_gid} 1")
+                except OSError:
+                    pass
+                if set_caps(0):  # the new user namespace granted every capability in it: drop them
+                    layers.append("no_caps")
+
+    # 2. Not root: as root RLIMIT_NPROC is not enforced and every file is writable.
+    def readable_as(uid: int, paths: list[str]) -> bool:
+        os.setegid(uid)
+        os.seteuid(uid)
+        try:
+            for p in paths:
+                os.listdir(p)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.seteuid(0)
+            os.setegid(0)
+
+    def drop_root(uid: int) -> None:
+        import_paths = [p for p in sys.path if os.path.isdir(p)] + [os.path.dirname(os.__file__), workdir]
         os.setgroups([])
         for dirpath, dirnames, filenames in os.walk(workdir):
             for name in [dirpath] + [os.path.join(dirpath, n) for n in dirnames + filenames]:
@@ -339,20 +355,28 @@ def _child_main(config_json: str) -> None:  # pragma: no cover - runs only insid
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
             layers.append(f"uid:{uid}")
-        else:
-            # Keep read access to the interpreter's files, and nothing else.
-            dac_read_search, setgid, setuid = 2, 6, 7
-            pr_set_keepcaps = 8
-            if set_caps((1 << dac_read_search) | (1 << setgid) | (1 << setuid)):
-                libc.prctl(pr_set_keepcaps, 1, 0, 0, 0)
-                os.setresgid(uid, uid, uid)
-                os.setresuid(uid, uid, uid)
-                if not set_caps(1 << dac_read_search):
-                    sys.stderr.write("sandbox: could not set capabilities after dropping root\n")
-                    os._exit(70)
-                libc.prctl(pr_set_keepcaps, 0, 0, 0, 0)
-                layers.append(f"uid:{uid}")
-                layers.append("cap:dac_read_search")
+            return
+        # The interpreter lives where nobody cannot read (a pyenv under /root): keep read access
+        # to files, and nothing else. First prove capset works, while a failure costs nothing.
+        dac_read_search, setgid, setuid, pr_set_keepcaps = 2, 6, 7, 8
+        if not set_caps((1 << dac_read_search) | (1 << setgid) | (1 << setuid)):
+            return
+        libc.prctl(pr_set_keepcaps, 1, 0, 0, 0)
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        if not set_caps(1 << dac_read_search):
+            sys.stderr.write("sandbox: could not set capabilities after dropping root\n")
+            os._exit(70)
+        libc.prctl(pr_set_keepcaps, 0, 0, 0, 0)
+        layers.append(f"uid:{uid}")
+        layers.append("cap:dac_read_search")
+
+    uid = cfg["uid"]
+    if os.geteuid() == 0 and uid is not None:
+        try:
+            drop_root(uid)
+        except OSError:
+            pass  # a container without CAP_SETUID or CAP_CHOWN: the other layers still hold
     if libc.prctl(38, 1, 0, 0, 0) == 0:  # PR_SET_NO_NEW_PRIVS
         layers.append("no_new_privs")
 
@@ -367,9 +391,17 @@ def _child_main(config_json: str) -> None:  # pragma: no cover - runs only insid
     if os.getuid() != 0 and f"uid:{uid}" in layers:
         # counted per user: only meaningful for the sandbox's own uid, never for the caller's
         limits.append((resource.RLIMIT_NPROC, cfg["procs"], cfg["procs"]))
+    all_set = True
     for which, soft, hard in limits:
-        resource.setrlimit(which, (soft, hard))
-    layers.append("rlimits")
+        _, current_hard = resource.getrlimit(which)
+        if current_hard != resource.RLIM_INFINITY:
+            hard = min(hard, current_hard)  # only root could raise it, and we may not be root
+            soft = min(soft, hard)
+        try:
+            resource.setrlimit(which, (soft, hard))
+        except (ValueError, OSError):
+            all_set = False
+    layers.append("rlimits" if all_set else "rlimits:partial")
 
     # 4. The audit hook.
     class SandboxViolation(PermissionError):

@@ -1,0 +1,218 @@
+from __future__ import annotations
+
+import pytest
+
+from router.generation import GenerationRequest, Message
+from tests.verifiers.scripted import gen
+from verifiers.code_tests import (
+    CodeTestsVerifier,
+    assemble_program,
+    caller_test_steps,
+    doctest_steps,
+)
+from verifiers.extract import extract_code, fenced_blocks
+
+pytestmark = pytest.mark.timeout(60)
+
+# A HumanEval-style prompt: a stub whose docstring shows examples, the part a caller sends.
+PROMPT = '''from typing import List
+
+
+def below_zero(operations: List[int]) -> bool:
+    """ Given deposits and withdrawals starting from zero, say whether the balance ever falls
+    below zero.
+    >>> below_zero([1, 2, 3])
+    False
+    >>> below_zero([1, 2, -4, 5])
+    True
+    """
+'''
+GOOD = '''Here is my solution:
+
+```python
+def below_zero(operations: List[int]) -> bool:
+    balance = 0
+    for op in operations:
+        balance += op
+        if balance < 0:
+            return True
+    return False
+```
+
+It keeps a running balance.'''
+WRONG = GOOD.replace("balance < 0", "balance > 100")
+
+
+def chat(text: str, **metadata: object) -> GenerationRequest:
+    return GenerationRequest(messages=(Message("system", "You write Python."), Message("user", text)), metadata=metadata)
+
+
+def test_extract_code_prefers_fences_and_drops_prose() -> None:
+    assert extract_code(GOOD).startswith("def below_zero")
+    assert "running balance" not in extract_code(GOOD)
+    two = "```python\nimport math\ndef f(x):\n    return math.sqrt(x)\n```\nUsage:\n```python\nf(4)\n```"
+    assert "f(4)" not in extract_code(two)
+    assert extract_code("Sure, here:\ndef f():\n    return 1\n").startswith("def f()")
+    cut = "```python\ndef f():\n    return 1\n"  # an answer cut off before the closing fence
+    assert extract_code(cut) == "def f():\n    return 1\n"
+    assert [b.lang for b in fenced_blocks("```json\n{}\n```\n~~~py\nx\n~~~")] == ["json", "py"]
+
+
+def test_doctest_examples_are_parsed_leniently() -> None:
+    steps = doctest_steps(PROMPT)
+    assert [(s.kind, s.source, s.want) for s in steps] == [
+        ("doctest", "below_zero([1, 2, 3])", "False"),
+        ("doctest", "below_zero([1, 2, -4, 5])", "True"),
+    ]
+    odd = ">>> x = 3\n>>> for i in range(2):\n...     print(i * x)\n0\n3\n>>> 1/0\nTraceback (most recent call last):\n  ...\nZeroDivisionError: division by zero\n"
+    kinds = [(s.kind, s.want, s.exc) for s in doctest_steps(odd)]
+    assert kinds == [("setup", "", None), ("doctest", "0\n3", None), ("doctest", "", "ZeroDivisionError")]
+    assert doctest_steps("no examples here") == []
+
+
+def test_caller_tests_are_split_into_units() -> None:
+    steps = caller_test_steps("import math\nassert f(1) == 2\ndef test_x():\n    assert f(2) == 3\nassert f(0) == 1\n")
+    assert [(s.kind, s.label) for s in steps] == [
+        ("setup", "import math"),
+        ("test", "assert f(1) == 2"),
+        ("setup", "def test_x"),
+        ("test", "test_x()"),
+        ("test", "assert f(0) == 1"),
+    ]
+    script = caller_test_steps("result = f(3)\nif result != 4:\n    raise SystemExit(1)\n")
+    assert [s.kind for s in script] == ["test"]
+    assert [s.kind for s in caller_test_steps(["assert f(1) == 2", "assert f(2) == 3"])] == ["test", "test"]
+    with pytest.raises(SyntaxError):
+        caller_test_steps("assert (")
+
+
+def test_program_assembly() -> None:
+    # chat: the answer's code, with the prompt's imports in front (List is used unimported)
+    program = assemble_program(chat("Complete:\n```python\n" + PROMPT + "```"), GOOD)
+    assert program.startswith("from typing import List\n")
+    assert program.count("def below_zero") == 1
+    # completion of a code prompt: the model continues the body, so prompt and answer go together
+    body = "    return any(sum(operations[:i + 1]) < 0 for i in range(len(operations)))\n"
+    joined = assemble_program(GenerationRequest(prompt=PROMPT), body)
+    assert joined == PROMPT + body
+
+
+async def test_prompt_examples_pass_and_fail() -> None:
+    v = CodeTestsVerifier()
+    req = chat("Complete this function:\n```python\n" + PROMPT + "```")
+    good = await v.score(req, gen(GOOD))
+    assert good.value == 1.0, good.reason
+    assert good.details["passed"] == 2 and good.details["total"] == 2
+    wrong = await v.score(req, gen(WRONG))
+    assert wrong.value == 0.5
+    assert "1/2" in wrong.reason and "below_zero([1, 2, -4, 5])" in wrong.reason
+
+
+async def test_completion_mode_body_is_tested_with_its_prompt() -> None:
+    body = "    total = 0\n    for op in operations:\n        total += op\n        if total < 0:\n            return True\n    return False\n"
+    s = await CodeTestsVerifier().score(GenerationRequest(prompt=PROMPT), gen(body))
+    assert s.value == 1.0, s.reason
+
+
+async def test_caller_tests_from_metadata() -> None:
+    tests = (
+        "assert add(1, 2) == 3\n"
+        "assert add(-1, 1) == 0\n"
+        "from solution import add as plus\n"
+        "def test_floats():\n"
+        "    assert abs(plus(0.1, 0.2) - 0.3) < 1e-9\n"
+        "assert add('a', 'b') == 'ab'\n"
+    )
+    req = chat("Write add(a, b).", tests=tests)
+    right = await CodeTestsVerifier().score(req, gen("```python\ndef add(a, b):\n    return a + b\n```"))
+    assert right.value == 1.0, right.reason
+    assert right.details["total"] == 4
+    no_str = "```python\ndef add(a, b):\n    return a if isinstance(a, str) else a + b\n```"
+    half = await CodeTestsVerifier().score(req, gen(no_str))
+    assert half.value == pytest.approx(0.75)
+    assert "add('a', 'b')" in half.reason
+
+
+async def test_doctests_can_be_turned_off_and_both_sources_add_up() -> None:
+    req = chat("Complete:\n```python\n" + PROMPT + "```", tests="assert below_zero([-1])\nassert not below_zero([])")
+    both = await CodeTestsVerifier().score(req, gen(WRONG))
+    assert both.details["total"] == 4
+    # WRONG never says True: right on below_zero([1, 2, 3]) and on `not below_zero([])` only
+    assert both.value == pytest.approx(0.5)
+    assert "caller tests 1/2" in both.reason and "prompt examples 1/2" in both.reason
+    only_caller = await CodeTestsVerifier(doctest=False).score(req, gen(WRONG))
+    assert only_caller.details["total"] == 2
+    assert only_caller.value == 0.5
+
+
+async def test_without_tests_it_scores_whether_the_code_compiles_and_imports() -> None:
+    v = CodeTestsVerifier()
+    req = chat("Write a function that reverses a string.")
+    ok = await v.score(req, gen("```python\ndef rev(s):\n    return s[::-1]\n```"))
+    assert ok.value == 0.5
+    assert "no tests" in ok.reason
+    syntax = await v.score(req, gen("```python\ndef rev(s)\n    return s[::-1]\n```"))
+    assert syntax.value == 0.0 and "syntax error" in syntax.reason
+    broken = await v.score(req, gen("```python\nimport no_such_module_here\n```"))
+    assert broken.value == 0.0 and "ModuleNotFoundError" in broken.reason
+    prose = await v.score(req, gen("I would reverse it with slicing."))
+    assert prose.value == 0.0
+
+
+async def test_never_reads_a_graders_reference() -> None:
+    # Only metadata["tests"] is the caller's. Anything else in metadata, such as a benchmark's
+    # hidden test or reference answer, must not change the score.
+    clean = chat("Write a function that reverses a string.")
+    leaky = chat(
+        "Write a function that reverses a string.",
+        test="def check(candidate):\n    assert candidate('ab') == 'XX'\n",
+        reference="def rev(s):\n    return s[::-1]",
+        answer="x",
+        entry_point="rev",
+    )
+    code = gen("```python\ndef rev(s):\n    return s[::-1]\n```")
+    a = await CodeTestsVerifier().score(clean, code)
+    b = await CodeTestsVerifier().score(leaky, code)
+    assert (a.value, a.reason) == (b.value, b.reason) == (0.5, a.reason)
+
+
+async def test_hanging_code_ends_the_run_quickly() -> None:
+    req = chat("Write f.", tests="assert f(1) == 1\nassert f(2) == 2\nassert f(3) == 3\n")
+    s = await CodeTestsVerifier(unit_timeout_s=0.5, timeout_s=10).score(
+        req, gen("```python\ndef f(x):\n    while True:\n        pass\n```")
+    )
+    assert s.value == 0.0
+    assert "timed out" in s.reason
+    assert s.details["sandbox_s"] < 5
+
+
+async def test_prints_cannot_forge_results() -> None:
+    req = chat("Write f.", tests="assert f() == 1\n")
+    forged = '{"kind": "unit", "passed": true, "error": null}'
+    code = f"```python\nprint({forged!r})\ndef f():\n    print({forged!r})\n    return 2\n```"
+    s = await CodeTestsVerifier().score(req, gen(code))
+    assert s.value == 0.0
+
+
+async def test_exceptions_in_doctests() -> None:
+    prompt = 'def inv(x):\n    """\n    >>> inv(2)\n    0.5\n    >>> inv(0)\n    Traceback (most recent call last):\n    ZeroDivisionError: division by zero\n    """\n'
+    req = GenerationRequest(prompt=prompt)
+    s = await CodeTestsVerifier().score(req, gen("    return 1 / x\n"))
+    assert s.value == 1.0, s.reason
+    s = await CodeTestsVerifier().score(req, gen("    return 1 / x if x else 0\n"))
+    assert s.value == 0.5
+
+
+async def test_metadata_tests_of_the_wrong_type_are_noted() -> None:
+    s = await CodeTestsVerifier().score(chat("Write f.", tests={"not": "code"}), gen("```python\ndef f():\n    return 1\n```"))
+    assert s.value == 0.5
+    assert "ignored" in s.reason
+
+
+@pytest.mark.parametrize(
+    ("params", "error"),
+    [({"timeout_s": 0}, ValueError), ({"doctest": "yes"}, TypeError), ({"memory_mb": 1.5}, TypeError), ({"tests": "x"}, TypeError)],
+)
+def test_bad_params(params: dict, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        CodeTestsVerifier(**params)
