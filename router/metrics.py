@@ -9,7 +9,8 @@ and status, which covers what never reaches the cascade (401, 429, 503, 4xx).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -123,21 +124,35 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-class ResponseCounter:
-    """ASGI middleware: count every HTTP response by route and status. Unknown paths are folded
-    into one label so a scanner cannot blow up the series count."""
+def _template_regex(template: str) -> re.Pattern[str]:
+    """'/v1/models/{model}' -> ^/v1/models/[^/]+$"""
+    parts = re.split(r"\{[^/}]+\}", template)
+    return re.compile("^" + "[^/]+".join(re.escape(p) for p in parts) + "$")
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, paths: Callable[[], set[str]]) -> None:
+
+class ResponseCounter:
+    """ASGI middleware: count every HTTP response by route template and status. Paths that match
+    no route are folded into one label, so a scanner cannot blow up the series count."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, routes: Callable[[], Iterable[str]]) -> None:
         self.app = app
         self.metrics = metrics
-        self.paths = paths
+        self.routes = routes  # route templates, read on the first request (all routes exist by then)
+        self._patterns: list[tuple[re.Pattern[str], str]] | None = None
+
+    def label(self, path: str) -> str:
+        if self._patterns is None:
+            self._patterns = [(_template_regex(t), t) for t in self.routes()]
+        for pattern, template in self._patterns:
+            if pattern.match(path):
+                return template
+        return "other"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope.get("path", "")
-        label = path if path in self.paths() else "other"
+        label = self.label(scope.get("path", ""))
 
         async def counted(message: Message) -> None:
             if message["type"] == "http.response.start":

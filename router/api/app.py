@@ -142,8 +142,11 @@ def create_app(settings: Settings, *, engine: Engine | None = None, **engine_kwa
     app.include_router(routes_completions.router)
     _add_metrics_route(app, settings)
     app.add_middleware(BodyLimit, max_bytes=settings.server.max_body_bytes)
-    paths = {getattr(r, "path", "") for r in app.routes}
-    app.add_middleware(ResponseCounter, metrics=app.state.services.accounting.metrics, paths=lambda: paths)
+    app.add_middleware(
+        ResponseCounter,
+        metrics=app.state.services.accounting.metrics,
+        routes=lambda: [*app.openapi()["paths"], "/metrics"],
+    )
     return app
 
 

@@ -1,0 +1,109 @@
+"""`tierroute report costs`: cost, tokens, escalation, latency and savings from the live ledger."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def cmd_report_costs(args: argparse.Namespace) -> int:
+    from router import reports
+    from router.ledger import open_store
+
+    try:
+        since = reports.parse_time(args.since) if args.since else None
+        until = reports.parse_time(args.until) if args.until else None
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    ledger_path, prices = _ledger_and_prices(args)
+    store = open_store(ledger_path, read_only=True)
+    store.open()
+    try:
+        entries = list(store.entries(since, until))
+    finally:
+        store.close()
+    rows, total = reports.aggregate(entries, args.by)
+    window = _window_text(since, until)
+
+    if args.format == "csv":
+        text = reports.to_csv(rows, total, args.by)
+    elif args.format == "html":
+        text = reports.to_html(
+            rows, total, args.by, entries, title=f"tierroute cost report: {ledger_path.name}", window=window,
+            prices=prices,
+        )
+    else:
+        _print_table(rows, total, args.by, window, prices, ledger_path)
+        return 0
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _ledger_and_prices(args: argparse.Namespace) -> tuple[Path, list[tuple[str, str]]]:
+    """The ledger to read (--ledger, else the config's) and the config's price sheet, if any."""
+    from router.config import load_settings
+    from router.errors import TierrouteError
+    from router.pricing import describe
+
+    settings = None
+    try:
+        settings = load_settings(args.config)
+    except TierrouteError:
+        if not args.ledger:
+            raise
+    prices = [(t.name, describe(t.price)) for t in settings.tiers] if settings is not None else []
+    path = Path(args.ledger) if args.ledger else settings.ledger.path  # type: ignore[union-attr]
+    return path, prices
+
+
+def _window_text(since: float | None, until: float | None) -> str:
+    def fmt(ts: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
+
+    if since is None and until is None:
+        return "all time"
+    return f"from {fmt(since) if since is not None else 'the start'} to {fmt(until) if until is not None else 'now'}"
+
+
+def _print_table(rows: Any, total: Any, by: str, window: str, prices: list[tuple[str, str]], path: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from router import reports
+
+    header, body = reports.table_rows(rows, total, by)  # type: ignore[arg-type]
+    table = Table(*header, title=f"costs by {by}, {window}", caption=str(path))
+    for col in table.columns[1:]:
+        col.justify = "right"
+    for i, cells in enumerate(body):
+        table.add_row(*cells, style="bold" if i == len(body) - 1 else None, end_section=i == len(body) - 2)
+    # piped output keeps every column whole; a terminal gets rich's fit-to-width
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    console.print(table)
+    for tier, price in prices:
+        console.print(f"  {tier}: {price}")
+
+
+def register(sub: Any, add: Any) -> None:
+    report = sub.add_parser("report", help="reports from the ledger of served requests")
+    rsub = report.add_subparsers(dest="report_command", metavar="REPORT", required=True)
+    p = add(
+        "costs",
+        "cost, requests, tokens, escalation rate, latency p50/p95 and savings against the top tier",
+        cmd_report_costs,
+        rsub,
+    )
+    p.add_argument("--since", default=None, help="ISO date/datetime (UTC), 'today', or a span ago like 24h, 7d")
+    p.add_argument("--until", default=None, help="end of the window, exclusive; same forms as --since")
+    p.add_argument("--by", choices=("tier", "key", "day", "model"), default="tier")
+    p.add_argument("--format", choices=("table", "csv", "html"), default="table")
+    p.add_argument("--ledger", default=None, help="ledger file (default: ledger.path from the config)")
+    p.add_argument("--output", "-o", default=None, help="write csv/html here instead of stdout")

@@ -1,0 +1,197 @@
+"""Per-key budgets and rate limits: the arithmetic with a fake clock, then 429s over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+from pathlib import Path
+
+import openai
+import pytest
+
+from router.auth import Principal
+from router.config import ApiKeyEntry
+from router.errors import QuotaError, RateLimitError
+from router.limits import Limits, RateLimiter, day_start, month_start
+from tests.router.accounting_helpers import auth, chat, config_with_keys, read_ledger, running
+
+T0 = float(calendar.timegm((2025, 3, 31, 23, 59, 0)))  # one minute before a day and a month end
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def principal(**limits: float | int) -> Principal:
+    entry = ApiKeyEntry(name="k", hash="sha256$x$y", **limits)  # type: ignore[arg-type]
+    return Principal("k", entry)
+
+
+def limits_for(p: Principal, wall: Clock, mono: Clock) -> Limits:
+    assert p.entry is not None
+    return Limits([p.entry], clock=wall, monotonic=mono, hold_ttl_s=300)
+
+
+def test_periods_are_utc_calendar_days_and_months() -> None:
+    assert day_start(T0) == calendar.timegm((2025, 3, 31, 0, 0, 0))
+    assert month_start(T0) == calendar.timegm((2025, 3, 1, 0, 0, 0))
+    assert day_start(T0 + 60) == calendar.timegm((2025, 4, 1, 0, 0, 0)) == month_start(T0 + 60)
+
+
+def test_sliding_window_rate_limit() -> None:
+    mono = Clock(1000.0)
+    rl = RateLimiter(mono)
+    rl.acquire("k", 2)
+    mono.t += 10
+    rl.acquire("k", 2)
+    mono.t += 5
+    with pytest.raises(RateLimitError) as err:
+        rl.acquire("k", 2)
+    assert err.value.retry_after == pytest.approx(45.0)  # the first one leaves the window at +60
+    rl.acquire("other", 2)  # keys are counted apart
+    mono.t += 45
+    rl.acquire("k", 2)
+    with pytest.raises(RateLimitError) as err:
+        rl.acquire("k", 2)
+    assert err.value.retry_after == pytest.approx(10.0)
+
+
+def test_daily_budget_counts_spend_and_in_flight_estimates_and_resets_at_midnight() -> None:
+    wall, mono = Clock(T0), Clock(0.0)
+    p = principal(usd_per_day=1.0)
+    lim = limits_for(p, wall, mono)
+    h = lim.admit(p, "r1")
+    assert h.estimate_usd == 0.0  # nothing known yet about this key's costs
+    lim.charge("k", 0.4, wall.t)
+    h.release()
+    h2 = lim.admit(p, "r2")  # 0.4 spent; the estimate for r2 is now the key's mean cost, 0.4
+    assert h2.estimate_usd == pytest.approx(0.4)
+    lim.admit(p, "r3")  # 0.4 + 0.4 in flight < 1.0
+    with pytest.raises(QuotaError, match="daily budget"):
+        lim.admit(p, "r4")  # 0.4 + 0.8 in flight >= 1.0
+    assert lim.in_flight == 2
+    h2.release()
+    lim.hold("r3").release()  # type: ignore[union-attr]
+    lim.charge("k", 0.7, wall.t)  # the request that crosses the line is served...
+    with pytest.raises(QuotaError, match="insufficient|exceeded your current quota"):
+        lim.admit(p, "r5")  # ...and the next is refused
+    assert lim.spent("k") == (pytest.approx(1.1), pytest.approx(1.1))
+    wall.t += 61  # 00:00:01 UTC, April 1st: a new day and a new month
+    assert lim.spent("k") == (0.0, 0.0)
+    lim.admit(p, "r6").release()
+
+
+def test_monthly_budget_outlives_the_day() -> None:
+    wall, mono = Clock(T0 - 86400 * 2), Clock(0.0)
+    p = principal(usd_per_day=10.0, usd_per_month=1.0)
+    lim = limits_for(p, wall, mono)
+    lim.seed({}, {"k": 0.999}, wall.t)
+    lim.admit(p, "a").release()
+    lim.charge("k", 0.01, wall.t)
+    wall.t += 86400  # a new day, same month
+    with pytest.raises(QuotaError, match="monthly budget"):
+        lim.admit(p, "b")
+
+
+def test_a_forgotten_hold_expires() -> None:
+    wall, mono = Clock(T0), Clock(0.0)
+    p = principal(usd_per_day=1.0)
+    lim = limits_for(p, wall, mono)
+    lim.charge("k", 0.6, wall.t)
+    lim.admit(p, "lost")  # never released: its 0.6 estimate counts...
+    with pytest.raises(QuotaError):
+        lim.admit(p, "x")
+    mono.t += 301  # ...until the hold's lifetime has passed
+    lim.admit(p, "y").release()
+    assert lim.in_flight == 0
+
+
+def test_zero_budget_refuses_everything_and_budget_refusals_spend_no_rate() -> None:
+    wall, mono = Clock(T0), Clock(0.0)
+    p = principal(usd_per_day=0.0, requests_per_minute=1)
+    lim = limits_for(p, wall, mono)
+    for _ in range(3):
+        with pytest.raises(QuotaError):
+            lim.admit(p, "r")
+    assert not lim.rate._seen.get("k")
+
+
+# ---- over HTTP --------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+async def test_budget_exhaustion_gets_insufficient_quota(tmp_path: Path, smol_path: Path) -> None:
+    cfg, keys = config_with_keys(
+        tmp_path, {"tiny": {"usd_per_day": 1e-9}, "rich": {"usd_per_day": 100.0}}, large="none"
+    )
+    async with running(cfg) as client:
+        first = await client.post("/v1/chat/completions", json=chat("Hi."), headers=auth(keys["tiny"]))
+        assert first.status_code == 200
+        assert first.json()["tierroute"]["cost_usd"] > 1e-9
+        refused = await client.post("/v1/chat/completions", json=chat("Hi."), headers=auth(keys["tiny"]))
+        assert refused.status_code == 429
+        err = refused.json()["error"]
+        assert err["type"] == "insufficient_quota" and err["code"] == "insufficient_quota"
+        assert "tiny" in err["message"] and keys["tiny"] not in refused.text
+        stream = await client.post("/v1/chat/completions", json=chat("Hi.", stream=True), headers=auth(keys["tiny"]))
+        assert stream.status_code == 429  # refused before any generation, streaming or not
+        ok = await client.post("/v1/chat/completions", json=chat("Hi."), headers=auth(keys["rich"]))
+        assert ok.status_code == 200
+    # refused requests cost nothing and are not in the ledger
+    assert sorted(e.key_id for e in read_ledger(tmp_path / "ledger.sqlite3").values()) == ["rich", "tiny"]
+
+    # a restart reads today's spend back from the ledger: the key is still out of budget
+    async with running(cfg) as client:
+        again = await client.post("/v1/chat/completions", json=chat("Hi."), headers=auth(keys["tiny"]))
+        assert again.status_code == 429 and again.json()["error"]["code"] == "insufficient_quota"
+
+
+@pytest.mark.timeout(300)
+async def test_rate_limit_gets_429_with_retry_after(tmp_path: Path, smol_path: Path) -> None:
+    cfg, keys = config_with_keys(tmp_path, {"slow": {"requests_per_minute": 2}, "other": {}}, large="none")
+    async with running(cfg) as client:
+        codes = []
+        for _ in range(2):
+            r = await client.post("/v1/chat/completions", json=chat("Hi.", max_tokens=2), headers=auth(keys["slow"]))
+            codes.append(r.status_code)
+        third = await client.post("/v1/chat/completions", json=chat("Hi.", max_tokens=2), headers=auth(keys["slow"]))
+        assert codes == [200, 200]
+        assert third.status_code == 429
+        assert 1 <= int(third.headers["retry-after"]) <= 60
+        assert third.json()["error"]["code"] == "rate_limit_exceeded"
+        other = await client.post("/v1/chat/completions", json=chat("Hi.", max_tokens=2), headers=auth(keys["other"]))
+        assert other.status_code == 200
+
+
+@pytest.mark.timeout(300)
+async def test_openai_client_sees_the_openai_errors(tmp_path: Path, smol_path: Path) -> None:
+    """What an existing OpenAI client does with our 429s: RateLimitError carrying the code."""
+    cfg, keys = config_with_keys(tmp_path, {"k": {"usd_per_day": 0.0}}, large="none")
+    async with running(cfg) as client:
+        oai = openai.AsyncOpenAI(
+            base_url="http://tierroute/v1", api_key=keys["k"], http_client=client, max_retries=0
+        )
+        with pytest.raises(openai.RateLimitError) as err:
+            await oai.chat.completions.create(model="auto", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        assert err.value.code == "insufficient_quota"
+
+
+@pytest.mark.timeout(300)
+async def test_failed_requests_release_their_reservation(tmp_path: Path, smol_path: Path) -> None:
+    cfg, keys = config_with_keys(tmp_path, {"k": {"usd_per_day": 50.0}}, large="none")
+    async with running(cfg) as client:
+        limits = client.app.state.services.accounting.limits  # type: ignore[attr-defined]
+        bad = chat("x" * 20000, max_tokens=8)  # longer than the context: 400 after admission
+        results = await asyncio.gather(
+            client.post("/v1/chat/completions", json=bad, headers=auth(keys["k"])),
+            client.post("/v1/chat/completions", json={**bad, "stream": True}, headers=auth(keys["k"])),
+            client.post("/v1/chat/completions", json=chat("Hi."), headers=auth(keys["k"])),
+            client.post("/v1/chat/completions", json=chat("Hi.", stream=True), headers=auth(keys["k"])),
+        )
+        assert [r.status_code for r in results][2:] == [200, 200]
+        assert all(r.status_code >= 400 for r in results[:2])
+        assert limits.in_flight == 0
