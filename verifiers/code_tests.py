@@ -32,7 +32,7 @@ from typing import Any
 
 from router.generation import Generation, GenerationRequest
 from verifiers.base import Score, VerifierContext
-from verifiers.extract import compiles, defined_names, extract_code, fenced_blocks, import_lines
+from verifiers.extract import compiles, defined_names, definitions, extract_code, fenced_blocks
 from verifiers.sandbox import SandboxResult, run_python_async
 
 _PS1 = re.compile(r"^(?P<indent>[ \t]*)>>>(?: (?P<src>.*)|$)")
@@ -57,7 +57,11 @@ class Step:
 
 
 def assemble_program(request: GenerationRequest, text: str) -> str:
-    """The program to test: the code in the answer, with the prompt's imports in front.
+    """The program to test: the code in the answer, after the prompt's own imports and helpers.
+
+    An answer often leaves out what the prompt already gave it (``from typing import List``, a
+    helper function the stub relies on); the prompt's imports, and its functions and classes that
+    the answer does not define itself, go in front. Nothing else of the prompt runs.
 
     For a plain completion of a code prompt (HumanEval-style: a signature and docstring that the
     model continues with a body), the prompt and the answer together.
@@ -68,10 +72,11 @@ def assemble_program(request: GenerationRequest, text: str) -> str:
         joined = prompt + text
         if compiles(joined) and (not compiles(code) or not defined_names(prompt) & defined_names(code)):
             return joined
-    imports = [line for line in import_lines(extract_code(prompt)) if line not in code]
-    if imports and compiles(code):
-        code = "\n".join(imports) + "\n\n" + code
-    return code
+    if not compiles(code):
+        return code
+    own = defined_names(code)
+    given = [src for name, src in definitions(extract_code(prompt)) if name not in own and src not in code]
+    return "\n\n".join([*given, code]) if given else code
 
 
 def doctest_steps(text: str) -> list[Step]:

@@ -73,10 +73,17 @@ def defined_names(code: str) -> set[str]:
     return {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
 
 
-def import_lines(code: str) -> list[str]:
-    """The top-level import statements of ``code``, as source lines."""
+def definitions(code: str) -> list[tuple[str | None, str]]:
+    """The top-level imports, functions and classes of ``code`` as (name, source) pairs, in order;
+    the name is None for an import. Other statements are left out, so none of them runs."""
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError):
         return []
-    return [ast.unparse(n) for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    found: list[tuple[str | None, str]] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append((None, ast.unparse(node)))
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            found.append((node.name, ast.unparse(node)))
+    return found

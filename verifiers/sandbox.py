@@ -4,8 +4,9 @@ Layers, each of which holds on its own where the others are unavailable:
 
 - a fresh temporary directory as cwd, removed afterwards; an empty environment; ``python -I -B``;
 - the child leads its own process group, and the whole group is killed on timeout or cancellation;
-- a new network namespace (``unshare(CLONE_NEWNET)``, with ``CLONE_NEWUSER`` when not root),
-  where it is allowed: then there is no network at all, not even loopback;
+- a new network namespace (``unshare(CLONE_NEWNET)``; when not root, inside a new user namespace
+  that maps only the caller's own ids and whose capabilities are then dropped), where the
+  machine allows it: then there is no network at all, not even loopback;
 - when started as root, the child drops to uid/gid 65534 (nobody), so RLIMIT_NPROC applies and
   file permissions hold. Where the interpreter lives somewhere nobody cannot read (a pyenv under
   /root), it keeps exactly one capability, CAP_DAC_READ_SEARCH, so it can still import;
@@ -21,7 +22,8 @@ hogs, fork bombs, stray network calls, files written where they should not be. I
 boundary against a determined attacker with a native-code exploit; run the router in a container
 or a gVisor/Firecracker sandbox where that matters.
 
-The child reports which layers it managed to put in place (``SandboxResult.isolation``), through
+The child reports which layers it managed to put in place (``SandboxResult.isolation``: netns,
+no_caps, uid:65534, cap:dac_read_search, no_new_privs, rlimits or rlimits:partial, audit) through
 a private pipe, before it runs the user code.
 """
 
@@ -98,11 +100,9 @@ async def run_python_async(
         raise ValueError("memory_mb >= 32, max_file_mb >= 0 and max_procs >= 1 are required")
     cpu_limit = max(1, math.ceil(cpu_s if cpu_s is not None else timeout_s))
     workdir = await asyncio.to_thread(_make_workdir, code, files or {})
-    status_r, status_w = os.pipe()
-    config = {
+    status_r = status_w = -1
+    config: dict[str, Any] = {
         "workdir": workdir,
-        "main": os.path.join(workdir, "main.py"),
-        "status_fd": status_w,
         "netns": isolate_network,
         "uid": SANDBOX_UID,
         "cpu_s": cpu_limit,
@@ -115,6 +115,8 @@ async def run_python_async(
     proc: asyncio.subprocess.Process | None = None
     tasks: list[asyncio.Future[Any]] = []
     try:
+        status_r, status_w = os.pipe()
+        config["status_fd"] = status_w
         proc = await asyncio.create_subprocess_exec(
             python or sys.executable, "-I", "-B", "-X", "utf8", "-c", _bootstrap_source(), json.dumps(config),
             stdin=asyncio.subprocess.PIPE if stdin_bytes is not None else asyncio.subprocess.DEVNULL,
@@ -168,9 +170,9 @@ async def run_python_async(
     finally:
         for task in tasks:
             task.cancel()
-        if status_w >= 0:
-            os.close(status_w)
-        os.close(status_r)
+        for fd in (status_r, status_w):
+            if fd >= 0:
+                os.close(fd)
         await asyncio.to_thread(shutil.rmtree, workdir, True)
 
 

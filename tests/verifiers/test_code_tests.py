@@ -91,6 +91,12 @@ def test_program_assembly() -> None:
     program = assemble_program(chat("Complete:\n```python\n" + PROMPT + "```"), GOOD)
     assert program.startswith("from typing import List\n")
     assert program.count("def below_zero") == 1
+    # a helper the prompt defines comes along; the prompt's other statements do not
+    helper = "```python\nimport re\n\ndef is_pal(s):\n    return s == s[::-1]\n\nprint('side effect')\n\ndef longest(s):\n    \"\"\"stub\"\"\"\n```"
+    answer = "```python\ndef longest(s):\n    return max((s[i:j] for i in range(len(s)) for j in range(i, len(s) + 1) if is_pal(s[i:j])), key=len)\n```"
+    program = assemble_program(chat(helper), answer)
+    assert "def is_pal" in program and "import re" in program
+    assert "side effect" not in program and '"""stub"""' not in program
     # completion of a code prompt: the model continues the body, so prompt and answer go together
     body = "    return any(sum(operations[:i + 1]) < 0 for i in range(len(operations)))\n"
     joined = assemble_program(GenerationRequest(prompt=PROMPT), body)
