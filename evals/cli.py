@@ -140,11 +140,12 @@ def default_verifiers(task: str) -> list[Any]:
     from router.config import VerifierSpec
     from verifiers.base import Registry
 
+    confidence = [("confidence", {"stat": "mean"}), ("confidence", {"stat": "min", "name": "confidence_min"})]
     wanted = {
-        "math": [("confidence", {"stat": "mean"}), ("confidence", {"stat": "min"}), ("format", {}), ("math_answer", {})],
-        "code": [("confidence", {"stat": "mean"}), ("confidence", {"stat": "min"}), ("format", {}), ("code_tests", {})],
-        "choice": [("confidence", {"stat": "mean"}), ("confidence", {"stat": "min"}), ("format", {})],
-    }.get(task, [("confidence", {"stat": "mean"}), ("format", {})])
+        "math": [*confidence, ("format", {"regex": r"\\boxed\{", "name": "boxed"}), ("math_answer", {})],
+        "code": [*confidence, ("format", {"regex": r"```(?:python|py)?\n", "name": "code_block"}), ("code_tests", {})],
+        "choice": [*confidence, ("format", {"regex": r"^\s*\(?[A-D]\)?[.)]?\s*$", "name": "letter_only"})],
+    }.get(task, confidence)
     try:
         known = set(Registry.from_entry_points().names())
     except Exception:  # the built-ins not installed yet: score with the tiers' own verifiers only

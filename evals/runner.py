@@ -54,7 +54,11 @@ SEED = 0
 
 
 def verifier_label(name: str, params: Mapping[str, Any]) -> str:
-    """A verifier's name in results and reports: `name`, or `name[k=v,...]` when it has params."""
+    """A verifier's name in results and reports: its `name` param when it has one (the built-ins
+    take one, e.g. `{"stat": "min", "name": "confidence_min"}`), else `name`, or `name[k=v,...]`
+    when it has params."""
+    if isinstance(params.get("name"), str) and params["name"]:
+        return str(params["name"])
     if not params:
         return name
     inner = ",".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in sorted(params.items()))
@@ -97,8 +101,11 @@ def effective_max_tokens(suite: Suite, tier: TierSettings) -> int:
 
 
 def tier_fingerprint(suite: Suite, tier: TierSettings) -> str:
-    """What decides a tier's output besides the prompt: model, and generation parameters."""
+    """What decides a tier's output besides the prompt: the tier, its model, and the generation
+    parameters. The tier's name is part of it so that two tiers never share outputs, even when
+    they name the same model file (a test config, or a backend replaced behind a tier)."""
     params = {
+        "tier": tier.name,
         "model": model_identity(tier),
         "max_tokens": effective_max_tokens(suite, tier),
         "temperature": TEMPERATURE,
@@ -327,13 +334,25 @@ async def run_eval(
                 progress.advance(w.tier.name)
 
             try:
-                await asyncio.gather(*(one(item) for item in w.todo))
+                await _all_or_nothing([one(item) for item in w.todo])
             finally:
                 progress.finish(w.tier.name)
     finally:
         await engine.close()
         summary.wall_s = time.monotonic() - t0
     return summary
+
+
+async def _all_or_nothing(coros: list[Any]) -> None:
+    """Run all; on the first error (or Ctrl-C) cancel the rest and wait for them, so nothing keeps
+    running against a closing engine. Finished items are already stored."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _process(

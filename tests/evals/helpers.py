@@ -1,0 +1,193 @@
+"""Test seams for the eval runner: scripted backends and verifiers, a two-tier config, a small
+JSONL suite. They sit behind the same `Engine.from_settings(backends=..., registry=...)` seams the
+production code offers; nothing in the runner knows about them."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from router.backends.base import Backend
+from router.generation import Delta, Generation, GenerationRequest
+from verifiers.base import Registry, Score, VerifierContext
+
+SMOL = "smollm2-135m-instruct-q4_1"
+
+CONFIG = """
+[server]
+allow_unauthenticated = true
+[ledger]
+enabled = false
+
+[[tiers]]
+name = "small"
+backend = "llamacpp"
+threshold = 0.5
+max_tokens = 64
+[tiers.llamacpp]
+model = "{model}"
+n_parallel = 2
+[tiers.price]
+usd_per_hour = 3.6
+stands_for = "test: $0.001 per busy second"
+[[tiers.verifiers]]
+name = "keyword"
+
+[[tiers]]
+name = "large"
+backend = "llamacpp"
+max_tokens = 64
+[tiers.llamacpp]
+model = "{model}"
+n_parallel = 2
+[tiers.price]
+usd_per_1m_input_tokens = 1000.0
+usd_per_1m_output_tokens = 2000.0
+stands_for = "test: $0.001 per input token, $0.002 per output token"
+"""
+
+
+def write_config(tmp: Path, extra_tier: str = "") -> Path:
+    path = tmp / "config.toml"
+    path.write_text(CONFIG.format(model=SMOL) + extra_tier)
+    return path
+
+
+def write_suite(tmp: Path, n: int = 8) -> Path:
+    """n sums, numeric grader; answers are the scripted backends' business."""
+    path = tmp / "sums.jsonl"
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": f"q{i}", "prompt": f"What is {i} + 100?", "reference": i + 100,
+                                "grader": "numeric", "group": "even" if i % 2 == 0 else "odd"}) + "\n")
+    return path
+
+
+def question_number(request: GenerationRequest) -> int:
+    m = re.search(r"What is (\d+) \+ 100", request.last_user_text())
+    assert m, request.last_user_text()
+    return int(m.group(1))
+
+
+class ScriptedBackend(Backend):
+    """Answers `reply(request)` at once. Token counts are word counts; the busy time is fixed so
+    costs are exact. `fail_on` items raise (to simulate a crash mid-run)."""
+
+    local = True
+
+    def __init__(self, name: str, reply: Callable[[GenerationRequest], str], *, busy_s: float = 1.0,
+                 fail_on: Callable[[GenerationRequest], BaseException | None] | None = None) -> None:
+        super().__init__(name)
+        self.reply = reply
+        self.busy_s = busy_s
+        self.fail_on = fail_on
+        self.requests: list[GenerationRequest] = []
+        self.started = 0
+
+    async def start(self) -> None:
+        self.started += 1
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta | Generation]:
+        self.requests.append(request)
+        if self.fail_on is not None and (exc := self.fail_on(request)) is not None:
+            raise exc
+        text = self.reply(request)
+        words = len(text.split())
+        yield Delta(text)
+        yield Generation(text=text, finish_reason="stop", prompt_tokens=10, completion_tokens=words,
+                         token_logprobs=(-0.1,) * words, latency_s=0.5, busy_s=self.busy_s, model=f"scripted-{self.name}")
+
+
+def small_reply(request: GenerationRequest) -> str:
+    """Right on even questions. Says 'sure' on multiples of 4 (right) and on 3 (wrong)."""
+    i = question_number(request)
+    answer = i + 100 if i % 2 == 0 else i + 99
+    sure = "sure, " if i % 4 == 0 or i == 3 else ""
+    return f"{sure}the answer is {answer}"
+
+
+def large_reply(request: GenerationRequest) -> str:
+    """Right on everything but question 5."""
+    i = question_number(request)
+    return f"the answer is {i + 100 if i != 5 else 0}"
+
+
+@dataclass
+class KeywordVerifier:
+    name: str = "keyword"
+    calls: int = 0
+
+    async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
+        self.calls += 1
+        return Score(0.9 if "sure" in candidate.text else 0.2, "keyword")
+
+
+@dataclass
+class LengthVerifier:
+    name: str = "length"
+
+    async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
+        return Score(min(1.0, len(candidate.text) / 40), "length")
+
+
+@dataclass
+class SpyVerifier:
+    """Records everything it is given."""
+
+    seen: list[tuple[GenerationRequest, Generation]] = field(default_factory=list)
+    name: str = "spy"
+
+    async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
+        self.seen.append((request, candidate))
+        return Score(0.5, "spy")
+
+
+class Calls:
+    """Counts verifier constructions and scores across a run."""
+
+    def __init__(self) -> None:
+        self.scores: dict[str, int] = {}
+        self.spies: list[SpyVerifier] = []
+
+
+def registry(calls: Calls | None = None) -> Registry:
+    calls = calls or Calls()
+    reg = Registry()
+
+    def counted(name: str, make: Callable[[], Any]) -> Callable[[dict[str, Any], VerifierContext], Any]:
+        def factory(params: dict[str, Any], ctx: VerifierContext) -> Any:
+            inner = make()
+
+            class Counting:
+                def __init__(self) -> None:
+                    self.name = inner.name
+
+                async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
+                    calls.scores[name] = calls.scores.get(name, 0) + 1
+                    return await inner.score(request, candidate)
+
+            return Counting()
+
+        return factory
+
+    def spy(params: dict[str, Any], ctx: VerifierContext) -> SpyVerifier:
+        s = SpyVerifier()
+        calls.spies.append(s)
+        return s
+
+    reg.register("keyword", counted("keyword", KeywordVerifier))
+    reg.register("length", counted("length", LengthVerifier))
+    reg.register("spy", spy)
+    return reg
+
+
+def scripted(busy_small: float = 1.0, **kw: Any) -> dict[str, ScriptedBackend]:
+    return {"small": ScriptedBackend("small", small_reply, busy_s=busy_small, **kw),
+            "large": ScriptedBackend("large", large_reply, busy_s=2.0)}
+
+

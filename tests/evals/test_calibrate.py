@@ -1,0 +1,108 @@
+"""Calibration: the split is fixed by seed and item id, thresholds are chosen on calibration items
+only, and the held-out report is what those thresholds do on the other items."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from evals.calibrate import Target, calibrate, choose, in_calibration, split, write_thresholds
+from evals.sweep import CONFIG, ItemOutcome, ResultTable, TierInfo, TierOutcome
+from router.config import DEFAULT_CONFIG, PriceSettings, load_settings
+from router.errors import ConfigError
+
+
+def outcome(correct: bool, score: float, cost: float) -> TierOutcome:
+    return TierOutcome(correct=correct, cost_usd=cost, latency_s=1.0, busy_s=1.0, prompt_tokens=1,
+                       completion_tokens=1, scores={"v": score, CONFIG: score}, verify_cost_usd={}, verify_s={})
+
+
+def synthetic(n: int = 200, seed: int = 1) -> ResultTable:
+    """Small is right more often when its score is high; large is right 90% of the time."""
+    rng = random.Random(seed)
+    items = []
+    for i in range(n):
+        s = rng.random()
+        items.append(ItemOutcome(f"item/{i}", "", (outcome(rng.random() < s, s, 0.001),
+                                                   outcome(rng.random() < 0.9, 1.0, 0.01))))
+    price = PriceSettings(usd_per_hour=1.0)
+    tiers = [TierInfo("small", "m", price, "", 0.5, True), TierInfo("large", "M", price, "", 0.5, True)]
+    return ResultTable(run="syn", suite="syn", source="", tiers=tiers, items=items, verifiers=[CONFIG, "v"])
+
+
+def test_split_is_fixed_by_seed_and_item_id() -> None:
+    table = synthetic()
+    calib, held = split(table, seed=3)
+    ids_c, ids_h = {i.id for i in calib.items}, {i.id for i in held.items}
+    assert ids_c.isdisjoint(ids_h) and ids_c | ids_h == {i.id for i in table.items}
+    assert 70 < len(ids_c) < 130
+    assert {i.id for i in split(table, seed=3)[0].items} == ids_c  # fixed
+    assert {i.id for i in split(table, seed=4)[0].items} != ids_c  # a new seed, a new split
+    # an item's side does not depend on which other items are in the run
+    fewer = table.subset(sorted(ids_c)[:10] + sorted(ids_h)[:10])
+    assert {i.id for i in split(fewer, seed=3)[0].items} == set(sorted(ids_c)[:10])
+    assert all(in_calibration(i, 3, 0.5) for i in ids_c)
+
+
+def test_held_out_items_never_influence_the_thresholds() -> None:
+    table = synthetic()
+    target = Target.parse("min-accuracy=0.8")
+    before = calibrate(table, "v", target, seed=0)
+    _, held = split(table, seed=0)
+    held_ids = {i.id for i in held.items}
+    # scramble everything about the held-out items: outcomes and scores
+    rng = random.Random(99)
+    scrambled = [
+        ItemOutcome(it.id, it.group, tuple(replace(t, correct=rng.random() < 0.5, scores={"v": rng.random(), CONFIG: 0.0})
+                                           for t in it.tiers)) if it.id in held_ids else it
+        for it in table.items
+    ]
+    after = calibrate(replace(table, items=scrambled), "v", target, seed=0)
+    assert after.thresholds == before.thresholds
+    assert after.calibration == before.calibration
+    assert after.held_out != before.held_out  # the report moved; the choice did not
+
+
+def test_targets() -> None:
+    table = synthetic()
+    ths, r, met = choose(table, "v", Target("min-accuracy", 0.8))
+    assert met and r.accuracy >= 0.8
+    # nothing cheaper meets it: lowering the threshold to the next candidate falls short or costs more
+    ths2, r2, met2 = choose(table, "v", Target("max-escalation", 0.3))
+    assert met2 and r2.escalation_rate <= 0.3
+    _, r3, met3 = choose(table, "v", Target("max-cost", 1000 * (0.001 + 0.5 * 0.01)))
+    assert met3 and r3.cost_per_1k <= 6.0 + 1e-9
+    _, r4, met4 = choose(table, "v", Target("min-accuracy", 0.99))
+    assert not met4  # unreachable: the nearest miss, the most accurate
+    weak = sum(i.tiers[0].correct for i in table.items) / len(table.items)
+    strong = sum(i.tiers[1].correct for i in table.items) / len(table.items)
+    _, r5, met5 = choose(table, "v", Target("min-pgr", 0.5))
+    assert met5 and r5.accuracy >= weak + 0.5 * (strong - weak) - 1e-12
+
+
+def test_target_parsing() -> None:
+    assert Target.parse("max-cost=0.05") == Target("max-cost", 0.05)
+    for bad in ("accuracy=0.5", "min-accuracy", "min-accuracy=x", "min-accuracy=90"):
+        with pytest.raises(ConfigError):
+            Target.parse(bad)
+
+
+def test_write_thresholds_keeps_the_rest_of_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    shutil.copy(DEFAULT_CONFIG, path)
+    before = path.read_text()
+    write_thresholds(path, {"small": 0.62})
+    after = path.read_text()
+    assert load_settings(path).tier("small").threshold == pytest.approx(0.62)
+    diff = [(a, b) for a, b in zip(before.splitlines(), after.splitlines(), strict=True) if a != b]
+    assert diff == [("threshold = 0.45", "threshold = 0.62")]
+    # a tier without a threshold line gets one after its name
+    write_thresholds(path, {"large": 0.3})
+    assert load_settings(path).tier("large").threshold == pytest.approx(0.3)
+    assert load_settings(path).tier("small").threshold == pytest.approx(0.62)
+    with pytest.raises(ConfigError):
+        write_thresholds(path, {"nope": 0.1})

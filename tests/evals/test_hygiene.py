@@ -1,0 +1,80 @@
+"""A verifier never sees what the grader sees: not the reference answer, not HumanEval's tests.
+
+A spy verifier and a scripted backend record every request the runner sends them, on real
+HumanEval and GSM8K items and on a JSONL suite with a marked reference, and none of it may carry
+any part of the answer key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from evals.data import HUMANEVAL, GSM8K_TEST, fetch, read_jsonl
+from evals.runner import EvalPlan, run_eval
+from evals.store import RunStore
+from evals.suites import get_suite
+from router.config import VerifierSpec, load_settings
+from router.generation import GenerationRequest
+from tests.evals.helpers import Calls, ScriptedBackend, registry, write_config
+
+
+def everything_in(request: GenerationRequest) -> str:
+    return repr(request) + json.dumps(request.metadata, default=str)
+
+
+async def spy_run(tmp_path: Path, suite_name: str, reply, n: int) -> tuple[Calls, dict[str, ScriptedBackend], list]:
+    suite = get_suite(suite_name)
+    items = suite.select(suite.load(), n, 0)
+    plan = EvalPlan(suite=suite, items=items, settings=load_settings(write_config(tmp_path)),
+                    tiers=["small", "large"], verifiers=[VerifierSpec(name="spy")])
+    calls = Calls()
+    backends = {"small": ScriptedBackend("small", reply), "large": ScriptedBackend("large", reply)}
+    with RunStore(tmp_path / "runs" / suite.name) as store:
+        summary = await run_eval(plan, store, registry=registry(calls), backends=backends)
+    assert summary.failed == []
+    return calls, backends, items
+
+
+async def test_humaneval_tests_never_reach_a_verifier(tmp_path: Path) -> None:
+    rows = {r["task_id"]: r for r in read_jsonl(fetch(HUMANEVAL))}
+
+    def reply(request: GenerationRequest) -> str:
+        prompt = next(r for r in rows.values() if r["prompt"] in request.last_user_text())
+        return "```python\n" + prompt["prompt"] + prompt["canonical_solution"] + "```"
+
+    calls, backends, items = await spy_run(tmp_path, "humaneval", reply, 3)
+    seen = [(req, cand) for spy in calls.spies for req, cand in spy.seen]
+    requests = [req for req, _ in seen] + [r for b in backends.values() for r in b.requests]
+    assert len(seen) == 6
+    for req in requests:
+        text = everything_in(req)
+        row = next(r for r in rows.values() if r["prompt"] in req.last_user_text())
+        assert row["test"].strip() not in text
+        assert "def check(candidate)" not in text
+        assert row["canonical_solution"].strip() not in text
+        assert set(req.metadata) == {"task"} and "tests" not in req.metadata
+    # the grader did see the tests: canonical solutions pass them
+    store = RunStore(tmp_path / "runs" / "humaneval")
+    assert all(g.correct for g in store.grades.records.values())
+
+
+async def test_gsm8k_solutions_never_reach_a_verifier(tmp_path: Path) -> None:
+    rows = list(read_jsonl(fetch(GSM8K_TEST)))
+    calls, backends, items = await spy_run(tmp_path, "gsm8k", lambda r: "\\boxed{1}", 4)
+    for spy in calls.spies:
+        for req, _ in spy.seen:
+            text = everything_in(req)
+            assert "####" not in text
+            row = next(r for r in rows if r["question"].strip() in req.last_user_text())
+            assert row["answer"].split("####")[0].strip()[:60] not in text
+
+
+async def test_jsonl_reference_never_reaches_a_verifier(tmp_path: Path) -> None:
+    path = tmp_path / "secret.jsonl"
+    path.write_text("\n".join(json.dumps({"id": f"s{i}", "prompt": f"Say hi {i}", "reference": f"SECRET-{i}",
+                                          "grader": "exact"}) for i in range(3)) + "\n")
+    calls, backends, _ = await spy_run(tmp_path, str(path), lambda r: "hi", 3)
+    seen = [req for spy in calls.spies for req, _ in spy.seen]
+    assert len(seen) == 6
+    for req in seen + [r for b in backends.values() for r in b.requests]:
+        assert "SECRET" not in everything_in(req)

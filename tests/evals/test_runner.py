@@ -1,0 +1,151 @@
+"""The runner's cache: a rerun computes nothing, new verifiers, tiers and items only what is new,
+and a crash mid-run loses only the items in flight."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evals.runner import EvalPlan, run_eval
+from evals.store import RunStore
+from evals.suites import get_suite
+from router.config import VerifierSpec, load_settings
+from tests.evals.helpers import Calls, ScriptedBackend, large_reply, question_number, registry, scripted, write_config, write_suite
+
+N = 8
+
+
+def plan_for(tmp_path: Path, *, limit: int | None = None, verifiers: tuple[str, ...] = ("length",),
+             tiers: tuple[str, ...] = ("small", "large"), config: Path | None = None) -> EvalPlan:
+    settings = load_settings(config or write_config(tmp_path))
+    suite = get_suite(str(write_suite(tmp_path, N)))
+    items = suite.select(suite.load(), limit, 0)
+    return EvalPlan(suite=suite, items=items, settings=settings, tiers=list(tiers),
+                    verifiers=[VerifierSpec(name=v) for v in verifiers], limit=limit)
+
+
+async def run(plan: EvalPlan, root: Path, backends: dict[str, ScriptedBackend], calls: Calls | None = None):
+    with RunStore(root) as store:
+        return await run_eval(plan, store, registry=registry(calls), backends=backends)
+
+
+async def test_first_run_stores_every_tier_item_verifier_and_grade(tmp_path: Path) -> None:
+    root = tmp_path / "runs" / "sums"
+    summary = await run(plan_for(tmp_path), root, scripted())
+    assert summary.failed == []
+    assert (summary.generated, summary.graded) == (2 * N, 2 * N)
+    # every tier is scored with its own verifiers and the eval's: keyword on small, length on both
+    assert summary.scored == N * 2 + N
+    store = RunStore(root)
+    assert len(store.generations.records) == 2 * N
+    manifest = store.manifest()
+    assert [t["name"] for t in manifest["tiers"]] == ["small", "large"]
+    assert manifest["tiers"][0]["scored_with"] == ["keyword", "length"]
+    assert {g.item for g in store.grades.records.values() if g.correct and g.tier == "small"} == {"q0", "q2", "q4", "q6"}
+
+
+async def test_rerun_computes_nothing_and_loads_no_model(tmp_path: Path) -> None:
+    root = tmp_path / "runs" / "sums"
+    await run(plan_for(tmp_path), root, scripted())
+    again = scripted()
+    calls = Calls()
+    summary = await run(plan_for(tmp_path), root, again, calls)
+    assert summary.computed == 0
+    assert not summary.loaded_models
+    assert all(b.started == 0 and not b.requests for b in again.values())
+    assert calls.scores == {}
+
+
+async def test_a_new_verifier_computes_only_its_scores(tmp_path: Path) -> None:
+    root = tmp_path / "runs" / "sums"
+    await run(plan_for(tmp_path), root, scripted())
+    backends, calls = scripted(), Calls()
+    summary = await run(plan_for(tmp_path, verifiers=("length", "spy")), root, backends, calls)
+    assert (summary.generated, summary.graded, summary.scored) == (0, 0, 2 * N)
+    assert all(not b.requests for b in backends.values())  # no generation: outputs came from the store
+    assert sum(len(s.seen) for s in calls.spies) == 2 * N
+    assert calls.scores == {}  # keyword and length were not recomputed
+    labels = {v["label"] for v in RunStore(root).manifest()["verifiers"]}
+    assert labels == {"length", "spy"}
+
+
+async def test_a_new_tier_computes_only_that_tier(tmp_path: Path) -> None:
+    root = tmp_path / "runs" / "sums"
+    await run(plan_for(tmp_path), root, scripted())
+    xl = """
+[[tiers]]
+name = "xl"
+backend = "llamacpp"
+max_tokens = 64
+[tiers.llamacpp]
+model = "smollm2-135m-instruct-q4_1"
+[tiers.price]
+usd_per_1m_input_tokens = 1.0
+usd_per_1m_output_tokens = 1.0
+"""
+    config = write_config(tmp_path, xl)
+    backends = {"xl": ScriptedBackend("xl", large_reply)}
+    summary = await run(plan_for(tmp_path, tiers=("xl",), config=config), root, backends)
+    assert (summary.generated, summary.graded, summary.scored) == (N, N, N)
+    assert [t["name"] for t in RunStore(root).manifest()["tiers"]] == ["small", "large", "xl"]
+
+
+async def test_growing_the_limit_adds_only_the_new_items(tmp_path: Path) -> None:
+    root = tmp_path / "runs" / "sums"
+    first = await run(plan_for(tmp_path, limit=3), root, scripted())
+    assert first.generated == 6
+    backends = scripted()
+    grown = await run(plan_for(tmp_path, limit=N), root, backends)
+    assert grown.generated == 2 * (N - 3)
+    assert len(RunStore(root).manifest()["items"]) == N
+
+
+async def test_resume_after_a_crash_mid_run(tmp_path: Path) -> None:
+    root = tmp_path / "runs" / "sums"
+    plan = plan_for(tmp_path)
+    order = [question_number_of(item) for item in plan.items]
+    doomed = order[4]  # two slots: some items finish before this one starts
+
+    def crash(request):
+        return RuntimeError("simulated crash") if question_number(request) == doomed else None
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        await run(plan, root, scripted(fail_on=crash))
+    stored = {r.item for r in RunStore(root).generations.records.values()}
+    assert stored and f"q{doomed}" not in stored and len(stored) < N
+    lost = N - len(stored)
+
+    # a hard kill mid-write leaves a torn last line: it is skipped, and the next append starts clean
+    gens = root / "generations.jsonl"
+    torn = gens.read_text()
+    gens.write_text(torn + torn.splitlines()[0][:40])
+    assert RunStore(root).generations.skipped == 1
+
+    backends = scripted()
+    summary = await run(plan_for(tmp_path), root, backends)
+    assert summary.failed == []
+    assert summary.generated == lost + N  # the lost small items, and the whole large tier
+    redone = {f"q{question_number(r)}" for r in backends["small"].requests}
+    assert redone.isdisjoint(stored)
+    store = RunStore(root)
+    assert len(store.generations.records) == 2 * N and len(store.grades.records) == 2 * N
+    assert store.generations.skipped == 1  # the torn line stays on its own line, ignored
+
+
+def question_number_of(item) -> int:
+    return int(item.id.removeprefix("q"))
+
+
+async def test_unavailable_tier_is_not_stored_and_is_retried(tmp_path: Path) -> None:
+    from router.errors import OverloadedError
+
+    root = tmp_path / "runs" / "sums"
+
+    def busy(request):
+        return OverloadedError("queue full") if question_number(request) == 1 else None
+
+    summary = await run(plan_for(tmp_path), root, scripted(fail_on=busy))
+    assert len(summary.failed) == 1 and "q1" in summary.failed[0]
+    again = await run(plan_for(tmp_path), root, scripted())
+    assert (again.generated, again.graded) == (1, 1)
