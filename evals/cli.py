@@ -100,6 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     explicit = [parse_verifier_option(v) for v in args.verifier]
     cache_dir = Path(args.cache_dir) if args.cache_dir else settings.models.cache_dir
     status = 0
+    runs: list[str] = []
     for name, limit in suites:
         suite = get_suite(name)
         store = RunStore(Path(args.runs_dir) / (args.run or suite.name))
@@ -108,6 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             verifiers = [VerifierSpec(name=v["name"], params=v["params"]) for v in store.manifest().get("verifiers", [])]
         if not verifiers and not args.no_default_verifiers:
             verifiers = default_verifiers(suite.task)
+        runs.append(store.name)
         items = select_items(suite, limit, args.seed, cache_dir)
         plan = EvalPlan(
             suite=suite, items=items, settings=settings, tiers=tiers, verifiers=verifiers, limit=limit,
@@ -131,6 +133,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"{len(summary.failed)} failed (not stored; a rerun retries them):", file=sys.stderr)
             for line in summary.failed[:20]:
                 print(f"  {line}", file=sys.stderr)
+    if args.report and status == 0:
+        report_args = argparse.Namespace(
+            runs=runs, runs_dir=args.runs_dir, out=args.report, target=args.target, seed=0, fraction=0.5,
+            tiers=None, reprice=False, config=args.config, command_line=None,
+        )
+        cmd_report(report_args)
     return status
 
 
@@ -287,6 +295,8 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--run", default=None, help="run name (default: the suite's name)")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight for a remote tier (default 8)")
     p.add_argument("--cache-dir", default=None, help="model and data cache (default: config or XDG cache)")
+    p.add_argument("--report", default=None, metavar="DIR", help="then write the report of these runs into DIR")
+    p.add_argument("--target", default="min-pgr=0.8", help="calibration target of that report (default min-pgr=0.8)")
 
     p = add("sweep", "print the cascade's accuracy and cost at every threshold, from stored results", cmd_sweep, esub)
     common(p)
