@@ -677,7 +677,10 @@ def instant_service(
             deadline = time.monotonic() + start_timeout_s
             while True:
                 if not proc.is_alive():
-                    why = receive.recv() if receive.poll(1) else f"exit code {proc.exitcode}"
+                    why = f"exit code {proc.exitcode}"
+                    with contextlib.suppress(EOFError, OSError):
+                        if receive.poll(1):
+                            why = receive.recv()
                     raise BenchError(f"the instant-backend service did not start: {why}")
                 with contextlib.suppress(httpx.HTTPError):
                     if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
@@ -987,10 +990,19 @@ def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _write_json(path: str | None, report: dict[str, Any]) -> None:
+def _write_json(path: str | None, report: dict[str, Any], *, quiet: bool = False) -> None:
     if path:
         Path(path).write_text(json.dumps(report, indent=2) + "\n")
-        _progress(f"wrote {path}")
+        if not quiet:
+            _progress(f"wrote {path}")
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    # redirected to a file, the tables keep one line per row instead of rich's default 80 columns
+    return console if console.is_terminal else Console(highlight=False, width=160)
 
 
 def _fmt(x: float | None, digits: int = 1) -> str:
@@ -1002,7 +1014,6 @@ def _triple(d: dict[str, Any]) -> str:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     targets = _targets(args)
@@ -1028,6 +1039,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             _progress(f"error: {exc}")
             result, failed = {**target.describe(), "error": str(exc)}, True
         report["targets"].append(result)
+        _write_json(args.json, report, quiet=True)  # a long run cut short keeps what it measured
     report["comparison"] = compare(report["targets"])
 
     table = Table(
@@ -1044,7 +1056,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 _fmt(row["output_tok_s"]), _fmt(row["requests_s"], 2), _triple(row["ttft_ms"]),
                 _triple(row["latency_ms"]), _fmt(memory.get("peak_rss_mib")),
             )
-    console = Console(highlight=False)
+    console = _console()
     console.print(table)
     if report["comparison"]:
         ratios = Table("level", "of / to", "tok/s ratio", "TTFT p95 ratio", "latency p95 ratio", title="relative")
@@ -1056,11 +1068,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             )
         console.print(ratios)
     _write_json(args.json, report)
-    return 1 if failed else 0
+    unanswered = any(level["ok"] == 0 for t in report["targets"] for level in t.get("levels", []))
+    return 1 if failed or unanswered else 0
 
 
 def cmd_burst(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     targets = _targets(args)
@@ -1087,7 +1099,7 @@ def cmd_burst(args: argparse.Namespace) -> int:
             ", ".join(f"{k}: {v}" for k, v in row["errors"].items()) or "0", _triple(row["latency_ms"]),
             _fmt(row["rss_before_mib"]), _fmt(row["rss_after_mib"]), _fmt(row["rss_settled_mib"]),
         )
-    console = Console(highlight=False)
+    console = _console()
     console.print(table)
     verdict = result["verdict"]
     console.print(
@@ -1100,7 +1112,6 @@ def cmd_burst(args: argparse.Namespace) -> int:
 
 
 def cmd_overhead(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     result = run_overhead(
@@ -1124,7 +1135,7 @@ def cmd_overhead(args: argparse.Namespace) -> int:
         rows.append(("floor: GET /healthz, client", result["floor"]["client_ms"]))
     for name, d in rows:
         table.add_row(name, _fmt(d["p50"], 2), _fmt(d["p95"], 2), _fmt(d["p99"], 2), _fmt(d["max"], 2))
-    console = Console(highlight=False)
+    console = _console()
     console.print(table)
     memory = result["memory"] or {}
     console.print(
