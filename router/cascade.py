@@ -159,10 +159,10 @@ class Cascade:
             attempt = Attempt(tier=tier.name, threshold=tier.settings.threshold)
             attempts.append(attempt)
             tier_request = self._bound(request, tier)
+            announced = False  # has this tier's text started reaching the client?
             try:
                 if last and live:
                     gen = None
-                    announced = False
                     async for item in tier.backend.stream(tier_request):
                         if not announced:
                             announced = True
@@ -179,7 +179,8 @@ class Cascade:
                 attempt.reason = "tier unavailable"
                 if not last:
                     continue
-                fallback = self._best_effort(attempts)
+                # once text has streamed, another tier's answer cannot be spliced in after it
+                fallback = None if announced else self._best_effort(attempts)
                 if fallback is None:
                     raise
                 yield Answering(fallback.tier, escalated=True)
