@@ -113,7 +113,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         items = select_items(suite, limit, args.seed, cache_dir)
         plan = EvalPlan(
             suite=suite, items=items, settings=settings, tiers=tiers, verifiers=verifiers, limit=limit,
-            seed=args.seed, concurrency=args.concurrency, config_path=str(args.config) if args.config else None,
+            seed=args.seed, concurrency=args.concurrency, timeout_s=args.timeout_s, config_path=str(args.config) if args.config else None,
         )
         labels = ", ".join(sorted({v.name for v in verifiers})) or "none besides the tiers' own"
         print(f"{suite.name}: {len(items)} items x {len(tiers)} tiers ({', '.join(tiers)}); eval verifiers: {labels}; "
@@ -295,6 +295,9 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--run", default=None, help="run name (default: the suite's name)")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight for a remote tier (default 8)")
     p.add_argument("--cache-dir", default=None, help="model and data cache (default: config or XDG cache)")
+    p.add_argument("--timeout-s", type=float, default=1800.0,
+                   help="deadline of one generation in an eval (default 1800; the tiers' serving timeout_s "
+                        "does not apply: items are decoded in batches and take longer)")
     p.add_argument("--report", default=None, metavar="DIR", help="then write the report of these runs into DIR")
     p.add_argument("--target", default="min-pgr=0.8", help="calibration target of that report (default min-pgr=0.8)")
 

@@ -114,14 +114,18 @@ def tier_fingerprint(suite: Suite, tier: TierSettings) -> str:
     return digest("tier", canonical(params))
 
 
-def build_request(suite: Suite, item: Item, tier: TierSettings) -> GenerationRequest:
-    """What a real caller would send: the item's messages and the kind of task, nothing else."""
+def build_request(suite: Suite, item: Item, tier: TierSettings, timeout_s: float | None = None) -> GenerationRequest:
+    """What a real caller would send: the item's messages and the kind of task, nothing else.
+
+    The deadline is the eval's own (`timeout_s`), not the tier's serving `timeout_s`: an eval
+    decodes many items at once, so a generation takes longer than it would serving one request,
+    and an answer the tier would give must not be lost to that."""
     return GenerationRequest(
         messages=item.messages,
         max_tokens=effective_max_tokens(suite, tier),
         temperature=TEMPERATURE,
         seed=SEED,
-        deadline=time.monotonic() + tier.timeout_s,
+        deadline=time.monotonic() + (timeout_s if timeout_s is not None else tier.timeout_s),
         metadata={"task": suite.task},
     )
 
@@ -141,6 +145,7 @@ class EvalPlan:
     limit: int | None = None
     seed: int = 0
     concurrency: int = 8  # remote tiers: requests in flight
+    timeout_s: float = 1800.0  # per generation (and per item's verifiers); past it, retried next run
     config_path: str | None = None
 
     def tier_settings(self) -> list[TierSettings]:
@@ -366,7 +371,7 @@ async def _process(
 ) -> None:
     tier = w.tier.name
     gk = generation_key(w.fingerprint, item.prompt_sha)
-    request = build_request(plan.suite, item, w.tier)
+    request = build_request(plan.suite, item, w.tier, plan.timeout_s)
     rec = store.generations.records.get(gk)
     if rec is None:
         try:
@@ -384,7 +389,7 @@ async def _process(
         store.add_generation(rec)
         summary.generated += 1
     candidate = rec.to_generation()
-    request = build_request(plan.suite, item, w.tier)  # a fresh deadline for the verifiers' own work
+    request = build_request(plan.suite, item, w.tier, plan.timeout_s)  # a fresh deadline for the verifiers' own work
 
     async def score(label: str, spec: VerifierSpec) -> None:
         sk = score_key(gk, verifier_fingerprint(spec.name, spec.params))
