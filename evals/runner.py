@@ -219,7 +219,8 @@ def write_manifest(plan: EvalPlan, store: RunStore) -> dict[str, Any]:
         "created": old.get("created", stamp),
         "updated": stamp,
     }
-    store.write_manifest(manifest)
+    if {k: v for k, v in old.items() if k not in ("updated", "format")} != {k: v for k, v in manifest.items() if k != "updated"}:
+        store.write_manifest(manifest)  # unchanged runs stay byte-identical: a committed run stays clean
     return manifest
 
 

@@ -48,9 +48,11 @@ async def test_first_run_stores_every_tier_item_verifier_and_grade(tmp_path: Pat
 async def test_rerun_computes_nothing_and_loads_no_model(tmp_path: Path) -> None:
     root = tmp_path / "runs" / "sums"
     await run(plan_for(tmp_path), root, scripted())
+    before = {p.name: p.read_bytes() for p in root.iterdir()}
     again = scripted()
     calls = Calls()
     summary = await run(plan_for(tmp_path), root, again, calls)
+    assert {p.name: p.read_bytes() for p in root.iterdir()} == before  # a committed run stays clean
     assert summary.computed == 0
     assert not summary.loaded_models
     assert all(b.started == 0 and not b.requests for b in again.values())
