@@ -10,6 +10,7 @@ request with 503: answering without recording would make budgets and cost report
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -67,6 +68,11 @@ class Accounting:
         self.metrics.in_flight.set(self.limits.in_flight)
 
     async def record(self, principal: Principal, request_id: str, result: CascadeResult) -> None:
+        # shielded: a client that hangs up now has still cost what it cost, so the write, the
+        # charge and the metrics finish even when the request's task is cancelled
+        await asyncio.shield(self._record(principal, request_id, result))
+
+    async def _record(self, principal: Principal, request_id: str, result: CascadeResult) -> None:
         hold = self.limits.hold(request_id)
         started = hold.started if hold is not None else None
         latency_s = self.limits.monotonic() - started if started is not None else sum(

@@ -26,7 +26,6 @@ import asyncio
 import json
 import logging
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -409,12 +408,10 @@ class Ledger:
     def __init__(self, store: LedgerStore) -> None:
         self.store = store
         self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
 
     async def open(self) -> None:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierroute-ledger")
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierroute-ledger")
         await self._call(self.store.open)
 
     async def record(self, entry: LedgerEntry) -> None:

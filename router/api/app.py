@@ -16,6 +16,7 @@ from router.auth import Authenticator, Principal
 from router.cascade import CascadeResult
 from router.config import Settings
 from router.engine import Engine
+from router.limits import Hold
 from router.metrics import ResponseCounter
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ class Services:
         self.auth = Authenticator(settings.server)
         self.accounting = Accounting(settings, engine)
 
-    def admit(self, principal: Principal, request_id: str) -> Any:
+    def admit(self, principal: Principal, request_id: str) -> Hold:
         """Budget and rate checks before any generation; returns a hold to release at the end."""
         return self.accounting.admit(principal, request_id)
 

@@ -19,7 +19,7 @@ from router.config import load_settings
 from router.generation import Generation, GenerationRequest
 from router.ledger import LedgerEntry, SQLiteStore
 from tests.conftest import smol_config
-from verifiers.base import Registry, Score, VerifierContext, VerifierCost
+from verifiers.base import Registry, Score, VerifierCost
 
 MARK = "[escalate]"
 # the small tier's answer is rejected when the prompt carries MARK, so those requests escalate

@@ -176,3 +176,14 @@ async def test_concurrent_burst_reconciles_exactly(tmp_path: Path, smol_path: Pa
     assert_no_partial_requests(path)
     for raw in keys.values():  # the ledger knows keys by name only
         assert raw.encode() not in path.read_bytes()
+
+
+@pytest.mark.timeout(300)
+async def test_ledger_can_be_turned_off(tmp_path: Path, smol_path: Path) -> None:
+    cfg, keys = config_with_keys(tmp_path, {"kim": {"usd_per_day": 1e-9}}, large="none")
+    cfg.write_text(cfg.read_text().replace("[ledger]\n", "[ledger]\nenabled = false\n"))
+    async with running(cfg) as client:
+        assert (await client.post("/v1/chat/completions", json=chat("Hi."), headers=auth(keys["kim"]))).status_code == 200
+        # budgets still hold within the process, from what it has served
+        assert (await client.post("/v1/chat/completions", json=chat("Hi."), headers=auth(keys["kim"]))).status_code == 429
+    assert not list(tmp_path.glob("ledger.sqlite3*"))
