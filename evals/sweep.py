@@ -41,6 +41,7 @@ class TierOutcome:
     scores: Mapping[str, float]  # verifier label -> score in [0, 1]
     verify_cost_usd: Mapping[str, float]
     verify_s: Mapping[str, float]
+    text: str = ""  # the answer itself, for estimators trained on stored results
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,19 @@ class ResultTable:
     @property
     def top(self) -> int:
         return len(self.tiers) - 1
+
+    def with_scores(self, label: str, scores: Mapping[str, Sequence[float]]) -> ResultTable:
+        """A copy with one more verifier column: `scores[item id]` holds one score per tier. How a
+        learned estimator (fit on other items) joins the sweep and calibration; it adds no cost."""
+        items = []
+        for it in self.items:
+            values = scores[it.id]
+            if len(values) != len(it.tiers):
+                raise ValueError(f"{label}: item {it.id} needs {len(it.tiers)} scores, got {len(values)}")
+            items.append(replace(it, tiers=tuple(
+                replace(t, scores={**t.scores, label: float(v)}) for t, v in zip(it.tiers, values, strict=True)
+            )))
+        return replace(self, items=items, verifiers=[*self.verifiers, label])
 
 
 def load_table(
@@ -143,6 +157,7 @@ def load_table(
                     scores=scores,
                     verify_cost_usd=vcost,
                     verify_s=vtime,
+                    text=gen.text,
                 )
             )
         if len(outcomes) == len(snaps):

@@ -113,3 +113,14 @@ async def test_repricing_needs_no_rerun(tmp_path: Path) -> None:
     cheap = PriceSettings(usd_per_1m_input_tokens=0.0, usd_per_1m_output_tokens=1000.0)
     t = load_table(RunStore(root), prices={"large": cheap})
     assert evaluate(SingleTier(1), t).cost_per_1k == pytest.approx(1000 * 4 * 0.001)
+
+
+def test_an_estimator_joins_the_sweep_as_a_score_column(table) -> None:
+    """A learned verifier, fit elsewhere, is one more column: here one that knows the truth."""
+    perfect = {it.id: [float(t.correct) for t in it.tiers] for it in table.items}
+    t = table.with_scores("perfect", perfect)
+    assert "perfect" in t.verifiers and "perfect" not in table.verifiers
+    r = evaluate(CascadePolicy("perfect", (0.5,)), t)
+    assert r.accuracy == pytest.approx(7 / 8)  # as good as the oracle, paying small on every item
+    assert summarize(t, "perfect").auroc[0] == pytest.approx(1.0)
+    assert table.items[0].tiers[0].text.startswith(("sure", "the answer"))
