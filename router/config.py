@@ -117,7 +117,7 @@ class TierSettings(_Strict):
 
 class ApiKeyEntry(_Strict):
     name: str
-    hash: str = Field(description="'scrypt$salt$digest' as printed by `tierroute keys create`.")
+    hash: str = Field(description="'sha256$salt$digest' as printed by `tierroute keys create`.")
     usd_per_day: float | None = Field(None, ge=0)
     usd_per_month: float | None = Field(None, ge=0)
     requests_per_minute: int | None = Field(None, ge=1)
