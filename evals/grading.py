@@ -55,27 +55,30 @@ def grade_regex(text: str, pattern: str) -> Grade:
     return Grade(m is not None, m.group(0)[:200] if m else None)
 
 
-_CHOICE_PATTERNS = [
-    # "answer is (B)", "Answer: B", "correct option is B."
-    re.compile(r"(?:answer|option|choice)\s*(?:is|:)?\s*(?:\*\*)?\(?([A-Z])\)?(?![\w])", re.IGNORECASE),
-    # the reply starts with the letter: "B", "B.", "(B)", "**B**"
-    re.compile(r"^\s*(?:\*\*)?\(?([A-Z])\)?(?:\*\*)?(?:[.):\s]|$)"),
-    # a lone capital letter anywhere
-    re.compile(r"(?<![\w'])\(?([A-Z])\)?(?![\w'])"),
-]
+# "answer is (B)", "Answer: B", "the correct option is B." (on one line; the letter a capital)
+_CHOICE_STATED = re.compile(r"(?i:answer|option|choice)[ \t]*(?:is|:)[ \t]*(?:\*\*)?\(?([A-Z])\)?(?![\w'])")
+# the reply starts with the letter: "B", "B.", "(B)", "**B**"
+_CHOICE_FIRST = re.compile(r"^\s*(?:\*\*)?\(?([A-Z])\)?(?:\*\*)?(?:[.):\s]|$)")
+# a lone capital letter; one that opens a line as "A." or "A)" lists an option, it does not pick one
+_CHOICE_LONE = re.compile(r"(?<![\w'])\(?([A-Z])\)?(?![\w'])")
+_OPTION_LINE = re.compile(r"^[ \t]*\(?[A-Z][.)]", re.MULTILINE)
 
 
 def extract_choice(text: str, letters: str = CHOICE_LETTERS) -> str | None:
-    """The option letter an answer picks, or None. Tried in order: 'answer is X', a reply that
-    starts with the letter, then the first lone capital letter among the options."""
-    for pattern in _CHOICE_PATTERNS:
+    """The option letter an answer picks, or None. In order: a stated answer ('the answer is X',
+    'Answer: X'), a reply that starts with the letter, else the one option letter that stands
+    alone in the text (None when several do, or only in a list of the options)."""
+    for pattern in (_CHOICE_STATED, _CHOICE_FIRST):
         for m in pattern.finditer(text):
-            letter = m.group(1).upper()
-            if pattern is _CHOICE_PATTERNS[2] and m.group(1) != letter:
-                continue
-            if letter in letters:
-                return letter
-    return None
+            if m.group(1) in letters:
+                return m.group(1)
+    listed = {m.start() for m in _OPTION_LINE.finditer(text)}
+    lone = set()
+    for m in _CHOICE_LONE.finditer(text):
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        if m.group(1) in letters and not (line_start in listed and text[line_start:m.start()].strip(" \t(") == ""):
+            lone.add(m.group(1))
+    return lone.pop() if len(lone) == 1 else None
 
 
 def grade_choice(text: str, reference: str, letters: str = CHOICE_LETTERS) -> Grade:

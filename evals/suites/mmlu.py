@@ -14,12 +14,28 @@ PROMPT = (
     "The following is a multiple choice question about {topic}. Reply with the letter of the "
     "correct option (A, B, C or D) only.\n\n{question}\nA. {a}\nB. {b}\nC. {c}\nD. {d}"
 )
+# Two worked exchanges, written for this suite (not MMLU items), show the reply format: small chat
+# models asked for "the letter only" otherwise start reasoning and run out of tokens first.
+SHOTS = (
+    (dict(topic="astronomy", question="Which planet is closest to the Sun?", a="Venus", b="Mercury",
+          c="Earth", d="Mars"), "B"),
+    (dict(topic="elementary mathematics", question="What is 7 multiplied by 8?", a="54", b="48",
+          c="64", d="56"), "D"),
+)
+
+
+def messages_for(**fields: str) -> tuple[Message, ...]:
+    shots: list[Message] = []
+    for example, letter in SHOTS:
+        shots += [Message("user", PROMPT.format(**example)), Message("assistant", letter)]
+    return (*shots, Message("user", PROMPT.format(**fields)))
 
 
 class MMLU(Suite):
     name = "mmlu"
     task = "choice"
     max_tokens = 32
+    version = "2"
     source = f"MMLU test, 14,042 items in 57 subjects: {MMLU_TEST.describe()}"
 
     def load(self, cache_dir: Path | None = None) -> list[Item]:
@@ -27,14 +43,14 @@ class MMLU(Suite):
         for i, row in enumerate(read_jsonl(fetch(MMLU_TEST, cache_dir))):
             if row.get("correct_answer") not in tuple(CHOICE_LETTERS):
                 continue  # the file carries two stray header rows
-            text = PROMPT.format(
+            messages = messages_for(
                 topic=row["topic"], question=row["question"].strip(),
                 a=row["answer_a"], b=row["answer_b"], c=row["answer_c"], d=row["answer_d"],
             )
             items.append(
                 Item(
                     id=f"mmlu/{i}",  # the row number in the pinned file: stable
-                    messages=(Message("user", text),),
+                    messages=messages,
                     answer_key=AnswerKey(reference=row["correct_answer"]),
                     group=row["topic"],
                 )

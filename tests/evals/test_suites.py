@@ -66,8 +66,11 @@ async def test_gsm8k_and_mmlu_graders() -> None:
 
 @pytest.mark.parametrize(
     ("text", "letter"),
-    [("B", "B"), ("(C)", "C"), ("**D**", "D"), ("The answer is A.", "A"), ("Answer: c", "C"),
-     ("I think B is right", "B"), ("I am not sure", None), ("A. Paris", "A")],
+    [("B", "B"), ("(C)", "C"), ("**D**", "D"), ("The answer is A.", "A"), ("Answer: C", "C"),
+     ("I think B is right", "B"), ("I am not sure", None), ("A. Paris", "A"),
+     ("The answer is a bit unclear", None), ("Let's look at each option:\n\nA. Natural", None),
+     ("Options:\nA. one\nB. two\nSo B", "B"), ("Either A or B", None),
+     ("The correct answer is A. naturalness arguments", "A")],
 )
 def test_extract_choice(text: str, letter: str | None) -> None:
     assert extract_choice(text) == letter
