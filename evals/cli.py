@@ -177,13 +177,13 @@ def _load(args: argparse.Namespace, run: str) -> Any:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.table import Table
 
+    from rich.console import Console
+
     from evals.report import _num, _pct, _th, _usd
     from evals.sweep import baselines, summarize
 
-    from router.cli import _console
-
     table = _load(args, args.run)
-    console = _console()
+    console = Console(highlight=False)
     verifiers = [args.verifier] if args.verifier else table.verifiers
     for v in verifiers:
         s = summarize(table, v)

@@ -324,6 +324,8 @@ PREAMBLE = [
     "measured busy time of each request (its share of the batched decode steps). The priced cost "
     "is what the tier stands for, not what this machine spent: the busy seconds per request are "
     "shown beside it.",
+    "`config` is each tier's configured verifiers combined as the config combines them (what the "
+    "live cascade thresholds); every other verifier is scored alone on every tier.",
     "A cascade pays for every tier it tried and for the verifiers it ran on the tiers that decided. "
     "Latency is measured with several requests decoded together, so it is higher than a lone request's.",
     "Random escalation is a cascade whose verifier escalates each answer with probability p (expected "

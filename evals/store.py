@@ -135,7 +135,9 @@ def _clip(value: Any, limit: int = 300) -> Any:
         return {str(k): _clip(v, limit) for k, v in list(value.items())[:20]}
     if isinstance(value, list | tuple):
         return [_clip(v, limit) for v in list(value)[:20]]
-    if isinstance(value, int | float | bool) or value is None:
+    if isinstance(value, float):
+        return float(f"{value:.5g}")
+    if isinstance(value, int | bool) or value is None:
         return value
     return _clip(str(value), limit)
 
