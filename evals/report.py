@@ -279,15 +279,17 @@ def figures(r: SuiteReport) -> dict[str, bytes]:
     ax.set_ylabel("escalation rate")
     ax.set_title(f"{suite}: escalation rate against threshold")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     save(fig, f"{suite}-escalation-threshold.png")
 
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = plt.subplots(figsize=(6, 4))
     data = [[it.tiers[i].latency_s for it in r.table.items] for i in range(len(r.table.tiers))]
-    ax.boxplot(data, vert=False, tick_labels=[t.name for t in r.table.tiers], showfliers=True)
-    ax.set_xlabel("latency per request (s, measured with concurrent requests batched)")
-    ax.set_title(f"{suite}: latency per tier")
-    ax.grid(alpha=0.3, axis="x")
+    ax.boxplot(data, showfliers=True)
+    ax.set_xticks(range(1, len(data) + 1), [t.name for t in r.table.tiers])
+    ax.set_ylabel("latency per request (s)")
+    ax.set_title(f"{suite}: latency per tier (requests decoded in batches)")
+    ax.grid(alpha=0.3, axis="y")
     save(fig, f"{suite}-latency.png")
 
     fig, ax = plt.subplots(figsize=(5, 4.5))
@@ -302,7 +304,10 @@ def figures(r: SuiteReport) -> dict[str, bytes]:
     ax.set_ylabel("fraction correct")
     ax.set_title(f"{suite}: reliability")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "undefined: all answers right, or all wrong", ha="center", transform=ax.transAxes)
     save(fig, f"{suite}-reliability.png")
     return out
 
