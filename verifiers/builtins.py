@@ -15,6 +15,7 @@ from verifiers.confidence import make_confidence
 from verifiers.consistency import make_self_consistency
 from verifiers.format import make_format
 from verifiers.judge import make_judge
+from verifiers.learned import make_learned
 from verifiers.math_answer import make_math_answer
 
 BUILTINS: dict[str, VerifierFactory] = {
@@ -24,6 +25,7 @@ BUILTINS: dict[str, VerifierFactory] = {
     "code_tests": make_code_tests,
     "self_consistency": make_self_consistency,
     "judge": make_judge,
+    "learned": make_learned,
 }
 
 
