@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from evals.sweep import CascadePolicy, PolicyResult, ResultTable, accuracy_of, evaluate
+from evals.sweep import CascadePolicy, PolicyResult, PreRoutePolicy, ResultTable, accuracy_of, evaluate
 from router.errors import ConfigError
 
 TARGET_KINDS = ("min-accuracy", "min-pgr", "max-cost", "max-escalation")
@@ -120,11 +120,22 @@ def choose(table: ResultTable, verifier: str, target: Target, *, max_points: int
     k = max(1, table.top)
     per_tier = max_points if k == 1 else max(5, int(max_points ** (1 / k)))
     grids = [candidate_thresholds(table, verifier, t, per_tier) for t in range(k)]
-    goal = target.value
-    if target.kind == "min-pgr":
-        weak, strong = accuracy_of(table, 0), accuracy_of(table, table.top)
-        goal = weak + target.value * (strong - weak)
     results = [(ths, evaluate(CascadePolicy(verifier, ths), table, ths[0])) for ths in itertools.product(*grids)]
+    return _pick(table, results, target)
+
+
+def _goal(table: ResultTable, target: Target) -> float:
+    if target.kind != "min-pgr":
+        return target.value
+    weak, strong = accuracy_of(table, 0), accuracy_of(table, table.top)
+    return weak + target.value * (strong - weak)
+
+
+def _pick(
+    table: ResultTable, results: list[tuple[tuple[float, ...], PolicyResult]], target: Target
+) -> tuple[tuple[float, ...], PolicyResult, bool]:
+    """The setting that best meets `target` among `results` (each a setting and its outcome)."""
+    goal = _goal(table, target)
     feasible = [(ths, r) for ths, r in results if _meets(r, target, goal)]
     pool = feasible or results
     if target.kind in ("min-accuracy", "min-pgr"):
@@ -153,6 +164,83 @@ def calibrate(table: ResultTable, verifier: str, target: Target, *, seed: int = 
         held_out=evaluate(CascadePolicy(verifier, ths), held, ths[0]),
         held_out_tiers=[evaluate(SingleTier(i, t.name), held) for i, t in enumerate(table.tiers)],
         n_calibration=len(calib.items), n_held_out=len(held.items),
+    )
+
+
+@dataclass(frozen=True)
+class PreRouteCalibration:
+    """A pre-router's skip thresholds chosen on the calibration split, reported on held-out items.
+
+    Pre-route only: the skip thresholds that best meet the target, as for a verifier.
+    Pre-route then verify: skip and verifier thresholds chosen together, the cheapest pair that
+    meets the target and whose calibration accuracy is at most `max_drop` below verify-only's
+    (the verifier alone, calibrated for the same target; `reference`). Skipping a tier saves its
+    generation and verification but sends the item to a dearer tier, so the pair can also
+    accept more from a tier it keeps: that is where the saving comes from."""
+
+    policy: str
+    target: Target
+    seed: int
+    fraction: float
+    skip_below: dict[str, float]  # tier name -> pre-router threshold (every tier but the last)
+    thresholds: dict[str, float]  # tier name -> verifier threshold (empty for pre-route only)
+    met: bool
+    max_drop: float | None
+    calibration: PolicyResult
+    held_out: PolicyResult
+    reference_calibration: PolicyResult | None
+    reference_held_out: PolicyResult | None
+    n_calibration: int
+    n_held_out: int
+    skip_rate: float  # held-out items whose first tier was skipped before generating
+
+    @property
+    def accuracy_drop(self) -> float | None:
+        """Held-out accuracy lost against verify-only at the same verifier thresholds."""
+        if self.reference_held_out is None:
+            return None
+        return self.reference_held_out.accuracy - self.held_out.accuracy
+
+
+def calibrate_preroute(
+    table: ResultTable, prerouter: str, target: Target, *, verifier: str | None = None, seed: int = 0,
+    fraction: float = 0.5, max_drop: float = 0.01, max_points: int = 21,
+) -> PreRouteCalibration:
+    """Choose the pre-router's skip thresholds (and, with a verifier, the verifier's) on the
+    calibration split; evaluate once on the held-out split."""
+    calib, held = split(table, seed, fraction)
+    k = max(1, table.top)
+    per_tier = max_points if k == 1 else max(5, int(max_points ** (1 / k)))
+    grids = [candidate_thresholds(calib, prerouter, t, per_tier) for t in range(k)]
+    names = [t.name for t in table.tiers[:k]]
+    if verifier is None:
+        results = [(ths, evaluate(PreRoutePolicy(prerouter, ths), calib, ths[0])) for ths in itertools.product(*grids)]
+        skip, on_calib, met = _pick(calib, results, target)
+        vths: tuple[float, ...] = ()
+        ref_cal = ref_held = None
+        drop = None
+    else:
+        ref_ths, ref_cal, _ = choose(calib, verifier, target)
+        vgrids = [candidate_thresholds(calib, verifier, t, 101 if k == 1 else max(5, int(101 ** (1 / k)))) for t in range(k)]
+        results = []
+        for ths in itertools.product(*grids):
+            for vt in itertools.product(*vgrids):
+                r = evaluate(PreRoutePolicy(prerouter, ths, verifier, vt), calib, ths[0])
+                if r.accuracy >= ref_cal.accuracy - max_drop - 1e-12:
+                    results.append((ths + vt, r))
+        # skip threshold 0 with verify-only's thresholds is always among them
+        both, on_calib, met = _pick(calib, results, target)
+        skip, vths = both[:k], both[k:]
+        ref_held = evaluate(CascadePolicy(verifier, ref_ths), held, ref_ths[0])
+        drop = max_drop
+    policy = PreRoutePolicy(prerouter, skip, verifier, vths)
+    skipped = sum(0 not in policy.route(it).ran for it in held.items)
+    return PreRouteCalibration(
+        policy=policy.name, target=target, seed=seed, fraction=fraction,
+        skip_below=dict(zip(names, skip, strict=True)), thresholds=dict(zip(names, vths, strict=False)),
+        met=met, max_drop=drop, calibration=on_calib, held_out=evaluate(policy, held, skip[0]),
+        reference_calibration=ref_cal, reference_held_out=ref_held,
+        n_calibration=len(calib.items), n_held_out=len(held.items), skip_rate=skipped / len(held.items),
     )
 
 

@@ -240,6 +240,40 @@ class CascadePolicy:
 
 
 @dataclass(frozen=True)
+class PreRoutePolicy:
+    """A prompt-only pre-router in front of each tier but the last: a tier whose pre-router
+    probability is below its `skip_below` threshold is skipped before it generates (it costs
+    nothing). Without a verifier ("pre-route only") the first tier not skipped answers; with one
+    ("pre-route then verify") its answer is verified as the cascade does and escalated when it
+    fails. The last tier always answers. Reads the pre-router's score of every tier it skips and
+    the verifier's score of every tier that ran."""
+
+    prerouter: str
+    skip_below: tuple[float, ...]  # one per tier but the last
+    verifier: str | None = None
+    thresholds: tuple[float, ...] = ()  # the verifier's, one per tier but the last
+
+    @property
+    def name(self) -> str:
+        return "pre-route only" if self.verifier is None else f"pre-route then verify[{self.verifier}]"
+
+    def route(self, item: ItemOutcome) -> Route:
+        ran: list[int] = []
+        verified: list[tuple[int, str]] = []
+        last = len(item.tiers) - 1
+        for i, outcome in enumerate(item.tiers):
+            if i < last and outcome.scores[self.prerouter] < self.skip_below[i]:
+                continue
+            ran.append(i)
+            if i == last or self.verifier is None:
+                return Route(i, tuple(ran), tuple(verified))
+            verified.append((i, self.verifier))
+            if outcome.scores[self.verifier] >= self.thresholds[i]:
+                return Route(i, tuple(ran), tuple(verified))
+        raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
 class SingleTier:
     tier: int
     label: str = ""
@@ -361,6 +395,17 @@ def sweep(table: ResultTable, verifier: str, thresholds: Sequence[float] | None 
     grid = threshold_grid(table, verifier) if thresholds is None else thresholds
     k = max(1, table.top)
     return [evaluate(CascadePolicy(verifier, (th,) * k), table, th) for th in grid]
+
+
+def preroute_sweep(
+    table: ResultTable, prerouter: str, verifier: str | None = None, thresholds: Sequence[float] = (),
+    skip_grid: Sequence[float] | None = None,
+) -> list[PolicyResult]:
+    """The pre-router at each skip threshold (shared by every tier but the last), alone or in
+    front of `verifier` at fixed `thresholds`. Skip threshold 0 never skips."""
+    grid = threshold_grid(table, prerouter) if skip_grid is None else skip_grid
+    k = max(1, table.top)
+    return [evaluate(PreRoutePolicy(prerouter, (th,) * k, verifier, tuple(thresholds)), table, th) for th in grid]
 
 
 @dataclass

@@ -10,14 +10,17 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.backends.base import Backend
 from router.config import CascadeSettings, TierSettings
-from router.errors import RequestError, UnavailableError, UnknownModelError
+from router.errors import ConfigError, RequestError, UnavailableError, UnknownModelError
 from router.generation import Delta, Generation, GenerationRequest
 from router.pricing import Usage, cost_usd
 from verifiers.base import Score, VerifierCost, VerifierSet
+
+if TYPE_CHECKING:
+    from verifiers.learned import PreRouter
 
 
 @dataclass
@@ -25,6 +28,18 @@ class Tier:
     settings: TierSettings
     backend: Backend
     verifiers: VerifierSet
+    prerouter: PreRouter | None = None
+
+    def __post_init__(self) -> None:
+        # loaded with the tier, so a missing or tampered estimator stops start-up
+        if self.prerouter is None and self.settings.prerouter is not None:
+            from verifiers.learned import EstimatorError, PreRouter
+
+            cfg = self.settings.prerouter
+            try:
+                self.prerouter = PreRouter.load(cfg.artifact, cfg.sha256, self.name, cfg.threshold)
+            except EstimatorError as exc:
+                raise ConfigError(f"tiers ({self.name}).prerouter: {exc}") from None
 
     @property
     def name(self) -> str:
@@ -48,6 +63,8 @@ class Attempt:
     verifier_cost_usd: float = 0.0
     error: str | None = None
     verify_s: float = 0.0
+    skipped: bool = False  # the pre-router predicted failure: the tier did not generate
+    prerouter: dict[str, Any] | None = None  # its version, probability and threshold
 
     def to_dict(self) -> dict[str, Any]:
         g = self.generation
@@ -58,6 +75,8 @@ class Attempt:
             "threshold": self.threshold,
             "reason": self.reason,
             "error": self.error,
+            "skipped": self.skipped,
+            "prerouter": self.prerouter,
             "scores": {
                 name: {"score": round(s.value, 6), "reason": s.reason, "details": s.details}
                 for name, s in self.scores.items()
@@ -83,7 +102,7 @@ class CascadeResult:
 
     @property
     def escalated(self) -> bool:
-        return len([a for a in self.attempts if a.generation is not None or a.error]) > 1
+        return len([a for a in self.attempts if a.generation is not None or a.error or a.skipped]) > 1
 
     @property
     def cost_usd(self) -> float:
@@ -158,6 +177,8 @@ class Cascade:
             last = i == len(plan) - 1
             attempt = Attempt(tier=tier.name, threshold=tier.settings.threshold)
             attempts.append(attempt)
+            if tier.prerouter is not None and not last and self._skip(tier.prerouter, request, attempt):
+                continue
             tier_request = self._bound(request, tier)
             announced = False  # has this tier's text started reaching the client?
             try:
@@ -205,6 +226,16 @@ class Cascade:
                 yield Delta(gen.text)
             yield Final(self._result(model, attempts, attempt, plan))
             return
+
+    @staticmethod
+    def _skip(prerouter: PreRouter, request: GenerationRequest, attempt: Attempt) -> bool:
+        p = prerouter.probability(request)
+        attempt.prerouter = {"version": prerouter.version, "probability": round(p, 6), "threshold": prerouter.threshold}
+        if p >= prerouter.threshold:
+            return False
+        attempt.skipped = True
+        attempt.reason = f"skipped by pre-router p={p:.3f} < {prerouter.threshold:g} ({prerouter.version})"
+        return True
 
     @staticmethod
     def _bound(request: GenerationRequest, tier: Tier) -> GenerationRequest:

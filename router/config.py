@@ -56,6 +56,17 @@ class VerifierSpec(_Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="Passed to the verifier factory.")
 
 
+class PrerouterSettings(_Strict):
+    """A prompt-only estimator that skips this tier, before it generates, when it predicts the
+    tier will answer wrong. Trained by `tierroute eval train`, which prints this section."""
+
+    artifact: Path = Field(description="The pre-router file written by `tierroute eval train`.")
+    sha256: str = Field(
+        pattern=r"^[0-9a-fA-F]{64}$", description="The file's SHA-256: any other file is refused at start-up."
+    )
+    threshold: float = Field(ge=0, le=1, description="Skip the tier when P(right) from the prompt is below this.")
+
+
 class LlamaCppSettings(_Strict):
     model: str = Field(description="Catalog name, a local .gguf path, or 'hf:REPO/FILE'.")
     n_ctx: int = Field(4096, ge=256, description="Context size shared by all parallel sequences' KV.")
@@ -96,6 +107,9 @@ class TierSettings(_Strict):
     threshold: float = Field(0.5, ge=0, le=1, description="Accept when the combined score >= this.")
     max_tokens: int = Field(512, ge=1, description="Cap on a request's max_tokens at this tier.")
     timeout_s: float = Field(120.0, gt=0, description="Deadline for one generation at this tier.")
+    prerouter: PrerouterSettings | None = Field(
+        None, description="Optional: skip this tier (never the last) when a prompt-only estimator predicts failure."
+    )
 
     @field_validator("name")
     @classmethod
