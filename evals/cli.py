@@ -1,4 +1,4 @@
-"""`tierroute eval run | sweep | calibrate | report`: registered into the main CLI by `register`."""
+"""`tierroute eval run | sweep | calibrate | report | train`: registered into the main CLI by `register`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from typing import Any
 from router.errors import ConfigError
 
 DEFAULT_RUNS_DIR = "runs"
+_ESTIMATORS_HELP = ("add the learned verifier and the pre-router trained by `eval train --out DIR` "
+                    "(their stored out-of-fold and held-out predictions)")
 
 
 def _settings(args: argparse.Namespace) -> Any:
@@ -136,7 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.report and status == 0:
         report_args = argparse.Namespace(
             runs=runs, runs_dir=args.runs_dir, out=args.report, target=args.target, seed=0, fraction=0.5,
-            tiers=None, reprice=False, config=args.config, command_line=None,
+            tiers=None, reprice=False, config=args.config, command_line=None, estimators=None,
         )
         cmd_report(report_args)
     return status
@@ -171,7 +173,14 @@ def _load(args: argparse.Namespace, run: str) -> Any:
         prices = {t.name: t.price for t in settings.tiers}
     store = RunStore(_run_dir(args, run))
     tiers = args.tiers.split(",") if getattr(args, "tiers", None) else None
-    return load_table(store, prices=prices, tiers=tiers)
+    table = load_table(store, prices=prices, tiers=tiers)
+    if getattr(args, "estimators", None):
+        from evals.estimators import attach, load_predictions
+
+        preds = load_predictions(args.estimators)
+        seed, fraction = getattr(args, "seed", preds.seed), getattr(args, "fraction", preds.fraction)
+        table = attach(table, preds, seed=seed, fraction=fraction)
+    return table
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -192,6 +201,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         out = Table("threshold", "accuracy", "cost/1k", "escalation", "savings", "p50", "p95")
         step = max(1, len(s.curve) // args.rows)
         for p in s.curve[::step]:
+            out.add_row(_th(p.param), _pct(p.accuracy), _usd(p.cost_per_1k), _pct(p.escalation_rate), _pct(p.savings),
+                        _num(p.latency_p50, 2), _num(p.latency_p95, 2))
+        console.print(out)
+    if args.estimators:
+        from evals.estimators import PREROUTER
+        from evals.sweep import preroute_sweep
+
+        curve = preroute_sweep(table, PREROUTER)
+        console.print(f"[bold]{table.suite} / pre-route only[/]: skip a tier when the pre-router's P(right) is below the threshold")
+        out = Table("skip below", "accuracy", "cost/1k", "escalation", "savings", "p50", "p95")
+        step = max(1, len(curve) // args.rows)
+        for p in curve[::step]:
             out.add_row(_th(p.param), _pct(p.accuracy), _usd(p.cost_per_1k), _pct(p.escalation_rate), _pct(p.savings),
                         _num(p.latency_p50, 2), _num(p.latency_p95, 2))
         console.print(out)
@@ -254,11 +275,22 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     target = Target.parse(args.target)
     reports = [build(_load(args, run), target, seed=args.seed, fraction=args.fraction) for run in args.runs]
+    if args.estimators:
+        from evals.estimators import compare
+
+        for r in reports:
+            r.learned = compare(r.table, target, seed=args.seed, fraction=args.fraction)
     command = args.command_line or _report_command(args)
     written = write(reports, Path(args.out), command=command)
     for path in written:
         print(path)
     return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from evals.train import cmd_train as train
+
+    return train(args)
 
 
 def _report_command(args: argparse.Namespace) -> str:
@@ -271,6 +303,8 @@ def _report_command(args: argparse.Namespace) -> str:
         parts += ["--fraction", str(args.fraction)]
     if args.tiers:
         parts += ["--tiers", args.tiers]
+    if args.estimators:
+        parts += ["--estimators", args.estimators]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -308,6 +342,7 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--tiers", default=None, help="comma-separated subset of the run's tiers, cheapest first")
     p.add_argument("--rows", type=int, default=15, help="rows per table (default 15)")
     p.add_argument("--reprice", action="store_true", help="price with the config's price sheet, not the run's")
+    p.add_argument("--estimators", default=None, metavar="DIR", help=_ESTIMATORS_HELP)
 
     p = add("calibrate", "choose thresholds on a calibration split for a target; report them on held-out items",
             cmd_calibrate, esub)
@@ -321,6 +356,7 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--tiers", default=None, help="comma-separated subset of the run's tiers, cheapest first")
     p.add_argument("--reprice", action="store_true", help="price with the config's price sheet, not the run's")
     p.add_argument("--write", action="store_true", help="write the thresholds into the config file")
+    p.add_argument("--estimators", default=None, metavar="DIR", help=_ESTIMATORS_HELP)
 
     p = add("report", "Markdown + self-contained HTML + CSV report from stored runs", cmd_report, esub)
     common(p)
@@ -331,4 +367,22 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--fraction", type=float, default=0.5, help="share of items used to calibrate (default 0.5)")
     p.add_argument("--tiers", default=None, help="comma-separated subset of the runs' tiers, cheapest first")
     p.add_argument("--reprice", action="store_true", help="price with the config's price sheet, not the runs'")
+    p.add_argument("--estimators", default=None, metavar="DIR", help=_ESTIMATORS_HELP)
     p.add_argument("--command-line", default=None, help=argparse.SUPPRESS)
+
+    p = add("train", "fit the learned verifier and the pre-router on stored runs; report them on held-out items",
+            cmd_train, esub)
+    common(p)
+    p.add_argument("--run", action="append", required=True, metavar="RUN",
+                   help="run name or directory; repeat to pool several suites into one estimator per tier")
+    p.add_argument("--out", required=True, help="directory for the artifacts, predictions and training report")
+    p.add_argument("--suite-specific", action="store_true", help="one estimator per run (suite) instead of one pooled")
+    p.add_argument("--tiers", default=None, help="comma-separated subset of the runs' tiers, cheapest first")
+    p.add_argument("--seed", type=int, default=0, help="the calibration split's seed (default 0; as in eval calibrate)")
+    p.add_argument("--fraction", type=float, default=0.5, help="share of items in the calibration split (default 0.5)")
+    p.add_argument("--target", default="min-pgr=0.8", help="calibration target for the thresholds (default min-pgr=0.8)")
+    p.add_argument("--suite", default=None, help="the suite (name or .jsonl path) of a single run, when not recorded")
+    p.add_argument("--cache-dir", default=None, help="where the suites' data files are cached (default: XDG cache)")
+    p.add_argument("--buckets", type=int, default=1024, help="hashed prompt n-gram columns (default 1024)")
+    p.add_argument("--with-costly-verifiers", action="store_true",
+                   help="let verifiers that generate (self_consistency, judge) be features: they then run on every request")

@@ -62,6 +62,7 @@ class SuiteReport:
     best_auroc_held_out: float | None
     target: Target
     notes: list[str] = field(default_factory=list)
+    learned: Any = None  # evals.estimators.Comparison, when the learned estimators are attached
 
     @property
     def best_calibration(self) -> Calibration | None:
@@ -264,6 +265,14 @@ def figures(r: SuiteReport) -> dict[str, bytes]:
     c = r.best_calibration
     if c is not None:
         ax.plot([c.held_out.cost_per_1k], [c.held_out.accuracy], "rX", markersize=10, label=f"calibrated ({c.verifier}), held-out")
+    if r.learned is not None:
+        from evals.estimators import PREROUTER
+        from evals.sweep import preroute_sweep
+
+        pts = sorted((p.cost_per_1k, p.accuracy) for p in preroute_sweep(r.table, PREROUTER))
+        ax.plot([x for x, _ in pts], [y for _, y in pts], ":", marker=".", markersize=3, linewidth=1.2, label="pre-route only")
+        for pc, marker in ((r.learned.preroute_only, "P"), *((p, "D") for p in r.learned.preroute_verify.values())):
+            ax.plot([pc.held_out.cost_per_1k], [pc.held_out.accuracy], marker, markersize=8, label=f"{pc.policy}, held-out")
     ax.set_xlabel("cost per 1k requests (USD)")
     ax.set_ylabel("accuracy")
     ax.set_title(f"{suite}: accuracy against cost")
@@ -362,6 +371,10 @@ def markdown(reports: Sequence[SuiteReport], *, command: str = "", images: bool 
             c0 = r.calibrations[0]
             lines += [f"### Calibrated cascade: `{r.target}`, chosen on {c0.n_calibration} items, reported on "
                       f"{c0.n_held_out} held-out items", "", *_md_table(*calibration_table(r)), ""]
+        if r.learned is not None:
+            from evals.estimators import comparison_markdown
+
+            lines += [*comparison_markdown(r.learned, level=3), ""]
         if images:
             lines += ["### Figures", ""]
             for name in (f"{t.suite}-accuracy-cost.png", f"{t.suite}-escalation-threshold.png",
@@ -407,6 +420,10 @@ def html_report(reports: Sequence[SuiteReport], figs: dict[str, bytes], *, comma
         parts.append("<h3>Verifiers (all items, whole threshold sweep)</h3>" + _html_table(*verifier_table(r)))
         if r.calibrations:
             parts.append("<h3>Calibrated cascade (held-out items)</h3>" + _html_table(*calibration_table(r)))
+        if r.learned is not None:
+            from evals.estimators import comparison_html
+
+            parts.append(comparison_html(r.learned, _html_table, _inline))
         for name, png in figs.items():
             if name.startswith(f"{t.suite}-"):
                 parts.append(f"<img alt='{html.escape(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")

@@ -12,7 +12,7 @@ MINIMAL = {"format": {"json": True}, "judge": {"tier": "big"}}
 def test_the_entry_point_lists_every_builtin() -> None:
     reg = Registry.from_entry_points()
     assert NAMES <= set(reg.names())
-    assert set(BUILTINS) == NAMES
+    assert set(BUILTINS) == NAMES | {"learned"}  # learned needs a trained artifact: see test_learned.py
 
 
 def test_every_builtin_builds_and_follows_the_protocol() -> None:

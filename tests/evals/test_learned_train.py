@@ -1,0 +1,187 @@
+"""Training the learned estimators on a small stored run (see learned_helpers): what is written,
+that the served verifier reproduces the stored predictions exactly, that held-out items touch
+neither a model nor a threshold, and the estimators in the sweep, calibration and report."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evals import metrics
+from evals.calibrate import in_calibration
+from evals.estimators import LEARNED, PREROUTER, attach, load_predictions
+from evals.train import TrainResult, feature_verifiers, fit_model, load_run, out_of_fold, train
+from router.cli import main
+from router.errors import ConfigError
+from tests.evals.learned_helpers import make_run
+from verifiers.base import Registry, VerifierContext
+from verifiers.learned import LearnedVerifier, PreRouter
+
+BUCKETS = 64
+
+
+@pytest.fixture(scope="module")
+async def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TrainResult]:
+    tmp = tmp_path_factory.mktemp("learned")
+    root = await make_run(tmp)
+    return root, train([load_run(root)], tmp / "est", n_buckets=BUCKETS)
+
+
+def artifact(result: TrainResult, kind: str) -> tuple[Path, str]:
+    a = next(a for a in result.artifacts if a["kind"] == kind)
+    return result.out / a["file"], a["sha256"]
+
+
+def test_training_writes_artifacts_predictions_and_report(trained) -> None:
+    root, result = trained
+    names = {p.name for p in result.out.iterdir()}
+    assert {"learned.json", "prerouter.json", "predictions.jsonl", "estimators.json", "training.md", "training.json"} <= names
+    manifest = json.loads((result.out / "estimators.json").read_text())
+    assert manifest["seed"] == 0 and manifest["fraction"] == 0.5
+    assert manifest["feature_verifiers"]["marked"] == ["confidence[stat=\"mean\"]", "confidence_min", "math_answer"]
+    rows = [json.loads(line) for line in (result.out / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 160 * 2
+    assert all(r["split"] == ("calibration" if in_calibration(r["item"], 0, 0.5) else "held-out") for r in rows)
+    assert all(0 <= r[LEARNED] <= 1 and 0 <= r[PREROUTER] <= 1 for r in rows)
+    md = (result.out / "training.md").read_text()
+    _, sha = artifact(result, "verifier")
+    for phrase in ("Held-out quality", "pre-route then verify[learned]", "verify only[learned]", "Targets",
+                   'name = "learned"', f'sha256 = "{sha}"', "[tiers.prerouter]"):
+        assert phrase in md, phrase
+
+
+async def test_held_out_predictions_are_what_the_service_computes(trained) -> None:
+    """Training and serving share the features: the verifier built from the artifact, computing
+    its own feature verifiers, gives every held-out item the stored prediction."""
+    root, result = trained
+    run = load_run(root)
+    preds = load_predictions(result.out)
+    path, sha = artifact(result, "verifier")
+    pre_path, pre_sha = artifact(result, "prerouter")
+    for ti, tier in enumerate(("small", "large")):
+        verifier = LearnedVerifier.load(path, sha, VerifierContext(tier=tier), registry=Registry.from_entry_points())
+        prerouter = PreRouter.load(pre_path, pre_sha, tier, 0.5)
+        held = [it for it in run.table.items if not in_calibration(it.id, 0, 0.5)]
+        for it in held:
+            row = preds.rows[("marked", it.id, tier)]
+            score = await verifier.score(run.requests[it.id], run.generations[(it.id, ti)])
+            assert score.value == pytest.approx(row[LEARNED], abs=1e-9)
+            assert prerouter.probability(run.requests[it.id]) == pytest.approx(row[PREROUTER], abs=1e-9)
+
+
+def test_the_estimators_learn_something(trained) -> None:
+    _, result = trained
+    cmp = result.comparisons[0]
+    learned, pre = cmp.quality_of(LEARNED), cmp.quality_of(PREROUTER)
+    assert learned.auroc > 0.8  # the logprobs separate right from wrong
+    assert pre.auroc > 0.7  # 'Easy' prompts are answered right more often
+    assert learned.brier < 0.2
+
+
+async def test_held_out_items_touch_no_model_and_no_threshold(trained, tmp_path: Path) -> None:
+    root, result = trained
+    copy = tmp_path / "runs" / "marked"
+    shutil.copytree(root, copy)
+    lines = []
+    for line in (copy / "grades.jsonl").read_text().splitlines():
+        g = json.loads(line)
+        if not in_calibration(g["item"], 0, 0.5):
+            g["correct"] = not g["correct"]  # every held-out verdict turned around
+        lines.append(json.dumps(g))
+    (copy / "grades.jsonl").write_text("\n".join(lines) + "\n")
+    again = train([load_run(copy)], tmp_path / "est", n_buckets=BUCKETS)
+    assert [a["sha256"] for a in again.artifacts] == [a["sha256"] for a in result.artifacts]
+    before, after = result.comparisons[0], again.comparisons[0]
+    assert after.verify_only[LEARNED].thresholds == before.verify_only[LEARNED].thresholds
+    pv_b, pv_a = before.preroute_verify[LEARNED], after.preroute_verify[LEARNED]
+    assert (pv_a.skip_below, pv_a.thresholds) == (pv_b.skip_below, pv_b.thresholds)
+    cal = lambda r: {k: v for k, v in load_predictions(r.out).rows.items() if v["split"] == "calibration"}  # noqa: E731
+    assert cal(again) == cal(result)
+
+
+def test_out_of_fold_predictions_do_not_remember_their_rows() -> None:
+    """Random labels, more features than rows: a model scoring rows it was fit on ranks them
+    almost perfectly; out-of-fold scores are at chance, as scores of unseen items must be."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(120, 150))
+    y = rng.integers(0, 2, size=120)
+    m = fit_model(x, y, n_dense=150, seed=0)
+    if m.info["kind"] == "logistic":
+        assert metrics.auroc(y, m.decision(x)) > 0.9
+    assert abs(metrics.auroc(y, out_of_fold(x, y, 150, seed=0)) - 0.5) < 0.15
+
+
+def test_with_one_outcome_the_model_is_the_base_rate() -> None:
+    x = np.random.default_rng(1).normal(size=(30, 4))
+    m = fit_model(x, np.ones(30, dtype=int), n_dense=4)
+    assert m.info["kind"] == "constant"
+    assert float(m.probability(x[0])) == pytest.approx(31 / 32)
+
+
+def test_verifiers_that_generate_are_not_features_by_default(trained) -> None:
+    root, _ = trained
+    run = load_run(root)
+    table = run.table.with_scores("self_consistency", {it.id: [0.5, 0.5] for it in run.table.items})
+    manifest = {**table.manifest, "verifiers": [*table.manifest["verifiers"],
+                                                {"name": "self_consistency", "params": {}, "label": "self_consistency"}]}
+    run = replace(run, table=replace(table, manifest=manifest))
+    assert "self_consistency" not in [v.label for v in feature_verifiers([run])]
+    assert "self_consistency" in [v.label for v in feature_verifiers([run], include_costly=True)]
+
+
+def test_another_split_is_refused(trained) -> None:
+    root, result = trained
+    preds = load_predictions(result.out)
+    with pytest.raises(ConfigError, match="seed 0, fraction 0.5"):
+        attach(load_run(root).table, preds, seed=1, fraction=0.5)
+
+
+def test_the_learned_column_pays_for_its_feature_verifiers(trained) -> None:
+    root, result = trained
+    table = attach(load_run(root).table, load_predictions(result.out), seed=0, fraction=0.5)
+    assert LEARNED in table.verifiers and PREROUTER not in table.verifiers
+    t = table.items[0].tiers[0]
+    members = ("confidence[stat=\"mean\"]", "confidence_min", "math_answer")
+    assert t.verify_s[LEARNED] == pytest.approx(max(t.verify_s[m] for m in members))
+    assert PREROUTER in t.scores
+
+
+async def test_cli_train_then_sweep_calibrate_and_report(trained, tmp_path: Path, capsys) -> None:
+    root, _ = trained
+    est = tmp_path / "est"
+    assert main(["eval", "train", "--run", str(root), "--out", str(est), "--buckets", str(BUCKETS)]) == 0
+    out = capsys.readouterr().out
+    assert "verifier@" in out and "prerouter@" in out and "[tiers.prerouter]" in out
+    assert main(["eval", "sweep", str(root), "--estimators", str(est), "--verifier", LEARNED]) == 0
+    out = capsys.readouterr().out
+    assert "marked / learned" in out and "pre-route only" in out
+    assert main(["eval", "calibrate", "--run", str(root), "--target", "min-pgr=0.8", "--verifier", LEARNED,
+                 "--estimators", str(est)]) == 0
+    assert "held-out" in capsys.readouterr().out
+    report = tmp_path / "report"
+    assert main(["eval", "report", str(root), "--out", str(report), "--estimators", str(est)]) == 0
+    md = (report / "README.md").read_text()
+    for phrase in ("learned estimators", "pre-route only", "pre-route then verify[learned]", "Held-out quality",
+                   "--estimators", "| learned |"):
+        assert phrase in md, phrase
+    assert "learned estimators" in (report / "report.html").read_text()
+    assert main(["eval", "report", str(root), "--out", str(report), "--estimators", str(est), "--seed", "3"]) == 1
+
+
+def test_a_run_whose_prompts_changed_is_refused(trained, tmp_path: Path) -> None:
+    root, _ = trained
+    copy = tmp_path / "marked"
+    shutil.copytree(root, copy)
+    suite = Path(json.loads((copy / "manifest.json").read_text())["suite"]["source"].split(" (sha256")[0])
+    edited = tmp_path / "edited.jsonl"
+    rows = [json.loads(line) for line in suite.read_text().splitlines()]
+    rows[random.Random(0).randrange(len(rows))]["prompt"] += " (now different)"
+    edited.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ConfigError, match="is not what the run asked"):
+        load_run(copy, suite=str(edited))
