@@ -57,6 +57,7 @@ from verifiers.learned import LinearModel, dump_estimator
 from verifiers.learned_features import FeatureSpec, VerifierRef
 
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+GRAM_GAINS = (1.0, 4.0, 0.0)  # how much the hashed prompt grams may weigh; 0 drops them
 FOLDS = 5
 COSTLY = frozenset({"self_consistency", "judge"})  # verifiers that generate; see the module docstring
 _MAX_ITER = 5000
@@ -165,15 +166,19 @@ def _folds(y: np.ndarray, k: int, seed: int) -> list[tuple[np.ndarray, np.ndarra
 
 
 def fit_model(x: np.ndarray, y: np.ndarray, n_dense: int, *, seed: int = 0) -> LinearModel:
-    """Standardise the dense columns, choose C by `FOLDS`-fold cross-validated log-loss, fit
-    Platt's map on the cross-validated logits, refit on all rows. With fewer than two rows of
-    either outcome, the smoothed base rate (nothing to rank by)."""
+    """Standardise the dense columns; choose, by `FOLDS`-fold cross-validated log-loss, the
+    regularisation strength and how much the hashed prompt grams may weigh: as they are, scaled
+    up (a gram's normalised count is small, so the penalty holds its weight down more than a
+    standardised column's), or not at all (on a few hundred rows they may only add noise; the
+    model then has zero weight there); fit Platt's map on the cross-validated logits; refit on
+    all rows. With fewer than two rows of either outcome, the smoothed base rate."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import log_loss
 
     y = np.asarray(y, dtype=int)
-    mean = np.zeros(x.shape[1])
-    scale = np.ones(x.shape[1])
+    width = x.shape[1]
+    mean = np.zeros(width)
+    scale = np.ones(width)
     if len(y):
         mean[:n_dense] = x[:, :n_dense].mean(axis=0)
         sd = x[:, :n_dense].std(axis=0)
@@ -181,31 +186,47 @@ def fit_model(x: np.ndarray, y: np.ndarray, n_dense: int, *, seed: int = 0) -> L
     minority = int(min(y.sum(), len(y) - y.sum()))
     if minority < 2:
         return _constant(mean, scale, y, "fewer than two right or two wrong answers to learn from")
-    z = (x - mean) / scale
     k = min(FOLDS, minority)
     folds = _folds(y, k, seed)
-    best: tuple[float, float, np.ndarray] | None = None
-    for c in C_GRID:
-        d = np.empty(len(y))
-        for tr, te in folds:
-            if y[tr].min() == y[tr].max():
-                d[te] = 0.0
-                continue
-            clf = LogisticRegression(C=c, max_iter=_MAX_ITER).fit(z[tr], y[tr])
-            d[te] = clf.decision_function(z[te])
-        loss = float(log_loss(y, _sigmoid(d), labels=[0, 1]))
-        if best is None or loss < best[0] - 1e-12:
-            best = (loss, c, d)
+    gains = (1.0,) if n_dense == width else GRAM_GAINS
+    best: tuple[float, float, float, np.ndarray] | None = None
+    for gain in gains:
+        cols = width if gain > 0 else n_dense
+        z = (x[:, :cols] - mean[:cols]) / _with_gain(scale, n_dense, gain)[:cols]
+        for c in C_GRID:
+            d = np.empty(len(y))
+            for tr, te in folds:
+                if y[tr].min() == y[tr].max():
+                    d[te] = 0.0
+                    continue
+                clf = LogisticRegression(C=c, max_iter=_MAX_ITER).fit(z[tr], y[tr])
+                d[te] = clf.decision_function(z[te])
+            loss = float(log_loss(y, _sigmoid(d), labels=[0, 1]))
+            if best is None or loss < best[0] - 1e-12:
+                best = (loss, c, gain, d)
     assert best is not None
-    loss, c, d = best
+    loss, c, gain, d = best
     platt = LogisticRegression(C=100.0, max_iter=_MAX_ITER).fit(d.reshape(-1, 1), y)
     a, b = float(platt.coef_[0, 0]), float(platt.intercept_[0])
     if a <= 0:  # the cross-validated logits rank no better than chance: claim nothing beyond the base rate
         return _constant(mean, scale, y, "cross-validated scores do not rank the answers")
-    clf = LogisticRegression(C=c, max_iter=_MAX_ITER).fit(z, y)
-    return LinearModel(mean, scale, clf.coef_[0].copy(), float(clf.intercept_[0]), a, b,
-                       {"kind": "logistic", "C": c, "cv_log_loss": round(loss, 6), "rows": len(y),
-                        "positives": int(y.sum())})
+    cols = width if gain > 0 else n_dense
+    scale = _with_gain(scale, n_dense, gain)
+    clf = LogisticRegression(C=c, max_iter=_MAX_ITER).fit((x[:, :cols] - mean[:cols]) / scale[:cols], y)
+    coef = np.zeros(width)
+    coef[:cols] = clf.coef_[0]
+    return LinearModel(mean, scale, coef, float(clf.intercept_[0]), a, b,
+                       {"kind": "logistic", "C": c, "gram_gain": gain, "cv_log_loss": round(loss, 6),
+                        "rows": len(y), "positives": int(y.sum())})
+
+
+def _with_gain(scale: np.ndarray, n_dense: int, gain: float) -> np.ndarray:
+    """The scale with the gram columns divided by `gain` (so multiplied by it once standardised);
+    a gain of 0 leaves them at 1: they are then dropped, with zero weight."""
+    out = scale.copy()
+    if gain > 0:
+        out[n_dense:] = scale[n_dense:] / gain
+    return out
 
 
 def out_of_fold(x: np.ndarray, y: np.ndarray, n_dense: int, *, seed: int = 0) -> np.ndarray:
