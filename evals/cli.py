@@ -280,6 +280,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         for r in reports:
             r.learned = compare(r.table, target, seed=args.seed, fraction=args.fraction)
+            r.notes.append(
+                f"`learned` and the pre-router come from `{args.estimators}`: calibration items carry out-of-fold "
+                "predictions (each from a model fit without it), held-out items the final model's. Numbers over "
+                "all items mix the two; the learned-estimator section below is held-out only."
+            )
     command = args.command_line or _report_command(args)
     written = write(reports, Path(args.out), command=command)
     for path in written:

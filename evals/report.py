@@ -441,6 +441,10 @@ def sweep_rows(reports: Sequence[SuiteReport]) -> list[dict[str, Any]]:
             rows += [{**base, "kind": kind, "verifier": "", "split": "all", **p.as_row()} for p in points]
         for c in r.calibrations:
             rows.append({**base, "kind": f"calibrated {c.target}", "verifier": c.verifier, "split": "held-out", **c.held_out.as_row()})
+        if r.learned is not None:
+            for p in [r.learned.preroute_only, *r.learned.preroute_verify.values()]:
+                rows.append({**base, "kind": f"calibrated {p.target}", "verifier": p.policy, "split": "held-out",
+                             **p.held_out.as_row()})
     return rows
 
 
