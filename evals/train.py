@@ -29,7 +29,7 @@ import json
 import math
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 GRAM_GAINS = (1.0, 4.0, 0.0)  # how much the hashed prompt grams may weigh; 0 drops them
 FOLDS = 5
 COSTLY = frozenset({"self_consistency", "judge"})  # verifiers that generate; see the module docstring
+PURE = frozenset({"confidence", "format", "math_answer"})  # functions of request and answer alone, microseconds
 _MAX_ITER = 5000
 
 
@@ -126,9 +127,11 @@ def _suite_of(manifest: dict[str, Any], explicit: str | None) -> Any:
 
 
 def feature_verifiers(runs: Sequence[RunData], *, include_costly: bool = False) -> list[VerifierRef]:
-    """The eval verifiers scored on every item at every tier of every run (same name and params
-    everywhere), so the learned verifier can compute them at serve time exactly as stored."""
-    common: dict[str, VerifierRef] | None = None
+    """The verifiers whose scores are features: every eval verifier scored on every item at
+    every tier of every run (same name and params everywhere), so the learned verifier computes
+    them at serve time exactly as they were stored; and, pooling suites, every pure one (see
+    `PURE`) scored on any of them, computed for the other suites' answers by `fill_scores`."""
+    per_run = []
     for r in runs:
         refs = {}
         for v in r.table.manifest.get("verifiers", []):
@@ -139,8 +142,54 @@ def feature_verifiers(runs: Sequence[RunData], *, include_costly: bool = False) 
                 continue
             if all(label in t.scores for it in r.table.items for t in it.tiers):
                 refs[label] = VerifierRef(label, name, dict(v["params"]))
-        common = refs if common is None else {k: ref for k, ref in common.items() if refs.get(k) == ref}
-    return [common[k] for k in sorted(common or {})]
+        per_run.append(refs)
+    common = {k: ref for k, ref in per_run[0].items() if all(refs.get(k) == ref for refs in per_run[1:])} if per_run else {}
+    for refs in per_run:
+        for k, ref in refs.items():
+            same = all(other.get(k, ref) == ref for other in per_run)  # one label, one definition
+            if ref.name in PURE and k not in common and same:
+                common[k] = ref
+    return [common[k] for k in sorted(common)]
+
+
+def fill_scores(run: RunData, refs: Sequence[VerifierRef]) -> None:
+    """Score the run's stored answers with the pure feature verifiers it lacks, as the learned
+    verifier will at serve time (the same verifier code on the same request and answer)."""
+    import asyncio
+
+    from verifiers.base import Registry, VerifierContext
+
+    missing = [ref for ref in refs if any(ref.label not in t.scores for it in run.table.items for t in it.tiers)]
+    if not missing:
+        return
+    reg = Registry.from_entry_points()
+
+    async def score_all() -> dict[str, dict[str, list[float]]]:
+        out: dict[str, dict[str, list[float]]] = {}
+        for ref in missing:
+            made = [reg.create(ref.name, dict(ref.params), VerifierContext(tier=t.name)) for t in run.table.tiers]
+            column = out.setdefault(ref.label, {})
+            for it in run.table.items:
+                values = []
+                for ti, t in enumerate(it.tiers):
+                    if ref.label in t.scores:
+                        values.append(t.scores[ref.label])
+                        continue
+                    try:
+                        score = await made[ti].score(run.requests[it.id], run.generations[(it.id, ti)])
+                        values.append(score.value)
+                    except Exception:  # noqa: BLE001 - as in eval runs and in the learned verifier: unsure, 0
+                        values.append(0.0)
+                column[it.id] = values
+        return out
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    verifiers = run.table.verifiers
+    with ThreadPoolExecutor(1) as pool:  # a loop of its own, whether or not the caller runs one
+        computed = pool.submit(asyncio.run, score_all()).result()
+    for label, column in computed.items():
+        run.table = replace(run.table.with_scores(label, column), verifiers=verifiers)
 
 
 # ---- fitting ----------------------------------------------------------------------------------------------
@@ -285,6 +334,8 @@ def _train(
     members: dict[str, list[str]] = {}
     for group in groups:
         refs = feature_verifiers(group, include_costly=include_costly)
+        for r in group:
+            fill_scores(r, refs)
         spec_v = FeatureSpec(answer=True, verifiers=tuple(refs), n_buckets=n_buckets)
         spec_p = FeatureSpec(answer=False, n_buckets=n_buckets)
         suffix = f"-{group[0].table.suite}" if suite_specific else ""

@@ -64,12 +64,12 @@ EVAL_VERIFIERS = [
 _Q = re.compile(r"(Easy|Hard): what is (\d+) \+ 100\?")
 
 
-def write_suite(tmp: Path, n: int) -> Path:
-    path = tmp / "marked.jsonl"
+def write_suite(tmp: Path, n: int, name: str = "marked") -> Path:
+    path = tmp / f"{name}.jsonl"
     with open(path, "w") as f:
         for i in range(n):
             kind = "Easy" if random.Random(f"kind{i}").random() < 0.5 else "Hard"
-            f.write(json.dumps({"id": f"m{i}", "prompt": f"{kind}: what is {i} + 100?", "reference": i + 100,
+            f.write(json.dumps({"id": f"{name}/{i}", "prompt": f"{kind}: what is {i} + 100?", "reference": i + 100,
                                 "grader": "numeric"}) + "\n")
     return path
 
@@ -105,15 +105,16 @@ def backends() -> dict[str, Backend]:
     return {"small": TierBackend("small", 0.8, 0.25, 0.5), "large": TierBackend("large", 0.92, 0.88, 0.2)}
 
 
-async def make_run(tmp: Path, n: int = 160, name: str = "marked") -> Path:
-    """Run the scripted tiers over `n` items into tmp/runs/<name>; return the run directory."""
+async def make_run(tmp: Path, n: int = 160, name: str = "marked", verifiers: list[VerifierSpec] | None = None) -> Path:
+    """Run the scripted tiers over `n` items of suite `name` into tmp/runs/<name>, scored with
+    `verifiers` (default: EVAL_VERIFIERS); return the run directory."""
     config = tmp / "config.toml"
     config.write_text(CONFIG)
     settings = load_settings(config)
-    suite = get_suite(str(write_suite(tmp, n)))
+    suite = get_suite(str(write_suite(tmp, n, name)))
     items = suite.select(suite.load(), None, 0)
     plan = EvalPlan(suite=suite, items=items, settings=settings, tiers=["small", "large"],
-                    verifiers=list(EVAL_VERIFIERS))
+                    verifiers=list(EVAL_VERIFIERS if verifiers is None else verifiers))
     root = tmp / "runs" / name
     with RunStore(root) as store:
         summary = await run_eval(plan, store, registry=Registry.from_entry_points(), backends=backends())

@@ -18,6 +18,7 @@ from evals.calibrate import in_calibration
 from evals.estimators import LEARNED, PREROUTER, attach, load_predictions
 from evals.train import TrainResult, feature_verifiers, fit_model, load_run, out_of_fold, train
 from router.cli import main
+from router.config import VerifierSpec
 from router.errors import ConfigError
 from tests.evals.learned_helpers import make_run
 from verifiers.base import Registry, VerifierContext
@@ -185,3 +186,27 @@ def test_a_run_whose_prompts_changed_is_refused(trained, tmp_path: Path) -> None
     edited.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(ConfigError, match="is not what the run asked"):
         load_run(copy, suite=str(edited))
+
+
+async def test_pooled_suites_share_their_pure_verifiers(tmp_path: Path) -> None:
+    """Two suites scored with different verifiers: pooled, the estimator reads both pure ones,
+    computed at training for the suite that lacks it, as the service computes it for any prompt."""
+    a = await make_run(tmp_path, 60, "alpha", [VerifierSpec(name="confidence", params={"stat": "mean"}),
+                                                 VerifierSpec(name="math_answer")])
+    b = await make_run(tmp_path, 60, "beta", [VerifierSpec(name="confidence", params={"stat": "mean"}),
+                                                VerifierSpec(name="format", params={"regex": "answer", "name": "says_answer"})])
+    runs = [load_run(a), load_run(b)]
+    assert [v.label for v in feature_verifiers(runs)] == ["confidence[stat=\"mean\"]", "math_answer", "says_answer"]
+    result = train(runs, tmp_path / "est", n_buckets=16)
+    assert result.pooled is not None and len(result.artifacts) == 2
+    preds = load_predictions(result.out)
+    path, sha = artifact(result, "verifier")
+    verifier = LearnedVerifier.load(path, sha, VerifierContext(tier="small"), registry=Registry.from_entry_points())
+    run = load_run(b)
+    for it in run.table.items:
+        if not in_calibration(it.id, 0, 0.5):
+            score = await verifier.score(run.requests[it.id], run.generations[(it.id, 0)])
+            assert score.value == pytest.approx(preds.rows[("beta", it.id, "small")][LEARNED], abs=1e-9)
+            assert score.details["features"]["math_answer"] == 1.0  # computed for beta, which never stored it
+    md = (result.out / "training.md").read_text()
+    assert md.count("```toml") == 1 and "alpha+beta" in md  # one config: the pooled thresholds
