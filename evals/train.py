@@ -431,24 +431,50 @@ def toml_snippet(result: TrainResult, cmp: Comparison) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+METHOD = [
+    "## How they are made",
+    "",
+    "- **What they predict.** Per tier, the probability that the tier's answer is right (as the suite's grader "
+    "judges it). The `learned` verifier reads what the cascade has once the tier has answered: the scores of the "
+    "verifiers listed below, the answer's logprob statistics (mean, min, 10th and 25th percentile, spread, share "
+    "of tokens below even odds), its length and whether it was cut off, the prompt's length and its hashed word "
+    "uni- and bi-grams. The pre-router reads the prompt alone, before the tier generates. Token entropy is not a "
+    "feature: the backends return only the sampled tokens' logprobs.",
+    "- **The model.** A logistic regression per tier; 5-fold cross-validated log-loss chooses its "
+    "regularisation and how much the prompt grams may weigh (or whether they are dropped); Platt scaling of the "
+    "cross-validated logits calibrates it. The artifact is plain JSON, loaded only when its SHA-256 is the one "
+    "the config names.",
+    "- **Hygiene.** Items are split as `eval calibrate` splits them (seed and item id). The models are fit on "
+    "the calibration items only. Thresholds are chosen on the calibration items too, from out-of-fold "
+    "predictions: each calibration item is scored by a model fit (with its own inner cross-validation) on the "
+    "other four fifths, never by one that saw it. Held-out items are scored once, by the final model (the one "
+    "in the artifact), and every number below is on them.",
+    "- **Policies.** *verify only*: the cascade with one verifier, thresholds calibrated for the target. "
+    "*pre-route only*: skip a tier whose pre-router probability is below its threshold, else take its answer "
+    "unverified. *pre-route then verify*: skip as the pre-router says, verify what runs; skip and verifier "
+    "thresholds chosen together, the cheapest pair meeting the target whose calibration accuracy is at most "
+    "1 point below verify-only's.",
+]
+
+
 def write_report(result: TrainResult, *, command: str = "") -> None:
     lines = ["# Learned estimators: training report", ""]
     if command:
         lines += ["Regenerate:", "", "```", command, "```", ""]
+    lines += [*METHOD, ""]
     lines += [
-        "Fit on the calibration split only (seed and fraction as in `eval calibrate`). Held-out items are "
-        "scored by the final model; calibration items by out-of-fold models, which is what the thresholds "
-        "are chosen on. Quality columns are on held-out items.",
-        "",
         "| artifact | version | sha256 |", "|---|---|---|",
         *(f"| `{a['file']}` | {a['version']} | `{a['sha256']}` |" for a in result.artifacts), "",
     ]
     lines += [f"- {n}" for n in result.notes]
+    for a in (a for a in result.artifacts if a["kind"] == "verifier"):
+        labels = sorted({lbl for r in a["runs"] for lbl in result.feature_verifiers[r]})
+        lines += [f"Verifier scores read by `{a['file']}`: {', '.join(f'`{x}`' for x in labels) or 'none'}.", ""]
     for cmp in [*result.comparisons, *([result.pooled] if result.pooled else [])]:
         lines += [*comparison_markdown(cmp, level=2), ""]
         if result.pooled is None or cmp is result.pooled:  # a pooled estimator serves with the pooled thresholds
             lines += ["Config:", "", "```toml", toml_snippet(result, cmp).rstrip(), "```", ""]
-    (result.out / "training.md").write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    (result.out / "README.md").write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     (result.out / "training.json").write_text(json.dumps(
         {"artifacts": result.artifacts, "suites": [comparison_json(c) for c in result.comparisons],
          "pooled": comparison_json(result.pooled) if result.pooled else None}, indent=1) + "\n", encoding="utf-8")
@@ -476,7 +502,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"\n{cmp.table.suite}:")
         for what, ok, numbers in cmp.checks():
             print(f"  {'met   ' if ok else ('?     ' if ok is None else 'MISSED')} {what}: {numbers}")
-    print(f"\nreport: {result.out / 'training.md'}")
+    print(f"\nreport: {result.out / 'README.md'}")
     final = result.pooled or (result.comparisons[0] if len(result.comparisons) == 1 else None)
     if final is not None:
         print("\n# paste into config.toml (each [[tiers]] entry merges into the tier of that name):\n"

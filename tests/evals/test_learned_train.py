@@ -42,7 +42,7 @@ def artifact(result: TrainResult, kind: str) -> tuple[Path, str]:
 def test_training_writes_artifacts_predictions_and_report(trained) -> None:
     root, result = trained
     names = {p.name for p in result.out.iterdir()}
-    assert {"learned.json", "prerouter.json", "predictions.jsonl", "estimators.json", "training.md", "training.json"} <= names
+    assert {"learned.json", "prerouter.json", "predictions.jsonl", "estimators.json", "README.md", "training.json"} <= names
     manifest = json.loads((result.out / "estimators.json").read_text())
     assert manifest["seed"] == 0 and manifest["fraction"] == 0.5
     assert manifest["feature_verifiers"]["marked"] == ["confidence[stat=\"mean\"]", "confidence_min", "math_answer"]
@@ -50,7 +50,7 @@ def test_training_writes_artifacts_predictions_and_report(trained) -> None:
     assert len(rows) == 160 * 2
     assert all(r["split"] == ("calibration" if in_calibration(r["item"], 0, 0.5) else "held-out") for r in rows)
     assert all(0 <= r[LEARNED] <= 1 and 0 <= r[PREROUTER] <= 1 for r in rows)
-    md = (result.out / "training.md").read_text()
+    md = (result.out / "README.md").read_text()
     _, sha = artifact(result, "verifier")
     for phrase in ("Held-out quality", "pre-route then verify[learned]", "verify only[learned]", "Targets",
                    'name = "learned"', f'sha256 = "{sha}"', "[tiers.prerouter]"):
@@ -208,5 +208,5 @@ async def test_pooled_suites_share_their_pure_verifiers(tmp_path: Path) -> None:
             score = await verifier.score(run.requests[it.id], run.generations[(it.id, 0)])
             assert score.value == pytest.approx(preds.rows[("beta", it.id, "small")][LEARNED], abs=1e-9)
             assert score.details["features"]["math_answer"] == 1.0  # computed for beta, which never stored it
-    md = (result.out / "training.md").read_text()
+    md = (result.out / "README.md").read_text()
     assert md.count("```toml") == 1 and "alpha+beta" in md  # one config: the pooled thresholds
