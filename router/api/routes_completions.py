@@ -41,10 +41,8 @@ def _prepare(services: Services, body: ot._Common) -> GenerationRequest:
 
 
 async def _finish(services: Services, principal: Principal, rid: str, result: CascadeResult) -> None:
-    """Everything that happens once a response is settled (the ledger hooks in here)."""
-    recorder = getattr(services, "record", None)
-    if recorder is not None:
-        await recorder(principal, rid, result)
+    """Everything that happens once a response is settled: ledger, key spend, metrics."""
+    await services.record(principal, rid, result)
 
 
 async def _respond(
