@@ -177,7 +177,7 @@ class Comparison:
             out.append((
                 f"pre-router costs at most {100 * MAX_DROP:.0f} point against verify[{label}]",
                 None if drop is None else drop <= MAX_DROP + 1e-12,
-                "–" if drop is None else f"{100 * drop:+.1f} points (held-out), skipping "
+                "–" if drop is None else f"{100 * drop:+.2f} points (held-out, {pv.n_held_out} items), skipping "
                 f"{100 * pv.skip_rate:.1f}% of first-tier calls",
             ))
         return out
