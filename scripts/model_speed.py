@@ -1,0 +1,58 @@
+"""Single-stream decode speed of each pulled catalog model on this machine.
+
+    .venv/bin/python scripts/model_speed.py [--threads N] [--tokens N]
+
+Greedy plain completion of a fixed prompt through the engine (one sequence), after a short
+warm-up; prints output tokens per second measured from the first to the last token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+from router.backends.llamacpp import LlamaCppBackend
+from router.catalog import CATALOG, ModelStore
+from router.config import LlamaCppSettings
+from router.generation import Delta, GenerationRequest
+
+PROMPT = "def is_prime(n: int) -> bool:\n    \"\"\"Return True when n is a prime number.\"\"\"\n"
+
+
+async def measure(name: str, threads: int, tokens: int) -> tuple[float, float]:
+    store = ModelStore()
+    path = store.path_of(CATALOG[name])
+    backend = LlamaCppBackend(name, path, LlamaCppSettings(model=name, n_ctx=2048, n_threads=threads, n_parallel=1), tokens)
+    await backend.start()
+    try:
+        await backend.generate(GenerationRequest(prompt=PROMPT, max_tokens=8))
+        first = last = 0.0
+        n = 0
+        t0 = time.perf_counter()
+        async for item in backend.stream(GenerationRequest(prompt=PROMPT + "    # step by step\n", max_tokens=tokens)):
+            if isinstance(item, Delta):
+                last = time.perf_counter()
+                first = first or last
+            else:
+                n = item.completion_tokens
+        return (n - 1) / (last - first), first - t0
+    finally:
+        await backend.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--tokens", type=int, default=128)
+    args = parser.parse_args()
+    for name, entry in CATALOG.items():
+        if not ModelStore().is_verified(entry):
+            print(f"{name}: not pulled")
+            continue
+        tps, ttft = asyncio.run(measure(name, args.threads, args.tokens))
+        print(f"{name}: {tps:.1f} output tok/s, first token after {ttft * 1000:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()
