@@ -554,6 +554,9 @@ class LlamaEngine:
             seq.emitted = safe
 
     def _finish(self, seq: _Seq, reason: str) -> None:
+        # mark the slot for release before the caller can hear of it: a caller that closes its
+        # stream on the DoneEvent must not look like one that walked away (its prompt is cached)
+        seq.job.cancelled = True
         seq.text += seq.decoder.decode(b"", final=True)
         if len(seq.text) > seq.emitted:
             seq.job.emit(TokenEvent(seq.text[seq.emitted :]))
@@ -570,7 +573,6 @@ class LlamaEngine:
                 queued_s=seq.started - seq.job.submitted,
             )
         )
-        seq.job.cancelled = True  # marks the slot for release
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
