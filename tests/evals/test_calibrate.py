@@ -99,7 +99,7 @@ def test_write_thresholds_keeps_the_rest_of_the_config(tmp_path: Path) -> None:
     after = path.read_text()
     assert load_settings(path).tier("small").threshold == pytest.approx(0.62)
     diff = [(a, b) for a, b in zip(before.splitlines(), after.splitlines(), strict=True) if a != b]
-    assert diff == [("threshold = 0.45", "threshold = 0.62")]
+    assert diff == [("threshold = 0.91", "threshold = 0.62")]
     # a tier without a threshold line gets one after its name
     write_thresholds(path, {"large": 0.3})
     assert load_settings(path).tier("large").threshold == pytest.approx(0.3)
