@@ -389,5 +389,7 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--suite", default=None, help="the suite (name or .jsonl path) of a single run, when not recorded")
     p.add_argument("--cache-dir", default=None, help="where the suites' data files are cached (default: XDG cache)")
     p.add_argument("--buckets", type=int, default=1024, help="hashed prompt n-gram columns (default 1024)")
+    p.add_argument("--splits", type=int, default=0, metavar="N",
+                   help="also retrain on N other calibration splits and report how often each target is met")
     p.add_argument("--with-costly-verifiers", action="store_true",
                    help="let verifiers that generate (self_consistency, judge) be features: they then run on every request")

@@ -148,8 +148,9 @@ class Comparison:
         name = self.table.tiers[tier].name
         return next((q for q in self.quality if q.column == column and q.tier == name), None)
 
-    def checks(self) -> list[tuple[str, bool | None, str]]:
-        """(target, met, the numbers behind it); None where it cannot be decided."""
+    def checks(self, *, short: bool = False) -> list[tuple[str, bool | None, str]]:
+        """(target, met, the numbers behind it); None where it cannot be decided. `short` gives
+        the numbers alone, for a table."""
         out: list[tuple[str, bool | None, str]] = []
         first = self.table.tiers[0].name
         lq = self.quality_of(LEARNED)
@@ -160,6 +161,7 @@ class Comparison:
         else:
             out.append((
                 "learned AUROC beats the best single verifier", lq.auroc > (best_q.auroc or 0.0),
+                f"{lq.auroc:.3f} vs {best_q.auroc:.3f}" if short else
                 f"{lq.auroc:.3f} against {best_q.column} {best_q.auroc:.3f} ({first}, held-out)",
             ))
         if self.best_single is not None and LEARNED in self.verify_only:
@@ -171,14 +173,21 @@ class Comparison:
                     f"verify[{self.best_single}] {100 * ref.accuracy:.1f}% at ${ref.cost_per_1k:.4f}/1k")
             if pv is not None:
                 text += f"; pre-route then verify[learned] {100 * pv.held_out.accuracy:.1f}% at ${pv.held_out.cost_per_1k:.4f}/1k"
+            if short:
+                best = pv.held_out if pv is not None and ok_pv and not ok else s
+                text = (f"{100 * best.accuracy:.1f}% ${best.cost_per_1k:.3f} vs "
+                        f"{100 * ref.accuracy:.1f}% ${ref.cost_per_1k:.3f}")
             out.append(("learned cascade cheaper at equal or better accuracy", ok or ok_pv, text))
         for label, pv in self.preroute_verify.items():
             drop = pv.accuracy_drop
+            against = "best single" if short and label == self.best_single and label != LEARNED else label
             out.append((
-                f"pre-router costs at most {100 * MAX_DROP:.0f} point against verify[{label}]",
+                f"pre-router costs at most {100 * MAX_DROP:.0f} point against verify[{against}]",
                 None if drop is None else drop <= MAX_DROP + 1e-12,
-                "–" if drop is None else f"{100 * drop:+.2f} points (held-out, {pv.n_held_out} items), skipping "
-                f"{100 * pv.skip_rate:.1f}% of first-tier calls",
+                "–" if drop is None else (f"{100 * drop:+.2f} pt, {100 * pv.skip_rate:.0f}% skipped"
+                                          + ("" if against == label else f", {label}") if short else
+                f"{100 * drop:+.2f} points (held-out, {pv.n_held_out} items), skipping "
+                f"{100 * pv.skip_rate:.1f}% of first-tier calls"),
             ))
         return out
 

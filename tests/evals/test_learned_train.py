@@ -156,9 +156,12 @@ def test_the_learned_column_pays_for_its_feature_verifiers(trained) -> None:
 async def test_cli_train_then_sweep_calibrate_and_report(trained, tmp_path: Path, capsys) -> None:
     root, _ = trained
     est = tmp_path / "est"
-    assert main(["eval", "train", "--run", str(root), "--out", str(est), "--buckets", str(BUCKETS)]) == 0
+    assert main(["eval", "train", "--run", str(root), "--out", str(est), "--buckets", str(BUCKETS), "--splits", "2"]) == 0
     out = capsys.readouterr().out
     assert "verifier@" in out and "prerouter@" in out and "[tiers.prerouter]" in out
+    readme = (est / "README.md").read_text()
+    assert "--splits 2" in readme and "## The same on other splits" in readme and "| seed 1 | seed 2 | met |" in readme
+    assert [s["seed"] for s in json.loads((est / "training.json").read_text())["other_splits"]] == [1, 2]
     assert main(["eval", "sweep", str(root), "--estimators", str(est), "--verifier", LEARNED]) == 0
     out = capsys.readouterr().out
     assert "marked / learned" in out and "pre-route only" in out

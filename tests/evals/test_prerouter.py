@@ -74,7 +74,7 @@ def test_skip_threshold_zero_is_verify_only() -> None:
 # ---- calibration -------------------------------------------------------------------------------------------
 
 
-def synthetic(n: int = 300, seed: int = 2, small_cost: float = 0.006) -> ResultTable:
+def synthetic(n: int = 300, seed: int = 2, small_cost: float = 0.01) -> ResultTable:
     """Small is right with probability `pre` (what the prompt tells), and its verifier sees it
     only through noise; large is right 90% of the time. Skipping small pays only when it is
     dear enough against large: a skipped answer it would have been right with sends the item
