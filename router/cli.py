@@ -153,7 +153,8 @@ def cmd_complete(args: argparse.Namespace) -> int:
     )
     for a in result.attempts:
         print(
-            f"  attempt tier={a.tier} accepted={a.accepted} score={a.score:.3f} "
+            f"  attempt tier={a.tier} accepted={a.accepted} "
+            f"score={'-' if a.score is None else format(a.score, '.3f')} "
             f"threshold={a.threshold:.2f} reason={a.reason}",
             file=sys.stderr,
         )
