@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from router.backends.base import Backend
 from router.config import CascadeSettings, TierSettings
-from router.errors import ConfigError, RequestError, UnavailableError, UnknownModelError
+from router.errors import ConfigError, UnavailableError, UnknownModelError
 from router.generation import Delta, Generation, GenerationRequest
 from router.pricing import Usage, cost_usd
 from verifiers.base import Score, VerifierCost, VerifierSet
@@ -206,7 +206,7 @@ class Cascade:
                     raise
                 yield Answering(fallback.tier, escalated=True)
                 yield Delta(fallback.generation.text)  # type: ignore[union-attr]
-                yield Final(self._result(model, attempts, fallback, plan, unverified=True))
+                yield Final(self._result(model, attempts, fallback, unverified=True))
                 return
             attempt.generation = gen
             attempt.cost_usd = tier.price(Usage(gen.prompt_tokens, gen.completion_tokens, gen.busy_s or gen.latency_s))
@@ -224,7 +224,7 @@ class Cascade:
             if not (last and live):
                 yield Answering(tier.name, escalated=i > 0)
                 yield Delta(gen.text)
-            yield Final(self._result(model, attempts, attempt, plan))
+            yield Final(self._result(model, attempts, attempt))
             return
 
     @staticmethod
@@ -278,7 +278,7 @@ class Cascade:
         return best
 
     def _result(
-        self, model: str, attempts: list[Attempt], final: Attempt, plan: list[Tier], *, unverified: bool = False
+        self, model: str, attempts: list[Attempt], final: Attempt, *, unverified: bool = False
     ) -> CascadeResult:
         result = CascadeResult(model=model, attempts=attempts, final=final, unverified=unverified)
         result.counterfactual_usd = self._counterfactual(attempts, final)
@@ -297,7 +297,3 @@ class Cascade:
         seconds = gen.busy_s or gen.latency_s
         return top.price(Usage(gen.prompt_tokens, gen.completion_tokens, seconds))
 
-
-def validate_request(request: GenerationRequest) -> None:
-    if request.max_tokens < 1:
-        raise RequestError("max_tokens must be at least 1", param="max_tokens")

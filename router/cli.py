@@ -169,7 +169,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from router.api.app import create_app
 
-    overrides: dict[str, Any] = {}
     settings = _settings(args)
     if args.host or args.port is not None:
         server = settings.server.model_copy(
@@ -179,7 +178,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from router.auth import check_bind
 
     check_bind(settings.server)
-    app = create_app(settings, **overrides)
+    app = create_app(settings)
     uvicorn.run(app, host=settings.server.host, port=settings.server.port, log_level=args.log_level)
     return 0
 

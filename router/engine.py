@@ -7,7 +7,7 @@ module-level global, so tests build as many as they like side by side.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from router.backends.base import Backend, make_backend
@@ -17,16 +17,18 @@ from router.errors import ConfigError, ModelError
 from verifiers.base import Registry, VerifierContext, VerifierError, VerifierSet, WeightedVerifier
 
 
-def check_resources(settings: Settings, registry: Registry | None = None) -> list[str]:
+def check_resources(
+    settings: Settings, registry: Registry | None = None, *, skip_models: Collection[str] = ()
+) -> list[str]:
     """What would stop the service starting, each naming the config key: missing or corrupt model
-    files, unknown verifiers."""
+    files (except for the tiers in `skip_models`, whose backend is supplied), unknown verifiers."""
     from router.catalog import resolve_model
 
     problems: list[str] = []
     reg = registry or Registry.from_entry_points()
     for i, tier in enumerate(settings.tiers):
         key = f"tiers[{i}] ({tier.name})"
-        if tier.llamacpp is not None:
+        if tier.llamacpp is not None and tier.name not in skip_models:
             try:
                 resolve_model(tier.llamacpp.model, settings.models.cache_dir)
             except ModelError as exc:
@@ -61,9 +63,7 @@ class Engine:
             unknown = set(only) - {t.name for t in settings.tiers}
             if unknown:
                 raise ConfigError(f"unknown tier(s): {', '.join(sorted(unknown))}")
-        problems = [
-            p for p in check_resources(settings, reg) if backends is None or not _about_replaced(p, backends)
-        ]
+        problems = check_resources(settings, reg, skip_models=list(backends or {}))
         if problems:
             raise ConfigError("cannot start:\n  " + "\n  ".join(problems))
         built: dict[str, Backend] = {}
@@ -94,7 +94,3 @@ class Engine:
     @property
     def ready(self) -> bool:
         return self.started and all(b.ready for b in self.backends.values())
-
-
-def _about_replaced(problem: str, backends: Mapping[str, Backend]) -> bool:
-    return any(problem.startswith(f"tiers[") and f"({name})." in problem.split(":")[0] for name in backends)

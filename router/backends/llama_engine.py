@@ -240,7 +240,7 @@ class LlamaEngine:
             self._pending.append(job)
             self._cv.notify()
 
-    # ---- tokenizer helpers (read-only on the model: safe from any thread) ---------------------
+    # ---- tokenizer (read-only on the model: safe from any thread) ------------------------------
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         import llama_cpp as lc
@@ -255,15 +255,16 @@ class LlamaEngine:
             n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
         return list(buf[:n])
 
-    def piece(self, token: int) -> bytes:
+    def _piece(self, token: int, *, special: bool = False) -> bytes:
+        """A token's bytes. Engine thread only: it reuses one buffer instead of allocating per token."""
         import llama_cpp as lc
 
-        buf = ctypes.create_string_buffer(64)
-        n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        buf = self._piece_buf
+        n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-        return buf.raw[:n]
+            self._piece_buf = buf = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[: max(n, 0)]
 
     # ---- the engine thread -------------------------------------------------------------------
 
@@ -301,17 +302,11 @@ class LlamaEngine:
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         tmpl = lc.llama_model_chat_template(model, None)
         self.chat_template = tmpl.decode("utf-8") if tmpl else None
-        self.bos_text = self.piece_special(lc.llama_vocab_bos(self._vocab))
-        self.eos_text = self.piece_special(lc.llama_vocab_eos(self._vocab))
-
-    def piece_special(self, token: int) -> str:
-        import llama_cpp as lc
-
-        if token < 0:
-            return ""
-        buf = ctypes.create_string_buffer(128)
-        n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
-        return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
+        self._piece_buf = ctypes.create_string_buffer(128)
+        self.bos_text, self.eos_text = (
+            self._piece(t, special=True).decode("utf-8", errors="replace") if t >= 0 else ""
+            for t in (lc.llama_vocab_bos(self._vocab), lc.llama_vocab_eos(self._vocab))
+        )
 
     def _free(self) -> None:
         import llama_cpp as lc
@@ -508,7 +503,7 @@ class LlamaEngine:
             seq.generated.append(token)
             seq.logprobs.append(float(row[token] - lse[r]))
             self.tokens_out += 1
-            seq.text += seq.decoder.decode(self.piece(token))
+            seq.text += seq.decoder.decode(self._piece(token))
             if self._check_stop(seq):
                 continue
             if len(seq.generated) >= job.max_tokens or seq.pos + 1 >= self.n_ctx:
