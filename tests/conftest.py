@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -142,6 +142,20 @@ class UvicornThread:
         self.thread.join(timeout=30)
 
 
+def wait_until_up(proc: subprocess.Popen[bytes], url: str, *, timeout: float, why_exited: Callable[[], str]) -> None:
+    """Poll url until it answers 200; fail at once, with why_exited(), if the process dies."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited {proc.returncode}: {why_exited()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not come up within {timeout:.0f} s")
+        time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def llama_cpp_server(model: Path, *, n_threads: int = 1) -> Iterator[str]:
     """llama-cpp-python's own OpenAI-compatible server, as a real process on loopback."""
@@ -158,16 +172,10 @@ def llama_cpp_server(model: Path, *, n_threads: int = 1) -> Iterator[str]:
     )
     base = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/models", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("llama_cpp.server did not come up")
-            time.sleep(0.3)
+        wait_until_up(
+            proc, f"{base}/models", timeout=120,
+            why_exited=lambda: proc.stderr.read().decode()[-2000:],  # type: ignore[union-attr]
+        )
         yield base
     finally:
         proc.terminate()

@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from router.ledger import LedgerEntry, SQLiteStore
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_until_up
 from tests.router.accounting_helpers import (
     assert_matches,
     assert_no_partial_requests,
@@ -55,16 +55,7 @@ def serve(cfg: Path, log_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], 
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"tierroute serve exited {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("tierroute serve did not become ready")
-            time.sleep(0.2)
+        wait_until_up(proc, f"{url}/readyz", timeout=180, why_exited=lambda: log_path.read_text()[-3000:])
         yield proc, url
     finally:
         if proc.poll() is None:
