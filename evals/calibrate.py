@@ -309,3 +309,17 @@ def write_thresholds(path: Path, thresholds: dict[str, float]) -> str:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return text
+
+
+def split_options(args: object) -> list[str]:
+    """The split and tier options of a command line, spelled back only where they differ from the
+    defaults: what `eval report` and `eval train` print as the command that regenerates them."""
+    parts: list[str] = []
+    seed, fraction, tiers = getattr(args, "seed", 0), getattr(args, "fraction", 0.5), getattr(args, "tiers", None)
+    if seed:
+        parts += ["--seed", str(seed)]
+    if fraction != 0.5:
+        parts += ["--fraction", str(fraction)]
+    if tiers:
+        parts += ["--tiers", tiers]
+    return parts

@@ -300,14 +300,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _report_command(args: argparse.Namespace) -> str:
     """The command that regenerates this report, spelled the same however it was typed."""
+    from evals.calibrate import split_options
+
     parts = ["tierroute", "eval", "report", *args.runs, "--runs-dir", args.runs_dir, "--out", args.out,
              "--target", args.target]
-    if args.seed:
-        parts += ["--seed", str(args.seed)]
-    if args.fraction != 0.5:
-        parts += ["--fraction", str(args.fraction)]
-    if args.tiers:
-        parts += ["--tiers", args.tiers]
+    parts += split_options(args)
     if args.estimators:
         parts += ["--estimators", args.estimators]
     return " ".join(shlex.quote(p) for p in parts)

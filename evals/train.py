@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from evals.calibrate import Target, in_calibration
+from evals.calibrate import Target, in_calibration, split_options
 from evals.estimators import (
     LEARNED,
     MANIFEST,
@@ -579,12 +579,7 @@ def _command(args: argparse.Namespace) -> str:
     for r in args.run:
         parts += ["--run", r]
     parts += ["--runs-dir", args.runs_dir, "--out", args.out, "--target", args.target]
-    if args.seed:
-        parts += ["--seed", str(args.seed)]
-    if args.fraction != 0.5:
-        parts += ["--fraction", str(args.fraction)]
-    if args.tiers:
-        parts += ["--tiers", args.tiers]
+    parts += split_options(args)
     if args.suite_specific:
         parts.append("--suite-specific")
     if args.with_costly_verifiers:
