@@ -50,7 +50,7 @@ class AttemptEntry:
 
     idx: int
     tier: str
-    decision: str  # accepted | rejected | error
+    decision: str  # accepted | rejected | skipped (pre-router) | error
     reason: str
     error: str | None
     score: float | None
@@ -73,6 +73,8 @@ class AttemptEntry:
             decision = "accepted"
         elif a.error:
             decision = "error"
+        elif a.skipped:
+            decision = "skipped"  # the pre-router passed the tier over: nothing generated, nothing rejected
         else:
             decision = "rejected"
         return cls(

@@ -65,7 +65,7 @@ class Metrics:
             registry=r,
         )
         self.attempts = Counter(
-            "tierroute_attempts", "Tier attempts by decision (accepted, rejected, error).", ["tier", "decision"],
+            "tierroute_attempts", "Tier attempts by decision (accepted, rejected, skipped, error).", ["tier", "decision"],
             registry=r,
         )
         self.scores = Histogram(

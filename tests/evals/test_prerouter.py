@@ -17,6 +17,7 @@ from router.cascade import Cascade, Tier
 from router.config import CascadeSettings, PriceSettings, TierSettings
 from router.errors import ConfigError
 from router.generation import GenerationRequest, Message
+from router.ledger import LedgerEntry
 from tests.verifiers.scripted import ScriptedBackend
 from verifiers.base import VerifierContext, VerifierSet, WeightedVerifier
 from verifiers.format import make_format
@@ -164,6 +165,8 @@ async def test_a_tier_predicted_to_fail_is_skipped(tmp_path: Path) -> None:
                               "threshold": 0.5}
     assert result.cost_usd == pytest.approx(result.attempts[1].cost_usd)
     json.dumps(result.summary())  # the tierroute object stays JSON
+    entry = LedgerEntry.from_result("r1", "k", result, latency_s=0.1)
+    assert [a.decision for a in entry.attempts] == ["skipped", "accepted"]  # passed over, not rejected
 
 
 async def test_a_tier_predicted_to_succeed_runs_and_says_so(tmp_path: Path) -> None:
