@@ -14,7 +14,7 @@ from router.backends.base import Backend, make_backend
 from router.cascade import Cascade, Tier
 from router.config import Settings
 from router.errors import ConfigError, ModelError
-from verifiers.base import Registry, VerifierContext, VerifierError, VerifierSet, WeightedVerifier
+from verifiers.base import Registry, SharedRegistry, VerifierContext, VerifierError, VerifierSet, WeightedVerifier
 
 
 def check_resources(
@@ -71,11 +71,12 @@ class Engine:
             built[t.name] = (backends or {}).get(t.name) or make_backend(t, settings)
         tiers: list[Tier] = []
         for t in tier_settings:
-            ctx = VerifierContext(tier=t.name, backend=built[t.name], backends=built)
+            shared = SharedRegistry(reg)  # a learned verifier's features reuse the tier's own scores
+            ctx = VerifierContext(tier=t.name, backend=built[t.name], backends=built, registry=shared)
             members = []
             for spec in t.verifiers:
                 try:
-                    members.append(WeightedVerifier(reg.create(spec.name, spec.params, ctx), spec.weight))
+                    members.append(WeightedVerifier(shared.create(spec.name, spec.params, ctx), spec.weight))
                 except VerifierError as exc:
                     raise ConfigError(f"tiers ({t.name}).verifiers: {exc}") from None
             tiers.append(Tier(t, built[t.name], VerifierSet(members, t.combine)))

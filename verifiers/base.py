@@ -11,9 +11,11 @@ callable ``register_verifiers(register)``; ``register(name, factory)`` adds a fa
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -71,6 +73,9 @@ class VerifierContext:
     tier: str
     backend: Backend | None = None
     backends: Mapping[str, Backend] = field(default_factory=dict)
+    # where a verifier that is built from other verifiers (`learned`) gets them: a tier's
+    # SharedRegistry, so a feature verifier the tier also runs is scored once per answer
+    registry: Registry | None = None
 
 
 VerifierFactory = Callable[[dict[str, Any], VerifierContext], Verifier]
@@ -110,6 +115,47 @@ class Registry:
         return reg
 
 
+# Scores already computed for the candidate a VerifierSet is scoring now, by shared verifier.
+_ROUND: ContextVar[dict[int, asyncio.Future[Score]] | None] = ContextVar("tierroute_verify_round", default=None)
+
+
+class SharedVerifier:
+    """One verifier instance that several members of a tier use, such as the tier's own
+    `confidence` and the `confidence` feature of its `learned` verifier: within one VerifierSet
+    scoring (one candidate) it runs once; the first caller gets the score with its cost, the others
+    the same score at no cost, so the verifying is charged once. Outside one, it simply scores."""
+
+    def __init__(self, inner: Verifier) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
+        memo = _ROUND.get()
+        if memo is None:
+            return await self.inner.score(request, candidate)
+        fut = memo.get(id(self))
+        if fut is None:
+            fut = memo[id(self)] = asyncio.ensure_future(self.inner.score(request, candidate))
+            return await asyncio.shield(fut)  # one caller cancelled does not cancel the others' score
+        return replace(await asyncio.shield(fut), cost=VerifierCost())
+
+
+class SharedRegistry(Registry):
+    """A registry for one tier: the same name and params give the same SharedVerifier."""
+
+    def __init__(self, registry: Registry) -> None:
+        super().__init__()
+        self._factories = registry._factories
+        self._made: dict[str, SharedVerifier] = {}
+
+    def create(self, name: str, params: dict[str, Any], ctx: VerifierContext) -> Verifier:
+        key = json.dumps([name, params], sort_keys=True, default=str)
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = SharedVerifier(super().create(name, params, ctx))
+        return made
+
+
 @dataclass(frozen=True)
 class WeightedVerifier:
     verifier: Verifier
@@ -143,7 +189,11 @@ class VerifierSet:
     async def score(self, request: GenerationRequest, candidate: Generation) -> Verdict:
         if not self.members:
             return Verdict(1.0, {}, VerifierCost())
-        results = await asyncio.gather(*(m.verifier.score(request, candidate) for m in self.members))
+        token = _ROUND.set({})  # the members' tasks (and theirs) share this candidate's scores
+        try:
+            results = await asyncio.gather(*(m.verifier.score(request, candidate) for m in self.members))
+        finally:
+            _ROUND.reset(token)
         scores = {m.verifier.name: s for m, s in zip(self.members, results, strict=True)}
         if self.combine == "min":
             combined = min(s.value for s in results)

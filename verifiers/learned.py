@@ -214,7 +214,7 @@ class LearnedVerifier:
         from verifiers.base import Registry
 
         est = load_estimator(artifact, sha256, "verifier")
-        reg = registry or Registry.from_entry_points()
+        reg = registry or ctx.registry or Registry.from_entry_points()
         members = []
         for ref in est.spec.verifiers:
             if ref.name == "learned":

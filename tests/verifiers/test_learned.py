@@ -4,6 +4,7 @@ configured one, and the verifier's score with the estimator version and probabil
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import pickle
@@ -16,7 +17,17 @@ import pytest
 
 from router.generation import GenerationRequest, Message
 from tests.verifiers.scripted import gen
-from verifiers.base import Registry, Verifier, VerifierContext, VerifierError
+from verifiers.base import (
+    Registry,
+    Score,
+    SharedRegistry,
+    Verifier,
+    VerifierContext,
+    VerifierCost,
+    VerifierError,
+    VerifierSet,
+    WeightedVerifier,
+)
 from verifiers.learned import (
     EstimatorError,
     LearnedVerifier,
@@ -24,6 +35,7 @@ from verifiers.learned import (
     PreRouter,
     dump_estimator,
     load_estimator,
+    make_learned,
     sha256_of,
 )
 from verifiers.learned_features import (
@@ -214,6 +226,40 @@ async def test_a_failing_feature_verifier_counts_as_zero(tmp_path: Path) -> None
     v = LearnedVerifier.load(path, sha, VerifierContext(tier="small"), registry=reg)
     s = await v.score(REQ, gen("42", (-0.2,)))
     assert s.details["features"] == {"confidence": 0.0}
+
+
+async def test_a_feature_verifier_the_tier_also_runs_is_scored_once(tmp_path: Path) -> None:
+    """A tier running `confidence` and a `learned` verifier that reads `confidence`: built through
+    the tier's SharedRegistry (as Engine.from_settings builds tiers) the answer is scored by
+    `confidence` once, its cost is charged once, and the scores are those of separate instances."""
+    path, sha = write(tmp_path)
+    calls = []
+
+    class Counted:
+        name = "confidence"
+
+        async def score(self, request, candidate):
+            calls.append(candidate)
+            await asyncio.sleep(0)
+            return Score(0.8, "counted", cost=VerifierCost(seconds=1.0))
+
+    base = Registry()
+    base.register("confidence", lambda params, ctx: Counted())
+    base.register("learned", make_learned)
+    shared = SharedRegistry(base)
+    ctx = VerifierContext(tier="small", registry=shared)
+    members = [WeightedVerifier(shared.create("confidence", {"stat": "mean"}, ctx), 1.0),
+               WeightedVerifier(shared.create("learned", {"artifact": str(path), "sha256": sha}, ctx), 1.0)]
+    verdict = await VerifierSet(members).score(REQ, gen("42", (-0.2,)))
+    assert len(calls) == 1
+    assert verdict.cost.seconds == 1.0
+    assert verdict.scores["confidence"].value == 0.8
+    assert verdict.scores["learned"].details["features"] == {"confidence": 0.8}
+    alone = LearnedVerifier.load(path, sha, VerifierContext(tier="small"), registry=base)
+    assert (await alone.score(REQ, gen("42", (-0.2,)))).value == verdict.scores["learned"].value
+    calls.clear()
+    await VerifierSet(members).score(REQ, gen("43", (-0.2,)))
+    assert len(calls) == 1  # another answer is scored anew
 
 
 @pytest.mark.parametrize(("params", "message"), [
