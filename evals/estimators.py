@@ -143,6 +143,10 @@ class Comparison:
     best_single: str | None  # the built-in verifier with the best AUROC on the calibration split
     preroute_only: PreRouteCalibration
     preroute_verify: dict[str, PreRouteCalibration]  # verifier label -> pre-route then verify
+    # the learned cascade calibrated for the accuracy the best single verifier's cascade reaches on
+    # the calibration split (min-accuracy=that): the two compared at one accuracy level, still
+    # chosen without a held-out item
+    matched: Calibration | None = None
 
     def quality_of(self, column: str, tier: int = 0) -> HeldOutQuality | None:
         name = self.table.tiers[tier].name
@@ -173,11 +177,15 @@ class Comparison:
                     f"verify[{self.best_single}] {100 * ref.accuracy:.1f}% at ${ref.cost_per_1k:.4f}/1k")
             if pv is not None:
                 text += f"; pre-route then verify[learned] {100 * pv.held_out.accuracy:.1f}% at ${pv.held_out.cost_per_1k:.4f}/1k"
+            m = self.matched.held_out if self.matched is not None else None
+            ok_m = m is not None and m.cost_per_1k < ref.cost_per_1k and m.accuracy >= ref.accuracy - 1e-12
+            if m is not None:
+                text += f"; verify[learned] matched to its calibration accuracy {100 * m.accuracy:.1f}% at ${m.cost_per_1k:.4f}/1k"
             if short:
-                best = pv.held_out if pv is not None and ok_pv and not ok else s
+                best = s if ok else pv.held_out if pv is not None and ok_pv else m if m is not None and ok_m else s
                 text = (f"{100 * best.accuracy:.1f}% ${best.cost_per_1k:.3f} vs "
                         f"{100 * ref.accuracy:.1f}% ${ref.cost_per_1k:.3f}")
-            out.append(("learned cascade cheaper at equal or better accuracy", ok or ok_pv, text))
+            out.append(("learned cascade cheaper at equal or better accuracy", ok or ok_pv or ok_m, text))
         for label, pv in self.preroute_verify.items():
             drop = pv.accuracy_drop
             against = "best single" if short and label == self.best_single and label != LEARNED else label
@@ -215,10 +223,14 @@ def compare(
     pv = {}
     for v in dict.fromkeys([LEARNED, *([best_single] if best_single else [])]):
         pv[v] = calibrate_preroute(table, PREROUTER, target, verifier=v, seed=seed, fraction=fraction, max_drop=max_drop)
+    matched = None
+    if best_single is not None:
+        level = verify_only[best_single].calibration.accuracy
+        matched = calibrate(table, LEARNED, Target("min-accuracy", level), seed=seed, fraction=fraction)
     return Comparison(
         table=table, target=target, quality=quality, verify_only=verify_only, best_single=best_single,
         preroute_only=calibrate_preroute(table, PREROUTER, target, seed=seed, fraction=fraction),
-        preroute_verify=pv,
+        preroute_verify=pv, matched=matched,
     )
 
 
@@ -235,6 +247,12 @@ def policy_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
         tag = " (best single verifier)" if v == c.best_single else ""
         r = cal.held_out
         rows.append([f"verify only[{v}]{tag}", ", ".join(f"{n} ≥ {_th(x)}" for n, x in cal.thresholds.items()),
+                     _pct(r.accuracy), _usd(r.cost_per_1k), _pct(r.escalation_rate), "–", _pct(r.savings)])
+    if c.matched is not None and c.best_single is not None:
+        r, ref = c.matched.held_out, c.verify_only[c.best_single].calibration
+        rows.append([f"verify only[{LEARNED}], matched to the best single verifier",
+                     ", ".join(f"{n} ≥ {_th(x)}" for n, x in c.matched.thresholds.items())
+                     + f" (min-accuracy={100 * ref.accuracy:.1f}%, its calibration accuracy)",
                      _pct(r.accuracy), _usd(r.cost_per_1k), _pct(r.escalation_rate), "–", _pct(r.savings)])
     for p in [c.preroute_only, *c.preroute_verify.values()]:
         r = p.held_out
@@ -286,6 +304,8 @@ def comparison_json(cmp: Comparison) -> dict[str, Any]:
         "quality": [q.__dict__ for q in cmp.quality],
         "verify_only": {v: {"thresholds": c.thresholds, "held_out": c.held_out.as_row()} for v, c in cmp.verify_only.items()},
         "best_single": cmp.best_single,
+        "matched": None if cmp.matched is None else {"target": str(cmp.matched.target), "thresholds": cmp.matched.thresholds,
+                                                     "held_out": cmp.matched.held_out.as_row()},
         "preroute_only": {"skip_below": cmp.preroute_only.skip_below, "held_out": cmp.preroute_only.held_out.as_row(),
                           "skip_rate": cmp.preroute_only.skip_rate},
         "preroute_verify": {v: {"skip_below": c.skip_below, "thresholds": c.thresholds, "held_out": c.held_out.as_row(),

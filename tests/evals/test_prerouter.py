@@ -208,3 +208,47 @@ def test_prerouter_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="extra"):
         TierSettings(name="s", backend="llamacpp", llamacpp={"model": "x.gguf"}, price=PRICE,
                      prerouter={"artifact": "p.json", "sha256": "0" * 64, "threshold": 0.5, "typo": 1})
+
+
+# ---- the matched comparison -----------------------------------------------------------------------------------
+
+
+def test_the_learned_cascade_is_also_compared_at_the_single_verifiers_accuracy() -> None:
+    """The learned cascade is calibrated a second time for min-accuracy at the best single
+    verifier's calibration-split accuracy: the level, and so its thresholds, come from calibration
+    items only; with a learned score that ranks perfectly it then costs less at no lower accuracy."""
+    from evals.estimators import LEARNED, PREROUTER, compare
+
+    rng = random.Random(3)
+    items = []
+    for i in range(80):
+        right = rng.random() < 0.6
+        noisy = min(1.0, max(0.0, (0.7 if right else 0.4) + rng.uniform(-0.35, 0.35)))
+        small = TierOutcome(correct=right, cost_usd=0.001, latency_s=1.0, busy_s=1.0, prompt_tokens=1, completion_tokens=1,
+                            scores={"v": noisy, CONFIG: noisy, LEARNED: 0.9 if right else 0.1, PREROUTER: 0.5},
+                            verify_cost_usd={}, verify_s={})
+        large = TierOutcome(correct=True, cost_usd=0.01, latency_s=1.0, busy_s=1.0, prompt_tokens=1, completion_tokens=1,
+                            scores={"v": 1.0, CONFIG: 1.0, LEARNED: 1.0, PREROUTER: 1.0},
+                            verify_cost_usd={}, verify_s={})
+        items.append(ItemOutcome(f"i{i}", "", (small, large)))
+    tiers = [TierInfo("small", "m", PRICE, "", 0.5, True), TierInfo("large", "M", PRICE, "", 0.5, True)]
+    t = ResultTable(run="t", suite="t", source="", tiers=tiers, items=items, verifiers=[CONFIG, "v", LEARNED])
+    cmp = compare(t, Target("min-pgr", 0.8), seed=0, fraction=0.5)
+    assert cmp.best_single == "v" and cmp.matched is not None
+    assert cmp.matched.target == Target("min-accuracy", cmp.verify_only["v"].calibration.accuracy)
+    m, ref = cmp.matched.held_out, cmp.verify_only["v"].held_out
+    assert m.accuracy >= ref.accuracy and m.cost_per_1k < ref.cost_per_1k
+    check = next(c for c in cmp.checks() if c[0].startswith("learned cascade cheaper"))
+    assert check[1] is True and "matched" in check[2]
+    # held-out verdicts turned around: the level and the matched thresholds stay as they were
+    flipped = [it if in_cal(it.id) else ItemOutcome(it.id, "", (replace(it.tiers[0], correct=not it.tiers[0].correct),
+                                                                it.tiers[1])) for it in items]
+    again = compare(replace(t, items=flipped), Target("min-pgr", 0.8), seed=0, fraction=0.5)
+    assert again.matched is not None
+    assert (again.matched.target, again.matched.thresholds) == (cmp.matched.target, cmp.matched.thresholds)
+
+
+def in_cal(item_id: str) -> bool:
+    from evals.calibrate import in_calibration
+
+    return in_calibration(item_id, 0, 0.5)
