@@ -138,7 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.report and status == 0:
         report_args = argparse.Namespace(
             runs=runs, runs_dir=args.runs_dir, out=args.report, target=args.target, seed=0, fraction=0.5,
-            tiers=None, reprice=False, config=args.config, command_line=None, estimators=None,
+            tiers=None, reprice=False, config=args.config, command_line=None, estimators=args.estimators,
         )
         cmd_report(report_args)
     return status
@@ -336,6 +336,7 @@ def register(sub: Any, add: Any) -> None:
                         "does not apply: items are decoded in batches and take longer)")
     p.add_argument("--report", default=None, metavar="DIR", help="then write the report of these runs into DIR")
     p.add_argument("--target", default="min-pgr=0.8", help="calibration target of that report (default min-pgr=0.8)")
+    p.add_argument("--estimators", default=None, metavar="DIR", help="that report: " + _ESTIMATORS_HELP)
 
     p = add("sweep", "print the cascade's accuracy and cost at every threshold, from stored results", cmd_sweep, esub)
     common(p)
