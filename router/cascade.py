@@ -7,6 +7,7 @@ The decision is made here, once; verifiers only score and backends only generate
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ class Attempt:
     error: str | None = None
     verify_s: float = 0.0
     skipped: bool = False  # the pre-router predicted failure: the tier did not generate
+    abandoned: bool = False  # the client went away while this tier's answer streamed
     prerouter: dict[str, Any] | None = None  # its version, probability and threshold
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,6 +78,7 @@ class Attempt:
             "reason": self.reason,
             "error": self.error,
             "skipped": self.skipped,
+            "abandoned": self.abandoned,
             "prerouter": self.prerouter,
             "scores": {
                 name: {"score": round(s.value, 6), "reason": s.reason, "details": s.details}
@@ -140,6 +143,15 @@ class Final:
     result: CascadeResult
 
 
+@dataclass
+class Spent:
+    """Filled by Cascade.stream when it ends without a Final after work was done: a tier failed
+    after earlier ones had answered, or the client went away mid-answer. `result` then holds what
+    was spent (the interrupted attempt priced for the tokens it produced), for the ledger."""
+
+    result: CascadeResult | None = None
+
+
 class Cascade:
     def __init__(self, tiers: Sequence[Tier], settings: CascadeSettings) -> None:
         if not tiers:
@@ -158,74 +170,89 @@ class Cascade:
             return [self.by_name[model]]
         raise UnknownModelError(model, self.model_names())
 
-    async def run(self, request: GenerationRequest, model: str = "auto") -> CascadeResult:
+    async def run(self, request: GenerationRequest, model: str = "auto", *, spent: Spent | None = None) -> CascadeResult:
         result: CascadeResult | None = None
-        async for item in self.stream(request, model, live=False):
+        async for item in self.stream(request, model, live=False, spent=spent):
             if isinstance(item, Final):
                 result = item.result
         assert result is not None
         return result
 
     async def stream(
-        self, request: GenerationRequest, model: str = "auto", *, live: bool = True
+        self, request: GenerationRequest, model: str = "auto", *, live: bool = True, spent: Spent | None = None
     ) -> AsyncIterator[Answering | Delta | Final]:
         """Yield the answer's text, then a Final. Only the last planned tier streams live: text of a
-        tier that may still be rejected is held back until it is verified."""
+        tier that may still be rejected is held back until it is verified. When it ends without a
+        Final after work was done (a failure, or the consumer went away), `spent` gets what it cost."""
         plan = self.plan(model)
         attempts: list[Attempt] = []
-        for i, tier in enumerate(plan):
-            last = i == len(plan) - 1
-            attempt = Attempt(tier=tier.name, threshold=tier.settings.threshold)
-            attempts.append(attempt)
-            if tier.prerouter is not None and not last and self._skip(tier.prerouter, request, attempt):
-                continue
-            tier_request = self._bound(request, tier)
-            announced = False  # has this tier's text started reaching the client?
-            try:
-                if last and live:
-                    gen = None
-                    async for item in tier.backend.stream(tier_request):
-                        if not announced:
-                            announced = True
-                            yield Answering(tier.name, escalated=i > 0)
-                        if isinstance(item, Delta):
-                            yield item
-                        else:
-                            gen = item
-                    assert gen is not None
-                else:
-                    gen = await tier.backend.generate(tier_request)
-            except UnavailableError as exc:
-                attempt.error = f"{type(exc).__name__}: {exc}"
-                attempt.reason = "tier unavailable"
-                if not last:
+        attempt: Attempt | None = None
+        tier: Tier | None = None
+        pieces: list[Delta] = []  # what the current tier has streamed so far
+        started = time.monotonic()
+        finished = False  # a Final was handed out: the consumer owns the accounting from there
+        try:
+            for i, tier in enumerate(plan):
+                last = i == len(plan) - 1
+                attempt = Attempt(tier=tier.name, threshold=tier.settings.threshold)
+                attempts.append(attempt)
+                if tier.prerouter is not None and not last and self._skip(tier.prerouter, request, attempt):
                     continue
-                # once text has streamed, another tier's answer cannot be spliced in after it
-                fallback = None if announced else self._best_effort(attempts)
-                if fallback is None:
-                    raise
-                yield Answering(fallback.tier, escalated=True)
-                yield Delta(fallback.generation.text)  # type: ignore[union-attr]
-                yield Final(self._result(model, attempts, fallback, unverified=True))
+                tier_request = self._bound(request, tier)
+                announced = False  # has this tier's text started reaching the client?
+                pieces, started = [], time.monotonic()
+                try:
+                    if last and live:
+                        gen = None
+                        async for item in tier.backend.stream(tier_request):
+                            if not announced:
+                                announced = True
+                                yield Answering(tier.name, escalated=i > 0)
+                            if isinstance(item, Delta):
+                                pieces.append(item)
+                                yield item
+                            else:
+                                gen = item
+                        assert gen is not None
+                    else:
+                        gen = await tier.backend.generate(tier_request)
+                except UnavailableError as exc:
+                    attempt.error = f"{type(exc).__name__}: {exc}"
+                    attempt.reason = "tier unavailable"
+                    if not last:
+                        continue
+                    # once text has streamed, another tier's answer cannot be spliced in after it
+                    fallback = None if announced else self._best_effort(attempts)
+                    if fallback is None:
+                        raise
+                    yield Answering(fallback.tier, escalated=True)
+                    yield Delta(fallback.generation.text)  # type: ignore[union-attr]
+                    finished = True
+                    yield Final(self._result(model, attempts, fallback, unverified=True))
+                    return
+                attempt.generation = gen
+                attempt.cost_usd = tier.price(Usage(gen.prompt_tokens, gen.completion_tokens, gen.busy_s or gen.latency_s))
+                await self._verify(tier, tier_request, gen, attempt)
+                accept = attempt.score is not None and attempt.score >= tier.settings.threshold
+                if accept:
+                    attempt.accepted = True
+                    attempt.reason = attempt.reason or "score reached the threshold"
+                elif last:
+                    attempt.accepted = True
+                    attempt.reason = "last tier: accepted without passing" if tier.verifiers else "last tier"
+                else:
+                    attempt.reason = self._why_rejected(attempt)
+                    continue
+                if not (last and live):
+                    yield Answering(tier.name, escalated=i > 0)
+                    yield Delta(gen.text)
+                finished = True
+                yield Final(self._result(model, attempts, attempt))
                 return
-            attempt.generation = gen
-            attempt.cost_usd = tier.price(Usage(gen.prompt_tokens, gen.completion_tokens, gen.busy_s or gen.latency_s))
-            await self._verify(tier, tier_request, gen, attempt)
-            accept = attempt.score is not None and attempt.score >= tier.settings.threshold
-            if accept:
-                attempt.accepted = True
-                attempt.reason = attempt.reason or "score reached the threshold"
-            elif last:
-                attempt.accepted = True
-                attempt.reason = "last tier: accepted without passing" if tier.verifiers else "last tier"
-            else:
-                attempt.reason = self._why_rejected(attempt)
-                continue
-            if not (last and live):
-                yield Answering(tier.name, escalated=i > 0)
-                yield Delta(gen.text)
-            yield Final(self._result(model, attempts, attempt))
-            return
+        except BaseException as exc:  # a failure, or the consumer went away (GeneratorExit, cancelled)
+            if not finished and attempt is not None and tier is not None:
+                self._spent(spent, model, attempts, attempt, tier, pieces, started, exc)
+            raise
 
     @staticmethod
     def _skip(prerouter: PreRouter, request: GenerationRequest, attempt: Attempt) -> bool:
@@ -236,6 +263,36 @@ class Cascade:
         attempt.skipped = True
         attempt.reason = f"skipped by pre-router p={p:.3f} < {prerouter.threshold:g} ({prerouter.version})"
         return True
+
+    def _spent(
+        self, spent: Spent | None, model: str, attempts: list[Attempt], attempt: Attempt, tier: Tier,
+        pieces: list[Delta], started: float, exc: BaseException,
+    ) -> None:
+        """Fill `spent` when the cascade ends without an answer after work was done: the
+        interrupted attempt is priced for what it streamed (tokens and compute as the backend
+        counted them; where it cannot, a token per piece and the elapsed time)."""
+        if spent is None:
+            return
+        gone = isinstance(exc, (GeneratorExit, asyncio.CancelledError))
+        if attempt.generation is None and pieces:
+            last = pieces[-1]
+            completion = last.completion_tokens if last.completion_tokens is not None else len(pieces)
+            elapsed = time.monotonic() - started
+            busy = last.busy_s
+            attempt.generation = Generation(
+                text="".join(p.text for p in pieces), finish_reason="cancelled", prompt_tokens=last.prompt_tokens or 0,
+                completion_tokens=completion, token_logprobs=None, latency_s=elapsed, busy_s=busy,
+            )
+            attempt.cost_usd = tier.price(Usage(last.prompt_tokens or 0, completion, busy if busy is not None else elapsed))
+        if gone:
+            attempt.abandoned = True
+            attempt.accepted = False
+            attempt.reason = "the client went away before the answer was delivered"
+        elif attempt.error is None:
+            attempt.error = f"{type(exc).__name__}: {exc}"[:500]
+            attempt.reason = "failed mid-answer" if pieces else "failed"
+        if any(a.generation is not None for a in attempts):
+            spent.result = self._result(model, attempts, attempt)
 
     @staticmethod
     def _bound(request: GenerationRequest, tier: Tier) -> GenerationRequest:

@@ -83,6 +83,10 @@ class Generation:
 
 @dataclass(frozen=True)
 class Delta:
-    """A piece of streamed text."""
+    """A piece of streamed text, with what the generation has spent so far where the backend
+    knows it (so a stream cut short is still accounted for)."""
 
     text: str
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None  # generated so far, this piece included
+    busy_s: float | None = None  # compute so far

@@ -50,7 +50,7 @@ class AttemptEntry:
 
     idx: int
     tier: str
-    decision: str  # accepted | rejected | skipped (pre-router) | error
+    decision: str  # accepted | rejected | skipped (pre-router) | error | abandoned (the client went away)
     reason: str
     error: str | None
     score: float | None
@@ -69,7 +69,9 @@ class AttemptEntry:
     @classmethod
     def from_attempt(cls, idx: int, a: Attempt) -> AttemptEntry:
         g = a.generation
-        if a.accepted:
+        if a.abandoned:
+            decision = "abandoned"
+        elif a.accepted:
             decision = "accepted"
         elif a.error:
             decision = "error"

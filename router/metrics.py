@@ -53,7 +53,7 @@ class Metrics:
         r.register(_BackendCollector(backends))
         self.requests = Counter(
             "tierroute_requests",
-            "Served requests by answering tier and outcome (accepted, escalated, unverified).",
+            "Requests by final tier and outcome (accepted, escalated, unverified; abandoned or failed: no answer, work spent).",
             ["tier", "outcome"],
             registry=r,
         )
@@ -65,7 +65,7 @@ class Metrics:
             registry=r,
         )
         self.attempts = Counter(
-            "tierroute_attempts", "Tier attempts by decision (accepted, rejected, skipped, error).", ["tier", "decision"],
+            "tierroute_attempts", "Tier attempts by decision (accepted, rejected, skipped, error, abandoned).", ["tier", "decision"],
             registry=r,
         )
         self.scores = Histogram(
@@ -101,7 +101,11 @@ class Metrics:
         )
 
     def observe(self, entry: LedgerEntry) -> None:
-        outcome = "unverified" if entry.unverified else "escalated" if entry.escalated else "accepted"
+        end = entry.attempts[-1].decision if entry.attempts else "accepted"
+        if end in ("abandoned", "error"):  # spent work of a request that got no answer
+            outcome = "abandoned" if end == "abandoned" else "failed"
+        else:
+            outcome = "unverified" if entry.unverified else "escalated" if entry.escalated else "accepted"
         self.requests.labels(entry.tier, outcome).inc()
         self.key_cost.labels(entry.key_id).inc(entry.cost_usd)
         self.counterfactual.inc(entry.counterfactual_usd)

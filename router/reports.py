@@ -136,7 +136,7 @@ def aggregate(entries: Iterable[LedgerEntry], by: GroupBy) -> tuple[list[Row], R
             for a in e.attempts:
                 r = row(a.tier)
                 r.requests += 1
-                r.escalated += int(a.decision != "accepted")
+                r.escalated += int(a is not e.attempts[-1])  # sent on to the next tier
                 r.prompt_tokens += a.prompt_tokens
                 r.completion_tokens += a.completion_tokens
                 r.costs.extend((a.cost_usd, a.verifier_cost_usd))

@@ -14,7 +14,7 @@ from router.api import openai_types as ot
 from router.api.app import PrincipalDep, Services, ServicesDep
 from router.api.errors import error_response
 from router.auth import Principal
-from router.cascade import Answering, CascadeResult, Final
+from router.cascade import Answering, CascadeResult, Final, Spent
 from router.generation import Delta, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,18 @@ async def _finish(services: Services, principal: Principal, rid: str, result: Ca
     await services.record(principal, rid, result)
 
 
+async def _record_spent(services: Services, principal: Principal, rid: str, spent: Spent) -> None:
+    """A request that ended without an answer after work was done (a tier failed after another
+    answered, or the client went away mid-answer) is recorded and charged for that work. Once."""
+    result, spent.result = spent.result, None
+    if result is None:
+        return
+    try:
+        await services.record(principal, rid, result)
+    except Exception as exc:  # noqa: BLE001 - the request is already failing; say so, keep its own error
+        log.error("could not record the spent work of %s: %s", rid, exc)
+
+
 async def _respond(
     services: Services,
     principal: Principal,
@@ -56,20 +68,25 @@ async def _respond(
     request = _prepare(services, body)
     hold = services.admit(principal, rid)  # budget and rate limit: 429 before any generation
     cascade = services.engine.cascade
+    spent = Spent()  # what a request that ends without an answer has cost: recorded all the same
     if not body.stream:
         try:
-            result = await cascade.run(request, body.model)
+            result = await cascade.run(request, body.model, spent=spent)
             await _finish(services, principal, rid, result)  # committed before the client sees it
+        except BaseException:
+            await _record_spent(services, principal, rid, spent)
+            raise
         finally:
             hold.release()
         return JSONResponse(
             shape(rid, result, _extension(rid, result)), headers=_headers(result.final.tier, result.escalated)
         )
 
-    events = cascade.stream(request, body.model).__aiter__()
+    events = cascade.stream(request, body.model, spent=spent).__aiter__()
     try:
         first = await events.__anext__()  # errors before any output are plain HTTP errors
     except BaseException:
+        await _record_spent(services, principal, rid, spent)
         hold.release()
         raise
     assert isinstance(first, Answering)
@@ -99,8 +116,9 @@ async def _respond(
             log.warning("stream %s failed mid-way: %s", rid, exc)
             yield _sse(json.loads(error_response(exc).body))
         finally:
+            await events.aclose()  # type: ignore[attr-defined]  # a client gone mid-answer: frees the slot, fills spent
+            await _record_spent(services, principal, rid, spent)
             hold.release()
-            await events.aclose()  # type: ignore[attr-defined]
 
     return StreamingResponse(
         sse(),

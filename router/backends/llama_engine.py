@@ -86,6 +86,8 @@ def _route_native_logs() -> None:
 @dataclass(frozen=True)
 class TokenEvent:
     text: str  # text safe to emit (never part of a pending stop string)
+    completion_tokens: int = 0  # generated so far
+    busy_s: float = 0.0  # this sequence's share of the steps so far
 
 
 @dataclass(frozen=True)
@@ -545,7 +547,7 @@ class LlamaEngine:
         hold = max((len(s) for s in seq.job.stop), default=1) - 1
         safe = len(seq.text) - hold
         if safe > seq.emitted:
-            seq.job.emit(TokenEvent(seq.text[seq.emitted : safe]))
+            seq.job.emit(TokenEvent(seq.text[seq.emitted : safe], len(seq.generated), seq.busy_s))
             seq.emitted = safe
 
     def _finish(self, seq: _Seq, reason: str) -> None:
@@ -554,7 +556,7 @@ class LlamaEngine:
         seq.job.cancelled = True
         seq.text += seq.decoder.decode(b"", final=True)
         if len(seq.text) > seq.emitted:
-            seq.job.emit(TokenEvent(seq.text[seq.emitted :]))
+            seq.job.emit(TokenEvent(seq.text[seq.emitted :], len(seq.generated), seq.busy_s))
             seq.emitted = len(seq.text)
         seq.job.emit(
             DoneEvent(

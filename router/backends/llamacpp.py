@@ -114,7 +114,7 @@ class LlamaCppBackend(Backend):
                     raise DeadlineError(f"tier '{self.name}' did not finish before the deadline") from None
                 if isinstance(event, TokenEvent):
                     if event.text:
-                        yield Delta(event.text)
+                        yield Delta(event.text, len(job.prompt_tokens), event.completion_tokens, event.busy_s)
                 elif isinstance(event, DoneEvent):
                     yield Generation(
                         text=event.text,
