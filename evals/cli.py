@@ -22,6 +22,18 @@ def _settings(args: argparse.Namespace) -> Any:
     return load_settings(args.config)
 
 
+def _with_width(settings: Any, width: int | None) -> Any:
+    """The settings with every local tier decoding `width` sequences together (an eval's batch
+    width; outputs are cached without it, so changing it recomputes nothing)."""
+    if width is None:
+        return settings
+    if not 1 <= width <= 64:
+        raise ConfigError(f"--width {width}: a local tier decodes 1 to 64 sequences together")
+    tiers = [t.model_copy(update={"llamacpp": t.llamacpp.model_copy(update={"n_parallel": width})})
+             if t.llamacpp is not None else t for t in settings.tiers]
+    return settings.model_copy(update={"tiers": tiers})
+
+
 def _run_dir(args: argparse.Namespace, run: str) -> Path:
     path = Path(run)
     if (path / "manifest.json").is_file():
@@ -94,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from evals.suites import get_suite
     from router.config import VerifierSpec
 
-    settings = _settings(args)
+    settings = _with_width(_settings(args), args.width)
     suites = _parse_suites(args)
     if args.run and len(suites) > 1:
         raise ConfigError("--run names one run; leave it out to run several suites (each into its own run)")
@@ -330,6 +342,8 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--no-default-verifiers", action="store_true", help="only the tiers' own verifiers")
     p.add_argument("--run", default=None, help="run name (default: the suite's name)")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight for a remote tier (default 8)")
+    p.add_argument("--width", type=int, default=None,
+                   help="sequences each local tier decodes together in this eval (default: its n_parallel)")
     p.add_argument("--cache-dir", default=None, help="model and data cache (default: config or XDG cache)")
     p.add_argument("--timeout-s", type=float, default=1800.0,
                    help="deadline of one generation in an eval (default 1800; the tiers' serving timeout_s "

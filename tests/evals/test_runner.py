@@ -151,3 +151,17 @@ async def test_unavailable_tier_is_not_stored_and_is_retried(tmp_path: Path) -> 
     assert len(summary.failed) == 1 and "q1" in summary.failed[0]
     again = await run(plan_for(tmp_path), root, scripted())
     assert (again.generated, again.graded) == (1, 1)
+
+
+def test_width_sets_every_local_tiers_batch_and_nothing_else(tmp_path: Path) -> None:
+    from evals.cli import _with_width
+    from router.errors import ConfigError
+
+    settings = load_settings(write_config(tmp_path))
+    wide = _with_width(settings, 16)
+    assert [t.llamacpp.n_parallel for t in wide.tiers if t.llamacpp] == [16] * sum(1 for t in settings.tiers if t.llamacpp)
+    assert [t.name for t in wide.tiers] == [t.name for t in settings.tiers]
+    assert [t.llamacpp.model for t in wide.tiers if t.llamacpp] == [t.llamacpp.model for t in settings.tiers if t.llamacpp]
+    assert _with_width(settings, None) is settings
+    with pytest.raises(ConfigError, match="1 to 64"):
+        _with_width(settings, 0)
