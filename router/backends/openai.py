@@ -202,12 +202,13 @@ class OpenAIBackend(Backend):
         opened = await self._with_retries(call, self._attempt_open_stream)
         upstream, acc, permit = opened.upstream, opened.acc, opened.permit
         ttft: float | None = None
+        prompt_estimate = _estimate_tokens(_prompt_text(request))
         try:
             piece = opened.first
             while piece is not None:
                 if ttft is None:
                     ttft = time.monotonic() - call.started
-                yield Delta(piece)
+                yield Delta(piece, *acc.so_far(prompt_estimate))
                 try:
                     piece = await self._next_piece(upstream, acc, call)
                 except Exception as exc:
@@ -543,6 +544,12 @@ class _Accumulator:
         if piece:
             self.parts.append(piece)
         return piece
+
+    def so_far(self, prompt_estimate: int) -> tuple[int, int]:
+        """(prompt, completion) tokens spent so far: what the server reported, else estimated as
+        `generation` estimates them (a stream cut short is priced from these)."""
+        prompt = self.prompt_tokens if self.prompt_tokens is not None else prompt_estimate
+        return prompt, len(self.token_logprobs) if self.token_logprobs else len(self.parts)
 
     def generation(self, call: _Call, default_model: str, *, ttft_s: float | None) -> Generation:
         text = self.text
