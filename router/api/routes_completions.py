@@ -116,9 +116,11 @@ async def _respond(
             log.warning("stream %s failed mid-way: %s", rid, exc)
             yield _sse(json.loads(error_response(exc).body))
         finally:
-            await events.aclose()  # type: ignore[attr-defined]  # a client gone mid-answer: frees the slot, fills spent
-            await _record_spent(services, principal, rid, spent)
-            hold.release()
+            try:
+                await events.aclose()  # type: ignore[attr-defined]  # a client gone mid-answer: frees the slot, fills spent
+                await _record_spent(services, principal, rid, spent)
+            finally:
+                hold.release()
 
     return StreamingResponse(
         sse(),
