@@ -15,7 +15,7 @@ import pytest
 from router.api.app import create_app
 from router.config import load_settings
 from router.ledger import LedgerEntry, SQLiteStore
-from tests.conftest import UvicornThread, free_port, smol_config
+from tests.conftest import UvicornThread, free_port, llama_cpp_server, smol_config
 
 # a format check the small model's answer never passes: every request escalates to the large tier
 REJECT_ALL = '[[tiers.verifiers]]\nname = "format"\nparams = { regex = "^NEVER-MATCHES$" }\n'
@@ -84,6 +84,37 @@ def test_a_client_gone_mid_stream_frees_its_slot_and_is_charged(long_answers: tu
     # the service is none the worse: the next request is answered in full
     r = httpx.post(f"{base}/v1/completions", json={"model": "small", "prompt": "Hi", "max_tokens": 8}, timeout=60)
     assert r.status_code == 200 and r.json()["choices"][0]["text"]
+
+
+def hang_up_after(base: str, pieces: int, body: dict) -> None:
+    received = 0
+    with httpx.Client(timeout=60) as client, client.stream("POST", f"{base}/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
+                received += 1
+            if received >= pieces:
+                return
+
+
+def test_a_client_gone_mid_stream_from_a_remote_tier_is_charged_too(tmp_path: Path, smol_path: Path) -> None:
+    """The large tier is llama-cpp-python's server behind the openai backend: the pieces it
+    streamed are counted, and the prompt is priced (estimated: its stream reports no usage yet)."""
+    with llama_cpp_server(smol_path) as upstream:
+        cfg = smol_config(tmp_path, threshold=0.5, verifiers=REJECT_ALL, large="remote", base_url=upstream, timeout=60)
+        remote = 'name = "large"\nbackend = "openai"\nmax_tokens = 48'
+        assert remote in cfg.read_text()
+        cfg.write_text(cfg.read_text().replace(remote, remote.replace("48", "1500")))
+        with UvicornThread(create_app(load_settings(cfg))) as srv:
+            hang_up_after(srv.url, 5, {"model": "auto", "prompt": COUNTING, "max_tokens": 1500, "stream": True})
+            entries = wait_for(lambda: ledger(tmp_path))
+            ok = httpx.post(f"{srv.url}/v1/completions", json={"model": "large", "prompt": "Hi", "max_tokens": 4}, timeout=60)
+            assert ok.status_code == 200  # the upstream serves the next request
+    assert len(entries) == 1
+    small, large = entries[0].attempts
+    assert small.decision == "rejected" and small.cost_usd > 0
+    assert large.decision == "abandoned" and 5 <= large.completion_tokens < 1500 and large.prompt_tokens > 0
+    assert large.cost_usd == pytest.approx((0.60 * large.prompt_tokens + 2.40 * large.completion_tokens) / 1e6)
 
 
 def test_a_failed_last_tier_does_not_lose_the_lower_tiers_cost(tmp_path: Path, smol_path: Path) -> None:
