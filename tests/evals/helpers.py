@@ -30,21 +30,21 @@ backend = "llamacpp"
 threshold = 0.5
 max_tokens = 64
 [tiers.llamacpp]
-model = "{model}"
-n_parallel = 2
+model = "{small}"
+n_parallel = {n_parallel}
 [tiers.price]
 usd_per_hour = 3.6
 stands_for = "test: $0.001 per busy second"
 [[tiers.verifiers]]
-name = "keyword"
+{verifier}
 
 [[tiers]]
 name = "large"
 backend = "llamacpp"
 max_tokens = 64
 [tiers.llamacpp]
-model = "{model}"
-n_parallel = 2
+model = "{large}"
+n_parallel = {n_parallel}
 [tiers.price]
 usd_per_1m_input_tokens = 1000.0
 usd_per_1m_output_tokens = 2000.0
@@ -52,9 +52,13 @@ stands_for = "test: $0.001 per input token, $0.002 per output token"
 """
 
 
-def write_config(tmp: Path, extra_tier: str = "") -> Path:
+def write_config(
+    tmp: Path, extra_tier: str = "", *, models: tuple[str, str] = (SMOL, SMOL), n_parallel: int = 2,
+    verifier: str = 'name = "keyword"',
+) -> Path:
+    """The two-tier test config: a time-priced small tier with one verifier, a token-priced large one."""
     path = tmp / "config.toml"
-    path.write_text(CONFIG.format(model=SMOL) + extra_tier)
+    path.write_text(CONFIG.format(small=models[0], large=models[1], n_parallel=n_parallel, verifier=verifier) + extra_tier)
     return path
 
 

@@ -20,41 +20,8 @@ from evals.suites import get_suite
 from router.backends.base import Backend
 from router.config import VerifierSpec, load_settings
 from router.generation import Delta, Generation, GenerationRequest
+from tests.evals.helpers import write_config
 from verifiers.base import Registry
-
-CONFIG = """
-[server]
-allow_unauthenticated = true
-[ledger]
-enabled = false
-
-[[tiers]]
-name = "small"
-backend = "llamacpp"
-threshold = 0.5
-max_tokens = 64
-[tiers.llamacpp]
-model = "scripted-small.gguf"
-n_parallel = 8
-[tiers.price]
-usd_per_hour = 3.6
-stands_for = "test: $0.001 per busy second"
-[[tiers.verifiers]]
-name = "confidence"
-params = { stat = "mean" }
-
-[[tiers]]
-name = "large"
-backend = "llamacpp"
-max_tokens = 64
-[tiers.llamacpp]
-model = "scripted-large.gguf"
-n_parallel = 8
-[tiers.price]
-usd_per_1m_input_tokens = 1000.0
-usd_per_1m_output_tokens = 2000.0
-stands_for = "test: $0.001 per input token, $0.002 per output token"
-"""
 
 EVAL_VERIFIERS = [
     VerifierSpec(name="confidence", params={"stat": "mean"}),
@@ -108,9 +75,8 @@ def backends() -> dict[str, Backend]:
 async def make_run(tmp: Path, n: int = 160, name: str = "marked", verifiers: list[VerifierSpec] | None = None) -> Path:
     """Run the scripted tiers over `n` items of suite `name` into tmp/runs/<name>, scored with
     `verifiers` (default: EVAL_VERIFIERS); return the run directory."""
-    config = tmp / "config.toml"
-    config.write_text(CONFIG)
-    settings = load_settings(config)
+    settings = load_settings(write_config(tmp, models=("scripted-small.gguf", "scripted-large.gguf"), n_parallel=8,
+                                          verifier='name = "confidence"\nparams = { stat = "mean" }'))
     suite = get_suite(str(write_suite(tmp, n, name)))
     items = suite.select(suite.load(), None, 0)
     plan = EvalPlan(suite=suite, items=items, settings=settings, tiers=["small", "large"],
