@@ -484,9 +484,10 @@ METHOD = [
     "in the artifact), and every number below is on them.",
     "- **Policies.** *verify only*: the cascade with one verifier, thresholds calibrated for the target. "
     "*pre-route only*: skip a tier whose pre-router probability is below its threshold, else take its answer "
-    "unverified. *pre-route then verify*: skip as the pre-router says, verify what runs; skip and verifier "
-    "thresholds chosen together, the cheapest pair meeting the target whose calibration accuracy is at most "
-    "1 point below verify-only's. *verify only[learned], matched*: the learned cascade calibrated for "
+    "unverified. *pre-route then verify*: skip as the pre-router says, verify what runs; the verifier "
+    "thresholds are the ones verify-only calibration chooses for the target, and the skip thresholds the "
+    "cheapest whose calibration accuracy is at most 1 point below verify-only's (chosen one after the other, "
+    "not as a pair: a joint search over thousands of pairs picks the luckiest). *verify only[learned], matched*: the learned cascade calibrated for "
     "`min-accuracy` at the accuracy the best single verifier's cascade reaches on the calibration items, so the "
     "two are compared at one accuracy level (a level taken from calibration items, not held-out ones). The cost "
     "target counts as met when any learned policy is cheaper than the best single verifier's at equal or "
