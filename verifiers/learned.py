@@ -25,7 +25,7 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,13 +57,21 @@ class LinearModel:
     platt_a: float
     platt_b: float
     info: Mapping[str, Any]  # how it was fit: C, rows, positives; for reports only
+    # mean, scale and coef as arrays, made once: decision() runs per request in the service
+    _arrays: tuple[np.ndarray, np.ndarray, np.ndarray] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        import numpy as np
+
+        arrays = tuple(np.asarray(v, dtype=float) for v in (self.mean, self.scale, self.coef))
+        object.__setattr__(self, "_arrays", arrays)
 
     def decision(self, x: np.ndarray) -> np.ndarray:
         """The uncalibrated logit of each row of `x` (2-D) or of `x` (1-D)."""
         import numpy as np
 
-        z = (np.asarray(x, dtype=float) - np.asarray(self.mean)) / np.asarray(self.scale)
-        return z @ np.asarray(self.coef) + self.intercept
+        mean, scale, coef = self._arrays
+        return (np.asarray(x, dtype=float) - mean) / scale @ coef + self.intercept
 
     def probability(self, x: np.ndarray) -> np.ndarray:
         import numpy as np
