@@ -20,6 +20,7 @@ backends return only the sampled tokens' logprobs, so it is not a feature.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -183,8 +184,10 @@ def gram_bucket(gram: str, n_buckets: int) -> int:
     return int.from_bytes(h, "little") % n_buckets
 
 
+@functools.lru_cache(maxsize=64)
 def hashed_grams(text: str, n_buckets: int, ngram_max: int = 2) -> np.ndarray:
-    """log(1 + count) of each word n-gram (1..ngram_max) per bucket, L2-normalised."""
+    """log(1 + count) of each word n-gram (1..ngram_max) per bucket, L2-normalised. Read-only and
+    cached: a request's pre-router and learned verifier hash the same prompt once."""
     words = _WORD.findall(text.lower())
     out = np.zeros(n_buckets)
     for n in range(1, ngram_max + 1):
@@ -192,4 +195,7 @@ def hashed_grams(text: str, n_buckets: int, ngram_max: int = 2) -> np.ndarray:
             out[gram_bucket(" ".join(words[i : i + n]), n_buckets)] += 1.0
     out = np.log1p(out)
     norm = float(np.linalg.norm(out))
-    return out / norm if norm > 0 else out
+    if norm > 0:
+        out = out / norm
+    out.flags.writeable = False
+    return out
