@@ -123,14 +123,16 @@ class SharedVerifier:
     """One verifier instance that several members of a tier use, such as the tier's own
     `confidence` and the `confidence` feature of its `learned` verifier: within one VerifierSet
     scoring (one candidate) it runs once; the first caller gets the score with its cost, the others
-    the same score at no cost, so the verifying is charged once. Outside one, it simply scores."""
+    the same score at no cost, so the verifying is charged once. Outside one, or with a single
+    user (nothing to share), it simply scores: no task, no lookup."""
 
     def __init__(self, inner: Verifier) -> None:
         self.inner = inner
         self.name = inner.name
+        self.users = 0  # members built on this instance; with one, there is nothing to share
 
     async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
-        memo = _ROUND.get()
+        memo = _ROUND.get() if self.users > 1 else None
         if memo is None:
             return await self.inner.score(request, candidate)
         fut = memo.get(id(self))
@@ -153,6 +155,7 @@ class SharedRegistry(Registry):
         made = self._made.get(key)
         if made is None:
             made = self._made[key] = SharedVerifier(super().create(name, params, ctx))
+        made.users += 1
         return made
 
 
