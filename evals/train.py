@@ -328,7 +328,7 @@ def train(
 ) -> TrainResult:
     """Train, write the artifacts, predictions and report into `out`. With `splits`, also train
     and compare on that many other calibration splits (seeds seed+1, ...), into a scratch
-    directory, and report how often each target is met: with a hundred held-out items a point of
+    directory (artifacts and predictions only), and report how often each target is met: with a hundred held-out items a point of
     accuracy is one item, and one split alone says little."""
     if not runs:
         raise ConfigError("give at least one run")
@@ -351,8 +351,7 @@ def train(
                 again = fit(Path(scratch), seed=other)
             for cmp in [*again.comparisons, *([again.pooled] if again.pooled else [])]:
                 result.splits.append((other, cmp.table.suite, cmp.checks(short=True)))
-    if splits:
-        write_report(result, command=command)
+    write_report(result, command=command)  # once, with the other splits' checks when there are any
     return result
 
 
@@ -373,20 +372,20 @@ def _train(
         spec_p = FeatureSpec(answer=False, n_buckets=n_buckets)
         suffix = f"-{group[0].table.suite}" if suite_specific else ""
         models: dict[str, dict[str, LinearModel]] = {"verifier": {}, "prerouter": {}}
+        # what does not depend on the tier: the prompt's row, the split, the key
+        rows = [(r, it) for r in group for it in r.table.items]
+        keys = [(r.name, it.id) for r, it in rows]
+        xp_a = np.array([spec_p.vector(r.requests[it.id]) for r, it in rows])
+        cal_a = np.array([in_calibration(it.id, seed, fraction) for _, it in rows], dtype=bool)
+        if not cal_a.any() or cal_a.all():
+            raise ConfigError(f"{len(cal_a)} items are too few to split into calibration and held-out items")
         for ti, tier in enumerate(names):
-            keys, xv, xp, y, cal = [], [], [], [], []
-            for r in group:
-                for it in r.table.items:
-                    req = r.requests[it.id]
-                    scores = {ref.label: it.tiers[ti].scores[ref.label] for ref in refs}
-                    xv.append(spec_v.vector(req, r.generations[(it.id, ti)], scores))
-                    xp.append(spec_p.vector(req))
-                    y.append(it.tiers[ti].correct)
-                    cal.append(in_calibration(it.id, seed, fraction))
-                    keys.append((r.name, it.id))
-            xv_a, xp_a, y_a, cal_a = np.array(xv), np.array(xp), np.array(y, dtype=int), np.array(cal, dtype=bool)
-            if not cal_a.any() or cal_a.all():
-                raise ConfigError(f"{len(cal_a)} items are too few to split into calibration and held-out items")
+            xv_a = np.array([
+                spec_v.vector(r.requests[it.id], r.generations[(it.id, ti)],
+                              {ref.label: it.tiers[ti].scores[ref.label] for ref in refs})
+                for r, it in rows
+            ])
+            y_a = np.array([it.tiers[ti].correct for _, it in rows], dtype=int)
             preds = {}
             for kind, x, spec in (("verifier", xv_a, spec_v), ("prerouter", xp_a, spec_p)):
                 n_dense = len(spec.dense_names)
@@ -435,9 +434,7 @@ def _train(
         pooled_cmp = compare(pooled(tables), target, seed=seed, fraction=fraction)
     elif len(tables) > 1:
         notes.append("Suite-specific estimators: the thresholds below are per suite; serve each with its suite's traffic.")
-    result = TrainResult(out, artifacts, comparisons, pooled_cmp, members, suite_specific, notes)
-    write_report(result, command=command)
-    return result
+    return TrainResult(out, artifacts, comparisons, pooled_cmp, members, suite_specific, notes)
 
 
 # ---- the training report ---------------------------------------------------------------------------------
