@@ -185,17 +185,13 @@ class PreRouteCalibration:
 
     policy: str
     target: Target
-    seed: int
-    fraction: float
     skip_below: dict[str, float]  # tier name -> pre-router threshold (every tier but the last)
     thresholds: dict[str, float]  # tier name -> verifier threshold (empty for pre-route only)
     met: bool
-    max_drop: float | None
     calibration: PolicyResult
     held_out: PolicyResult
     reference_calibration: PolicyResult | None
     reference_held_out: PolicyResult | None
-    n_calibration: int
     n_held_out: int
     skip_rate: float  # held-out items whose first tier was skipped before generating
 
@@ -223,7 +219,6 @@ def calibrate_preroute(
         skip, on_calib, met = _pick(calib, results, target)
         vths: tuple[float, ...] = ()
         ref_cal = ref_held = None
-        drop = None
     else:
         vths, ref_cal, met = choose(calib, verifier, target)
         results = [
@@ -234,15 +229,14 @@ def calibrate_preroute(
         ok = [(ths, r) for ths, r in results if r.accuracy >= ref_cal.accuracy - max_drop - 1e-12]
         skip, on_calib = min(ok, key=lambda x: (x[1].cost_per_1k, -x[1].accuracy, x[0]))
         ref_held = evaluate(CascadePolicy(verifier, vths), held, vths[0])
-        drop = max_drop
     policy = PreRoutePolicy(prerouter, skip, verifier, vths)
     skipped = sum(0 not in policy.route(it).ran for it in held.items)
     return PreRouteCalibration(
-        policy=policy.name, target=target, seed=seed, fraction=fraction,
+        policy=policy.name, target=target,
         skip_below=dict(zip(names, skip, strict=True)), thresholds=dict(zip(names, vths, strict=False)),
-        met=met, max_drop=drop, calibration=on_calib, held_out=evaluate(policy, held, skip[0]),
+        met=met, calibration=on_calib, held_out=evaluate(policy, held, skip[0]),
         reference_calibration=ref_cal, reference_held_out=ref_held,
-        n_calibration=len(calib.items), n_held_out=len(held.items), skip_rate=skipped / len(held.items),
+        n_held_out=len(held.items), skip_rate=skipped / len(held.items),
     )
 
 

@@ -17,7 +17,7 @@ held out in training must be held out here, or it would be scored by a model tha
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -148,8 +148,9 @@ class Comparison:
     # chosen without a held-out item
     matched: Calibration | None = None
 
-    def quality_of(self, column: str, tier: int = 0) -> HeldOutQuality | None:
-        name = self.table.tiers[tier].name
+    def quality_of(self, column: str) -> HeldOutQuality | None:
+        """The column's held-out quality on the first tier (the one a cascade decides on)."""
+        name = self.table.tiers[0].name
         return next((q for q in self.quality if q.column == column and q.tier == name), None)
 
     def checks(self, *, short: bool = False) -> list[tuple[str, bool | None, str]]:
@@ -336,7 +337,3 @@ def pooled(tables: Sequence[ResultTable]) -> ResultTable:
     common = [v for v in first.verifiers if all(v in t.verifiers for t in tables)]
     return replace(first, run="+".join(t.run for t in tables), suite="+".join(t.suite for t in tables),
                    items=[it for t in tables for it in t.items], verifiers=common)
-
-
-def scores_by_column(table: ResultTable, column: str) -> Mapping[str, list[float]]:
-    return {it.id: [t.scores[column] for t in it.tiers] for it in table.items}

@@ -397,15 +397,11 @@ def sweep(table: ResultTable, verifier: str, thresholds: Sequence[float] | None 
     return [evaluate(CascadePolicy(verifier, (th,) * k), table, th) for th in grid]
 
 
-def preroute_sweep(
-    table: ResultTable, prerouter: str, verifier: str | None = None, thresholds: Sequence[float] = (),
-    skip_grid: Sequence[float] | None = None,
-) -> list[PolicyResult]:
-    """The pre-router at each skip threshold (shared by every tier but the last), alone or in
-    front of `verifier` at fixed `thresholds`. Skip threshold 0 never skips."""
-    grid = threshold_grid(table, prerouter) if skip_grid is None else skip_grid
+def preroute_sweep(table: ResultTable, prerouter: str) -> list[PolicyResult]:
+    """The pre-router alone at each skip threshold (shared by every tier but the last): a skipped
+    tier's item goes up, a tier that runs answers unverified. Skip threshold 0 never skips."""
     k = max(1, table.top)
-    return [evaluate(PreRoutePolicy(prerouter, (th,) * k, verifier, tuple(thresholds)), table, th) for th in grid]
+    return [evaluate(PreRoutePolicy(prerouter, (th,) * k), table, th) for th in threshold_grid(table, prerouter)]
 
 
 @dataclass
