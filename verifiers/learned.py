@@ -122,10 +122,6 @@ def dump_estimator(kind: str, spec: FeatureSpec, models: Mapping[str, LinearMode
     return (json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
-def sha256_of(path: Path | str) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def load_estimator(path: Path | str, sha256: str, kind: str) -> Estimator:
     """Read an artifact after checking its hash against `sha256` (as the config names it)."""
     from verifiers.learned_features import FeatureSpec

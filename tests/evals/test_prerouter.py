@@ -21,7 +21,8 @@ from router.ledger import LedgerEntry
 from tests.verifiers.scripted import ScriptedBackend
 from verifiers.base import VerifierContext, VerifierSet, WeightedVerifier
 from verifiers.format import make_format
-from verifiers.learned import LinearModel, dump_estimator, sha256_of
+from router.wheels import sha256_file
+from verifiers.learned import LinearModel, dump_estimator
 from verifiers.learned_features import FeatureSpec, gram_bucket
 
 PRICE = PriceSettings(usd_per_hour=3.6)
@@ -134,7 +135,7 @@ def prerouter_file(tmp: Path, tiers: tuple[str, ...] = ("small",)) -> tuple[Path
     m = LinearModel([0.0] * n, [1.0] * n, coef.tolist(), -5.0, 1.0, 0.0, {"kind": "test"})
     path = tmp / "prerouter.json"
     path.write_bytes(dump_estimator("prerouter", spec, {t: m for t in tiers}, {}))
-    return path, sha256_of(path)
+    return path, sha256_file(path)
 
 
 def tier(name: str, backend: ScriptedBackend, prerouter: dict | None = None, regex: str | None = None) -> Tier:

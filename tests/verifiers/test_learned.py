@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from router.generation import GenerationRequest, Message
+from router.wheels import sha256_file
 from tests.verifiers.scripted import gen
 from verifiers.base import (
     Registry,
@@ -36,7 +37,6 @@ from verifiers.learned import (
     dump_estimator,
     load_estimator,
     make_learned,
-    sha256_of,
 )
 from verifiers.learned_features import (
     ANSWER_FEATURES,
@@ -121,7 +121,7 @@ def write(tmp: Path, kind: str = "verifier", spec: FeatureSpec | None = None, ti
     weights = {"score__confidence": 3.0} if kind == "verifier" else {"prompt_digit_frac": 10.0}
     path = tmp / f"{kind}.json"
     path.write_bytes(dump_estimator(kind, spec, {t: model(spec, **weights) for t in tiers}, {"runs": ["test"]}))
-    return path, sha256_of(path)
+    return path, sha256_file(path)
 
 
 def test_the_prediction_is_the_documented_formula(tmp_path: Path) -> None:
@@ -157,7 +157,7 @@ def test_a_pickle_is_never_unpickled(tmp_path: Path) -> None:
     path = tmp_path / "evil.json"
     path.write_bytes(pickle.dumps(Boom()))
     with pytest.raises(EstimatorError, match="not JSON"):
-        load_estimator(path, sha256_of(path), "verifier")  # even with its own hash configured
+        load_estimator(path, sha256_file(path), "verifier")  # even with its own hash configured
     assert not (tmp_path / "pwned").exists()
 
 
@@ -176,14 +176,14 @@ def test_malformed_artifacts_are_refused(tmp_path: Path, edit, message: str) -> 
     edit(doc)
     path.write_text(json.dumps(doc))
     with pytest.raises(EstimatorError, match=message):
-        load_estimator(path, sha256_of(path), "verifier")
+        load_estimator(path, sha256_file(path), "verifier")
 
 
 def test_non_finite_numbers_are_refused(tmp_path: Path) -> None:
     path, _ = write(tmp_path)
     path.write_text(path.read_text().replace('"intercept":-1.0', '"intercept":NaN'))
     with pytest.raises(EstimatorError, match="NaN"):
-        load_estimator(path, sha256_of(path), "verifier")
+        load_estimator(path, sha256_file(path), "verifier")
 
 
 def test_bad_hash_and_missing_file(tmp_path: Path) -> None:
