@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from router.backends.base import Backend
 from router.config import CascadeSettings, TierSettings
-from router.errors import ConfigError, UnavailableError, UnknownModelError
+from router.errors import UnavailableError, UnknownModelError
 from router.generation import Delta, Generation, GenerationRequest
 from router.pricing import Usage, cost_usd
 from verifiers.base import Score, VerifierCost, VerifierSet
@@ -29,18 +29,7 @@ class Tier:
     settings: TierSettings
     backend: Backend
     verifiers: VerifierSet
-    prerouter: PreRouter | None = None
-
-    def __post_init__(self) -> None:
-        # loaded with the tier, so a missing or tampered estimator stops start-up
-        if self.prerouter is None and self.settings.prerouter is not None:
-            from verifiers.learned import EstimatorError, PreRouter
-
-            cfg = self.settings.prerouter
-            try:
-                self.prerouter = PreRouter.load(cfg.artifact, cfg.sha256, self.name, cfg.threshold)
-            except EstimatorError as exc:
-                raise ConfigError(f"tiers ({self.name}).prerouter: {exc}") from None
+    prerouter: PreRouter | None = None  # loaded from settings.prerouter by router.engine.load_prerouter
 
     @property
     def name(self) -> str:

@@ -9,19 +9,38 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from router.backends.base import Backend, make_backend
 from router.cascade import Cascade, Tier
-from router.config import Settings
+from router.config import Settings, TierSettings
 from router.errors import ConfigError, ModelError
 from verifiers.base import Registry, SharedRegistry, VerifierContext, VerifierError, VerifierSet, WeightedVerifier
+
+if TYPE_CHECKING:
+    from verifiers.learned import PreRouter
+
+
+def load_prerouter(tier: TierSettings) -> PreRouter | None:
+    """The tier's pre-router, read and checked against its configured SHA-256; a missing,
+    tampered or malformed file is a ConfigError naming the key."""
+    if tier.prerouter is None:
+        return None
+    from verifiers.learned import EstimatorError, PreRouter
+
+    cfg = tier.prerouter
+    try:
+        return PreRouter.load(cfg.artifact, cfg.sha256, tier.name, cfg.threshold)
+    except EstimatorError as exc:
+        raise ConfigError(f"tiers ({tier.name}).prerouter: {exc}") from None
 
 
 def check_resources(
     settings: Settings, registry: Registry | None = None, *, skip_models: Collection[str] = ()
 ) -> list[str]:
     """What would stop the service starting, each naming the config key: missing or corrupt model
-    files (except for the tiers in `skip_models`, whose backend is supplied), unknown verifiers."""
+    files (except for the tiers in `skip_models`, whose backend is supplied), unknown verifiers,
+    pre-router files that are missing or not the configured ones."""
     from router.catalog import resolve_model
 
     problems: list[str] = []
@@ -36,6 +55,10 @@ def check_resources(
         for j, spec in enumerate(tier.verifiers):
             if spec.name not in reg.names():
                 problems.append(f"{key}.verifiers[{j}].name: unknown verifier '{spec.name}'; known: {', '.join(reg.names())}")
+        try:
+            load_prerouter(tier)
+        except ConfigError as exc:
+            problems.append(str(exc))
     return problems
 
 
@@ -79,7 +102,7 @@ class Engine:
                     members.append(WeightedVerifier(shared.create(spec.name, spec.params, ctx), spec.weight))
                 except VerifierError as exc:
                     raise ConfigError(f"tiers ({t.name}).verifiers: {exc}") from None
-            tiers.append(Tier(t, built[t.name], VerifierSet(members, t.combine)))
+            tiers.append(Tier(t, built[t.name], VerifierSet(members, t.combine), load_prerouter(t)))
         return cls(settings=settings, cascade=Cascade(tiers, settings.cascade), backends=built)
 
     async def start(self) -> None:

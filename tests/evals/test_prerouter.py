@@ -15,6 +15,7 @@ from evals.calibrate import Target, calibrate_preroute, split
 from evals.sweep import CONFIG, CascadePolicy, ItemOutcome, PreRoutePolicy, ResultTable, TierInfo, TierOutcome, evaluate
 from router.cascade import Cascade, Tier
 from router.config import CascadeSettings, PriceSettings, TierSettings
+from router.engine import load_prerouter
 from router.errors import ConfigError
 from router.generation import GenerationRequest, Message
 from router.ledger import LedgerEntry
@@ -142,7 +143,7 @@ def tier(name: str, backend: ScriptedBackend, prerouter: dict | None = None, reg
     settings = TierSettings(name=name, backend="llamacpp", llamacpp={"model": "x.gguf"}, price=PRICE, threshold=0.5,
                             prerouter=prerouter)
     members = [WeightedVerifier(make_format({"regex": regex}, VerifierContext(tier=name)), 1.0)] if regex else []
-    return Tier(settings, backend, VerifierSet(members))
+    return Tier(settings, backend, VerifierSet(members), load_prerouter(settings))  # as Engine.from_settings does
 
 
 def ask(text: str) -> GenerationRequest:

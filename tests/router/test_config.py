@@ -71,6 +71,18 @@ def test_missing_model_is_reported_with_its_key(tmp_path: Path) -> None:
     assert problems[0].startswith("tiers[0] (small).llamacpp.model: model file not found")
 
 
+def test_a_missing_or_tampered_prerouter_is_reported_with_its_key(tmp_path: Path) -> None:
+    """`tierroute config check` finds it, not only `serve`."""
+    cfg = smol_config(tmp_path, large="none")
+    section = f'[tiers.prerouter]\nartifact = "{tmp_path}/pre.json"\nsha256 = "{"0" * 64}"\nthreshold = 0.5\n'
+    cfg.write_text(cfg.read_text().replace("[tiers.price]", section + "[tiers.price]", 1))
+    problems = check_resources(load_settings(cfg), Registry(), skip_models=["small"])
+    assert len(problems) == 1 and problems[0].startswith("tiers (small).prerouter: ")
+    (tmp_path / "pre.json").write_text("{}")
+    problems = check_resources(load_settings(cfg), Registry(), skip_models=["small"])
+    assert len(problems) == 1 and "SHA-256" in problems[0]
+
+
 def test_environment_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TIERROUTE_SERVER__PORT", "9123")
     settings = load_settings(smol_config(tmp_path))
