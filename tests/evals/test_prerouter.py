@@ -150,11 +150,17 @@ def ask(text: str) -> GenerationRequest:
     return GenerationRequest(messages=(Message("user", text),), max_tokens=16)
 
 
-async def test_a_tier_predicted_to_fail_is_skipped(tmp_path: Path) -> None:
-    path, sha = prerouter_file(tmp_path)
+def pre_routed(tmp: Path) -> tuple[Cascade, ScriptedBackend, ScriptedBackend, str]:
+    """small (pre-routed at 0.5, verified by a digit check) then large; both answer "42"."""
+    path, sha = prerouter_file(tmp)
     small, large = ScriptedBackend("small", lambda r: "42"), ScriptedBackend("large", lambda r: "42")
     cascade = Cascade([tier("small", small, {"artifact": path, "sha256": sha, "threshold": 0.5}, regex=r"\d"),
                        tier("large", large)], CascadeSettings())
+    return cascade, small, large, sha
+
+
+async def test_a_tier_predicted_to_fail_is_skipped(tmp_path: Path) -> None:
+    cascade, small, large, sha = pre_routed(tmp_path)
     result = await cascade.run(ask("A hard one: what is 6 * 7?"))
     assert small.requests == [] and len(large.requests) == 1
     assert result.final.tier == "large" and result.escalated
@@ -172,10 +178,7 @@ async def test_a_tier_predicted_to_fail_is_skipped(tmp_path: Path) -> None:
 
 
 async def test_a_tier_predicted_to_succeed_runs_and_says_so(tmp_path: Path) -> None:
-    path, sha = prerouter_file(tmp_path)
-    small, large = ScriptedBackend("small", lambda r: "42"), ScriptedBackend("large", lambda r: "42")
-    cascade = Cascade([tier("small", small, {"artifact": path, "sha256": sha, "threshold": 0.5}, regex=r"\d"),
-                       tier("large", large)], CascadeSettings())
+    cascade, _, large, _ = pre_routed(tmp_path)
     result = await cascade.run(ask("An easy one: what is 6 * 7?"))
     assert result.final.tier == "small" and not result.escalated and large.requests == []
     d = result.attempts[0].to_dict()
