@@ -49,7 +49,6 @@ def test_training_writes_artifacts_predictions_and_report(trained) -> None:
     rows = [json.loads(line) for line in (result.out / "predictions.jsonl").read_text().splitlines()]
     assert len(rows) == 160 * 2
     assert all(r["split"] == ("calibration" if in_calibration(r["item"], 0, 0.5) else "held-out") for r in rows)
-    assert all(0 <= r[LEARNED] <= 1 and 0 <= r[PREROUTER] <= 1 for r in rows)
     md = (result.out / "README.md").read_text()
     _, sha = artifact(result, "verifier")
     for phrase in ("Held-out quality", "pre-route then verify[learned]", "verify only[learned]", "Targets",
@@ -112,9 +111,12 @@ def test_out_of_fold_predictions_do_not_remember_their_rows() -> None:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(120, 150))
     y = rng.integers(0, 2, size=120)
-    m = fit_model(x, y, n_dense=150, seed=0)
-    if m.info["kind"] == "logistic":
-        assert metrics.auroc(y, m.decision(x)) > 0.9
+    from sklearn.linear_model import LogisticRegression
+
+    # (fit_model's own cross-validation picks a constant model for random labels, so the
+    # memorising model is a weakly regularised logistic regression)
+    memorised = LogisticRegression(C=100.0, max_iter=5000).fit(x, y).decision_function(x)
+    assert metrics.auroc(y, memorised) > 0.9
     assert abs(metrics.auroc(y, out_of_fold(x, y, 150, seed=0)) - 0.5) < 0.15
 
 

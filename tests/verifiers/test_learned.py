@@ -201,7 +201,7 @@ async def test_learned_verifier_scores_with_its_own_feature_verifiers(tmp_path: 
     path, sha = write(tmp_path)
     reg = Registry.from_entry_points()
     v = reg.create("learned", {"artifact": str(path), "sha256": sha}, VerifierContext(tier="small"))
-    assert isinstance(v, LearnedVerifier) and isinstance(v, Verifier) and v.name == "learned"
+    assert isinstance(v, LearnedVerifier) and v.name == "learned"
     s = await v.score(REQ, gen("42", (-0.2, -0.2)))
     conf = math.exp(-0.2)  # the confidence verifier's own score, computed inside
     t = 2.0 * (3.0 * conf - 1.0) + 0.5
