@@ -53,7 +53,7 @@ from evals.store import RunStore, generation_key
 from evals.sweep import ResultTable, load_table
 from router.errors import ConfigError
 from router.generation import Generation, GenerationRequest
-from verifiers.learned import LinearModel, dump_estimator
+from verifiers.learned import LinearModel, dump_estimator, score_or_zero, sigmoid
 from verifiers.learned_features import FeatureSpec, VerifierRef
 
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
@@ -176,11 +176,8 @@ def fill_scores(run: RunData, refs: Sequence[VerifierRef]) -> None:
 
     async def one(verifier: Any, it: Any, ti: int) -> tuple[float, float]:
         t0 = time.monotonic()
-        try:
-            value = (await verifier.score(run.requests[it.id], run.generations[(it.id, ti)])).value
-        except Exception:  # noqa: BLE001 - as in eval runs and in the learned verifier: unsure, 0
-            value = 0.0
-        return value, time.monotonic() - t0
+        score = await score_or_zero(verifier, run.requests[it.id], run.generations[(it.id, ti)])
+        return score.value, time.monotonic() - t0
 
     async def score_all() -> dict[tuple[str, int], dict[str, tuple[float, float]]]:
         out: dict[tuple[str, int], dict[str, tuple[float, float]]] = {}
@@ -209,10 +206,6 @@ def fill_scores(run: RunData, refs: Sequence[VerifierRef]) -> None:
 
 
 # ---- fitting ----------------------------------------------------------------------------------------------
-
-
-def _sigmoid(t: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(t, -500, 500)))
 
 
 def _constant(mean: np.ndarray, scale: np.ndarray, y: np.ndarray, why: str) -> LinearModel:
@@ -266,7 +259,7 @@ def fit_model(x: np.ndarray, y: np.ndarray, n_dense: int, *, seed: int = 0) -> L
                     continue
                 clf = LogisticRegression(C=c, max_iter=_MAX_ITER).fit(z[tr], y[tr])
                 d[te] = clf.decision_function(z[te])
-            loss = float(log_loss(y, _sigmoid(d), labels=[0, 1]))
+            loss = float(log_loss(y, sigmoid(d), labels=[0, 1]))
             if best is None or loss < best[0] - 1e-12:
                 best = (loss, c, gain, d)
     assert best is not None

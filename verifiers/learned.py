@@ -48,6 +48,20 @@ class EstimatorError(ValueError):
     """An estimator artifact cannot be used: missing, tampered with, or malformed."""
 
 
+def sigmoid(t: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    return 1.0 / (1.0 + np.exp(-np.clip(t, -500, 500)))
+
+
+async def score_or_zero(verifier: Verifier, request: GenerationRequest, candidate: Generation) -> Score:
+    """A feature verifier's score; one that fails on an answer is unsure: 0, saying why (as in eval runs)."""
+    try:
+        return await verifier.score(request, candidate)
+    except Exception as exc:  # noqa: BLE001
+        return Score(0.0, f"verifier error: {type(exc).__name__}: {exc}"[:200])
+
+
 @dataclass(frozen=True)
 class LinearModel:
     mean: Sequence[float]  # per column; the hashed grams have mean 0 and scale 1
@@ -74,10 +88,7 @@ class LinearModel:
         return (np.asarray(x, dtype=float) - mean) / scale @ coef + self.intercept
 
     def probability(self, x: np.ndarray) -> np.ndarray:
-        import numpy as np
-
-        t = self.platt_a * self.decision(x) + self.platt_b
-        return 1.0 / (1.0 + np.exp(-np.clip(t, -500, 500)))
+        return sigmoid(self.platt_a * self.decision(x) + self.platt_b)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -229,15 +240,9 @@ class LearnedVerifier:
                 raise EstimatorError(f"feature verifier '{ref.label}': {exc}") from None
         return cls(est, ctx.tier, members, name)
 
-    async def _one(self, verifier: Verifier, request: GenerationRequest, candidate: Generation) -> Score:
-        try:
-            return await verifier.score(request, candidate)
-        except Exception as exc:  # noqa: BLE001 - a failing feature verifier is unsure: score 0, say why
-            return Score(0.0, f"verifier error: {type(exc).__name__}: {exc}"[:200])
-
     async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
         t0 = time.monotonic()
-        results = await asyncio.gather(*(self._one(v, request, candidate) for _, v in self.members))
+        results = await asyncio.gather(*(score_or_zero(v, request, candidate) for _, v in self.members))
         scores = {label: s.value for (label, _), s in zip(self.members, results, strict=True)}
         cost = VerifierCost()
         for s in results:
