@@ -35,7 +35,6 @@ from verifiers.base import Score, Verifier, VerifierContext, VerifierCost, Verif
 if TYPE_CHECKING:
     import numpy as np
 
-    from verifiers.base import Registry
     from verifiers.learned_features import FeatureSpec
 
 FORMAT = "tierroute-estimator"
@@ -103,7 +102,6 @@ class Estimator:
     kind: str
     spec: FeatureSpec
     models: Mapping[str, LinearModel]  # tier name -> model
-    trained_on: Mapping[str, Any]
     sha256: str
 
     @property
@@ -175,7 +173,7 @@ def load_estimator(path: Path | str, sha256: str, kind: str) -> Estimator:
             raise ValueError("trained_on must be an object")
     except (ValueError, TypeError, KeyError) as exc:
         raise EstimatorError(f"estimator {path}: {exc}") from None
-    return Estimator(kind=kind, spec=spec, models=models, trained_on=trained_on, sha256=actual)
+    return Estimator(kind=kind, spec=spec, models=models, sha256=actual)
 
 
 def _no_constant(name: str) -> float:
@@ -223,13 +221,13 @@ class LearnedVerifier:
 
     @classmethod
     def load(
-        cls, artifact: Path | str, sha256: str, ctx: VerifierContext, *, registry: Registry | None = None,
-        name: str = "learned",
+        cls, artifact: Path | str, sha256: str, ctx: VerifierContext, *, name: str = "learned",
     ) -> LearnedVerifier:
+        """Its feature verifiers come from `ctx.registry` (a tier's SharedRegistry in the service)."""
         from verifiers.base import Registry
 
         est = load_estimator(artifact, sha256, "verifier")
-        reg = registry or ctx.registry or Registry.from_entry_points()
+        reg = ctx.registry or Registry.from_entry_points()
         members = []
         for ref in est.spec.verifiers:
             if ref.name == "learned":

@@ -144,8 +144,8 @@ def _prompt_text(request: GenerationRequest) -> str:
     return request.last_user_text()[:_MAX_PROMPT_CHARS]
 
 
-def prompt_features(request: GenerationRequest, text: str | None = None) -> list[float]:
-    text = _prompt_text(request) if text is None else text
+def prompt_features(request: GenerationRequest, text: str) -> list[float]:
+    """`text` is the request's prompt text as `_prompt_text` cuts it."""
     digits = sum(c.isdigit() for c in text)
     return [
         math.log1p(len(text)),

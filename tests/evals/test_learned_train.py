@@ -65,7 +65,7 @@ async def test_held_out_predictions_are_what_the_service_computes(trained) -> No
     path, sha = artifact(result, "verifier")
     pre_path, pre_sha = artifact(result, "prerouter")
     for ti, tier in enumerate(("small", "large")):
-        verifier = LearnedVerifier.load(path, sha, VerifierContext(tier=tier), registry=Registry.from_entry_points())
+        verifier = LearnedVerifier.load(path, sha, VerifierContext(tier=tier, registry=Registry.from_entry_points()))
         prerouter = PreRouter.load(pre_path, pre_sha, tier, 0.5)
         held = [it for it in run.table.items if not in_calibration(it.id, 0, 0.5)]
         for it in held:
@@ -206,7 +206,7 @@ async def test_pooled_suites_share_their_pure_verifiers(tmp_path: Path) -> None:
     assert result.pooled is not None and len(result.artifacts) == 2
     preds = load_predictions(result.out)
     path, sha = artifact(result, "verifier")
-    verifier = LearnedVerifier.load(path, sha, VerifierContext(tier="small"), registry=Registry.from_entry_points())
+    verifier = LearnedVerifier.load(path, sha, VerifierContext(tier="small", registry=Registry.from_entry_points()))
     run = load_run(b)
     for it in run.table.items:
         if not in_calibration(it.id, 0, 0.5):

@@ -223,7 +223,7 @@ async def test_a_failing_feature_verifier_counts_as_zero(tmp_path: Path) -> None
 
     reg = Registry()
     reg.register("confidence", lambda params, ctx: Broken())
-    v = LearnedVerifier.load(path, sha, VerifierContext(tier="small"), registry=reg)
+    v = LearnedVerifier.load(path, sha, VerifierContext(tier="small", registry=reg))
     s = await v.score(REQ, gen("42", (-0.2,)))
     assert s.details["features"] == {"confidence": 0.0}
 
@@ -255,7 +255,7 @@ async def test_a_feature_verifier_the_tier_also_runs_is_scored_once(tmp_path: Pa
     assert verdict.cost.seconds == 1.0
     assert verdict.scores["confidence"].value == 0.8
     assert verdict.scores["learned"].details["features"] == {"confidence": 0.8}
-    alone = LearnedVerifier.load(path, sha, VerifierContext(tier="small"), registry=base)
+    alone = LearnedVerifier.load(path, sha, VerifierContext(tier="small", registry=base))
     assert (await alone.score(REQ, gen("42", (-0.2,)))).value == verdict.scores["learned"].value
     calls.clear()
     await VerifierSet(members).score(REQ, gen("43", (-0.2,)))
