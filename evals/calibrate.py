@@ -205,10 +205,11 @@ class PreRouteCalibration:
 
 def calibrate_preroute(
     table: ResultTable, prerouter: str, target: Target, *, verifier: str | None = None, seed: int = 0,
-    fraction: float = 0.5, max_drop: float = 0.01, max_points: int = 21,
+    fraction: float = 0.5, max_drop: float = 0.01, max_points: int = 21, reference: Calibration | None = None,
 ) -> PreRouteCalibration:
     """Choose the pre-router's skip thresholds (and, with a verifier, the verifier's) on the
-    calibration split; evaluate once on the held-out split."""
+    calibration split; evaluate once on the held-out split. `reference` is the verifier's own
+    calibration for the same target and split, when the caller has already made it."""
     calib, held = split(table, seed, fraction)
     k = max(1, table.top)
     per_tier = max_points if k == 1 else max(5, int(max_points ** (1 / k)))
@@ -220,7 +221,10 @@ def calibrate_preroute(
         vths: tuple[float, ...] = ()
         ref_cal = ref_held = None
     else:
-        vths, ref_cal, met = choose(calib, verifier, target)
+        ref = reference or calibrate(table, verifier, target, seed=seed, fraction=fraction)
+        if (ref.verifier, ref.target, ref.seed, ref.fraction) != (verifier, target, seed, fraction):
+            raise ValueError("the reference calibration is for another verifier, target or split")
+        vths, ref_cal, met, ref_held = tuple(ref.thresholds[n] for n in names), ref.calibration, ref.met, ref.held_out
         results = [
             (ths, evaluate(PreRoutePolicy(prerouter, ths, verifier, vths), calib, ths[0]))
             for ths in itertools.product(*grids)
@@ -228,7 +232,6 @@ def calibrate_preroute(
         # skip threshold 0 never skips, so verify-only itself is always a candidate
         ok = [(ths, r) for ths, r in results if r.accuracy >= ref_cal.accuracy - max_drop - 1e-12]
         skip, on_calib = min(ok, key=lambda x: (x[1].cost_per_1k, -x[1].accuracy, x[0]))
-        ref_held = evaluate(CascadePolicy(verifier, vths), held, vths[0])
     policy = PreRoutePolicy(prerouter, skip, verifier, vths)
     skipped = sum(0 not in policy.route(it).ran for it in held.items)
     return PreRouteCalibration(

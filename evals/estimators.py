@@ -223,7 +223,8 @@ def compare(
     best_single = max(ranked)[1] if ranked else None
     pv = {}
     for v in dict.fromkeys([LEARNED, *([best_single] if best_single else [])]):
-        pv[v] = calibrate_preroute(table, PREROUTER, target, verifier=v, seed=seed, fraction=fraction, max_drop=max_drop)
+        pv[v] = calibrate_preroute(table, PREROUTER, target, verifier=v, seed=seed, fraction=fraction, max_drop=max_drop,
+                                   reference=verify_only[v])
     matched = None
     if best_single is not None:
         level = verify_only[best_single].calibration.accuracy
