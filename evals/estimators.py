@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from evals import metrics
 from evals.calibrate import (
     Calibration,
     PreRouteCalibration,
@@ -32,7 +31,7 @@ from evals.calibrate import (
     in_calibration,
     split,
 )
-from evals.sweep import CONFIG, ResultTable, summarize
+from evals.sweep import CONFIG, ResultTable, score_quality, summarize
 from router.errors import ConfigError
 
 LEARNED = "learned"
@@ -209,14 +208,11 @@ def compare(
     if LEARNED not in table.verifiers:
         raise ValueError("attach the estimator columns first")
     calib, held = split(table, seed, fraction)
-    quality = []
-    for column in [*table.verifiers, PREROUTER]:
-        for i, t in enumerate(table.tiers):
-            pairs = [(it.tiers[i].correct, it.tiers[i].scores[column]) for it in held.items if column in it.tiers[i].scores]
-            if not pairs:
-                continue
-            y, s = zip(*pairs, strict=True)
-            quality.append(HeldOutQuality(column, t.name, len(y), metrics.auroc(y, s), metrics.brier(y, s), metrics.ece(y, s)))
+    quality = [
+        HeldOutQuality(column, t.name, q.n, q.auroc, q.brier, q.ece)
+        for column in [*table.verifiers, PREROUTER]
+        for t, q in zip(table.tiers, score_quality(held, column), strict=True) if q is not None
+    ]
     verify_only = {v: calibrate(table, v, target, seed=seed, fraction=fraction) for v in table.verifiers}
     singles = [v for v in table.verifiers if v not in (LEARNED, CONFIG)]
     ranked = [((summarize(calib, v, curve=[]).auroc[0] or -1.0), v) for v in singles]

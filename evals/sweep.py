@@ -419,19 +419,35 @@ class VerifierSummary:
 CPT_TARGETS = (0.5, 0.8, 0.95)
 
 
-def summarize(table: ResultTable, verifier: str, curve: list[PolicyResult] | None = None) -> VerifierSummary:
-    curve = curve if curve is not None else sweep(table, verifier)
-    aurocs, eces, briers = [], [], []
+@dataclass(frozen=True)
+class ScoreQuality:
+    """How well one column's scores on one tier predict a right answer."""
+
+    n: int
+    auroc: float | None  # None with one class only
+    ece: float | None
+    brier: float | None
+
+
+def score_quality(table: ResultTable, column: str) -> list[ScoreQuality | None]:
+    """Per tier (None where the tier has no such scores)."""
+    out: list[ScoreQuality | None] = []
     for t in range(len(table.tiers)):
-        pairs = [(it.tiers[t].correct, it.tiers[t].scores[verifier]) for it in table.items if verifier in it.tiers[t].scores]
+        pairs = [(it.tiers[t].correct, it.tiers[t].scores[column]) for it in table.items if column in it.tiers[t].scores]
         if not pairs:
-            for column in (aurocs, eces, briers):
-                column.append(None)
+            out.append(None)
             continue
         y, s = zip(*pairs, strict=True)
-        aurocs.append(metrics.auroc(y, s))
-        eces.append(metrics.ece(y, s))
-        briers.append(metrics.brier(y, s))
+        out.append(ScoreQuality(len(y), metrics.auroc(y, s), metrics.ece(y, s), metrics.brier(y, s)))
+    return out
+
+
+def summarize(table: ResultTable, verifier: str, curve: list[PolicyResult] | None = None) -> VerifierSummary:
+    curve = curve if curve is not None else sweep(table, verifier)
+    quality = score_quality(table, verifier)
+    aurocs = [q.auroc if q else None for q in quality]
+    eces = [q.ece if q else None for q in quality]
+    briers = [q.brier if q else None for q in quality]
     weak = accuracy_of(table, 0)
     strong = accuracy_of(table, table.top)
     xy = [(r.top_rate, r.accuracy) for r in curve]
