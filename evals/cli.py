@@ -205,29 +205,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     table = _load(args, args.run)
     console = Console(highlight=False)
+
+    def curve_table(first: str, curve: list[Any]) -> Table:
+        out = Table(first, "accuracy", "cost/1k", "escalation", "savings", "p50", "p95")
+        for p in curve[:: max(1, len(curve) // args.rows)]:
+            out.add_row(_th(p.param), _pct(p.accuracy), _usd(p.cost_per_1k), _pct(p.escalation_rate), _pct(p.savings),
+                        _num(p.latency_p50, 2), _num(p.latency_p95, 2))
+        return out
+
     verifiers = [args.verifier] if args.verifier else table.verifiers
     for v in verifiers:
         s = summarize(table, v)
         console.print(f"[bold]{table.suite} / {v}[/]: AUROC {', '.join(_num(a) for a in s.auroc)}; APGR {_num(s.apgr)}; "
                       f"CPT(50/80/95%) {', '.join(_pct(s.cpt[x]) for x in (0.5, 0.8, 0.95))}; AIQ {_num(s.aiq)}")
-        out = Table("threshold", "accuracy", "cost/1k", "escalation", "savings", "p50", "p95")
-        step = max(1, len(s.curve) // args.rows)
-        for p in s.curve[::step]:
-            out.add_row(_th(p.param), _pct(p.accuracy), _usd(p.cost_per_1k), _pct(p.escalation_rate), _pct(p.savings),
-                        _num(p.latency_p50, 2), _num(p.latency_p95, 2))
-        console.print(out)
+        console.print(curve_table("threshold", s.curve))
     if args.estimators:
         from evals.estimators import PREROUTER
         from evals.sweep import preroute_sweep
 
-        curve = preroute_sweep(table, PREROUTER)
         console.print(f"[bold]{table.suite} / pre-route only[/]: skip a tier when the pre-router's P(right) is below the threshold")
-        out = Table("skip below", "accuracy", "cost/1k", "escalation", "savings", "p50", "p95")
-        step = max(1, len(curve) // args.rows)
-        for p in curve[::step]:
-            out.add_row(_th(p.param), _pct(p.accuracy), _usd(p.cost_per_1k), _pct(p.escalation_rate), _pct(p.savings),
-                        _num(p.latency_p50, 2), _num(p.latency_p95, 2))
-        console.print(out)
+        console.print(curve_table("skip below", preroute_sweep(table, PREROUTER)))
     base = baselines(table)
     for p in base["tiers"] + base["oracle"]:
         console.print(f"{p.policy}: accuracy {_pct(p.accuracy)}, {_usd(p.cost_per_1k)} per 1k")
