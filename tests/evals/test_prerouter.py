@@ -13,16 +13,13 @@ import pytest
 
 from evals.calibrate import Target, calibrate_preroute, split
 from evals.sweep import CONFIG, CascadePolicy, ItemOutcome, PreRoutePolicy, ResultTable, TierInfo, TierOutcome, evaluate
-from router.cascade import Cascade, Tier
+from router.cascade import Cascade
 from router.config import CascadeSettings, PriceSettings, TierSettings
-from router.engine import load_prerouter
 from router.errors import ConfigError
 from router.generation import GenerationRequest, Message
 from router.ledger import LedgerEntry
-from tests.verifiers.scripted import ScriptedBackend
-from verifiers.base import VerifierContext, VerifierSet, WeightedVerifier
-from verifiers.format import make_format
 from router.wheels import sha256_file
+from tests.verifiers.scripted import ScriptedBackend, tier
 from verifiers.learned import LinearModel, dump_estimator
 from verifiers.learned_features import FeatureSpec, gram_bucket
 
@@ -139,13 +136,6 @@ def prerouter_file(tmp: Path, tiers: tuple[str, ...] = ("small",)) -> tuple[Path
     return path, sha256_file(path)
 
 
-def tier(name: str, backend: ScriptedBackend, prerouter: dict | None = None, regex: str | None = None) -> Tier:
-    settings = TierSettings(name=name, backend="llamacpp", llamacpp={"model": "x.gguf"}, price=PRICE, threshold=0.5,
-                            prerouter=prerouter)
-    members = [WeightedVerifier(make_format({"regex": regex}, VerifierContext(tier=name)), 1.0)] if regex else []
-    return Tier(settings, backend, VerifierSet(members), load_prerouter(settings))  # as Engine.from_settings does
-
-
 def ask(text: str) -> GenerationRequest:
     return GenerationRequest(messages=(Message("user", text),), max_tokens=16)
 
@@ -154,7 +144,7 @@ def pre_routed(tmp: Path) -> tuple[Cascade, ScriptedBackend, ScriptedBackend, st
     """small (pre-routed at 0.5, verified by a digit check) then large; both answer "42"."""
     path, sha = prerouter_file(tmp)
     small, large = ScriptedBackend("small", lambda r: "42"), ScriptedBackend("large", lambda r: "42")
-    cascade = Cascade([tier("small", small, {"artifact": path, "sha256": sha, "threshold": 0.5}, regex=r"\d"),
+    cascade = Cascade([tier("small", small, prerouter={"artifact": path, "sha256": sha, "threshold": 0.5}, regex=r"\d"),
                        tier("large", large)], CascadeSettings())
     return cascade, small, large, sha
 
@@ -189,7 +179,7 @@ async def test_the_last_tier_is_never_skipped(tmp_path: Path) -> None:
     path, sha = prerouter_file(tmp_path, ("small", "large"))
     pre = {"artifact": path, "sha256": sha, "threshold": 0.5}
     small, large = ScriptedBackend("small", lambda r: "42"), ScriptedBackend("large", lambda r: "42")
-    cascade = Cascade([tier("small", small, pre), tier("large", large, pre)], CascadeSettings())
+    cascade = Cascade([tier("small", small, prerouter=pre), tier("large", large, prerouter=pre)], CascadeSettings())
     result = await cascade.run(ask("hard"))
     assert result.final.tier == "large" and result.attempts[1].prerouter is None
     direct = await cascade.run(ask("hard"), model="small")  # the client named the tier: it answers
@@ -200,7 +190,7 @@ def test_a_tampered_prerouter_stops_start_up(tmp_path: Path) -> None:
     path, sha = prerouter_file(tmp_path)
     path.write_text(path.read_text().replace('"intercept":-5.0', '"intercept":5.0'))
     with pytest.raises(ConfigError, match=r"tiers \(small\)\.prerouter: .*SHA-256 .* is not the configured"):
-        tier("small", ScriptedBackend("small", str), {"artifact": path, "sha256": sha, "threshold": 0.5})
+        tier("small", ScriptedBackend("small", str), prerouter={"artifact": path, "sha256": sha, "threshold": 0.5})
 
 
 def test_prerouter_settings_are_validated() -> None:

@@ -8,26 +8,13 @@ import pytest
 
 from router.backends.base import Backend
 from router.cascade import Answering, Cascade, Final, Tier
-from router.config import CascadeSettings, PriceSettings, TierSettings
+from router.config import CascadeSettings, PriceSettings
 from router.errors import UnavailableError, UnknownModelError, UpstreamError
 from router.generation import Delta, Generation, GenerationRequest, Message
-from tests.verifiers.scripted import ScriptedBackend
-from verifiers.format import make_format
-from verifiers.base import VerifierContext, VerifierSet, WeightedVerifier
+from tests.verifiers.scripted import ScriptedBackend, tier
 
 REQ = GenerationRequest(messages=(Message("user", "What is 6 * 7?"),), max_tokens=32)
-HOUR = PriceSettings(usd_per_hour=3.6)  # $0.001 per second of busy time
 TOKENS = PriceSettings(usd_per_1m_input_tokens=1000.0, usd_per_1m_output_tokens=2000.0)
-
-
-def tier(name: str, backend: Backend, *, threshold: float = 0.5, regex: str | None = None, price=HOUR) -> Tier:
-    settings = TierSettings(
-        name=name, backend="llamacpp", llamacpp={"model": "x.gguf"}, price=price, threshold=threshold
-    )
-    members = []
-    if regex is not None:
-        members.append(WeightedVerifier(make_format({"regex": regex}, VerifierContext(tier=name)), 1.0))
-    return Tier(settings, backend, VerifierSet(members))
 
 
 def cascade(*tiers: Tier, on_unavailable: str = "error") -> Cascade:

@@ -8,7 +8,14 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 from router.backends.base import Backend
+from router.cascade import Tier
+from router.config import PriceSettings, TierSettings
+from router.engine import load_prerouter
 from router.generation import Delta, Generation, GenerationRequest
+from verifiers.base import VerifierContext, VerifierSet, WeightedVerifier
+from verifiers.format import make_format
+
+HOUR = PriceSettings(usd_per_hour=3.6)  # $0.001 per second of busy time
 
 
 class ScriptedBackend(Backend):
@@ -65,3 +72,18 @@ def gen(text: str, logprobs: tuple[float, ...] | None = None, finish_reason: str
         token_logprobs=logprobs,
         latency_s=0.1,
     )
+
+
+def tier(
+    name: str, backend: Backend, *, threshold: float = 0.5, regex: str | None = None, price=HOUR,
+    prerouter: dict | None = None,
+) -> Tier:
+    """A tier as Engine.from_settings builds one, with a format check as its verifier if `regex`."""
+    settings = TierSettings(
+        name=name, backend="llamacpp", llamacpp={"model": "x.gguf"}, price=price, threshold=threshold,
+        prerouter=prerouter,
+    )
+    members = []
+    if regex is not None:
+        members.append(WeightedVerifier(make_format({"regex": regex}, VerifierContext(tier=name)), 1.0))
+    return Tier(settings, backend, VerifierSet(members), load_prerouter(settings))
