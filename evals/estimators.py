@@ -31,7 +31,7 @@ from evals.calibrate import (
     in_calibration,
     split,
 )
-from evals.sweep import CONFIG, ResultTable, score_quality, summarize
+from evals.sweep import CONFIG, ResultTable, TierOutcome, score_quality, summarize
 from router.errors import ConfigError
 
 LEARNED = "learned"
@@ -99,22 +99,14 @@ def attach(table: ResultTable, preds: Predictions, *, seed: int, fraction: float
             raise ConfigError(f"{preds.root}: item {it.id} was on the other side of the split in training")
         learned[it.id] = [float(r["learned"]) for r in rows]  # type: ignore[index]
         pre[it.id] = [float(r["prerouter"]) for r in rows]  # type: ignore[index]
-    out = table.with_scores(LEARNED, learned)
     members = preds.members(table.run)
-    items = []
-    for it in out.items:
-        tiers = []
-        for t in it.tiers:
-            paid = [m for m in members if m in t.verify_cost_usd]
-            tiers.append(replace(
-                t,
-                verify_cost_usd={**t.verify_cost_usd, LEARNED: sum(t.verify_cost_usd[m] for m in paid)},
-                verify_s={**t.verify_s, LEARNED: max((t.verify_s.get(m, 0.0) for m in paid), default=0.0)},
-            ))
-        items.append(replace(it, tiers=tuple(tiers)))
-    out = replace(out, items=items)
-    with_pre = out.with_scores(PREROUTER, pre)
-    return replace(with_pre, verifiers=out.verifiers)  # the pre-router is not an answer check
+
+    def features_cost(t: TierOutcome) -> tuple[float, float]:  # it computes its feature verifiers, concurrently
+        paid = [m for m in members if m in t.verify_cost_usd]
+        return sum(t.verify_cost_usd[m] for m in paid), max((t.verify_s.get(m, 0.0) for m in paid), default=0.0)
+
+    out = table.with_scores(LEARNED, learned, cost=features_cost)
+    return out.with_scores(PREROUTER, pre, verifier=False)  # the pre-router is not an answer check
 
 
 # ---- the comparison ---------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ sheet recorded with the run (or a new one passed in), so a price change needs no
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -80,18 +80,29 @@ class ResultTable:
     def top(self) -> int:
         return len(self.tiers) - 1
 
-    def with_scores(self, label: str, scores: Mapping[str, Sequence[float]]) -> ResultTable:
-        """A copy with one more verifier column: `scores[item id]` holds one score per tier. How a
-        learned estimator (fit on other items) joins the sweep and calibration; it adds no cost."""
+    def with_scores(
+        self, label: str, scores: Mapping[str, Sequence[float]], *,
+        cost: Callable[[TierOutcome], tuple[float, float]] | None = None, verifier: bool = True,
+    ) -> ResultTable:
+        """A copy with one more score column: `scores[item id]` holds one score per tier. How a
+        learned estimator (fit on other items) joins the sweep and calibration. `cost(outcome)`
+        gives what computing the score costs on that tier's answer ($, seconds; default nothing);
+        `verifier=False` keeps the column out of the verifiers (a pre-router reads no answer)."""
+
+        def scored(t: TierOutcome, v: float) -> TierOutcome:
+            if cost is None:
+                return replace(t, scores={**t.scores, label: float(v)})
+            usd, sec = cost(t)
+            return replace(t, scores={**t.scores, label: float(v)}, verify_cost_usd={**t.verify_cost_usd, label: usd},
+                           verify_s={**t.verify_s, label: sec})
+
         items = []
         for it in self.items:
             values = scores[it.id]
             if len(values) != len(it.tiers):
                 raise ValueError(f"{label}: item {it.id} needs {len(it.tiers)} scores, got {len(values)}")
-            items.append(replace(it, tiers=tuple(
-                replace(t, scores={**t.scores, label: float(v)}) for t, v in zip(it.tiers, values, strict=True)
-            )))
-        return replace(self, items=items, verifiers=[*self.verifiers, label])
+            items.append(replace(it, tiers=tuple(scored(t, v) for t, v in zip(it.tiers, values, strict=True))))
+        return replace(self, items=items, verifiers=[*self.verifiers, label] if verifier else self.verifiers)
 
 
 def load_table(
