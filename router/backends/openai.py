@@ -202,13 +202,12 @@ class OpenAIBackend(Backend):
         opened = await self._with_retries(call, self._attempt_open_stream)
         upstream, acc, permit = opened.upstream, opened.acc, opened.permit
         ttft: float | None = None
-        prompt_estimate = _estimate_tokens(_prompt_text(request))
         try:
             piece = opened.first
             while piece is not None:
                 if ttft is None:
                     ttft = time.monotonic() - call.started
-                yield Delta(piece, *acc.so_far(prompt_estimate))
+                yield Delta(piece, *acc.so_far(call))
                 try:
                     piece = await self._next_piece(upstream, acc, call)
                 except Exception as exc:
@@ -507,6 +506,7 @@ class _Accumulator:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     model: str | None = None
+    prompt_estimate: int | None = None  # when the server reports no usage
 
     @property
     def text(self) -> str:
@@ -545,18 +545,23 @@ class _Accumulator:
             self.parts.append(piece)
         return piece
 
-    def so_far(self, prompt_estimate: int) -> tuple[int, int]:
-        """(prompt, completion) tokens spent so far: what the server reported, else estimated as
-        `generation` estimates them (a stream cut short is priced from these)."""
-        prompt = self.prompt_tokens if self.prompt_tokens is not None else prompt_estimate
-        return prompt, len(self.token_logprobs) if self.token_logprobs else len(self.parts)
+    def prompt_count(self, call: _Call) -> int:
+        """The prompt tokens the server reported, else an estimate (made once per call)."""
+        if self.prompt_tokens is not None:
+            return self.prompt_tokens
+        if self.prompt_estimate is None:
+            self.prompt_estimate = _estimate_tokens(_prompt_text(call.request))
+        return self.prompt_estimate
+
+    def so_far(self, call: _Call) -> tuple[int, int]:
+        """(prompt, completion) tokens spent so far, counted as `generation` counts them (a
+        stream cut short is priced from these)."""
+        return self.prompt_count(call), len(self.token_logprobs) if self.token_logprobs else len(self.parts)
 
     def generation(self, call: _Call, default_model: str, *, ttft_s: float | None) -> Generation:
         text = self.text
         logprobs = tuple(self.token_logprobs) if self.token_logprobs is not None and text else None
-        prompt_tokens = self.prompt_tokens
-        if prompt_tokens is None:
-            prompt_tokens = _estimate_tokens(_prompt_text(call.request))
+        prompt_tokens = self.prompt_count(call)
         completion_tokens = self.completion_tokens
         if completion_tokens is None:
             # Servers send about one token per chunk; logprobs, when present, count exactly.
