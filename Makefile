@@ -4,12 +4,20 @@ PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# llama.cpp built for this CPU but without its AMX kernels: on CPUs with AMX (Sapphire Rapids and
+# later) ggml's AMX matmul crashes the process mid-decode (seen with llama-cpp-python 0.3.36, in our
+# engine and in llama-cpp-python's own server alike). The wheel is built once per flag set and kept.
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DCMAKE_C_FLAGS='-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS='-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16'
+WHEELS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tierroute/wheels/$(shell echo "$(LLAMA_CMAKE_ARGS)" | sha256sum | cut -c1-12)
 
 .PHONY: setup models serve complete test clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+		$(BIN)/pip wheel -q --no-deps --no-cache-dir 'llama-cpp-python>=0.3.16' -w $(WHEELS)
+	$(BIN)/pip install -q $$(ls $(WHEELS)/llama_cpp_python-*.whl | tail -n 1)
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 

@@ -20,6 +20,7 @@ accurate, or the cheapest, or the least escalating) and the result says so.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 import itertools
 import re
 from dataclasses import dataclass
@@ -73,7 +74,8 @@ def split(table: ResultTable, seed: int = 0, fraction: float = 0.5) -> tuple[Res
 def candidate_thresholds(table: ResultTable, verifier: str, tier: int, max_points: int) -> list[float]:
     """Each distinct score on these items (or `max_points` quantiles of them), within [0, 1]:
     the values a config's `threshold` can take."""
-    values = sorted({min(1.0, max(0.0, it.tiers[tier].scores[verifier])) for it in table.items} | {0.0, 1.0})
+    scored = (it.tiers[tier].scores[verifier] for it in table.items)
+    values = sorted({min(1.0, max(0.0, v)) for v in scored if v is not None} | {0.0, 1.0})
     if len(values) > max_points:
         idx = sorted({round(i * (len(values) - 1) / (max_points - 1)) for i in range(max_points)})
         values = [values[i] for i in idx]
@@ -138,6 +140,7 @@ def _pick(
     goal = _goal(table, target)
     feasible = [(ths, r) for ths, r in results if _meets(r, target, goal)]
     pool = feasible or results
+    key: Callable[[tuple[tuple[float, ...], PolicyResult]], tuple[float, float]]
     if target.kind in ("min-accuracy", "min-pgr"):
         # cheapest that meets it; else the most accurate
         key = (lambda x: (x[1].cost_per_1k, -x[1].accuracy)) if feasible else (lambda x: (-x[1].accuracy, x[1].cost_per_1k))

@@ -74,7 +74,7 @@ def fetch(datafile: DataFile, cache_dir: Path | None = None) -> Path:
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     """Rows of a JSON Lines file (gzip-compressed when the name ends in .gz); blank lines skipped."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
+    with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue

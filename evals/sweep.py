@@ -21,8 +21,9 @@ from typing import Any, Protocol
 from evals import metrics
 from evals.runner import verifier_fingerprint
 from evals.store import RunStore, generation_key, grade_key, score_key
+from router import policy
 from router.config import PriceSettings
-from router.pricing import Usage, cost_usd
+from router.pricing import Usage, describe
 
 CONFIG = "config"  # the pseudo-verifier: each tier's configured verifiers, combined as configured
 
@@ -38,7 +39,7 @@ class TierOutcome:
     busy_s: float
     prompt_tokens: int
     completion_tokens: int
-    scores: Mapping[str, float]  # verifier label -> score in [0, 1]
+    scores: Mapping[str, float | None]  # verifier label -> score in [0, 1], None where it abstained
     verify_cost_usd: Mapping[str, float]
     verify_s: Mapping[str, float]
     text: str = ""  # the answer itself, for estimators trained on stored results
@@ -110,8 +111,6 @@ def load_table(
 ) -> ResultTable:
     """The run's items that have every tier's output and grade, priced by the run's price sheet
     (or by `prices`, per tier name, where given). `tiers` picks and orders a subset."""
-    from router.pricing import describe
-
     m = store.manifest()
     suite_fp = m["suite"]["fingerprint"]
     snaps = m["tiers"]
@@ -142,7 +141,7 @@ def load_table(
             if gen is None or grade is None:
                 break
             specs = [(v["label"], v["name"], v["params"]) for v in snap["verifiers"]] + extra
-            scores: dict[str, float] = {}
+            scores: dict[str, float | None] = {}
             vcost: dict[str, float] = {}
             vtime: dict[str, float] = {}
             for label, name, params in specs:
@@ -151,18 +150,19 @@ def load_table(
                     continue
                 scores[label] = rec.value
                 worker = by_tier.get(rec.cost_tier or info.name, info)
-                vcost[label] = cost_usd(
-                    worker.price, Usage(rec.cost_prompt_tokens, rec.cost_completion_tokens, rec.cost_seconds)
+                vcost[label] = policy.verification_cost(
+                    [(worker.price, Usage(rec.cost_prompt_tokens, rec.cost_completion_tokens, rec.cost_seconds))]
                 )
                 vtime[label] = rec.verify_s
             _combine(snap, scores, vcost, vtime)
-            seconds = gen.busy_s if gen.busy_s is not None else gen.latency_s
             outcomes.append(
                 TierOutcome(
                     correct=grade.correct,
-                    cost_usd=cost_usd(info.price, Usage(gen.prompt_tokens, gen.completion_tokens, seconds)),
+                    cost_usd=policy.generation_cost(
+                        info.price, gen.prompt_tokens, gen.completion_tokens, gen.busy_s, gen.latency_s
+                    ),
                     latency_s=gen.latency_s,
-                    busy_s=seconds,
+                    busy_s=policy.generation_seconds(gen.busy_s, gen.latency_s),
                     prompt_tokens=gen.prompt_tokens,
                     completion_tokens=gen.completion_tokens,
                     scores=scores,
@@ -186,22 +186,18 @@ def load_table(
     )
 
 
-def _combine(snap: Mapping[str, Any], scores: dict[str, float], vcost: dict[str, float], vtime: dict[str, float]) -> None:
-    """Add the CONFIG score: the tier's configured verifiers combined as the live cascade does
-    (weighted mean or min; 1.0, accept, when it has none)."""
+def _combine(
+    snap: Mapping[str, Any], scores: dict[str, float | None], vcost: dict[str, float], vtime: dict[str, float]
+) -> None:
+    """Add the CONFIG score: the tier's configured verifiers combined by the live cascade's rule
+    (`router.policy.combine`; 1.0, accept, when it has none)."""
     members = snap["verifiers"]
     if not members:
-        scores[CONFIG], vcost[CONFIG], vtime[CONFIG] = 1.0, 0.0, 0.0
+        scores[CONFIG], vcost[CONFIG], vtime[CONFIG] = policy.combine([]), 0.0, 0.0
         return
     if any(v["label"] not in scores for v in members):
         return
-    values = [scores[v["label"]] for v in members]
-    if snap.get("combine", "mean") == "min":
-        combined = min(values)
-    else:
-        total = math.fsum(v["weight"] for v in members)
-        combined = math.fsum(v["weight"] * scores[v["label"]] for v in members) / total
-    scores[CONFIG] = min(1.0, max(0.0, combined))
+    scores[CONFIG] = policy.combine([(scores[v["label"]], v["weight"]) for v in members], snap.get("combine", "mean"))
     vcost[CONFIG] = math.fsum(vcost[v["label"]] for v in members)
     vtime[CONFIG] = max(vtime[v["label"]] for v in members)  # the cascade runs them concurrently
 
@@ -216,12 +212,19 @@ class Route:
     verified: tuple[tuple[int, str], ...] = ()  # (tier, verifier label) whose cost was paid
 
 
+def _last_checks(item: ItemOutcome, last: int) -> tuple[tuple[int, str], ...]:
+    """The last tier's answer is accepted whatever its score, but the live cascade still runs the
+    tier's configured verifiers on it (their scores are reported), so their cost is paid."""
+    return ((last, CONFIG),) if CONFIG in item.tiers[last].scores else ()
+
+
 class Policy(Protocol):
     """Maps one item's stored outcomes to a route. Implementations must only read what the route
     says ran: a cascade reads the scores of the tiers it tried, a pre-router reads nothing but
     the item, the oracle (a bound, not a router) reads correctness."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def route(self, item: ItemOutcome) -> Route: ...
 
@@ -239,13 +242,13 @@ class CascadePolicy:
         return f"cascade[{self.verifier}]"
 
     def route(self, item: ItemOutcome) -> Route:
-        verified = []
+        verified: list[tuple[int, str]] = []
         last = len(item.tiers) - 1
         for i, outcome in enumerate(item.tiers):
             if i == last:
-                return Route(i, tuple(range(i + 1)), tuple(verified))
+                return Route(i, tuple(range(i + 1)), (*verified, *_last_checks(item, last)))
             verified.append((i, self.verifier))
-            if outcome.scores[self.verifier] >= self.thresholds[i]:
+            if policy.accepts(outcome.scores[self.verifier], self.thresholds[i]):
                 return Route(i, tuple(range(i + 1)), tuple(verified))
         raise AssertionError("unreachable")
 
@@ -273,13 +276,16 @@ class PreRoutePolicy:
         verified: list[tuple[int, str]] = []
         last = len(item.tiers) - 1
         for i, outcome in enumerate(item.tiers):
-            if i < last and outcome.scores[self.prerouter] < self.skip_below[i]:
+            probability = outcome.scores[self.prerouter]
+            if i < last and probability is not None and policy.skips(probability, self.skip_below[i]):
                 continue
             ran.append(i)
-            if i == last or self.verifier is None:
+            if i == last:
+                return Route(i, tuple(ran), (*verified, *_last_checks(item, last)))
+            if self.verifier is None:
                 return Route(i, tuple(ran), tuple(verified))
             verified.append((i, self.verifier))
-            if outcome.scores[self.verifier] >= self.thresholds[i]:
+            if policy.accepts(outcome.scores[self.verifier], self.thresholds[i]):
                 return Route(i, tuple(ran), tuple(verified))
         raise AssertionError("unreachable")
 
@@ -394,7 +400,8 @@ def random_escalation(table: ResultTable, p: float) -> PolicyResult:
 def threshold_grid(table: ResultTable, verifier: str, *, max_points: int = 200) -> list[float]:
     """Thresholds that give every distinct routing on these items: each distinct score (or
     `max_points` quantiles of them), plus 0 (accept everything) and +inf (escalate everything)."""
-    values = sorted({it.tiers[t].scores[verifier] for it in table.items for t in range(max(1, table.top))})
+    scored = (it.tiers[t].scores[verifier] for it in table.items for t in range(max(1, table.top)))
+    values = sorted({v for v in scored if v is not None})
     if len(values) > max_points:
         idx = [round(i * (len(values) - 1) / (max_points - 1)) for i in range(max_points)]
         values = [values[i] for i in sorted(set(idx))]
@@ -444,7 +451,9 @@ def score_quality(table: ResultTable, column: str) -> list[ScoreQuality | None]:
     """Per tier (None where the tier has no such scores)."""
     out: list[ScoreQuality | None] = []
     for t in range(len(table.tiers)):
-        pairs = [(it.tiers[t].correct, it.tiers[t].scores[column]) for it in table.items if column in it.tiers[t].scores]
+        pairs = [
+            (it.tiers[t].correct, v) for it in table.items if (v := it.tiers[t].scores.get(column)) is not None
+        ]
         if not pairs:
             out.append(None)
             continue

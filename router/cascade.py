@@ -11,17 +11,27 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from router import policy
 from router.backends.base import Backend
 from router.config import CascadeSettings, TierSettings
 from router.errors import UnavailableError, UnknownModelError
 from router.generation import Delta, Generation, GenerationRequest
-from router.pricing import Usage, cost_usd
-from verifiers.base import Score, VerifierCost, VerifierSet
+from router.pricing import Usage
+from router.verification import Score, VerifierCost, VerifierSet
 
-if TYPE_CHECKING:
-    from verifiers.learned import PreRouter
+
+class PreRouter(Protocol):
+    """A prompt-only estimator in front of a tier: the probability that the tier will answer
+    right, before it generates (trained by `tierroute eval train`)."""
+
+    threshold: float
+
+    @property
+    def version(self) -> str: ...
+
+    def probability(self, request: GenerationRequest) -> float: ...
 
 
 @dataclass
@@ -35,8 +45,9 @@ class Tier:
     def name(self) -> str:
         return self.settings.name
 
-    def price(self, usage: Usage) -> float:
-        return cost_usd(self.settings.price, usage)
+    def cost_of(self, gen: Generation) -> float:
+        """What generating `gen` cost on this tier."""
+        return policy.generation_cost(self.settings.price, gen.prompt_tokens, gen.completion_tokens, gen.busy_s, gen.latency_s)
 
 
 @dataclass
@@ -70,7 +81,7 @@ class Attempt:
             "abandoned": self.abandoned,
             "prerouter": self.prerouter,
             "scores": {
-                name: {"score": round(s.value, 6), "reason": s.reason, "details": s.details}
+                name: {"score": None if s.value is None else round(s.value, 6), "reason": s.reason, "details": s.details}
                 for name, s in self.scores.items()
             },
             "prompt_tokens": g.prompt_tokens if g else 0,
@@ -80,7 +91,7 @@ class Attempt:
             "verify_ms": round(self.verify_s * 1000, 1),
             "cost_usd": self.cost_usd,
             "verifier_cost_usd": self.verifier_cost_usd,
-            "verifier_tokens": self.verifier_cost.prompt_tokens + self.verifier_cost.completion_tokens,
+            "verifier_tokens": self.verifier_cost.tokens,
         }
 
 
@@ -220,10 +231,9 @@ class Cascade:
                     yield Final(self._result(model, attempts, fallback, unverified=True))
                     return
                 attempt.generation = gen
-                attempt.cost_usd = tier.price(Usage(gen.prompt_tokens, gen.completion_tokens, gen.busy_s or gen.latency_s))
+                attempt.cost_usd = tier.cost_of(gen)
                 await self._verify(tier, tier_request, gen, attempt)
-                accept = attempt.score is not None and attempt.score >= tier.settings.threshold
-                if accept:
+                if policy.accepts(attempt.score, tier.settings.threshold):
                     attempt.accepted = True
                     attempt.reason = attempt.reason or "score reached the threshold"
                 elif last:
@@ -247,7 +257,7 @@ class Cascade:
     def _skip(prerouter: PreRouter, request: GenerationRequest, attempt: Attempt) -> bool:
         p = prerouter.probability(request)
         attempt.prerouter = {"version": prerouter.version, "probability": round(p, 6), "threshold": prerouter.threshold}
-        if p >= prerouter.threshold:
+        if not policy.skips(p, prerouter.threshold):
             return False
         attempt.skipped = True
         attempt.reason = f"skipped by pre-router p={p:.3f} < {prerouter.threshold:g} ({prerouter.version})"
@@ -266,13 +276,12 @@ class Cascade:
         if attempt.generation is None and pieces:
             last = pieces[-1]
             completion = last.completion_tokens if last.completion_tokens is not None else len(pieces)
-            elapsed = time.monotonic() - started
-            busy = last.busy_s
             attempt.generation = Generation(
                 text="".join(p.text for p in pieces), finish_reason="cancelled", prompt_tokens=last.prompt_tokens or 0,
-                completion_tokens=completion, token_logprobs=None, latency_s=elapsed, busy_s=busy,
+                completion_tokens=completion, token_logprobs=None, latency_s=time.monotonic() - started,
+                busy_s=last.busy_s,
             )
-            attempt.cost_usd = tier.price(Usage(last.prompt_tokens or 0, completion, busy if busy is not None else elapsed))
+            attempt.cost_usd = tier.cost_of(attempt.generation)
         if gone:
             attempt.abandoned = True
             attempt.accepted = False
@@ -292,23 +301,38 @@ class Cascade:
 
     async def _verify(self, tier: Tier, request: GenerationRequest, gen: Generation, attempt: Attempt) -> None:
         if not tier.verifiers:
-            attempt.score = 1.0
+            attempt.score = policy.combine([])
             attempt.reason = "no verifiers"
             return
         t0 = time.monotonic()
-        verdict = await tier.verifiers.score(request, gen)
+        try:
+            # a verifier that hangs (a sandbox queue, a judge tier) must not hold the request:
+            # past the tier's verification deadline the answer counts as unverified and goes up
+            verdict = await asyncio.wait_for(tier.verifiers.score(request, gen), timeout=tier.settings.verify_timeout_s)
+        except TimeoutError:
+            attempt.verify_s = time.monotonic() - t0
+            attempt.score = None
+            attempt.reason = f"verification passed its deadline ({tier.settings.verify_timeout_s:g} s)"
+            return
         attempt.verify_s = time.monotonic() - t0
         attempt.score = verdict.score
         attempt.scores = verdict.scores
         attempt.verifier_cost = verdict.cost
-        worker = self.by_name.get(verdict.cost.tier or tier.name, tier)
-        attempt.verifier_cost_usd = worker.price(
-            Usage(verdict.cost.prompt_tokens, verdict.cost.completion_tokens, verdict.cost.seconds)
+        attempt.verifier_cost_usd = policy.verification_cost(
+            (self._worker(part.tier, tier).settings.price, Usage(part.prompt_tokens, part.completion_tokens, part.seconds))
+            for s in verdict.scores.values()
+            for part in s.cost.parts()
         )
+
+    def _worker(self, name: str | None, tier: Tier) -> Tier:
+        """The tier whose price a verifier's work is charged at: the one that did it."""
+        return self.by_name.get(name or tier.name, tier)
 
     @staticmethod
     def _why_rejected(attempt: Attempt) -> str:
-        low = sorted(attempt.scores.items(), key=lambda kv: kv[1].value)
+        if attempt.score is None:
+            return attempt.reason or "every verifier abstained: no evidence the answer is right"
+        low = sorted((kv for kv in attempt.scores.items() if kv[1].value is not None), key=lambda kv: kv[1].value or 0.0)
         detail = "; ".join(f"{name}={s.value:.3f} ({s.reason})" for name, s in low[:3])
         return f"score {attempt.score:.3f} < threshold {attempt.threshold:.2f}" + (f": {detail}" if detail else "")
 
@@ -340,6 +364,5 @@ class Cascade:
         gen = final.generation
         if gen is None:
             return 0.0
-        seconds = gen.busy_s or gen.latency_s
-        return top.price(Usage(gen.prompt_tokens, gen.completion_tokens, seconds))
+        return top.cost_of(gen)
 

@@ -98,15 +98,21 @@ class OpenAIBackendSettings(_Strict):
 
 class TierSettings(_Strict):
     name: str
-    backend: Literal["llamacpp", "openai"]
+    backend: str = Field(
+        description="A registered backend: 'llamacpp' (in-process), 'openai' (any OpenAI-compatible server) or a plugin's."
+    )
     llamacpp: LlamaCppSettings | None = None
     openai: OpenAIBackendSettings | None = None
+    options: dict[str, Any] = Field(default_factory=dict, description="Settings of a plugin backend.")
     price: PriceSettings = Field(description="Required: every tier is priced.")
     verifiers: list[VerifierSpec] = Field(default_factory=list)
     combine: Literal["mean", "min"] = Field("mean", description="How verifier scores are combined.")
     threshold: float = Field(0.5, ge=0, le=1, description="Accept when the combined score >= this.")
     max_tokens: int = Field(512, ge=1, description="Cap on a request's max_tokens at this tier.")
     timeout_s: float = Field(120.0, gt=0, description="Deadline for one generation at this tier.")
+    verify_timeout_s: float = Field(
+        60.0, gt=0, description="Deadline for scoring one answer; past it the answer is not accepted (it goes up)."
+    )
     prerouter: PrerouterSettings | None = Field(
         None, description="Optional: skip this tier (never the last) when a prompt-only estimator predicts failure."
     )
@@ -120,12 +126,13 @@ class TierSettings(_Strict):
 
     @model_validator(mode="after")
     def _backend_section(self) -> TierSettings:
-        section = getattr(self, self.backend)
-        if section is None:
-            raise ValueError(f"backend '{self.backend}' needs a [tiers.{self.backend}] section")
-        other = "openai" if self.backend == "llamacpp" else "llamacpp"
-        if getattr(self, other) is not None:
-            raise ValueError(f"backend is '{self.backend}' but a [tiers.{other}] section is set")
+        # the built-in backends have typed sections; whether the name is registered at all is
+        # checked against the backend registry at start-up (router.engine.check_resources)
+        for section in ("llamacpp", "openai"):
+            if self.backend == section and getattr(self, section) is None:
+                raise ValueError(f"backend '{self.backend}' needs a [tiers.{self.backend}] section")
+            if self.backend != section and getattr(self, section) is not None:
+                raise ValueError(f"backend is '{self.backend}' but a [tiers.{section}] section is set")
         return self
 
 
@@ -229,7 +236,8 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
         "Settings", (Settings,), {"model_config": {**Settings.model_config, "toml_file": config_path}}
     )
     try:
-        return bound(**overrides)
+        settings: Settings = bound(**overrides)
+        return settings
     except ValidationError as exc:
         raw: dict[str, Any] | None = None
         try:

@@ -11,11 +11,12 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from router.backends.base import Backend, make_backend
+from router.backends.base import Backend
 from router.cascade import Cascade, Tier
 from router.config import Settings, TierSettings
 from router.errors import ConfigError, ModelError
-from verifiers.base import Registry, SharedRegistry, VerifierContext, VerifierError, VerifierSet, WeightedVerifier
+from router.plugins import BackendRegistry, SharedRegistry, VerifierRegistry
+from router.verification import VerifierContext, VerifierError, VerifierSet, WeightedVerifier
 
 if TYPE_CHECKING:
     from verifiers.learned import PreRouter
@@ -36,17 +37,21 @@ def load_prerouter(tier: TierSettings) -> PreRouter | None:
 
 
 def check_resources(
-    settings: Settings, registry: Registry | None = None, *, skip_models: Collection[str] = ()
+    settings: Settings, registry: VerifierRegistry | None = None, *, skip_models: Collection[str] = (),
+    backends: BackendRegistry | None = None,
 ) -> list[str]:
-    """What would stop the service starting, each naming the config key: missing or corrupt model
-    files (except for the tiers in `skip_models`, whose backend is supplied), unknown verifiers,
-    pre-router files that are missing or not the configured ones."""
+    """What would stop the service starting, each naming the config key: unknown backends,
+    missing or corrupt model files (except for the tiers in `skip_models`, whose backend is
+    supplied), unknown verifiers, pre-router files that are missing or not the configured ones."""
     from router.catalog import resolve_model
 
     problems: list[str] = []
-    reg = registry or Registry.from_entry_points()
+    reg = registry or VerifierRegistry.from_entry_points()
+    breg = backends or BackendRegistry.from_entry_points()
     for i, tier in enumerate(settings.tiers):
         key = f"tiers[{i}] ({tier.name})"
+        if tier.backend not in breg and tier.name not in skip_models:
+            problems.append(f"{key}.backend: unknown backend '{tier.backend}'; known: {', '.join(breg.names())}")
         if tier.llamacpp is not None and tier.name not in skip_models:
             try:
                 resolve_model(tier.llamacpp.model, settings.models.cache_dir)
@@ -75,23 +80,24 @@ class Engine:
         settings: Settings,
         *,
         only: Sequence[str] | None = None,
-        registry: Registry | None = None,
+        registry: VerifierRegistry | None = None,
         backends: Mapping[str, Backend] | None = None,
     ) -> Engine:
         """Build every tier (or just those in `only`). `backends` replaces the configured backend of
         the named tiers: the seam tests use to put an instant or faulty backend behind a tier."""
-        reg = registry or Registry.from_entry_points()
+        reg = registry or VerifierRegistry.from_entry_points()
+        breg = BackendRegistry.from_entry_points()
         tier_settings = [t for t in settings.tiers if only is None or t.name in only]
         if only is not None:
             unknown = set(only) - {t.name for t in settings.tiers}
             if unknown:
                 raise ConfigError(f"unknown tier(s): {', '.join(sorted(unknown))}")
-        problems = check_resources(settings, reg, skip_models=list(backends or {}))
+        problems = check_resources(settings, reg, skip_models=list(backends or {}), backends=breg)
         if problems:
             raise ConfigError("cannot start:\n  " + "\n  ".join(problems))
         built: dict[str, Backend] = {}
         for t in tier_settings:
-            built[t.name] = (backends or {}).get(t.name) or make_backend(t, settings)
+            built[t.name] = (backends or {}).get(t.name) or breg.create(t, settings)
         tiers: list[Tier] = []
         for t in tier_settings:
             shared = SharedRegistry(reg)  # a learned verifier's features reuse the tier's own scores

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
-
-Role = Literal["system", "user", "assistant", "tool", "developer"]
-
 
 @dataclass(frozen=True)
 class Message:
@@ -73,12 +69,6 @@ class Generation:
     ttft_s: float | None = None
     busy_s: float | None = None  # compute time attributable to this request (for time pricing)
     model: str = ""
-
-    @property
-    def mean_logprob(self) -> float | None:
-        if not self.token_logprobs:
-            return None
-        return math.fsum(self.token_logprobs) / len(self.token_logprobs)
 
 
 @dataclass(frozen=True)

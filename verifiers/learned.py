@@ -50,7 +50,8 @@ class EstimatorError(ValueError):
 def sigmoid(t: np.ndarray) -> np.ndarray:
     import numpy as np
 
-    return 1.0 / (1.0 + np.exp(-np.clip(t, -500, 500)))
+    out: np.ndarray = 1.0 / (1.0 + np.exp(-np.clip(t, -500, 500)))
+    return out
 
 
 async def score_or_zero(verifier: Verifier, request: GenerationRequest, candidate: Generation) -> Score:
@@ -84,7 +85,8 @@ class LinearModel:
         import numpy as np
 
         mean, scale, coef = self._arrays
-        return (np.asarray(x, dtype=float) - mean) / scale @ coef + self.intercept
+        out: np.ndarray = (np.asarray(x, dtype=float) - mean) / scale @ coef + self.intercept
+        return out
 
     def probability(self, x: np.ndarray) -> np.ndarray:
         return sigmoid(self.platt_a * self.decision(x) + self.platt_b)
@@ -197,7 +199,10 @@ def _model(tier: str, m: Any, width: int) -> LinearModel:
             raise ValueError(f"model for tier {tier!r}: {key} must be a finite number")
         scalars[key] = float(m[key])
     info = m.get("info", {})
-    return LinearModel(**arrays, **scalars, info=info if isinstance(info, dict) else {})
+    return LinearModel(
+        mean=arrays["mean"], scale=arrays["scale"], coef=arrays["coef"], intercept=scalars["intercept"],
+        platt_a=scalars["platt_a"], platt_b=scalars["platt_b"], info=info if isinstance(info, dict) else {},
+    )
 
 
 def _finite(v: Any) -> bool:
@@ -251,7 +256,7 @@ class LearnedVerifier:
             "estimator_version": self.estimator.version,
             "probability": round(p, 6),
             "tier_model": self.tier,
-            "features": {label: round(v, 6) for label, v in scores.items()},
+            "features": {label: None if v is None else round(v, 6) for label, v in scores.items()},
             "verify_ms": round((time.monotonic() - t0) * 1000, 1),
         }
         return Score(p, f"estimated P(right) {p:.3f} ({self.estimator.version})", details, cost)

@@ -44,6 +44,8 @@ ANSWER_FEATURES = (
     "completion_tokens_log", "answer_chars_log", "finish_length", "prompt_tokens_log",
 )
 
+ABSTAINED = 0.5  # the feature value of a verifier that abstained on an answer
+
 
 @dataclass(frozen=True)
 class VerifierRef:
@@ -119,10 +121,11 @@ class FeatureSpec:
         self,
         request: GenerationRequest,
         generation: Generation | None = None,
-        scores: Mapping[str, float] | None = None,
+        scores: Mapping[str, float | None] | None = None,
     ) -> np.ndarray:
         """One row of features. The verifier's spec needs the generation and a score for each
-        of its verifiers (by label); the pre-router's reads the request only."""
+        of its verifiers (by label); the pre-router's reads the request only. A verifier that
+        abstained (None) reads as 0.5: no evidence either way."""
         text = _prompt_text(request)
         row = prompt_features(request, text)
         if self.answer:
@@ -133,7 +136,7 @@ class FeatureSpec:
             missing = [v.label for v in self.verifiers if v.label not in scores]
             if missing:
                 raise ValueError(f"missing verifier scores: {', '.join(missing)}")
-            row += [float(scores[v.label]) for v in self.verifiers]
+            row += [ABSTAINED if (v := scores[ref.label]) is None else float(v) for ref in self.verifiers]
         out = np.zeros(len(row) + self.n_buckets)
         out[: len(row)] = row
         out[len(row):] = hashed_grams(text, self.n_buckets, self.ngram_max)

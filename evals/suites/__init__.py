@@ -9,12 +9,12 @@ factory. The built-ins register the same way. A name that ends in ``.jsonl`` (or
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib.metadata import entry_points
 
 from evals.suites.base import AnswerKey, Item, Suite
 from router.errors import ConfigError
+from router.plugins import SUITES as ENTRY_POINT_GROUP
+from router.plugins import Registry
 
-ENTRY_POINT_GROUP = "tierroute.suites"
 SuiteFactory = Callable[[], Suite]
 
 
@@ -28,22 +28,18 @@ def register_builtin_suites(register: Callable[[str, SuiteFactory], None]) -> No
     register("mmlu", MMLU)
 
 
-def _registry() -> dict[str, SuiteFactory]:
-    factories: dict[str, SuiteFactory] = {}
+class SuiteRegistry(Registry[SuiteFactory]):
+    kind = "suite"
 
-    def register(name: str, factory: SuiteFactory) -> None:
-        if name in factories:
-            raise ConfigError(f"suite '{name}' registered twice")
-        factories[name] = factory
 
-    register_builtin_suites(register)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        ep.load()(register)
-    return factories
+def _registry() -> SuiteRegistry:
+    reg = SuiteRegistry()
+    reg.load(ENTRY_POINT_GROUP)
+    return reg
 
 
 def suite_names() -> list[str]:
-    return sorted(_registry())
+    return _registry().names()
 
 
 def get_suite(name: str) -> Suite:
@@ -54,8 +50,8 @@ def get_suite(name: str) -> Suite:
         return JsonlSuite(name.removeprefix("jsonl:"))
     factories = _registry()
     if name not in factories:
-        raise ConfigError(f"unknown suite '{name}'; known: {', '.join(sorted(factories))}, or a path to a .jsonl file")
-    return factories[name]()
+        raise ConfigError(f"unknown suite '{name}'; known: {', '.join(factories.names())}, or a path to a .jsonl file")
+    return factories.get(name)()
 
 
 __all__ = ["AnswerKey", "Item", "Suite", "get_suite", "suite_names", "register_builtin_suites"]

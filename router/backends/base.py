@@ -7,13 +7,9 @@ finished `Generation`. `generate` is derived from it. Capabilities are class att
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator
 
 from router.generation import Delta, Generation, GenerationRequest
-
-if TYPE_CHECKING:
-    from router.config import Settings, TierSettings
 
 
 class Backend(abc.ABC):
@@ -49,19 +45,3 @@ class Backend(abc.ABC):
         if result is None:
             raise RuntimeError(f"backend {self.name} ended its stream without a result")
         return result
-
-
-BackendFactory = Callable[["TierSettings", "Settings"], Backend]
-
-
-def make_backend(tier: TierSettings, settings: Settings) -> Backend:
-    """Build the backend a tier's config names. Heavy imports happen only here."""
-    if tier.backend == "llamacpp":
-        from router.backends.llamacpp import LlamaCppBackend
-
-        return LlamaCppBackend.from_settings(tier, settings)
-    if tier.backend == "openai":
-        from router.backends.openai import OpenAIBackend
-
-        return OpenAIBackend.from_settings(tier, settings)
-    raise ValueError(f"unknown backend {tier.backend!r}")

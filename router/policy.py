@@ -1,0 +1,73 @@
+"""The cascade's decision rule, in one place: how a tier's verifier scores combine, when a tier
+accepts its answer, when a pre-router skips a tier, and how the work of generating and verifying
+is priced.
+
+The live cascade (`router.cascade`) and every offline simulation (`evals.sweep` and what builds on
+it: calibration, the estimators' policies, the reports) call these functions and nothing else, so a
+threshold calibrated offline means in the service exactly what it meant in the simulator. A replay
+test (tests/evals/test_parity.py) holds the two together on the committed eval runs.
+
+A verifier may abstain (its score is None: "does not apply to this answer"). The combination
+ignores abstentions; when every verifier abstains there is no evidence either way, the combined
+score is None, and the tier does not accept (the answer goes up, or, on the last tier, is returned
+unverified as any last-tier answer is). A tier with no verifiers at all accepts (score 1.0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+from router.config import PriceSettings
+from router.pricing import Usage, cost_usd
+
+Combine = Literal["mean", "min"]
+
+
+def combine(members: Sequence[tuple[float | None, float]], how: str = "mean") -> float | None:
+    """One score from `(score, weight)` pairs: the weighted mean or the minimum of the scores that
+    did not abstain, clamped to [0, 1]; 1.0 when there are no members, None when all abstain."""
+    if how not in ("mean", "min"):
+        raise ValueError(f"combine must be 'mean' or 'min', not {how!r}")
+    if not members:
+        return 1.0
+    present = [(s, w) for s, w in members if s is not None]
+    if not present:
+        return None
+    if how == "min":
+        combined = min(s for s, _ in present)
+    else:
+        total = math.fsum(w for _, w in present)
+        combined = math.fsum(w * s for s, w in present) / total
+    return min(1.0, max(0.0, combined))
+
+
+def accepts(score: float | None, threshold: float) -> bool:
+    """A tier accepts its answer when the combined score reaches its threshold."""
+    return score is not None and score >= threshold
+
+
+def skips(probability: float, threshold: float) -> bool:
+    """A pre-router skips its tier when the predicted probability of a right answer is below its
+    threshold."""
+    return probability < threshold
+
+
+def generation_seconds(busy_s: float | None, latency_s: float) -> float:
+    """The compute time a time-priced tier is charged for: the measured busy time where the backend
+    measures it, else the wall latency."""
+    return busy_s if busy_s is not None else latency_s
+
+
+def generation_cost(
+    price: PriceSettings, prompt_tokens: int, completion_tokens: int, busy_s: float | None, latency_s: float
+) -> float:
+    """What generating one answer cost on a tier with this price."""
+    return cost_usd(price, Usage(prompt_tokens, completion_tokens, generation_seconds(busy_s, latency_s)))
+
+
+def verification_cost(parts: Iterable[tuple[PriceSettings, Usage]]) -> float:
+    """What a tier's verifying cost: each verifier's extra work priced at the tier that did it
+    (a `self_consistency` on the tier itself, a `judge` on another tier), summed."""
+    return math.fsum(cost_usd(price, usage) for price, usage in parts)

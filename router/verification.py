@@ -1,0 +1,192 @@
+"""What the cascade needs of verification, and nothing of any verifier: the score a verifier
+returns, the verifier protocol, the context a verifier is built with, and a tier's set of
+verifiers run concurrently and combined by the decision rule in `router.policy`.
+
+A verifier scores a candidate answer in [0, 1] and says why, or abstains (`Score.abstain`) when it
+does not apply (a maths check on a poem). It sees what a real caller would have, the request and
+the candidate, and never a grader's reference answer. Implementations live in the `verifiers`
+package and in third-party plugins; they are registered by name (`router.plugins`) and built by
+the composition root (`router.engine`), so this module, and the cascade, import none of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from router import policy
+from router.generation import Generation, GenerationRequest
+
+if TYPE_CHECKING:
+    from router.backends.base import Backend
+    from router.plugins import VerifierRegistry
+
+
+@dataclass(frozen=True)
+class VerifierCost:
+    """What verifying cost beyond the candidate itself: extra tokens and compute time, and the tier
+    whose backend did that work (None: the tier being verified). A verifier whose work ran on
+    several tiers (a learned verifier reading a `judge` on another tier) adds costs up: work on
+    the same tier is summed, work on another tier is kept apart in `others`, so that every part is
+    priced at the tier that did it (`parts`, `router.policy.verification_cost`)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    tier: str | None = None
+    others: tuple[VerifierCost, ...] = ()  # work on other tiers, one entry per tier
+
+    def __add__(self, other: VerifierCost) -> VerifierCost:
+        by_tier: dict[str | None, VerifierCost] = {}
+        for part in (*self.parts(), *other.parts()):
+            have = by_tier.get(part.tier)
+            by_tier[part.tier] = part if have is None else VerifierCost(
+                have.prompt_tokens + part.prompt_tokens, have.completion_tokens + part.completion_tokens,
+                have.seconds + part.seconds, part.tier,
+            )
+        if not by_tier:
+            return VerifierCost()
+        first, *rest = by_tier.values()
+        return replace(first, others=tuple(rest))
+
+    def parts(self) -> tuple[VerifierCost, ...]:
+        """One cost per tier that did work, each without `others`; nothing for no work."""
+        own = () if self.is_zero() and self.tier is None else (replace(self, others=()),)
+        return own + tuple(p for o in self.others for p in o.parts())
+
+    def is_zero(self) -> bool:
+        return self.prompt_tokens == 0 and self.completion_tokens == 0 and self.seconds == 0.0
+
+    @property
+    def tokens(self) -> int:
+        return sum(p.prompt_tokens + p.completion_tokens for p in self.parts())
+
+
+@dataclass(frozen=True)
+class Score:
+    value: float | None  # in [0, 1], higher means more likely acceptable; None: abstains
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+    cost: VerifierCost = field(default_factory=VerifierCost)
+
+    def __post_init__(self) -> None:
+        if self.value is not None and (math.isnan(self.value) or not 0.0 <= self.value <= 1.0):
+            raise ValueError(f"score {self.value} outside [0, 1]")
+
+    @classmethod
+    def abstain(cls, reason: str, **kwargs: Any) -> Score:
+        """Not applicable to this answer: the combination ignores it."""
+        return cls(None, reason, **kwargs)
+
+    @property
+    def abstained(self) -> bool:
+        return self.value is None
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    async def score(self, request: GenerationRequest, candidate: Generation) -> Score: ...
+
+
+@dataclass
+class VerifierContext:
+    """What a verifier may use besides the request: the tier's own backend and the others."""
+
+    tier: str
+    backend: Backend | None = None
+    backends: Mapping[str, Backend] = field(default_factory=dict)
+    # where a verifier that is built from other verifiers (`learned`) gets them: a tier's
+    # SharedRegistry, so a feature verifier the tier also runs is scored once per answer
+    registry: VerifierRegistry | None = None
+
+
+VerifierFactory = Callable[[dict[str, Any], VerifierContext], Verifier]
+
+
+class VerifierError(ValueError):
+    """A verifier name or its params are wrong (raised at start-up, naming the verifier)."""
+
+
+# Scores already computed for the candidate a VerifierSet is scoring now, by shared verifier.
+_ROUND: ContextVar[dict[int, asyncio.Future[Score]] | None] = ContextVar("tierroute_verify_round", default=None)
+
+
+class SharedVerifier:
+    """One verifier instance that several members of a tier use, such as the tier's own
+    `confidence` and the `confidence` feature of its `learned` verifier: within one VerifierSet
+    scoring (one candidate) it runs once; the first caller gets the score with its cost, the others
+    the same score at no cost, so the verifying is charged once. Outside one, or with a single
+    user (nothing to share), it simply scores: no task, no lookup."""
+
+    def __init__(self, inner: Verifier) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.users = 0  # members built on this instance; with one, there is nothing to share
+
+    async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
+        memo = _ROUND.get() if self.users > 1 else None
+        if memo is None:
+            return await self.inner.score(request, candidate)
+        fut = memo.get(id(self))
+        if fut is None:
+            fut = memo[id(self)] = asyncio.ensure_future(self.inner.score(request, candidate))
+            return await asyncio.shield(fut)  # one caller cancelled does not cancel the others' score
+        return replace(await asyncio.shield(fut), cost=VerifierCost())
+
+
+@dataclass(frozen=True)
+class WeightedVerifier:
+    verifier: Verifier
+    weight: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The combined judgement of a tier's verifiers: the combined score (None when every verifier
+    abstained) and each verifier's own score, which carries its cost."""
+
+    score: float | None
+    scores: dict[str, Score]
+
+    @property
+    def cost(self) -> VerifierCost:
+        """The extra work of all members together, kept apart per tier that did it."""
+        total = VerifierCost()
+        for s in self.scores.values():
+            total = total + s.cost
+        return total
+
+
+class VerifierSet:
+    """A tier's verifiers, run concurrently and combined by `router.policy.combine`."""
+
+    def __init__(self, members: list[WeightedVerifier], combine: str = "mean") -> None:
+        if combine not in ("mean", "min"):
+            raise VerifierError(f"combine must be 'mean' or 'min', not {combine!r}")
+        names = [m.verifier.name for m in members]
+        if len(set(names)) != len(names):
+            raise VerifierError(f"a tier lists the same verifier twice: {names}")
+        self.members = members
+        self.combine = combine
+
+    def __bool__(self) -> bool:
+        return bool(self.members)
+
+    async def score(self, request: GenerationRequest, candidate: Generation) -> Verdict:
+        if not self.members:
+            return Verdict(policy.combine([], self.combine), {})
+        token = _ROUND.set({})  # the members' tasks (and theirs) share this candidate's scores
+        try:
+            results = await asyncio.gather(*(m.verifier.score(request, candidate) for m in self.members))
+        finally:
+            _ROUND.reset(token)
+        scores = {m.verifier.name: s for m, s in zip(self.members, results, strict=True)}
+        combined = policy.combine([(s.value, m.weight) for m, s in zip(self.members, results, strict=True)], self.combine)
+        return Verdict(combined, scores)
