@@ -19,7 +19,7 @@ from router.plugins import BackendRegistry, SharedRegistry, VerifierRegistry
 from router.verification import VerifierContext, VerifierError, VerifierSet, WeightedVerifier
 
 if TYPE_CHECKING:
-    from verifiers.learned import PreRouter
+    from router.estimators import PreRouter
 
 
 def load_prerouter(tier: TierSettings) -> PreRouter | None:
@@ -27,7 +27,7 @@ def load_prerouter(tier: TierSettings) -> PreRouter | None:
     tampered or malformed file is a ConfigError naming the key."""
     if tier.prerouter is None:
         return None
-    from verifiers.learned import EstimatorError, PreRouter
+    from router.estimators import EstimatorError, PreRouter
 
     cfg = tier.prerouter
     try:

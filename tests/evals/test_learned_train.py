@@ -22,7 +22,8 @@ from router.config import VerifierSpec
 from router.errors import ConfigError
 from tests.evals.learned_helpers import make_run
 from verifiers.base import Registry, VerifierContext
-from verifiers.learned import LearnedVerifier, PreRouter
+from router.estimators import PreRouter
+from verifiers.learned import LearnedVerifier
 
 BUCKETS = 64
 

@@ -29,16 +29,9 @@ from verifiers.base import (
     VerifierSet,
     WeightedVerifier,
 )
-from verifiers.learned import (
-    EstimatorError,
-    LearnedVerifier,
-    LinearModel,
-    PreRouter,
-    dump_estimator,
-    load_estimator,
-    make_learned,
-)
-from verifiers.learned_features import (
+from router.estimators import EstimatorError, LinearModel, PreRouter, dump_estimator, load_estimator
+from verifiers.learned import LearnedVerifier, make_learned
+from router.features import (
     ANSWER_FEATURES,
     PROMPT_FEATURES,
     FeatureSpec,
@@ -96,7 +89,7 @@ def test_prompt_only_features_read_no_answer() -> None:
 
 def test_gram_hashing_is_the_same_in_every_process() -> None:
     here = hashed_grams("the quick brown fox jumps", 64).tolist()
-    code = ("import json; from verifiers.learned_features import hashed_grams; "
+    code = ("import json; from router.features import hashed_grams; "
             "print(json.dumps(hashed_grams('the quick brown fox jumps', 64).tolist()))")
     for seed in ("1", "12345"):  # Python's hash() would differ between these
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
