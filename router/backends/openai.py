@@ -70,12 +70,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
 import os
 import re
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -165,7 +168,7 @@ class _Call:
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
 
-    @property
+    @functools.cached_property
     def prompt_limit(self) -> int:
         """The most prompt tokens a server could truthfully report for this request."""
         request = self.request
@@ -256,11 +259,13 @@ class OpenAIBackend(Backend):
         if self._closed:
             raise UnavailableError(f"tier {self.name}: backend is closed")
         if self._client is None:
-            transport = _CappedTransport(
-                # the SDK's own client allows this many; a custom transport must say so itself
-                httpx2.AsyncHTTPTransport(limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=100)),
-                max_bytes=self.config.max_response_bytes,
+            # A client given a transport neither sizes its pool nor reads proxy settings from the
+            # environment: both are said here, as the SDK's own client would have them.
+            inner = httpx2.AsyncHTTPTransport(
+                limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=100),
+                proxy=_environment_proxy(self.config.base_url),
             )
+            transport = _CappedTransport(inner, max_bytes=self.config.max_response_bytes)
             self._client = openai.AsyncOpenAI(
                 base_url=self.config.base_url,
                 api_key=self._api_key(),
@@ -365,7 +370,8 @@ class OpenAIBackend(Backend):
                     body = await response.read()
             finally:
                 await _close_quietly(response)
-            generation = self._read_response(_json_object(body), call)
+            # A JSON body is UTF-8 (RFC 8259); what is not becomes U+FFFD rather than a failure.
+            generation = self._read_response(_json_object(body.decode("utf-8", "replace")), call)
         except BaseException as exc:
             mapped = self._settle(permit, exc, call)
             if mapped is exc:
@@ -405,6 +411,8 @@ class OpenAIBackend(Backend):
             remaining = call.remaining()
             try:
                 async with asyncio.timeout(remaining):
+                    # Entered by hand: the response outlives this call (a stream is read by the
+                    # caller's loop), and the caller closes it, which is all the exit would do.
                     return await endpoint.with_streaming_response.create(**params, timeout=remaining).__aenter__()
             except openai.APIStatusError as exc:
                 refused = _refused_param(exc, params)
@@ -759,6 +767,16 @@ class _CappedTransport(httpx2.AsyncBaseTransport):
         await self._inner.aclose()
 
 
+def _environment_proxy(url: str) -> str | None:
+    """The proxy HTTP_PROXY/HTTPS_PROXY/ALL_PROXY name for `url`, unless NO_PROXY exempts its host.
+    A backend talks to one base URL, so the choice is made once."""
+    parts = urllib.parse.urlsplit(url)
+    if not parts.hostname or urllib.request.proxy_bypass(parts.hostname):
+        return None
+    proxies = urllib.request.getproxies()
+    return proxies.get(parts.scheme) or proxies.get("all")
+
+
 class _CappedStream(httpx2.AsyncByteStream):
     def __init__(self, inner: httpx2.AsyncByteStream, max_bytes: int) -> None:
         self._inner = inner
@@ -835,9 +853,9 @@ class _SSEReader:
 # -- response reading ----------------------------------------------------------------------------
 
 
-def _json_object(body: bytes) -> dict[str, Any]:
+def _json_object(body: str) -> dict[str, Any]:
     try:
-        value = json.loads(body.decode("utf-8", "replace"))
+        value = json.loads(body)
     except (ValueError, RecursionError) as exc:  # RecursionError: a body nested thousands deep
         raise _Malformed(f"response body is not JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(value, dict):
@@ -846,7 +864,7 @@ def _json_object(body: bytes) -> dict[str, Any]:
 
 
 def _event_object(data: str) -> dict[str, Any]:
-    value = _json_object(data.encode("utf-8", "surrogatepass"))
+    value = _json_object(data)
     error = value.get("error")
     if error is not None:
         message = error.get("message") if isinstance(error, dict) else error
@@ -1022,7 +1040,7 @@ def _cause(exc: BaseException, kind: type[BaseException]) -> Any:
             return None
         if isinstance(seen, kind):
             return seen
-        seen = seen.__cause__ or seen.__context__
+        seen = seen.__cause__
     return None
 
 

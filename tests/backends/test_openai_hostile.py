@@ -509,3 +509,24 @@ async def test_after_all_of_it_the_backend_still_answers(upstream: FaultUpstream
             with pytest.raises(UpstreamError):
                 await backend.generate(CHAT)
         assert (await backend.generate(CHAT)).text == TEXT
+
+
+async def test_an_environment_proxy_is_used_and_its_answers_are_capped_too(
+    upstream: FaultUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{upstream.port}")
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{upstream.port}")
+    upstream.script(ok(), oversized(LIMIT * 2, declare=False))
+    settings = OpenAIBackendSettings(base_url="http://upstream.invalid/v1", model="fake-large", max_attempts=1,
+                                     max_response_bytes=LIMIT)
+    backend = OpenAIBackend("large", settings, timeout_s=5)
+    await backend.start()
+    try:
+        assert (await backend.generate(CHAT)).text == TEXT
+        with pytest.raises(UpstreamError, match="refused"):
+            await backend.generate(CHAT)
+    finally:
+        await backend.close()
+    assert upstream.requests[0].path == "http://upstream.invalid/v1/chat/completions"  # sent through the proxy
