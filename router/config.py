@@ -101,7 +101,10 @@ class OpenAIBackendSettings(_Strict):
         "stream); a larger one is an upstream failure, never unbounded memory.",
     )
     max_stream_events: int = Field(
-        65_536, ge=16, description="Most server-sent events read from one upstream stream."
+        65_536,
+        ge=16,
+        description="Most server-sent events read from one upstream stream; an answer may also "
+        "arrive in at most twice as many network reads.",
     )
 
 

@@ -265,7 +265,12 @@ class OpenAIBackend(Backend):
                 limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=100),
                 proxy=_environment_proxy(self.config.base_url),
             )
-            transport = _CappedTransport(inner, max_bytes=self.config.max_response_bytes)
+            transport = _CappedTransport(
+                inner,
+                max_bytes=self.config.max_response_bytes,
+                # a stream's events each arrive in a piece or two; a plain body in a few
+                max_reads=2 * self.config.max_stream_events + 64,
+            )
             self._client = openai.AsyncOpenAI(
                 base_url=self.config.base_url,
                 api_key=self._api_key(),
@@ -326,7 +331,7 @@ class OpenAIBackend(Backend):
         finally:
             permit.release()  # no-op when an outcome was reported; covers an abandoned stream
             await _close_quietly(opened.response)
-        yield acc.generation(call, self.model, ttft_s=ttft, done=events.done)
+        yield acc.generation(call, self.model, ttft_s=ttft)
 
     # -- attempts --------------------------------------------------------------------------------
 
@@ -713,7 +718,7 @@ class _Accumulator:
         stream cut short is priced from these)."""
         return self.prompt_count(call), self.completion_count(call)
 
-    def generation(self, call: _Call, default_model: str, *, ttft_s: float | None, done: bool) -> Generation:
+    def generation(self, call: _Call, default_model: str, *, ttft_s: float | None) -> Generation:
         text = self.text
         logprobs = tuple(self.token_logprobs) if self.token_logprobs is not None and text else None
         completion_tokens = self.completion_count(call)
@@ -738,9 +743,10 @@ class _Accumulator:
 class _CappedTransport(httpx2.AsyncBaseTransport):
     """Every upstream response body, read through a byte limit (see the module docstring)."""
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport, *, max_bytes: int) -> None:
+    def __init__(self, inner: httpx2.AsyncBaseTransport, *, max_bytes: int, max_reads: int) -> None:
         self._inner = inner
         self._max_bytes = max_bytes
+        self._max_reads = max_reads
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         request.headers["Accept-Encoding"] = "identity"
@@ -750,8 +756,8 @@ class _CappedTransport(httpx2.AsyncBaseTransport):
         refusal = None
         if encoding not in ("", "identity"):
             refusal = f"a compressed body ({encoding[:32]}) though identity was asked for"
-        elif declared.isdigit() and int(declared) > self._max_bytes:
-            refusal = f"a body of {int(declared)} bytes, over the limit of {self._max_bytes}"
+        elif declared.isdigit() and (len(declared) > 18 or int(declared) > self._max_bytes):
+            refusal = f"a declared body of {declared[:24]} bytes, over the limit of {self._max_bytes}"
         if refusal is not None:
             await response.aclose()
             raise _Unacceptable(refusal)
@@ -759,7 +765,7 @@ class _CappedTransport(httpx2.AsyncBaseTransport):
         return httpx2.Response(
             status_code=response.status_code,
             headers=response.headers,
-            stream=_CappedStream(response.stream, self._max_bytes),
+            stream=_CappedStream(response.stream, self._max_bytes, self._max_reads),
             extensions=response.extensions,
         )
 
@@ -778,16 +784,23 @@ def _environment_proxy(url: str) -> str | None:
 
 
 class _CappedStream(httpx2.AsyncByteStream):
-    def __init__(self, inner: httpx2.AsyncByteStream, max_bytes: int) -> None:
+    """A body read through two limits: its bytes, and the number of pieces it comes in (a body
+    dribbled a byte per chunk would cost a trip through the event loop per byte)."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, max_bytes: int, max_reads: int) -> None:
         self._inner = inner
         self._max_bytes = max_bytes
+        self._max_reads = max_reads
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        read = 0
+        read = reads = 0
         async for chunk in self._inner:
             read += len(chunk)
+            reads += 1
             if read > self._max_bytes:
                 raise _Unacceptable(f"a body over the limit of {self._max_bytes} bytes")
+            if reads > self._max_reads:
+                raise _Unacceptable(f"a body in more than {self._max_reads} pieces")
             yield chunk
 
     async def aclose(self) -> None:
@@ -805,6 +818,7 @@ class _SSEReader:
     def __init__(self, chunks: AsyncIterator[bytes], *, max_events: int) -> None:
         self._chunks = chunks
         self._buffer = bytearray()
+        self._scanned = 0  # bytes of the buffer already searched for a line end
         self._eof = False
         self._max_events = max_events
         self.events = 0
@@ -837,11 +851,15 @@ class _SSEReader:
 
     async def _line(self) -> bytes | None:
         while True:
-            end = self._buffer.find(b"\n")
+            # searched from where the last search stopped: a long line arriving in small pieces
+            # must not be rescanned from its start for each one
+            end = self._buffer.find(b"\n", self._scanned)
             if end >= 0:
                 line = bytes(self._buffer[:end])
                 del self._buffer[: end + 1]
+                self._scanned = 0
                 return line[:-1] if line.endswith(b"\r") else line
+            self._scanned = len(self._buffer)
             if self._eof:
                 return None
             try:

@@ -266,6 +266,20 @@ def oversized(n_bytes: int, *, declare: bool, code: int = 200) -> Action:
     return act
 
 
+def dribble(*events: dict[str, Any], piece: int = 1) -> Action:
+    """A correct stream of these events (then [DONE]), sent `piece` bytes per HTTP chunk."""
+
+    async def act(conn: _Conn, req: Received) -> bool:
+        await conn.head(200, {**_SSE_HEADERS, "Transfer-Encoding": "chunked"})
+        body = b"".join(_event(e) for e in events) + _event("[DONE]")
+        for i in range(0, len(body), piece):
+            await _send_chunked(conn, body[i : i + piece])
+        await conn.send(b"0\r\n\r\n")
+        return True
+
+    return act
+
+
 class Endless:
     """A stream of tokens that never ends: it sends until the client hangs up, and counts the
     bytes it managed to send (what the client had to take before it stopped)."""

@@ -28,6 +28,7 @@ from tests.backends.fault_upstream import (
     Endless,
     FaultUpstream,
     chat_chunk,
+    dribble,
     ok,
     oversized,
     raw,
@@ -284,6 +285,31 @@ async def test_a_stream_of_too_many_events_is_cut(upstream: FaultUpstream) -> No
         error = await fail_stream(backend)
     assert isinstance(error, UpstreamError) and "more than 100 events" in str(error)
     assert len(upstream.requests) == 1
+
+
+async def test_a_stream_dribbled_a_byte_at_a_time_is_cut(upstream: FaultUpstream) -> None:
+    upstream.script(dribble(*[chat_chunk(t) for t in TOKENS], chat_chunk(finish="stop")))
+    async with backend_for(upstream, max_stream_events=16) as backend:
+        error = await fail_stream(backend)
+    assert "pieces" in str(error)
+    assert len(upstream.requests) == 1
+
+
+async def test_a_stream_in_pieces_of_a_normal_size_is_read(upstream: FaultUpstream) -> None:
+    upstream.script(dribble(*[chat_chunk(t) for t in TOKENS], chat_chunk(finish="stop"), piece=40))
+    async with backend_for(upstream, max_stream_events=16, logprobs=False) as backend:
+        pieces, gen = await collect(backend, CHAT)
+    assert pieces == list(TOKENS) and gen.finish_reason == "stop"
+
+
+async def test_one_endless_line_costs_linear_time(upstream: FaultUpstream) -> None:
+    line = b"data: " + b"x" * (3 * 1024 * 1024)  # no line end: one event that never completes
+    upstream.script(sse(*[line[i : i + 128] for i in range(0, len(line), 128)], done=False))
+    async with backend_for(upstream, max_stream_events=10**5, max_attempts=1) as backend:
+        started = time.monotonic()
+        error = await fail_stream(backend)
+        assert time.monotonic() - started < 3.0  # rescanning the line per piece took over 4 s
+    assert "malformed" in str(error)
 
 
 async def test_a_compressed_answer_is_refused(upstream: FaultUpstream) -> None:
