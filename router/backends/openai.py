@@ -41,7 +41,8 @@ An upstream is not trusted any more than a client is (DESIGN.md, security bounda
   `cascade.retry_after_s`. A passed deadline gets 1 s: the next request has a deadline of its own.
 - Error text. An upstream's message may carry keys, internal hostnames or a stack trace. Clients
   get a fixed message naming the tier and the upstream's status (and OpenAI's `param`/`code` only
-  when they are plain identifiers); the upstream's own words go whole to the server log.
+  when they are plain identifiers); the upstream's own words go to the server log, each failed
+  attempt at WARNING (the first 4000 characters: a log line is not a body).
 - Redirects are not followed: an API that redirects a POST is misconfigured, and following it
   would send the request where the operator did not point the tier.
 - Streams. A stream is complete when the upstream sent a `finish_reason` or `data: [DONE]`. A
@@ -537,7 +538,7 @@ class OpenAIBackend(Backend):
             )
         if isinstance(exc, openai.APIStatusError):
             return self._classify_status(exc)
-        if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
+        if isinstance(exc, (openai.APITimeoutError, TimeoutError, httpx2.TimeoutException)):
             return _Verdict(lambda: _Retryable("timed out", timed_out=True), healthy=False, detail="timed out")
         if isinstance(exc, (openai.APIConnectionError, httpx2.TransportError)):
             cause = exc.__cause__ or exc

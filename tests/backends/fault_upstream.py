@@ -280,6 +280,18 @@ def dribble(*events: dict[str, Any], piece: int = 1) -> Action:
     return act
 
 
+def stalled_body(seconds: float = 60.0) -> Action:
+    """Headers promising a body, a few bytes of it, then silence."""
+
+    async def act(conn: _Conn, req: Received) -> bool:
+        await conn.head(200, {"Content-Type": "application/json", "Content-Length": "1000"})
+        await conn.send(b'{"id": "x", ')
+        await asyncio.sleep(seconds)
+        return False
+
+    return act
+
+
 class Endless:
     """A stream of tokens that never ends: it sends until the client hangs up, and counts the
     bytes it managed to send (what the client had to take before it stopped)."""

@@ -20,7 +20,7 @@ import pytest
 from router.backends.openai import OpenAIBackend
 from router.breaker import CircuitBreaker
 from router.config import OpenAIBackendSettings
-from router.errors import CircuitOpenError, RequestError, UnavailableError, UpstreamError
+from router.errors import CircuitOpenError, DeadlineError, RequestError, UnavailableError, UpstreamError
 from router.generation import Delta, Generation, GenerationRequest, Message
 from tests.backends.fault_upstream import (
     PROMPT_TOKENS,
@@ -33,6 +33,7 @@ from tests.backends.fault_upstream import (
     oversized,
     raw,
     sse,
+    stalled_body,
     status,
 )
 
@@ -556,3 +557,13 @@ async def test_an_environment_proxy_is_used_and_its_answers_are_capped_too(
     finally:
         await backend.close()
     assert upstream.requests[0].path == "http://upstream.invalid/v1/chat/completions"  # sent through the proxy
+
+
+async def test_a_body_that_stalls_mid_way_is_bounded_by_the_deadline(upstream: FaultUpstream) -> None:
+    upstream.script(stalled_body())
+    async with backend_for(upstream) as backend:
+        started = time.monotonic()
+        with pytest.raises(DeadlineError):
+            await backend.generate(CHAT.with_(deadline=time.monotonic() + 0.5))
+        assert time.monotonic() - started < 1.0
+    assert len(upstream.requests) == 1
