@@ -567,3 +567,22 @@ async def test_a_body_that_stalls_mid_way_is_bounded_by_the_deadline(upstream: F
             await backend.generate(CHAT.with_(deadline=time.monotonic() + 0.5))
         assert time.monotonic() - started < 1.0
     assert len(upstream.requests) == 1
+
+
+async def test_a_header_flood_is_a_failed_attempt(upstream: FaultUpstream) -> None:
+    upstream.script(raw(200, chat_body(), headers={"X-Junk": "a" * 200_000}))
+    async with backend_for(upstream) as backend:
+        gen = await backend.generate(CHAT)
+    assert gen.text == TEXT
+    assert len(upstream.requests) == 2
+
+
+async def test_a_number_too_long_to_convert_is_a_malformed_answer(upstream: FaultUpstream) -> None:
+    body = chat_body(usage={"prompt_tokens": 7, "completion_tokens": 4}).replace(
+        b'"prompt_tokens": 7', b'"prompt_tokens": 1' + b"0" * 5000
+    )
+    upstream.script(raw(200, body))
+    async with backend_for(upstream) as backend:
+        gen = await backend.generate(CHAT)
+    assert (gen.text, gen.prompt_tokens) == (TEXT, PROMPT_TOKENS)
+    assert len(upstream.requests) == 2
