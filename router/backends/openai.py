@@ -24,7 +24,9 @@ An upstream is not trusted any more than a client is (DESIGN.md, security bounda
   body, a stream, and the error bodies the SDK reads on its own before we see them. An httpx event
   hook sees a response before its body is read and cannot bound the read; reading the raw
   response at our call sites would leave the SDK's own reads of error bodies unbounded. A stream
-  is also capped at `max_stream_events` events. Too much is an upstream failure, not retried.
+  is also capped at `max_stream_events` events, and at twice `max_tokens` (plus a slack) pieces
+  of text: an upstream that ignores `max_tokens` is stopped there. Too much is an upstream
+  failure, not retried.
 - Shape. The SDK builds the request and maps error statuses; answers are parsed here from the raw
   JSON, not through the SDK's models, which it builds without validation and which let any type
   through. A field of the wrong type makes the answer malformed (retried like a 5xx); bytes that
@@ -181,6 +183,13 @@ class _Call:
     @property
     def completion_limit(self) -> int:
         return self.max_tokens + _COMPLETION_SLACK
+
+    @property
+    def piece_limit(self) -> int:
+        """The most pieces of text a stream may bring: a server sends a token or more per piece;
+        twice that leaves room for one that splits tokens, and still stops one that ignores
+        max_tokens long before the byte limit."""
+        return 2 * self.completion_limit
 
 
 class OpenAIBackend(Backend):
@@ -608,6 +617,9 @@ class OpenAIBackend(Backend):
         self, permit: Permit, exc: Exception, call: _Call, acc: _Accumulator
     ) -> BaseException:
         mapped = self._settle(permit, exc, call)
+        if isinstance(mapped, UnavailableError):  # refused whole, e.g. over the size limits
+            self._failed_total += 1
+            return mapped
         if not isinstance(mapped, _Retryable):
             return mapped
         self._failed_total += 1
@@ -692,6 +704,9 @@ class _Accumulator:
         piece = _clean(piece)
         if piece:
             self.parts.append(piece)
+            if len(self.parts) > call.piece_limit:
+                raise _Unacceptable(f"a stream of more than {call.piece_limit} pieces of text for "
+                                    f"max_tokens={call.max_tokens}")
         return piece
 
     def complete(self, done: bool) -> bool:

@@ -273,11 +273,24 @@ async def test_an_endless_stream_is_cut_at_the_byte_limit(upstream: FaultUpstrea
     pieces: list[str] = []
     async with backend_for(upstream, max_response_bytes=LIMIT, max_stream_events=10**6) as backend:
         with pytest.raises(UpstreamError, match="refused"):
-            async for item in backend.stream(CHAT):
+            async for item in backend.stream(CHAT.with_(max_tokens=10**6)):
                 assert isinstance(item, Delta)
                 pieces.append(item.text)
     assert 0 < len("".join(pieces)) < LIMIT
     assert len(upstream.requests) == 1  # text had begun: not retried
+
+
+async def test_a_stream_that_ignores_max_tokens_is_cut(upstream: FaultUpstream) -> None:
+    endless = Endless()
+    upstream.script(endless)
+    pieces: list[str] = []
+    async with backend_for(upstream) as backend:
+        with pytest.raises(UpstreamError, match="max_tokens=32"):
+            async for item in backend.stream(CHAT):
+                assert isinstance(item, Delta)
+                pieces.append(item.text)
+        assert backend.stats()["upstream_failed_requests_total"] == 1
+    assert len(pieces) == 2 * (CHAT.max_tokens + 8)
 
 
 async def test_a_stream_of_too_many_events_is_cut(upstream: FaultUpstream) -> None:
