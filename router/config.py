@@ -94,6 +94,18 @@ class OpenAIBackendSettings(_Strict):
     breaker_failures: int = Field(5, ge=1, description="Consecutive failures that open the breaker.")
     breaker_cooldown_s: float = Field(30.0, gt=0, description="Open time before a half-open probe.")
     logprobs: bool = Field(True, description="Ask upstream for the sampled tokens' logprobs.")
+    max_response_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="Most bytes read from one upstream answer (a body, an error body or a whole "
+        "stream); a larger one is an upstream failure, never unbounded memory.",
+    )
+    max_stream_events: int = Field(
+        65_536,
+        ge=16,
+        description="Most server-sent events read from one upstream stream; an answer may also "
+        "arrive in at most twice as many network reads.",
+    )
 
 
 class TierSettings(_Strict):
@@ -162,7 +174,12 @@ class CascadeSettings(_Strict):
         description="When an escalation target is down: 503 with Retry-After, or the best lower-tier "
         "answer marked unverified.",
     )
-    retry_after_s: int = Field(30, ge=1)
+    retry_after_s: int = Field(
+        30,
+        ge=1,
+        description="Retry-After sent when an upstream tier fails and neither the upstream nor its "
+        "breaker says how long to wait.",
+    )
 
 
 class ModelsSettings(_Strict):

@@ -5,12 +5,19 @@ sleeping an exponential backoff with jitter in [backoff_initial_s, backoff_max_s
 When the failed attempt carried a server's `Retry-After`, the sleep is at least that long. It never
 sleeps into the deadline: when the next sleep would end at or past it, it gives up at once and
 re-raises the last error, so the caller can tell the client now instead of after a useless wait.
+
+`Retry-After` comes from the upstream, which is not trusted: `parse_retry_after` returns either
+None (absent, not a number or an HTTP date, NaN) or a finite number of seconds clamped to
+[0, limit]. Negative values and past dates read as 0, `inf` and `1e9` as `limit`. The caller picks
+the limit: the backend uses its tier's timeout, so no value it forwards to a client can be larger,
+and the policy below never sleeps past the request's deadline whatever it is given.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -87,7 +94,9 @@ class _Plan:
             pause = self._policy.backoff(n)
             exc = state.outcome.exception() if state.outcome is not None else None
             if exc is not None:
-                pause = max(pause, self._retry_after(exc) or 0.0)
+                asked = self._retry_after(exc)
+                if asked is not None and math.isfinite(asked):  # NaN would poison max() and the sleep
+                    pause = max(pause, asked)
             self._pauses[n] = pause
         return self._pauses[n]
 
@@ -100,33 +109,54 @@ class _Plan:
         return self.pause(state)
 
 
-def parse_retry_after(headers: Mapping[str, str], *, now: datetime | None = None) -> float | None:
-    """Seconds a server asked us to wait, from `retry-after-ms` or `Retry-After`; None if absent.
+def parse_retry_after(
+    headers: Mapping[str, str], *, limit: float, now: datetime | None = None
+) -> float | None:
+    """Seconds a server asked us to wait, from `retry-after-ms` or `Retry-After`, in [0, limit];
+    None if absent or unreadable.
 
     `Retry-After` is either delta-seconds or an HTTP date (RFC 9110 10.2.3); `retry-after-ms` is
-    the millisecond form some OpenAI-compatible servers send. Unparseable values are ignored and
-    past dates read as 0.
+    the millisecond form some OpenAI-compatible servers send. Fractions are accepted (servers send
+    them). NaN and text that is neither form are ignored; a negative value or a past date reads as
+    0; anything past `limit`, `inf` included, reads as `limit`.
     """
     lowered = {k.lower(): v for k, v in headers.items()}
     raw_ms = lowered.get("retry-after-ms")
     if raw_ms is not None:
-        try:
-            return max(0.0, float(raw_ms) / 1000.0)
-        except ValueError:
-            pass
+        ms = _number(raw_ms)
+        if ms is not None:
+            return _clamp(ms / 1000.0, limit)
     raw = lowered.get("retry-after")
     if raw is None:
         return None
-    raw = raw.strip()
+    seconds = _number(raw)
+    if seconds is not None:
+        return _clamp(seconds, limit)
     try:
-        return max(0.0, float(raw))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(raw)
-    except (TypeError, ValueError):
+        when = email.utils.parsedate_to_datetime(raw.strip())
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:  # an HTTP date is always GMT
         when = when.replace(tzinfo=UTC)
     now = now or datetime.now(UTC)
-    return max(0.0, (when - now).total_seconds())
+    try:
+        return _clamp((when - now).total_seconds(), limit)
+    except OverflowError:
+        return limit
+
+
+def _number(raw: str) -> float | None:
+    """A header's value as a number; None for NaN and for what is not one. Only plain decimal
+    notation counts: `float()` would also take `1_0`, which no server means."""
+    text = raw.strip()
+    if not text or "_" in text or len(text) > 64:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return None if math.isnan(value) else value
+
+
+def _clamp(seconds: float, limit: float) -> float:
+    return min(max(seconds, 0.0), max(limit, 0.0))

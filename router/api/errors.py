@@ -53,16 +53,22 @@ def error_response(exc: BaseException) -> JSONResponse:
         status, body = 429, error_body(str(exc), "insufficient_quota", None, "insufficient_quota")
     elif isinstance(exc, RateLimitError):
         status, body = 429, error_body(str(exc), "requests", None, "rate_limit_exceeded")
-        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+        headers["Retry-After"] = _retry_after(exc.retry_after)
     elif isinstance(exc, UnavailableError):
         status, body = 503, error_body(str(exc), "server_error", None, "service_unavailable")
-        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+        headers["Retry-After"] = _retry_after(exc.retry_after)
     elif isinstance(exc, PayloadTooLarge):
         status, body = 413, error_body(str(exc), "invalid_request_error", None, "payload_too_large")
     else:
         log.error("unhandled error", exc_info=exc)
         status, body = 500, error_body("The server had an error while processing your request.", "server_error")
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _retry_after(seconds: float) -> str:
+    # Whole seconds, at least 1; a NaN or infinite value (a bug upstream of here) must not turn
+    # the 503 it belongs to into a 500, so it reads as an hour.
+    return str(max(1, math.ceil(seconds)) if math.isfinite(seconds) else 3600)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

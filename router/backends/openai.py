@@ -10,19 +10,57 @@ One logical request gives one `Generation` or one exception, never both and neve
 - `generate` makes one non-streaming call per attempt: cheaper, and retryable as a whole.
 - `stream` retries only until the first piece of text has been yielded. After that a failure
   raises, because retrying would repeat text the caller already has, and returning what arrived as
-  if it were complete would pass off a truncated answer. A stream counts as complete only when the
-  upstream sent a `finish_reason`.
+  if it were complete would pass off a truncated answer.
 - Each attempt passes through the tier's `CircuitBreaker` (see `router.breaker`): every failed
   attempt counts as a failure; a deliberate answer, including a 4xx rejecting our request, counts
   as the upstream being alive.
+
+An upstream is not trusted any more than a client is (DESIGN.md, security boundary):
+
+- Size. Every response passes through `_CappedTransport`, the httpx transport under the SDK's
+  client. It asks for `Accept-Encoding: identity` and refuses a compressed body (its size on the
+  wire says nothing of its size in memory), refuses a `Content-Length` over `max_response_bytes`,
+  and stops reading at that many bytes. The transport is the one place every byte passes: a
+  body, a stream, and the error bodies the SDK reads on its own before we see them. An httpx event
+  hook sees a response before its body is read and cannot bound the read; reading the raw
+  response at our call sites would leave the SDK's own reads of error bodies unbounded. A stream
+  is also capped at `max_stream_events` events, and at twice `max_tokens` (plus a slack) pieces
+  of text: an upstream that ignores `max_tokens` is stopped there. Too much is an upstream
+  failure, not retried.
+- Shape. The SDK builds the request and maps error statuses; answers are parsed here from the raw
+  JSON, not through the SDK's models, which it builds without validation and which let any type
+  through. A field of the wrong type makes the answer malformed (retried like a 5xx); bytes that
+  are not UTF-8 and lone surrogates become U+FFFD; only choice 0 is read, however many are sent.
+  Logprobs must be finite and at most 0, or the tier's logprobs for that answer are dropped.
+- Usage. Token counts must be whole numbers, at least 0; the prompt's at most its UTF-8 bytes plus
+  an allowance per message for the chat template, the completion's at most the `max_tokens` we
+  sent plus a small slack. Anything else and the whole usage is refused with a warning in the log,
+  and the counts are estimated as for a server that reports none (never above `max_tokens`).
+- `Retry-After` is clamped by `router.retry.parse_retry_after` to [0, the tier's timeout], and
+  retries never sleep past the deadline whatever it says. A client whose request failed at this
+  tier gets one rule, for plain and streamed requests alike: the upstream's value or the
+  breaker's remaining cool-down, whichever is longer; when neither says anything,
+  `cascade.retry_after_s`. A passed deadline gets 1 s: the next request has a deadline of its own.
+- Error text. An upstream's message may carry keys, internal hostnames or a stack trace. Clients
+  get a fixed message naming the tier and the upstream's status (and OpenAI's `param`/`code` only
+  when they are plain identifiers); the upstream's own words go to the server log, each failed
+  attempt at WARNING (the first 4000 characters: a log line is not a body).
+- Redirects are not followed: an API that redirects a POST is misconfigured, and following it
+  would send the request where the operator did not point the tier.
+- Streams. A stream is complete when the upstream sent a `finish_reason` or `data: [DONE]`. A
+  `[DONE]` without a `finish_reason` is the server saying the answer is whole without saying why
+  it stopped: it is taken as complete, with `length` when the answer used all of `max_tokens`
+  (the one reason a server stops untold) and `stop` otherwise. A stream that ends with neither
+  (the connection closed) is cut, and raises.
 
 Errors raised (all from `router.errors`)::
 
     400/413/422 from upstream     -> ContextLengthError if it says the context is too long,
                                      else RequestError (not retried: the request is the problem)
-    401/403/404/other 4xx         -> UpstreamError at once (not retried: tier misconfigured)
-    retryable, attempts spent     -> UpstreamError (retry_after: the upstream's Retry-After if any)
+    3xx/401/403/404/other 4xx     -> UpstreamError at once (not retried: tier misconfigured)
+    retryable, attempts spent     -> UpstreamError (retry_after as above)
     Retry-After beyond deadline   -> UpstreamError at once, carrying that Retry-After
+    answer over the size limits   -> UpstreamError at once (not retried)
     deadline passed               -> DeadlineError
     breaker open or probing       -> CircuitOpenError (retry_after: remaining cool-down)
     stream cut after text began   -> UpstreamError (DeadlineError if the deadline cut it)
@@ -35,17 +73,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import logging
 import math
 import os
+import re
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import httpx
+import httpx2
 import openai
-import pydantic
 
 from router.backends.base import Backend
 from router.breaker import CircuitBreaker, Permit
@@ -63,6 +105,8 @@ from router.retry import RetryPolicy, parse_retry_after
 if TYPE_CHECKING:
     from router.config import OpenAIBackendSettings, Settings, TierSettings
 
+log = logging.getLogger(__name__)
+
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
 _REQUEST_STATUS = frozenset({400, 413, 422})  # the upstream says our request is the problem
 # Optional parameters a server may refuse; each maps to the names a refusal may use for it.
@@ -72,16 +116,31 @@ _CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_erro
 # the error carries none of the codes above.
 _CONTEXT_MARKERS = ("context length", "context window", "context size", "maximum context")
 _DEADLINE_RETRY_AFTER_S = 1.0
+# Tokens a server may count past max_tokens: a stop sequence or end-of-text token it includes.
+_COMPLETION_SLACK = 8
+# A tokenizer gives at most one token per byte of text; a chat template adds a few per message, and
+# a hosted API may add a system prompt of its own.
+_TEMPLATE_TOKENS_PER_MESSAGE = 64
+_TEMPLATE_TOKENS = 4096
+# OpenAI's `param` and `code` are identifiers; anything else is prose and stays in the log.
+_IDENTIFIER = re.compile(r"^[A-Za-z0-9_.\[\]-]{1,64}$")
+_MODEL_NAME = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,199}$")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_LOG_TEXT_CHARS = 4000
 
 _T = TypeVar("_T")
 
 
 class _Retryable(Exception):
-    """An attempt failed in a way another attempt may not."""
+    """An attempt failed in a way another attempt may not. `summary` may reach a client; `detail`
+    (the upstream's own words) goes only to the log."""
 
-    def __init__(self, reason: str, *, retry_after: float | None = None, timed_out: bool = False):
-        super().__init__(reason)
-        self.reason = reason
+    def __init__(
+        self, summary: str, detail: str = "", *, retry_after: float | None = None, timed_out: bool = False
+    ) -> None:
+        super().__init__(summary)
+        self.summary = summary
+        self.detail = detail or summary
         self.retry_after = retry_after
         self.timed_out = timed_out
 
@@ -90,17 +149,47 @@ class _Malformed(Exception):
     """A 2xx answer that is not a well-formed completion."""
 
 
+class _ErrorEvent(Exception):
+    """An error event inside a stream."""
+
+
+class _Unacceptable(Exception):
+    """An answer refused whole: larger than the limits, or compressed. Raised inside the SDK's read,
+    so it may reach us wrapped in the SDK's connection error."""
+
+
 @dataclass
 class _Call:
-    """One logical request: its deadline and what it has cost so far."""
+    """One logical request: its deadline, its bounds, and what it has cost so far."""
 
     request: GenerationRequest
     deadline: float
     started: float
+    max_tokens: int  # what the upstream is asked for
     attempts: int = 0
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
+
+    @functools.cached_property
+    def prompt_limit(self) -> int:
+        """The most prompt tokens a server could truthfully report for this request."""
+        request = self.request
+        messages = len(request.messages) if request.messages is not None else 1
+        return len(_prompt_text(request).encode("utf-8", "replace")) + (
+            _TEMPLATE_TOKENS_PER_MESSAGE * messages + _TEMPLATE_TOKENS
+        )
+
+    @property
+    def completion_limit(self) -> int:
+        return self.max_tokens + _COMPLETION_SLACK
+
+    @property
+    def piece_limit(self) -> int:
+        """The most pieces of text a stream may bring: a server sends a token or more per piece;
+        twice that leaves room for one that splits tokens, and still stops one that ignores
+        max_tokens long before the byte limit."""
+        return 2 * self.completion_limit
 
 
 class OpenAIBackend(Backend):
@@ -114,6 +203,7 @@ class OpenAIBackend(Backend):
         *,
         timeout_s: float = 120.0,
         max_tokens: int | None = None,
+        retry_after_s: float = 30.0,
         breaker: CircuitBreaker | None = None,
     ) -> None:
         super().__init__(name)
@@ -121,6 +211,7 @@ class OpenAIBackend(Backend):
         self.model = config.model
         self.timeout_s = timeout_s
         self.max_tokens = max_tokens
+        self.retry_after_s = retry_after_s
         self.gives_logprobs = config.logprobs
         self.policy = RetryPolicy(
             max_attempts=config.max_attempts,
@@ -141,7 +232,13 @@ class OpenAIBackend(Backend):
     def from_settings(cls, tier: TierSettings, settings: Settings) -> OpenAIBackend:
         if tier.openai is None:
             raise ConfigError(f"tier {tier.name}: backend 'openai' needs a [tiers.openai] section")
-        return cls(tier.name, tier.openai, timeout_s=tier.timeout_s, max_tokens=tier.max_tokens)
+        return cls(
+            tier.name,
+            tier.openai,
+            timeout_s=tier.timeout_s,
+            max_tokens=tier.max_tokens,
+            retry_after_s=settings.cascade.retry_after_s,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -172,11 +269,24 @@ class OpenAIBackend(Backend):
         if self._closed:
             raise UnavailableError(f"tier {self.name}: backend is closed")
         if self._client is None:
+            # A client given a transport neither sizes its pool nor reads proxy settings from the
+            # environment: both are said here, as the SDK's own client would have them.
+            inner = httpx2.AsyncHTTPTransport(
+                limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=100),
+                proxy=_environment_proxy(self.config.base_url),
+            )
+            transport = _CappedTransport(
+                inner,
+                max_bytes=self.config.max_response_bytes,
+                # a stream's events each arrive in a piece or two; a plain body in a few
+                max_reads=2 * self.config.max_stream_events + 64,
+            )
             self._client = openai.AsyncOpenAI(
                 base_url=self.config.base_url,
                 api_key=self._api_key(),
                 max_retries=0,  # tenacity decides, within the deadline
                 timeout=self.timeout_s,
+                http_client=openai.DefaultAsyncHttpxClient(transport=transport, follow_redirects=False),
             )
         return self._client
 
@@ -200,7 +310,7 @@ class OpenAIBackend(Backend):
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta | Generation]:
         call = self._new_call(request)
         opened = await self._with_retries(call, self._attempt_open_stream)
-        upstream, acc, permit = opened.upstream, opened.acc, opened.permit
+        events, acc, permit = opened.events, opened.acc, opened.permit
         ttft: float | None = None
         try:
             piece = opened.first
@@ -209,24 +319,28 @@ class OpenAIBackend(Backend):
                     ttft = time.monotonic() - call.started
                 yield Delta(piece, *acc.so_far(call))
                 try:
-                    piece = await self._next_piece(upstream, acc, call)
+                    piece = await self._next_piece(events, acc, call)
                 except Exception as exc:
                     mapped = self._stream_cut(permit, exc, call, acc)
                     if mapped is exc:
                         raise
                     raise mapped from exc
-            if acc.finish_reason is None:
+            if not acc.complete(events.done):
                 permit.failure()
                 self._failed_total += 1
+                log.warning(
+                    "tier %s: the upstream stream ended without finish_reason or [DONE] after %d characters",
+                    self.name, len(acc.text),
+                )
                 raise UpstreamError(
                     f"tier {self.name}: the upstream stream ended without finishing the answer "
                     f"({len(acc.text)} characters received)",
-                    retry_after=self._fallback_retry_after(None),
+                    retry_after=self._client_retry_after(None),
                 )
             permit.success()
         finally:
             permit.release()  # no-op when an outcome was reported; covers an abandoned stream
-            await _close_quietly(upstream)
+            await _close_quietly(opened.response)
         yield acc.generation(call, self.model, ttft_s=ttft)
 
     # -- attempts --------------------------------------------------------------------------------
@@ -265,15 +379,16 @@ class OpenAIBackend(Backend):
         client = self._ensure_client()
         permit = self._begin_attempt(call)
         try:
-            endpoint = client.chat.completions if call.request.is_chat else client.completions
-            raw = await self._create(call, endpoint.with_raw_response.create, stream=False)
+            response = await self._open(client, call, stream=False)
             try:
-                parsed = raw.parse()
-            except (ValueError, openai.APIResponseValidationError) as exc:
-                raise _Malformed(f"response body is not JSON: {exc}") from exc
-            generation = self._read_response(parsed, call)
+                async with asyncio.timeout(call.remaining()):
+                    body = await response.read()
+            finally:
+                await _close_quietly(response)
+            # A JSON body is UTF-8 (RFC 8259); what is not becomes U+FFFD rather than a failure.
+            generation = self._read_response(_json_object(body.decode("utf-8", "replace")), call)
         except BaseException as exc:
-            mapped = self._settle(permit, exc)
+            mapped = self._settle(permit, exc, call)
             if mapped is exc:
                 raise
             raise mapped from exc
@@ -284,58 +399,61 @@ class OpenAIBackend(Backend):
         """Open the stream and read up to the first piece of text: the part that may be retried."""
         client = self._ensure_client()
         permit = self._begin_attempt(call)
-        upstream: Any = None
+        response: Any = None
         try:
-            endpoint = client.chat.completions if call.request.is_chat else client.completions
-            upstream = await self._create(call, endpoint.create, stream=True)
-            acc = _Accumulator(chat=call.request.is_chat, logprobs="logprobs" not in self._refused)
-            first = await self._next_piece(upstream, acc, call)
-            if first is None and acc.finish_reason is None:
+            response = await self._open(client, call, stream=True)
+            events = _SSEReader(response.http_response.aiter_raw(), max_events=self.config.max_stream_events)
+            acc = _Accumulator(chat=call.request.is_chat, logprobs="logprobs" not in self._refused, tier=self.name)
+            first = await self._next_piece(events, acc, call)
+            if first is None and not acc.complete(events.done):
                 raise _Malformed("the stream ended before any output or finish_reason")
         except BaseException as exc:
-            if upstream is not None:
-                await _close_quietly(upstream)
-            mapped = self._settle(permit, exc)
+            if response is not None:
+                await _close_quietly(response)
+            mapped = self._settle(permit, exc, call)
             if mapped is exc:
                 raise
             raise mapped from exc
-        return _OpenStream(upstream, acc, permit, first)
+        return _OpenStream(response, events, acc, permit, first)
 
-    async def _create(self, call: _Call, create: Any, *, stream: bool) -> Any:
-        """Send one call, repeating it once per optional parameter the server refuses."""
+    async def _open(self, client: openai.AsyncOpenAI, call: _Call, *, stream: bool) -> Any:
+        """Send one call and return the response with its body unread, repeating the call once per
+        optional parameter the server refuses. The body is read by the caller, through the capped
+        transport, and parsed here rather than by the SDK."""
+        endpoint = client.chat.completions if call.request.is_chat else client.completions
         while True:
-            params = self._params(call.request, stream=stream)
+            params = self._params(call, stream=stream)
             remaining = call.remaining()
             try:
                 async with asyncio.timeout(remaining):
-                    return await create(**params, timeout=remaining)
+                    # Entered by hand: the response outlives this call (a stream is read by the
+                    # caller's loop), and the caller closes it, which is all the exit would do.
+                    return await endpoint.with_streaming_response.create(**params, timeout=remaining).__aenter__()
             except openai.APIStatusError as exc:
                 refused = _refused_param(exc, params)
                 if refused is None:
                     raise
+                log.info("tier %s: the upstream refuses %s; no longer sent", self.name, refused)
                 self._refused.add(refused)
                 if refused == "logprobs":
                     self.gives_logprobs = False  # so the cascade knows its verifiers go without
 
-    async def _next_piece(self, upstream: Any, acc: _Accumulator, call: _Call) -> str | None:
+    async def _next_piece(self, events: _SSEReader, acc: _Accumulator, call: _Call) -> str | None:
         """The next non-empty piece of text, or None when the stream has ended."""
         while True:
-            try:
-                async with asyncio.timeout(call.remaining()):
-                    chunk = await anext(upstream)
-            except StopAsyncIteration:
+            async with asyncio.timeout(call.remaining()):
+                data = await events.next()
+            if data is None:
                 return None
-            piece = acc.add(chunk)
+            piece = acc.add(_event_object(data), call)
             if piece:
                 return piece
 
-    def _params(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
-        max_tokens = request.max_tokens
-        if self.max_tokens is not None:
-            max_tokens = min(max_tokens, self.max_tokens)
+    def _params(self, call: _Call, *, stream: bool) -> dict[str, Any]:
+        request = call.request
         params: dict[str, Any] = {
             "model": self.model,
-            "max_tokens": max_tokens,
+            "max_tokens": call.max_tokens,
             "temperature": request.temperature,
             "top_p": request.top_p,
         }
@@ -361,36 +479,32 @@ class OpenAIBackend(Backend):
                 params["stream_options"] = {"include_usage": True}
         return params
 
-    def _read_response(self, parsed: Any, call: _Call) -> Generation:
-        try:
-            choice = parsed.choices[0]
-            if call.request.is_chat:
-                text = choice.message.content or ""
-            else:
-                text = choice.text or ""
-            if not isinstance(text, str):
-                raise TypeError(f"text is {type(text).__name__}")
-            logprobs = None
-            if "logprobs" not in self._refused:
-                logprobs = _token_logprobs(getattr(choice, "logprobs", None))
-            usage = getattr(parsed, "usage", None)
-            prompt_tokens, completion_tokens = _usage(usage)
-            finish = choice.finish_reason
-            model = getattr(parsed, "model", None)
-        except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
-            raise _Malformed(f"response is not a completion: {type(exc).__name__}: {exc}") from exc
+    def _read_response(self, body: dict[str, Any], call: _Call) -> Generation:
+        choice = _first_choice(body.get("choices"), required=True)
+        assert choice is not None
+        if call.request.is_chat:
+            message = _field(choice, "message", dict)
+            text = _field(message or {}, "content", str) or ""
+        else:
+            text = _field(choice, "text", str) or ""
+        finish = _field(choice, "finish_reason", str)
+        logprobs = None
+        if "logprobs" not in self._refused:
+            logprobs = _token_logprobs(choice.get("logprobs"))
+        prompt_tokens, completion_tokens = _checked_usage(body.get("usage"), call, self.name)
         if prompt_tokens is None:
             prompt_tokens = _estimate_tokens(_prompt_text(call.request))
         if completion_tokens is None:
-            completion_tokens = len(logprobs) if logprobs is not None else _estimate_tokens(text)
+            counted = len(logprobs) if logprobs is not None else _estimate_tokens(text)
+            completion_tokens = min(counted, call.max_tokens)
         return Generation(
-            text=text,
+            text=_clean(text),
             finish_reason=_finish(finish),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             token_logprobs=logprobs,
             latency_s=time.monotonic() - call.started,
-            model=model if isinstance(model, str) and model else self.model,
+            model=_model_name(body.get("model")) or self.model,
         )
 
     # -- failures --------------------------------------------------------------------------------
@@ -400,72 +514,112 @@ class OpenAIBackend(Backend):
         deadline = now + self.timeout_s
         if request.deadline is not None:
             deadline = min(deadline, request.deadline)
-        return _Call(request=request, deadline=deadline, started=now)
+        max_tokens = request.max_tokens
+        if self.max_tokens is not None:
+            max_tokens = min(max_tokens, self.max_tokens)
+        return _Call(request=request, deadline=deadline, started=now, max_tokens=max_tokens)
 
-    def _settle(self, permit: Permit, exc: BaseException) -> BaseException:
-        """Report an attempt's failure to the breaker; return what the attempt should raise."""
-        classified = self._classify(exc)
-        if classified is None:  # cancelled, or not the upstream's doing
+    def _settle(self, permit: Permit, exc: BaseException, call: _Call) -> BaseException:
+        """Report an attempt's failure to the breaker and the log; return what it should raise."""
+        verdict = self._classify(exc)
+        if verdict is None:  # cancelled, or not the upstream's doing
             permit.release()
             return exc
-        error, healthy = classified
-        if healthy:
+        if verdict.healthy:
             permit.success()
         else:
             permit.failure()
-        return error
+        log.warning("tier %s: upstream attempt %d failed: %s", self.name, call.attempts, verdict.detail)
+        return verdict.error()  # built after the breaker heard of it: its cool-down is current
 
-    def _classify(self, exc: BaseException) -> tuple[Exception, bool] | None:
-        """Map an attempt's exception to (what to raise, whether the upstream looked healthy)."""
+    def _classify(self, exc: BaseException) -> _Verdict | None:
+        """What an attempt's exception means: what to raise, whether the upstream looked healthy,
+        and the full story for the log."""
+        unacceptable = _cause(exc, _Unacceptable)
+        if unacceptable is not None:
+            return _Verdict(
+                lambda: UpstreamError(
+                    f"tier {self.name}: the upstream's answer was refused: {unacceptable}",
+                    retry_after=self._client_retry_after(None),
+                ),
+                healthy=False,
+                detail=str(unacceptable),
+            )
         if isinstance(exc, openai.APIStatusError):
-            status = exc.status_code
-            detail = _error_text(exc)
-            retry_after = parse_retry_after(exc.response.headers)
-            if status in _RETRYABLE_STATUS or status >= 500:
-                return _Retryable(f"HTTP {status}: {detail}", retry_after=retry_after), False
-            if status in _REQUEST_STATUS:
-                if _is_context_length(exc, detail):
-                    return ContextLengthError(f"tier {self.name}: {detail}"), True
-                return RequestError(
-                    f"tier {self.name}: the upstream rejected the request (HTTP {status}): {detail}",
-                    param=exc.param,
-                    code=exc.code,
-                ), True
-            return UpstreamError(
-                f"tier {self.name}: the upstream answered HTTP {status}: {detail}",
-                retry_after=self._fallback_retry_after(retry_after),
-            ), True
-        if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
-            return _Retryable("timed out", timed_out=True), False
-        if isinstance(exc, (openai.APIConnectionError, httpx.TransportError)):
+            return self._classify_status(exc)
+        if isinstance(exc, (openai.APITimeoutError, TimeoutError, httpx2.TimeoutException)):
+            return _Verdict(lambda: _Retryable("timed out", timed_out=True), healthy=False, detail="timed out")
+        if isinstance(exc, (openai.APIConnectionError, httpx2.TransportError)):
             cause = exc.__cause__ or exc
-            return _Retryable(f"connection failed: {type(cause).__name__}: {cause}"), False
-        if isinstance(exc, (_Malformed, json.JSONDecodeError, pydantic.ValidationError)):
-            return _Retryable(f"malformed response: {exc}"), False
-        if isinstance(exc, openai.APIError):  # e.g. an error event inside a stream
-            return _Retryable(f"upstream error: {exc.message}"), False
+            detail = f"connection failed: {type(cause).__name__}: {cause}"
+            summary = f"connection failed ({type(cause).__name__})"
+            return _Verdict(lambda: _Retryable(summary, detail), healthy=False, detail=detail)
+        if isinstance(exc, _Malformed):
+            detail = f"malformed response: {exc}"
+            return _Verdict(lambda: _Retryable("malformed response", detail), healthy=False, detail=detail)
+        if isinstance(exc, _ErrorEvent):
+            detail = f"error event in the stream: {exc}"
+            return _Verdict(lambda: _Retryable("an error event in the stream", detail), healthy=False, detail=detail)
         return None
+
+    def _classify_status(self, exc: openai.APIStatusError) -> _Verdict:
+        status = exc.status_code
+        text = _error_text(exc)
+        detail = f"HTTP {status}: {text}"
+        hint = parse_retry_after(exc.response.headers, limit=self.timeout_s)
+        if status in _RETRYABLE_STATUS or status >= 500:
+            return _Verdict(lambda: _Retryable(f"HTTP {status}", detail, retry_after=hint), healthy=False, detail=detail)
+        if status in _REQUEST_STATUS:
+            if _is_context_length(exc, text):
+                return _Verdict(
+                    lambda: ContextLengthError(
+                        f"tier {self.name}: the prompt and max_tokens do not fit the upstream model's "
+                        f"context (HTTP {status})"
+                    ),
+                    healthy=True,
+                    detail=detail,
+                )
+            return _Verdict(
+                lambda: RequestError(
+                    f"tier {self.name}: the upstream rejected the request (HTTP {status})",
+                    param=_identifier(exc.param),
+                    code=_identifier(exc.code),
+                ),
+                healthy=True,
+                detail=detail,
+            )
+        return _Verdict(
+            lambda: UpstreamError(
+                f"tier {self.name}: the upstream answered HTTP {status}",
+                retry_after=self._client_retry_after(hint),
+            ),
+            healthy=True,
+            detail=detail,
+        )
 
     def _give_up(self, exc: _Retryable, call: _Call) -> UnavailableError:
         attempts = f"{call.attempts} attempt{'s' if call.attempts != 1 else ''}"
         if exc.timed_out or call.remaining() <= 0:
             return DeadlineError(
-                f"tier {self.name}: deadline passed after {attempts}; last: {exc.reason}",
+                f"tier {self.name}: deadline passed after {attempts}; last: {exc.summary}",
                 retry_after=_DEADLINE_RETRY_AFTER_S,
             )
         if exc.retry_after is not None and exc.retry_after >= call.remaining():
-            why = f"the upstream asks to wait {exc.retry_after:.1f}s, past the deadline"
+            why = "the upstream asks to wait past the deadline"
         else:
             why = f"gave up after {attempts}"
         return UpstreamError(
-            f"tier {self.name}: {why}; last: {exc.reason}",
-            retry_after=self._fallback_retry_after(exc.retry_after),
+            f"tier {self.name}: {why}; last: {exc.summary}",
+            retry_after=self._client_retry_after(exc.retry_after),
         )
 
     def _stream_cut(
         self, permit: Permit, exc: Exception, call: _Call, acc: _Accumulator
     ) -> BaseException:
-        mapped = self._settle(permit, exc)
+        mapped = self._settle(permit, exc, call)
+        if isinstance(mapped, UnavailableError):  # refused whole, e.g. over the size limits
+            self._failed_total += 1
+            return mapped
         if not isinstance(mapped, _Retryable):
             return mapped
         self._failed_total += 1
@@ -476,19 +630,29 @@ class OpenAIBackend(Backend):
                 retry_after=_DEADLINE_RETRY_AFTER_S,
             )
         return UpstreamError(
-            f"tier {self.name}: the upstream stream broke {where}: {mapped.reason}",
-            retry_after=self._fallback_retry_after(mapped.retry_after),
+            f"tier {self.name}: the upstream stream broke {where}: {mapped.summary}",
+            retry_after=self._client_retry_after(mapped.retry_after),
         )
 
-    def _fallback_retry_after(self, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return retry_after
-        return max(self.breaker.retry_after(), self.policy.backoff_max_s)
+    def _client_retry_after(self, upstream: float | None) -> float:
+        """The one Retry-After rule for a client whose request this tier failed (module docstring)."""
+        breaker = self.breaker.retry_after()
+        if upstream is None and breaker <= 0:
+            return float(self.retry_after_s)
+        return max(1.0, upstream or 0.0, breaker)
+
+
+@dataclass
+class _Verdict:
+    error: Callable[[], BaseException]
+    healthy: bool
+    detail: str
 
 
 @dataclass
 class _OpenStream:
-    upstream: Any
+    response: Any
+    events: _SSEReader
     acc: _Accumulator
     permit: Permit
     first: str | None
@@ -500,11 +664,12 @@ class _Accumulator:
 
     chat: bool
     logprobs: bool
+    tier: str
     parts: list[str] = field(default_factory=list)
     token_logprobs: list[float] | None = field(default_factory=list)
     finish_reason: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
+    chunks: int = 0  # completion chunks seen, with or without text
+    usage: tuple[int | None, int | None] = (None, None)
     model: str | None = None
     prompt_estimate: int | None = None  # when the server reports no usage
 
@@ -512,64 +677,74 @@ class _Accumulator:
     def text(self) -> str:
         return "".join(self.parts)
 
-    def add(self, chunk: Any) -> str:
-        try:
-            usage = getattr(chunk, "usage", None)
-            if usage is not None:
-                self.prompt_tokens, self.completion_tokens = _usage(usage)
-            model = getattr(chunk, "model", None)
-            if isinstance(model, str) and model:
-                self.model = model
-            choices = chunk.choices or []
-            if not choices:
-                return ""
-            choice = choices[0]
-            if self.chat:
-                delta = getattr(choice, "delta", None)
-                piece = getattr(delta, "content", None) or ""
+    def add(self, chunk: dict[str, Any], call: _Call) -> str:
+        if "usage" in chunk and chunk["usage"] is not None:
+            self.usage = _checked_usage(chunk["usage"], call, self.tier)
+        model = _model_name(chunk.get("model"))
+        if model:
+            self.model = model
+        choice = _first_choice(chunk.get("choices"), required=False)
+        if choice is None:
+            return ""
+        self.chunks += 1
+        if self.chat:
+            delta = _field(choice, "delta", dict) or {}
+            piece = _field(delta, "content", str) or ""
+        else:
+            piece = _field(choice, "text", str) or ""
+        finish = _field(choice, "finish_reason", str)
+        if piece and self.token_logprobs is not None:
+            lps = _token_logprobs(choice.get("logprobs")) if self.logprobs else None
+            if lps is None:
+                self.token_logprobs = None  # one piece without them makes the set unusable
             else:
-                piece = choice.text or ""
-            if not isinstance(piece, str):
-                raise TypeError(f"text is {type(piece).__name__}")
-            if piece and self.token_logprobs is not None:
-                lps = _token_logprobs(getattr(choice, "logprobs", None)) if self.logprobs else None
-                if lps is None:
-                    self.token_logprobs = None  # one piece without them makes the set unusable
-                else:
-                    self.token_logprobs.extend(lps)
-            if choice.finish_reason:
-                self.finish_reason = choice.finish_reason
-        except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
-            raise _Malformed(f"stream chunk is not a completion chunk: {exc}") from exc
+                self.token_logprobs.extend(lps)
+        if finish:
+            self.finish_reason = finish
+        piece = _clean(piece)
         if piece:
             self.parts.append(piece)
+            if len(self.parts) > call.piece_limit:
+                raise _Unacceptable(f"a stream of more than {call.piece_limit} pieces of text for "
+                                    f"max_tokens={call.max_tokens}")
         return piece
+
+    def complete(self, done: bool) -> bool:
+        """Whether the upstream said the answer is whole: a finish_reason, or [DONE] after a chunk."""
+        return self.finish_reason is not None or (done and self.chunks > 0)
 
     def prompt_count(self, call: _Call) -> int:
         """The prompt tokens the server reported, else an estimate (made once per call)."""
-        if self.prompt_tokens is not None:
-            return self.prompt_tokens
+        if self.usage[0] is not None:
+            return self.usage[0]
         if self.prompt_estimate is None:
             self.prompt_estimate = _estimate_tokens(_prompt_text(call.request))
         return self.prompt_estimate
 
+    def completion_count(self, call: _Call) -> int:
+        """Servers send about one token per chunk; logprobs, when present, count exactly. Never
+        more than was asked for."""
+        if self.usage[1] is not None:
+            return self.usage[1]
+        counted = len(self.token_logprobs) if self.token_logprobs else len(self.parts)
+        return min(counted, call.max_tokens)
+
     def so_far(self, call: _Call) -> tuple[int, int]:
         """(prompt, completion) tokens spent so far, counted as `generation` counts them (a
         stream cut short is priced from these)."""
-        return self.prompt_count(call), len(self.token_logprobs) if self.token_logprobs else len(self.parts)
+        return self.prompt_count(call), self.completion_count(call)
 
     def generation(self, call: _Call, default_model: str, *, ttft_s: float | None) -> Generation:
         text = self.text
         logprobs = tuple(self.token_logprobs) if self.token_logprobs is not None and text else None
-        prompt_tokens = self.prompt_count(call)
-        completion_tokens = self.completion_tokens
-        if completion_tokens is None:
-            # Servers send about one token per chunk; logprobs, when present, count exactly.
-            completion_tokens = len(logprobs) if logprobs is not None else len(self.parts)
+        completion_tokens = self.completion_count(call)
+        reason = self.finish_reason
+        if reason is None:  # [DONE] without a finish_reason: see the module docstring
+            reason = "length" if completion_tokens >= call.max_tokens else "stop"
         return Generation(
             text=text,
-            finish_reason=_finish(self.finish_reason),
-            prompt_tokens=prompt_tokens,
+            finish_reason=_finish(reason),
+            prompt_tokens=self.prompt_count(call),
             completion_tokens=completion_tokens,
             token_logprobs=logprobs,
             latency_s=time.monotonic() - call.started,
@@ -578,38 +753,254 @@ class _Accumulator:
         )
 
 
+# -- transport and stream framing ----------------------------------------------------------------
+
+
+class _CappedTransport(httpx2.AsyncBaseTransport):
+    """Every upstream response body, read through a byte limit (see the module docstring)."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, *, max_bytes: int, max_reads: int) -> None:
+        self._inner = inner
+        self._max_bytes = max_bytes
+        self._max_reads = max_reads
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        request.headers["Accept-Encoding"] = "identity"
+        response = await self._inner.handle_async_request(request)
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        declared = response.headers.get("content-length", "").strip()
+        refusal = None
+        if encoding not in ("", "identity"):
+            refusal = f"a compressed body ({encoding[:32]}) though identity was asked for"
+        elif declared.isdigit() and (len(declared) > 18 or int(declared) > self._max_bytes):
+            refusal = f"a declared body of {declared[:24]} bytes, over the limit of {self._max_bytes}"
+        if refusal is not None:
+            await response.aclose()
+            raise _Unacceptable(refusal)
+        assert isinstance(response.stream, httpx2.AsyncByteStream)
+        return httpx2.Response(
+            status_code=response.status_code,
+            headers=response.headers,
+            stream=_CappedStream(response.stream, self._max_bytes, self._max_reads),
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _environment_proxy(url: str) -> str | None:
+    """The proxy HTTP_PROXY/HTTPS_PROXY/ALL_PROXY name for `url`, unless NO_PROXY exempts its host.
+    A backend talks to one base URL, so the choice is made once."""
+    parts = urllib.parse.urlsplit(url)
+    if not parts.hostname or urllib.request.proxy_bypass(parts.hostname):
+        return None
+    proxies = urllib.request.getproxies()
+    return proxies.get(parts.scheme) or proxies.get("all")
+
+
+class _CappedStream(httpx2.AsyncByteStream):
+    """A body read through two limits: its bytes, and the number of pieces it comes in (a body
+    dribbled a byte per chunk would cost a trip through the event loop per byte)."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, max_bytes: int, max_reads: int) -> None:
+        self._inner = inner
+        self._max_bytes = max_bytes
+        self._max_reads = max_reads
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        read = reads = 0
+        async for chunk in self._inner:
+            read += len(chunk)
+            reads += 1
+            if read > self._max_bytes:
+                raise _Unacceptable(f"a body over the limit of {self._max_bytes} bytes")
+            if reads > self._max_reads:
+                raise _Unacceptable(f"a body in more than {self._max_reads} pieces")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _SSEReader:
+    """The `data` of each server-sent event, and whether the server said `[DONE]`.
+
+    Lines end with LF or CRLF (every OpenAI-compatible server's framing; a lone CR is not split on).
+    An event is UTF-8 by the SSE spec, so bytes that are not become U+FFFD. An event left without
+    its closing blank line when the body ends is incomplete and, as the spec says, dropped.
+    """
+
+    def __init__(self, chunks: AsyncIterator[bytes], *, max_events: int) -> None:
+        self._chunks = chunks
+        self._buffer = bytearray()
+        self._scanned = 0  # bytes of the buffer already searched for a line end
+        self._eof = False
+        self._max_events = max_events
+        self.events = 0
+        self.done = False
+
+    async def next(self) -> str | None:
+        """The next event's data, or None at the end ([DONE] or the end of the body)."""
+        if self.done:
+            return None
+        data: list[bytes] = []
+        while True:
+            line = await self._line()
+            if line is None:
+                return None
+            if not line:
+                if not data:
+                    continue
+                self.events += 1
+                if self.events > self._max_events:
+                    raise _Unacceptable(f"a stream of more than {self._max_events} events")
+                text = b"\n".join(data).decode("utf-8", "replace")
+                if text.strip() == "[DONE]":
+                    self.done = True
+                    return None
+                return text
+            name, _, value = line.partition(b":")
+            if name == b"data":
+                data.append(value[1:] if value.startswith(b" ") else value)
+            # other fields (event, id, retry) and comments carry nothing an OpenAI stream needs
+
+    async def _line(self) -> bytes | None:
+        while True:
+            # searched from where the last search stopped: a long line arriving in small pieces
+            # must not be rescanned from its start for each one
+            end = self._buffer.find(b"\n", self._scanned)
+            if end >= 0:
+                line = bytes(self._buffer[:end])
+                del self._buffer[: end + 1]
+                self._scanned = 0
+                return line[:-1] if line.endswith(b"\r") else line
+            self._scanned = len(self._buffer)
+            if self._eof:
+                return None
+            try:
+                self._buffer += await anext(self._chunks)
+            except StopAsyncIteration:
+                self._eof = True
+
+
 # -- response reading ----------------------------------------------------------------------------
 
 
-def _token_logprobs(logprobs: Any) -> tuple[float, ...] | None:
-    """The sampled tokens' logprobs from a chat (`content`) or completions (`token_logprobs`) shape."""
-    if logprobs is None:
+def _json_object(body: str) -> dict[str, Any]:
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # RecursionError: a body nested thousands deep
+        raise _Malformed(f"response body is not JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if not isinstance(value, dict):
+        raise _Malformed(f"response body is a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def _event_object(data: str) -> dict[str, Any]:
+    value = _json_object(data)
+    error = value.get("error")
+    if error is not None:
+        message = error.get("message") if isinstance(error, dict) else error
+        raise _ErrorEvent(str(message)[:_LOG_TEXT_CHARS])
+    return value
+
+
+def _first_choice(choices: Any, *, required: bool) -> dict[str, Any] | None:
+    """Choice 0: we ask for one, and a server sending more (or interleaving them in a stream) must
+    not mix another's text into it."""
+    if choices is None and not required:
         return None
-    content = getattr(logprobs, "content", None)
-    if content is not None:
-        values = [getattr(item, "logprob", None) for item in content]
+    if not isinstance(choices, list):
+        raise _Malformed(f"choices is {type(choices).__name__}, not a list")
+    for choice in choices:
+        if not isinstance(choice, dict):
+            raise _Malformed(f"a choice is {type(choice).__name__}, not an object")
+        index = choice.get("index", 0)
+        if index == 0 and not isinstance(index, bool):
+            return choice
+    if required:
+        raise _Malformed("the response has no choice 0")
+    return None
+
+
+def _field(obj: dict[str, Any], name: str, kind: type[_T]) -> _T | None:
+    """`obj[name]` when it is a `kind` or null/absent; any other type makes the answer malformed."""
+    value = obj.get(name)
+    if value is None or isinstance(value, kind):
+        return value
+    raise _Malformed(f"{name} is {type(value).__name__}, not {kind.__name__}")
+
+
+def _token_logprobs(logprobs: Any) -> tuple[float, ...] | None:
+    """The sampled tokens' logprobs from a chat (`content`) or completions (`token_logprobs`)
+    shape; None unless every one is a finite number at most 0."""
+    if not isinstance(logprobs, dict):
+        return None
+    content = logprobs.get("content")
+    if isinstance(content, list):
+        values = [item.get("logprob") if isinstance(item, dict) else None for item in content]
+    elif isinstance(logprobs.get("token_logprobs"), list):
+        values = logprobs["token_logprobs"]
     else:
-        raw = getattr(logprobs, "token_logprobs", None)
-        if raw is None:
+        return None
+    out: list[float] = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             return None
-        values = list(raw)
-    floats = tuple(float(v) for v in values if isinstance(v, (int, float)))
-    return floats if all(not math.isnan(v) for v in floats) else None
+        number = float(value)
+        if not math.isfinite(number) or number > 1e-6:  # a probability above 1 is not one
+            return None
+        out.append(min(number, 0.0))
+    return tuple(out)
 
 
-def _usage(usage: Any) -> tuple[int | None, int | None]:
+def _checked_usage(usage: Any, call: _Call, tier: str) -> tuple[int | None, int | None]:
+    """The server's (prompt, completion) token counts, each None where it sent none; both None,
+    with a warning, when either is impossible for this request (module docstring)."""
     if usage is None:
         return None, None
-    prompt = getattr(usage, "prompt_tokens", None)
-    completion = getattr(usage, "completion_tokens", None)
-    return (
-        int(prompt) if isinstance(prompt, int) else None,
-        int(completion) if isinstance(completion, int) else None,
-    )
+    if not isinstance(usage, dict):
+        log.warning("tier %s: upstream usage refused (not an object: %.200r); estimating", tier, usage)
+        return None, None
+    counts = []
+    for name, limit in (("prompt_tokens", call.prompt_limit), ("completion_tokens", call.completion_limit)):
+        value = usage.get(name)
+        count = _count(value)
+        if value is not None and (count is None or count > limit):
+            log.warning(
+                "tier %s: upstream usage refused (%s=%.100r, at most %d possible); estimating",
+                tier, name, value, limit,
+            )
+            return None, None
+        counts.append(count)
+    return counts[0], counts[1]
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and value >= 0:
+        return value
+    return None
 
 
 def _finish(reason: str | None) -> FinishReason:
     return "length" if reason == "length" else "stop"
+
+
+def _model_name(value: Any) -> str | None:
+    """The model the server says answered, if it is a sane name (it reaches logs and the ledger)."""
+    if isinstance(value, str) and _MODEL_NAME.match(value):
+        return value
+    return None
+
+
+def _clean(text: str) -> str:
+    # JSON can carry lone surrogates ("\ud800"): no encoder downstream would take them.
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def _prompt_text(request: GenerationRequest) -> str:
@@ -627,26 +1018,32 @@ def _estimate_tokens(text: str) -> int:
 
 
 def _error_text(exc: openai.APIStatusError) -> str:
-    """The upstream's own words: OpenAI's error.message, or FastAPI's detail (without inputs)."""
+    """The upstream's own words, for the log and for recognising refusals: OpenAI's error.message,
+    or FastAPI's detail (without inputs)."""
     body = exc.body
     if isinstance(body, dict):
         message = body.get("message")
         if isinstance(message, str) and message:
-            return message
+            return message[:_LOG_TEXT_CHARS]
         detail = body.get("detail")
         if isinstance(detail, str) and detail:
-            return detail
+            return detail[:_LOG_TEXT_CHARS]
         if isinstance(detail, list):
             parts = []
             for item in detail:
                 if isinstance(item, dict):
-                    loc = ".".join(str(p) for p in item.get("loc", ()))
-                    parts.append(f"{loc}: {item.get('msg', '')}".strip(": "))
+                    loc = item.get("loc", ())
+                    where = ".".join(str(p) for p in loc) if isinstance(loc, list) else str(loc)
+                    parts.append(f"{where}: {item.get('msg', '')}".strip(": "))
             if parts:
-                return "; ".join(parts)
+                return "; ".join(parts)[:_LOG_TEXT_CHARS]
     if isinstance(body, str) and body.strip():
-        return body.strip()[:500]
-    return exc.message
+        return body.strip()[:_LOG_TEXT_CHARS]
+    return str(exc.message)[:_LOG_TEXT_CHARS]
+
+
+def _identifier(value: Any) -> str | None:
+    return value if isinstance(value, str) and _IDENTIFIER.match(value) else None
 
 
 def _is_context_length(exc: openai.APIStatusError, detail: str) -> bool:
@@ -669,8 +1066,19 @@ def _refused_param(exc: openai.APIStatusError, params: dict[str, Any]) -> str | 
     return None
 
 
-async def _close_quietly(upstream: Any) -> None:
+def _cause(exc: BaseException, kind: type[BaseException]) -> Any:
+    """`exc` or the first exception of `kind` it was raised from (the SDK wraps what httpx raises)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__
+    return None
+
+
+async def _close_quietly(response: Any) -> None:
     # Closing a broken stream may fail again; the first error is the one to keep.
     with contextlib.suppress(Exception):
-        await upstream.close()
-
+        await response.close()

@@ -205,14 +205,110 @@ def status(code: int, message: str = "scripted failure", *, headers: dict[str, s
     return act
 
 
-def raw(code: int, body: bytes, *, content_type: str = "application/json") -> Action:
-    """Any bytes with any status: malformed JSON, HTML from a proxy, a wrong shape."""
+def raw(code: int, body: bytes, *, content_type: str = "application/json",
+        headers: dict[str, str] | None = None) -> Action:
+    """Any bytes with any status and headers: malformed JSON, HTML from a proxy, a wrong shape."""
 
     async def act(conn: _Conn, req: Received) -> bool:
-        await conn.reply(code, body, content_type=content_type)
+        await conn.reply(code, body, headers, content_type=content_type)
         return True
 
     return act
+
+
+def chat_chunk(content: str | None = None, *, finish: str | None = None, index: int = 0,
+               **extra: Any) -> dict[str, Any]:
+    """One chat stream chunk, for `sse` scripts."""
+    delta = {} if content is None else {"content": content}
+    choice = {"index": index, "delta": delta, "finish_reason": finish, **extra}
+    return {"id": "fault", "object": "chat.completion.chunk", "created": 0, "model": "fake-large",
+            "choices": [choice]}
+
+
+def sse(*events: dict[str, Any] | str | bytes, done: bool = True, newline: bytes = b"\n") -> Action:
+    """A 200 stream of exactly these events: a dict is sent as JSON, a str as the data field as it
+    is, bytes as raw bytes with no framing added. `done` ends it with `data: [DONE]`."""
+
+    async def act(conn: _Conn, req: Received) -> bool:
+        await conn.head(200, {**_SSE_HEADERS, "Transfer-Encoding": "chunked"})
+        for event in (*events, *(("[DONE]",) if done else ())):
+            if isinstance(event, bytes):
+                piece = event
+            else:
+                data = event if isinstance(event, str) else json.dumps(event)
+                piece = b"data: " + data.encode("utf-8", "surrogatepass") + newline + newline
+            await _send_chunked(conn, piece)
+        await conn.send(b"0\r\n\r\n")
+        return True
+
+    return act
+
+
+def oversized(n_bytes: int, *, declare: bool, code: int = 200) -> Action:
+    """A JSON-looking body of `n_bytes`: with `declare`, a Content-Length saying so; else chunked,
+    with no length known until it ends."""
+
+    async def act(conn: _Conn, req: Received) -> bool:
+        block = b" " * 65536
+        if declare:
+            await conn.head(code, {"Content-Type": "application/json", "Content-Length": str(n_bytes)})
+        else:
+            await conn.head(code, {"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+        sent = 0
+        while sent < n_bytes:
+            piece = block[: n_bytes - sent]
+            await (conn.send(piece) if declare else _send_chunked(conn, piece))
+            sent += len(piece)
+        if not declare:
+            await conn.send(b"0\r\n\r\n")
+        return True
+
+    return act
+
+
+def dribble(*events: dict[str, Any], piece: int = 1) -> Action:
+    """A correct stream of these events (then [DONE]), sent `piece` bytes per HTTP chunk."""
+
+    async def act(conn: _Conn, req: Received) -> bool:
+        await conn.head(200, {**_SSE_HEADERS, "Transfer-Encoding": "chunked"})
+        body = b"".join(_event(e) for e in events) + _event("[DONE]")
+        for i in range(0, len(body), piece):
+            await _send_chunked(conn, body[i : i + piece])
+        await conn.send(b"0\r\n\r\n")
+        return True
+
+    return act
+
+
+def stalled_body(seconds: float = 60.0) -> Action:
+    """Headers promising a body, a few bytes of it, then silence."""
+
+    async def act(conn: _Conn, req: Received) -> bool:
+        await conn.head(200, {"Content-Type": "application/json", "Content-Length": "1000"})
+        await conn.send(b'{"id": "x", ')
+        await asyncio.sleep(seconds)
+        return False
+
+    return act
+
+
+class Endless:
+    """A stream of tokens that never ends: it sends until the client hangs up, and counts the
+    bytes it managed to send (what the client had to take before it stopped)."""
+
+    def __init__(self, token: str = "la ") -> None:
+        self.token = token
+        self.sent = 0
+
+    async def __call__(self, conn: _Conn, req: Received) -> bool:
+        await conn.head(200, {**_SSE_HEADERS, "Transfer-Encoding": "chunked"})
+        event = _event(chat_chunk(self.token) if req.is_chat else
+                       {"id": "fault", "object": "text_completion", "created": 0, "model": "fake-large",
+                        "choices": [{"index": 0, "text": self.token, "finish_reason": None}]})
+        piece = (f"{len(event * 64):x}\r\n").encode() + event * 64 + b"\r\n"
+        while True:
+            await conn.send(piece)
+            self.sent += len(event) * 64
 
 
 def malformed() -> Action:

@@ -105,16 +105,50 @@ async def test_never_sleeps_into_the_deadline() -> None:
 
 def test_parse_retry_after_forms() -> None:
     now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
-    assert parse_retry_after({"Retry-After": "3"}) == 3.0
-    assert parse_retry_after({"retry-after": " 1.5 "}) == 1.5
-    assert parse_retry_after({"Retry-After": "-4"}) == 0.0
-    assert parse_retry_after({"retry-after-ms": "250", "Retry-After": "9"}) == 0.25
+    assert parse_retry_after({"Retry-After": "3"}, limit=60) == 3.0
+    assert parse_retry_after({"retry-after": " 1.5 "}, limit=60) == 1.5
+    assert parse_retry_after({"retry-after-ms": "250", "Retry-After": "9"}, limit=60) == 0.25
     date = format_datetime(now + timedelta(seconds=30), usegmt=True)
-    assert parse_retry_after({"Retry-After": date}, now=now) == 30.0
-    past = format_datetime(now - timedelta(seconds=30), usegmt=True)
-    assert parse_retry_after({"Retry-After": past}, now=now) == 0.0
-    assert parse_retry_after({"Retry-After": "soon"}) is None
-    assert parse_retry_after({}) is None
+    assert parse_retry_after({"Retry-After": date}, limit=60, now=now) == 30.0
+    assert parse_retry_after({}, limit=60) is None
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"Retry-After": "-4"}, 0.0),
+        ({"Retry-After": "-inf"}, 0.0),
+        ({"Retry-After": "inf"}, 60.0),
+        ({"Retry-After": "Infinity"}, 60.0),
+        ({"Retry-After": "1e9"}, 60.0),
+        ({"Retry-After": "9" * 400}, None),  # longer than any real header value: not read at all
+        ({"Retry-After": "nan"}, None),
+        ({"Retry-After": "soon"}, None),
+        ({"Retry-After": ""}, None),
+        ({"Retry-After": "1_000"}, None),
+        ({"retry-after-ms": "nan", "Retry-After": "2"}, 2.0),  # a bad ms form falls back to the other
+        ({"retry-after-ms": "-5"}, 0.0),
+        ({"retry-after-ms": "1e12"}, 60.0),
+        ({"Retry-After": format_datetime(datetime(2025, 1, 1, 11, 0, tzinfo=UTC), usegmt=True)}, 0.0),
+        ({"Retry-After": format_datetime(datetime(2026, 1, 1, 12, 0, tzinfo=UTC), usegmt=True)}, 60.0),
+        ({"Retry-After": "Wed, 01 Jan 2025 12:00:10"}, 10.0),  # no zone: GMT, as HTTP dates are
+        ({"Retry-After": "Mon, 99 Foo 2025 99:99:99 GMT"}, None),
+    ],
+    ids=["negative", "-inf", "inf", "Infinity", "1e9", "400-digits", "nan", "word", "empty", "underscore",
+         "bad-ms", "negative-ms", "huge-ms", "past-date", "future-date", "date-no-zone", "bad-date"],
+)
+def test_hostile_retry_after_is_clamped_to_the_limit_or_ignored(
+    headers: dict[str, str], expected: float | None
+) -> None:
+    now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
+    assert parse_retry_after(headers, limit=60.0, now=now) == expected
+
+
+async def test_nan_retry_after_does_not_poison_the_sleep() -> None:
+    policy = RetryPolicy(max_attempts=3, backoff_initial_s=0.1, backoff_max_s=0.2)
+    clock = Clock()
+    assert await run(policy, clock, [Flaky(retry_after=float("nan")), "ok"]) == ("ok", 2)
+    assert len(clock.sleeps) == 1 and 0.1 <= clock.sleeps[0] <= 0.2
 
 
 def test_policy_rejects_nonsense() -> None:
