@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup models serve complete test clean
+.PHONY: setup sandbox models serve complete test clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -13,7 +13,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-setup: $(STAMP)
+setup: $(STAMP) sandbox
+
+# The code_tests verifier runs model-written code in bubblewrap; `config check` and `serve` refuse
+# a config that needs it when it is missing.
+sandbox:
+	@command -v bwrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q bubblewrap; \
+	  else echo "bubblewrap is missing: run 'sudo apt-get install bubblewrap' (needed only for the code_tests verifier)" >&2; fi; }
 
 models: setup
 	$(BIN)/tierroute models pull qwen2.5-coder-0.5b-instruct-q4_k_m

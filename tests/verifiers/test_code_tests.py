@@ -111,7 +111,9 @@ async def test_prompt_examples_pass_and_fail() -> None:
     assert good.details["passed"] == 2 and good.details["total"] == 2
     wrong = await v.score(req, gen(WRONG))
     assert wrong.value == 0.5
-    assert "1/2" in wrong.reason and "below_zero([1, 2, -4, 5])" in wrong.reason
+    # counts and a fixed vocabulary only: the example's text is in the server log, not the reason
+    assert wrong.reason == "failed: 1/2 tests passed (prompt examples 1/2); failures: mismatch 1"
+    assert wrong.details["failures"] == {"mismatch": 1} and wrong.details["in_process"] == 0
 
 
 async def test_completion_mode_body_is_tested_with_its_prompt() -> None:
@@ -136,7 +138,8 @@ async def test_caller_tests_from_metadata() -> None:
     no_str = "```python\ndef add(a, b):\n    return a if isinstance(a, str) else a + b\n```"
     half = await CodeTestsVerifier().score(req, gen(no_str))
     assert half.value == pytest.approx(0.75)
-    assert "add('a', 'b')" in half.reason
+    assert half.details["failures"] == {"assertion": 1}
+    assert "add('a', 'b')" not in half.reason
 
 
 async def test_doctests_can_be_turned_off_and_both_sources_add_up() -> None:
@@ -156,11 +159,11 @@ async def test_without_tests_it_scores_whether_the_code_compiles_and_imports() -
     req = chat("Write a function that reverses a string.")
     ok = await v.score(req, gen("```python\ndef rev(s):\n    return s[::-1]\n```"))
     assert ok.value == 0.5
-    assert "no tests" in ok.reason
+    assert ok.reason == "no_tests"
     syntax = await v.score(req, gen("```python\ndef rev(s)\n    return s[::-1]\n```"))
-    assert syntax.value == 0.0 and "syntax error" in syntax.reason
+    assert syntax.value == 0.0 and syntax.reason == "syntax_error"
     broken = await v.score(req, gen("```python\nimport no_such_module_here\n```"))
-    assert broken.value == 0.0 and "ModuleNotFoundError" in broken.reason
+    assert broken.value == 0.0 and broken.reason == "import_error"
     prose = await v.score(req, gen("I would reverse it with slicing."))
     assert prose.value == 0.0
 
@@ -188,7 +191,7 @@ async def test_hanging_code_ends_the_run_quickly() -> None:
         req, gen("```python\ndef f(x):\n    while True:\n        pass\n```")
     )
     assert s.value == 0.0
-    assert "timed out" in s.reason
+    assert s.details["failures"] == {"not_run": 2, "timeout": 1}
     assert s.details["sandbox_s"] < 5
 
 
@@ -212,7 +215,7 @@ async def test_exceptions_in_doctests() -> None:
 async def test_metadata_tests_of_the_wrong_type_are_noted() -> None:
     s = await CodeTestsVerifier().score(chat("Write f.", tests={"not": "code"}), gen("```python\ndef f():\n    return 1\n```"))
     assert s.value == 0.5
-    assert "ignored" in s.reason
+    assert "ignored" in " ".join(s.details["notes"])
 
 
 @pytest.mark.parametrize(
