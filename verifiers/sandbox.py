@@ -15,7 +15,7 @@ What every run gets (a run that cannot have all of it does not run; see `availab
   is visible: not its working directory, config, ledger, models, venv or home;
 - a private writable directory (``/sandbox``, the cwd) on a tmpfs capped at ``disk_mb``, and a
   ``/dev/shm`` capped at 1 MiB; no other writable place (``/tmp`` does not exist);
-- new PID, network, IPC and UTS namespaces: no network at all (not even loopback is up), no
+- new PID, network, IPC and UTS namespaces: no network beyond the box's own loopback, no
   process outside the run can be seen, signalled or traced, a fresh ``/proc`` shows only the
   run's own processes (no ``/proc/<service>/environ``). ``--die-with-parent`` and
   ``--new-session``; when the run ends or times out the whole namespace is killed, so a child
@@ -83,7 +83,7 @@ class SandboxUnavailableError(OSError):
 
 @dataclass(frozen=True)
 class SandboxResult:
-    returncode: int  # negative: killed by that signal
+    returncode: int  # negative: killed by that signal (an exit status of 129-192 reads as one)
     stdout: str
     stderr: str
     timed_out: bool
@@ -411,12 +411,13 @@ async def start_python(
 ) -> AsyncIterator[SandboxProcess]:
     """Start ``code`` as /sandbox/main.py in a box; the box is killed and reaped on leaving."""
     bwrap = _bwrap_or_raise()
-    payload = {"main.py": code, **dict(files or {})}
-    if len(payload) > _MAX_FILES:
-        raise ValueError(f"at most {_MAX_FILES} sandbox files")
-    for name in payload:
-        if name != "main.py" and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name) or name in (".", ".."):
+    files = dict(files or {})
+    if len(files) >= _MAX_FILES:
+        raise ValueError(f"at most {_MAX_FILES - 1} sandbox files")
+    for name in files:
+        if name == "main.py" or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
             raise ValueError(f"sandbox file name {name!r} must be a plain file name other than main.py")
+    payload = {"main.py": code, **files}
     fds: list[int] = []
     proc: asyncio.subprocess.Process | None = None
     box: SandboxProcess | None = None
@@ -508,6 +509,9 @@ async def run_python_async(
         stdout, out_cut = out_task.result() if out_task.done() and not out_task.cancelled() else (b"", True)
         stderr, err_cut = await box.stderr()
         returncode = box.proc.returncode if box.proc.returncode is not None else -signal.SIGKILL
+        if 128 < returncode < 128 + 65:
+            # bwrap passes a signal death of the code on as 128 + the signal, as a shell would
+            returncode = 128 - returncode
         stderr_text = stderr.decode("utf-8", "replace")
         return SandboxResult(
             returncode=returncode,
@@ -569,15 +573,13 @@ def _kill_group(pid: int) -> None:
 def _killed_reason(returncode: int, stderr: str, timed_out: bool) -> str | None:
     if timed_out:
         return "timeout"
-    # bwrap reports a signal death of the code as exit status 128 + signal
-    if returncode > 128 and returncode - 128 == signal.SIGXCPU or returncode == -signal.SIGXCPU:
+    if returncode == -signal.SIGXCPU:
         return "cpu"
-    if returncode > 128 or returncode < 0:
-        sig = returncode - 128 if returncode > 128 else -returncode
+    if returncode < 0:
         try:
-            return f"signal {signal.Signals(sig).name}"
+            return f"signal {signal.Signals(-returncode).name}"
         except ValueError:
-            return f"signal {sig}"
+            return f"signal {-returncode}"
     if returncode == 0:
         return None
     last = next((ln for ln in reversed(stderr[-2000:].splitlines()) if ln.strip()), "")
