@@ -258,7 +258,7 @@ def _bwrap_argv(bwrap: str, limits: Limits, files: list[tuple[int, str]], seccom
         argv += ["--ro-bind", src, dest]
     for path in layout.hidden:
         argv += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(_SHM_BYTES), "--tmpfs", "/dev/shm"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(_SHM_BYTES), "--tmpfs", "/dev/shm"]
     argv += ["--perms", "1777", "--size", str(limits.disk_mb << 20), "--tmpfs", WORKDIR]
     for fd, name in files:
         argv += ["--perms", "0666", "--file", str(fd), f"{WORKDIR}/{name}"]
