@@ -346,3 +346,15 @@ async def test_sandbox_output_never_reaches_the_score() -> None:
     assert s.details["failures"] == {"exception": 1}
     broken = await CodeTestsVerifier().score(chat("Write f."), gen(f"```python\nraise RuntimeError({leak!r})\n```"))
     assert broken.reason == "load_error" and leak not in repr(broken)
+
+
+async def test_the_grader_does_not_take_an_early_exit_for_a_pass() -> None:
+    from evals.grading import grade_code_tests
+
+    tests = "def check(candidate):\n    assert candidate(2) == 4\n"
+    for cheat in ("import sys\nsys.exit(0)\n", "import os\nos._exit(0)\n", "exit()\n"):
+        answer = f"```python\ndef f(x):\n    return 0\n{cheat}```"
+        grade = await grade_code_tests(answer, tests, entry_point="f")
+        assert not grade.correct, cheat
+    right = await grade_code_tests("```python\ndef f(x):\n    return x * x\n```", tests, entry_point="f")
+    assert right.correct, right
