@@ -769,7 +769,8 @@ class CodeTestsVerifier:
 
     def _prepare(self, request: GenerationRequest, text: str) -> _Prepared:
         """Everything before the run, off the event loop: caps, program assembly, parsing."""
-        if len(text) > MAX_ANSWER_CHARS:
+        prompt = request.last_user_text()
+        if len(text) > MAX_ANSWER_CHARS or len(prompt) > MAX_PROMPT_CHARS:
             return _Prepared(None, [], "too_large")
         program = assemble_program(request, text)
         if len(program) > MAX_ANSWER_CHARS + MAX_PROMPT_CHARS:
@@ -797,9 +798,6 @@ class CodeTestsVerifier:
             else:
                 notes.append("metadata tests ignored: not a string or a list of strings")
         if self.doctest:
-            prompt = request.last_user_text()
-            if len(prompt) > MAX_PROMPT_CHARS:
-                return _Prepared(None, [], "too_large")
             steps += doctest_steps(prompt)
         if sum(s.is_test for s in steps) > MAX_UNITS:
             return _Prepared(None, [], "too_large")

@@ -1,6 +1,11 @@
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
+
+from router.errors import OverloadedError, UnavailableError
 
 from router.generation import GenerationRequest, Message
 from tests.verifiers.scripted import gen
@@ -225,3 +230,95 @@ async def test_metadata_tests_of_the_wrong_type_are_noted() -> None:
 def test_bad_params(params: dict, error: type[Exception]) -> None:
     with pytest.raises(error):
         CodeTestsVerifier(**params)
+
+
+async def test_the_sandbox_queue_is_bounded() -> None:
+    # one sandbox, one waiting run: a third concurrent run is refused at once with a typed 503
+    v = CodeTestsVerifier(max_concurrency=1, max_queue=1, unit_timeout_s=5)
+    req = chat("Write f.", tests="assert f() == 1\n")
+    slow = gen("```python\nimport time\ndef f():\n    time.sleep(1.0)\n    return 1\n```")
+    first = asyncio.create_task(v.score(req, slow))
+    second = asyncio.create_task(v.score(req, slow))
+    await asyncio.sleep(0.3)
+    t0 = time.monotonic()
+    with pytest.raises(OverloadedError) as refused:
+        await v.score(req, slow)
+    assert time.monotonic() - t0 < 0.5
+    assert isinstance(refused.value, UnavailableError) and refused.value.retry_after > 0
+    assert [s.value for s in await asyncio.gather(first, second)] == [1.0, 1.0]
+    # the queue drained: a run is accepted again
+    assert (await v.score(req, gen("```python\ndef f():\n    return 1\n```"))).value == 1.0
+
+
+async def test_oversized_inputs_are_refused_without_blocking_the_loop() -> None:
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    huge_prompt = "Complete:\n" + (">>> f(1)\n1\n" * 120_000)  # about 1.4 MB of examples
+    task = asyncio.create_task(ticker())
+    try:
+        t0 = time.monotonic()
+        s = await CodeTestsVerifier().score(chat(huge_prompt), gen("```python\ndef f(x):\n    return x\n```"))
+        elapsed = time.monotonic() - t0
+    finally:
+        task.cancel()
+    assert s.value == 0.0 and s.reason == "too_large"
+    assert elapsed < 2
+    big_tests = await CodeTestsVerifier().score(chat("Write f.", tests="assert f(1) == 1\n" * 10_000),
+                                                gen("```python\ndef f(x):\n    return x\n```"))
+    assert big_tests.reason == "too_large"
+    # a big but allowed prompt is parsed off the loop: the ticker kept running meanwhile
+    many = "Complete:\n" + (">>> f(1)\n1\n" * 400)
+    ticks = 0
+    task = asyncio.create_task(ticker())
+    try:
+        s = await CodeTestsVerifier().score(chat(many), gen("```python\ndef f(x):\n    return x\n```"))
+    finally:
+        task.cancel()
+    assert s.value == 1.0 and s.details["total"] == 400
+    assert ticks > 0
+
+
+async def test_asserts_and_straight_test_functions_are_judged_outside() -> None:
+    tests = (
+        "def test_square():\n"
+        "    x = f(3)\n"
+        "    assert x == 9\n"
+        "    assert f(4) > 15\n"
+        "def test_loop():\n"
+        "    for i in range(3):\n"
+        "        assert f(i) == i * i\n"
+        "assert f(2) in (4, 5)\n"
+        "assert f(0) is not None\n"
+        "assert 16 == f(4)\n"
+        "assert f(1) == f(-1)\n"
+    )
+    steps = caller_test_steps(tests)
+    judged = {s.label: s.in_process for s in steps if s.is_test}
+    assert judged == {"test_square()": False, "test_loop()": True, "assert f(2) in (4, 5)": False,
+                      "assert f(0) is not None": False, "assert 16 == f(4)": False, "assert f(1) == f(-1)": False}
+    req = chat("Write f.", tests=tests)
+    right = await CodeTestsVerifier().score(req, gen("```python\ndef f(x):\n    return x * x\n```"))
+    assert right.value == 1.0, right
+    assert right.details["in_process"] == 1
+    # an object that claims to equal everything is not plain data: the checker is not fooled
+    liar = "```python\nclass Any:\n    def __eq__(self, other):\n        return True\n    __hash__ = None\ndef f(x):\n    return Any()\n```"
+    fooled = await CodeTestsVerifier().score(req, gen(liar))
+    assert fooled.details["failures"].get("not_plain_data", 0) >= 3
+    assert fooled.value < 0.5
+
+
+def test_values_are_decoded_strictly() -> None:
+    from verifiers.code_tests import Opaque, decode_value, same
+
+    tree = {"t": "d", "v": [[{"t": "s", "v": "a"}, {"t": "l", "v": [{"t": "i", "v": "1"}, {"t": "f", "v": "0.5"}]}]]}
+    assert decode_value(tree) == {"a": [1, 0.5]}
+    for bad in ({"t": "i", "v": 1}, {"t": "q"}, [], {"t": "l", "v": [{"t": "i", "v": "x"}]}):
+        with pytest.raises(ValueError):
+            decode_value(bad)
+    assert not same(Opaque("Any", "Any()"), 1) and not same(True, 1) and same(0.1 + 0.2, 0.3)
