@@ -635,15 +635,18 @@ async def _run_step(session: _Session, step: Step) -> list[UnitResult]:
         await session.ask({"op": "exec", "source": step.source, "ns": ns, "base": base})
         return []
     if step.kind == "doctest":
-        reply = await session.ask({"op": "eval" if step.expr else "exec", "source": step.source, "ns": ns, "base": base})
+        op = "eval" if step.expr else "exec"
+        reply = await session.ask({"op": op, "source": step.source, "ns": ns, "base": base})
         kind = judge_doctest(step, reply)
-        detail = "" if kind is None else f"expected {step.want[:120]!r}, got {reply.printed[:120]!r} {reply.exc}: {reply.msg}"
+        detail = "" if kind is None else f"expected {step.want[:120]!r}, got {reply.printed[:120]!r} {reply.exc} {reply.msg}"
+        detail = detail[:400]
         return [UnitResult(step.label, step.group, kind is None, kind, False, detail)]
     for check in step.plan():
         reply = await session.ask({"op": check.op, "source": check.source, "ns": ns, "base": base})
         kind = judge(check, reply)
         if kind is not None:
-            detail = f"{check.source[:120]}: {reply.exc}: {reply.msg}" if not reply.ok else f"{check.source[:120]} -> {reply.value!r:.200}"
+            outcome = f"{reply.exc}: {reply.msg}" if not reply.ok else f"-> {reply.value!r:.200}"
+            detail = f"{check.source[:120]} {outcome}"
             return [UnitResult(step.label, step.group, False, kind, step.in_process, detail)]
     return [UnitResult(step.label, step.group, True, None, step.in_process)]
 
@@ -711,7 +714,8 @@ class CodeTestsVerifier:
         prepared = await asyncio.to_thread(self._prepare, request, candidate.text)
         notes = list(prepared.notes)
         if prepared.refusal is not None:
-            return Score(0.0, prepared.refusal, {"compiles": prepared.refusal != "syntax_error", "reason": prepared.refusal})
+            details = {"compiles": prepared.refusal != "syntax_error", "reason": prepared.refusal}
+            return Score(0.0, prepared.refusal, details)
         assert prepared.program is not None
         sem, waiting = self._limit()
         if sem.locked() and waiting[0] >= (self.max_queue or 4 * self.slots):
@@ -878,7 +882,8 @@ def _worker_main() -> None:  # pragma: no cover - runs only inside the sandbox
         if t in tags:
             return {"t": tags[t], "v": [encode(x, budget, depth + 1) for x in value]}
         if t is dict:
-            return {"t": "d", "v": [[encode(k, budget, depth + 1), encode(v, budget, depth + 1)] for k, v in value.items()]}
+            pairs = [[encode(k, budget, depth + 1), encode(v, budget, depth + 1)] for k, v in value.items()]
+            return {"t": "d", "v": pairs}
         try:
             text = repr(value)[:1000]
         except BaseException:  # noqa: BLE001 - a repr that fails is still a value to describe

@@ -200,7 +200,8 @@ class _Layout:
 @functools.cache
 def _layout() -> _Layout:
     python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-    stdlib = os.path.realpath(sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})["stdlib"])
+    paths = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})
+    stdlib = os.path.realpath(paths["stdlib"])
     dynload = os.path.join(stdlib, "lib-dynload")
     binaries = [python]
     if os.path.isdir(dynload):
@@ -210,7 +211,7 @@ def _layout() -> _Layout:
         binds.setdefault(dest, os.path.realpath(dest))
     hidden = []
     for key in ("purelib", "platlib"):
-        site = os.path.realpath(sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})[key])
+        site = os.path.realpath(paths[key])
         if site.startswith(stdlib + os.sep) and os.path.isdir(site) and site not in hidden:
             hidden.append(site)
     return _Layout(python, tuple((src, dest) for dest, src in sorted(binds.items())), tuple(hidden))
@@ -259,6 +260,8 @@ def _bwrap_argv(bwrap: str, limits: Limits, files: list[tuple[int, str]], seccom
     for path in layout.hidden:
         argv += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
     argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(_SHM_BYTES), "--tmpfs", "/dev/shm"]
+    # in a user namespace bwrap's /dev is the code's own, and an uncapped tmpfs: freeze it
+    argv += ["--remount-ro", "/dev"]
     argv += ["--perms", "1777", "--size", str(limits.disk_mb << 20), "--tmpfs", WORKDIR]
     for fd, name in files:
         argv += ["--perms", "0666", "--file", str(fd), f"{WORKDIR}/{name}"]
@@ -332,7 +335,7 @@ def _probe() -> str | None:
     code = b"import os\nprint(os.getuid(), os.geteuid(), os.getpid())\n"
     fds = []
     try:
-        fds = [_memfd("sandbox-probe", code), _memfd("sandbox-seccomp", seccomp_program())]
+        fds = [_memfd("sandbox-probe", code), _memfd("sandbox-seccomp", _filter())]
         limits = Limits(timeout_s=_PROBE_TIMEOUT_S)
         argv = _bwrap_argv(bwrap, limits, [(fds[0], "main.py")], fds[1]) + _python_argv(limits)
         # synchronous: `config check` and start-up may call this inside a running event loop
@@ -350,6 +353,11 @@ def _probe() -> str | None:
     if seen[:2] != [str(SANDBOX_UID)] * 2 or len(seen) < 3 or not seen[2].isdigit() or int(seen[2]) > 4:
         return f"the sandbox did not isolate as expected (saw {' '.join(seen)[:100]!r})"
     return None
+
+
+@functools.cache
+def _filter() -> bytes:
+    return seccomp_program()
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -427,7 +435,7 @@ async def start_python(
             data = content.encode() if isinstance(content, str) else content
             fds.append(await asyncio.to_thread(_memfd, "sandbox-file", data))
             file_fds.append((fds[-1], name))
-        fds.append(_memfd("sandbox-seccomp", seccomp_program()))
+        fds.append(_memfd("sandbox-seccomp", _filter()))
         await asyncio.to_thread(_layout)
         argv = _bwrap_argv(bwrap, limits, file_fds, fds[-1]) + _python_argv(limits)
         proc = await asyncio.create_subprocess_exec(
@@ -490,7 +498,9 @@ async def run_python_async(
     async with start_python(code, limits=limits, files=files, stdin=stdin_bytes is not None,
                             max_output_bytes=max_output_bytes) as box:
         out_task = asyncio.ensure_future(_drain(box.stdout, max_output_bytes))
-        feed = asyncio.ensure_future(_feed(box.stdin, stdin_bytes)) if box.stdin is not None and stdin_bytes is not None else None
+        feed = None
+        if box.stdin is not None and stdin_bytes is not None:
+            feed = asyncio.ensure_future(_feed(box.stdin, stdin_bytes))
         timed_out = False
         try:
             await asyncio.wait_for(box.proc.wait(), timeout_s)

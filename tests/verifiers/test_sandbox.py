@@ -71,7 +71,13 @@ async def test_fresh_directory_empty_environment_isolated_mode(monkeypatch: pyte
 
 
 async def test_the_code_runs_as_nobody_seen_from_inside_and_outside() -> None:
-    code = "import os, time\nprint(os.getuid(), os.geteuid(), os.getgid(), os.getgroups(), os.readlink('/proc/self/ns/pid'), flush=True)\ntime.sleep(2)\n"
+    code = (
+        "import os, time\n"
+        "status = dict(line.split(':', 1) for line in open('/proc/self/status'))\n"
+        "print(*(status[k].strip() for k in ('CapEff', 'CapPrm', 'NoNewPrivs', 'Seccomp')), flush=True)\n"
+        "print(os.getuid(), os.geteuid(), os.getgid(), os.getgroups(), os.readlink('/proc/self/ns/pid'), flush=True)\n"
+        "time.sleep(2)\n"
+    )
     task = asyncio.create_task(run_python_async(code, timeout_s=10))
     await asyncio.sleep(1.0)
     # from outside: the processes of the box run as host uid 65534 when the service is root
@@ -83,7 +89,10 @@ async def test_the_code_runs_as_nobody_seen_from_inside_and_outside() -> None:
             break
         await asyncio.sleep(0.1)
     r = await task
-    uid, euid, gid = r.stdout.split()[:3]
+    kernel_view, ids = r.stdout.splitlines()
+    # no capabilities left, no way to gain any, and the seccomp filter in force (mode 2)
+    assert kernel_view.split() == ["0000000000000000", "0000000000000000", "1", "2"]
+    uid, euid, gid = ids.split()[:3]
     assert [uid, euid, gid] == [str(SANDBOX_UID)] * 3
     assert "[]" in r.stdout
     assert ns is not None
@@ -145,6 +154,7 @@ async def test_writing_outside_the_directory_fails_and_nothing_appears_outside(t
         f"import os; os.symlink({str(world)!r}, 'link'); open('link', 'w').write('x')",
         f"import os; os.remove({str(target.parent / 'keep.txt')!r})",
         "open('/escaped.txt', 'w').write('x')",
+        "open('/dev/escaped.txt', 'w').write('x')",
     ]
     (tmp_path / "keep.txt").write_text("keep")
     try:
