@@ -14,7 +14,8 @@ What every run gets (a run that cannot have all of it does not run; see `availab
   an empty read-only tmpfs (``python -I -S`` would not look there anyway). Nothing of the service
   is visible: not its working directory, config, ledger, models, venv or home;
 - a private writable directory (``/sandbox``, the cwd) on a tmpfs capped at ``disk_mb``, and a
-  ``/dev/shm`` capped at 1 MiB; no other writable place (``/tmp`` does not exist);
+  ``/dev/shm`` capped at 1 MiB; no other writable place (``/tmp`` does not exist, ``/dev`` is
+  read-only: in a user namespace bwrap's ``/dev`` would otherwise be the code's own, uncapped);
 - new PID, network, IPC and UTS namespaces: no network beyond the box's own loopback, no
   process outside the run can be seen, signalled or traced, a fresh ``/proc`` shows only the
   run's own processes (no ``/proc/<service>/environ``). ``--die-with-parent`` and
@@ -31,16 +32,18 @@ What every run gets (a run that cannot have all of it does not run; see `availab
   perf_event_open, userfaultfd, io_uring, mount and the new mount API, unshare, setns, clone
   with any namespace flag (clone3 reports ENOSYS so libc falls back to clone), module and kexec
   calls, open_by_handle_at;
-- rlimits on address space, CPU seconds, file size, open files, processes (counted for uid 65534:
-  only enforced when the service runs as root) and core dumps; an empty environment; a wall-clock
-  timeout after which the namespace is killed.
+- rlimits on address space, CPU seconds, file size, open files, processes and core dumps; an empty
+  environment (three thread-count variables aside); a wall-clock timeout after which the namespace
+  is killed.
 
 What it does not give: RLIMIT_AS is per process, so a run can hold at most roughly
 ``max_procs * memory_mb`` plus its tmpfs caps; a cgroup would cap the total, but needs a
 delegating daemon (systemd) this project does not assume. Time measured by CPU rlimits is per
 process too; the wall timeout bounds the whole. Kernel bugs reachable through the allowed
-syscalls are out of scope; run the service in a VM or gVisor where that matters. When the
-service is not root, concurrent runs share the host uid's process count.
+syscalls are out of scope; run the service in a VM or gVisor where that matters. RLIMIT_NPROC
+counts a host uid's processes: concurrent boxes share uid 65534's count (the service's own uid's,
+when the service is not root). No audit hook is kept: it added nothing the kernel does not
+already enforce, and a hook that code can disarm invites trusting it.
 
 The box runs only the standard library: no third-party packages are visible.
 """
