@@ -322,3 +322,25 @@ def test_values_are_decoded_strictly() -> None:
         with pytest.raises(ValueError):
             decode_value(bad)
     assert not same(Opaque("Any", "Any()"), 1) and not same(True, 1) and same(0.1 + 0.2, 0.3)
+
+
+def test_judging_crafted_values_never_raises() -> None:
+    from verifiers.code_tests import Check, Opaque, Reply, judge, same
+
+    huge = 10**400
+    assert not same(huge, 1.5) and same(huge, huge)
+    eq = Check("eval", "f()", "compare", "Eq", 1.5)
+    assert judge(eq, Reply(True, huge)) == "assertion"
+    lt = Check("eval", "f()", "compare", "Lt", 3)
+    assert judge(lt, Reply(True, "a string")) == "exception"
+    assert judge(lt, Reply(True, Opaque("X", "X()"))) == "not_plain_data"
+    pair = Check("eval", "(f(), g())", "compare", "Eq", pair=True)
+    assert judge(pair, Reply(True, 5)) == "forged"
+    assert judge(Check("eval", "f()", "truthy"), Reply(True, Opaque("X", "X()"), truth=None)) == "not_plain_data"
+
+
+async def test_a_value_too_big_to_report_fails_its_test_without_being_called_forged() -> None:
+    req = chat("Write f.", tests="assert f() == [0]\nassert g() == 1\n")
+    s = await CodeTestsVerifier().score(req, gen("```python\ndef f():\n    return list(range(200_000))\ndef g():\n    return 1\n```"))
+    assert s.details["reason"] == "failed" and s.details["passed"] == 1
+    assert s.details["failures"] == {"not_plain_data": 1}
