@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
+from pathlib import Path
 
 import pytest
 
@@ -344,3 +346,36 @@ async def test_a_value_too_big_to_report_fails_its_test_without_being_called_for
     s = await CodeTestsVerifier().score(req, gen("```python\ndef f():\n    return list(range(200_000))\ndef g():\n    return 1\n```"))
     assert s.details["reason"] == "failed" and s.details["passed"] == 1
     assert s.details["failures"] == {"not_plain_data": 1}
+
+
+def test_a_full_sandbox_queue_is_a_503_with_retry_after(tmp_path: Path) -> None:
+    """Through the real HTTP app: the verifier's typed refusal reaches the client as 503 +
+    Retry-After in OpenAI's error shape, and the service answers normally afterwards."""
+    import httpx
+
+    from router.api.app import create_app
+    from router.backends.instant import InstantBackend
+    from router.config import load_settings
+    from tests.conftest import UvicornThread, smol_config
+
+    verifier = '[[tiers.verifiers]]\nname = "code_tests"\nparams = { max_concurrency = 1, max_queue = 1 }\n'
+    cfg = smol_config(tmp_path, threshold=0.9, verifiers=verifier, large="local")
+    slow = "def f(): return __import__('time').sleep(1.5) or 1"
+    backends = {"small": InstantBackend("small", slow), "large": InstantBackend("large", "def f(): return 1")}
+    body = {"model": "small", "messages": [{"role": "user", "content": "Write f."}],
+            "tierroute": {"tests": "assert f() == 1"}}
+    with UvicornThread(create_app(load_settings(cfg), backends=backends)) as srv:
+        with httpx.Client(base_url=srv.url, timeout=30) as client:
+
+            def post() -> httpx.Response:
+                return client.post("/v1/chat/completions", json=body)
+
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                replies = list(pool.map(lambda _: post(), range(4)))
+            refused = [r for r in replies if r.status_code == 503]
+            assert refused, [r.status_code for r in replies]
+            assert {r.status_code for r in replies} <= {200, 503}
+            for r in refused:
+                assert int(r.headers["Retry-After"]) >= 1
+                assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+            assert post().status_code == 200
