@@ -19,7 +19,8 @@ setup: $(STAMP) sandbox
 # a config that needs it when it is missing.
 sandbox:
 	@command -v bwrap >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q bubblewrap; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q bubblewrap \
+	    || echo "could not install bubblewrap; code_tests stays refused until it is" >&2; \
 	  else echo "bubblewrap is missing: run 'sudo apt-get install bubblewrap' (needed only for the code_tests verifier)" >&2; fi; }
 
 models: setup
