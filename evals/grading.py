@@ -10,6 +10,7 @@ that a grader and a verifier read an answer the same way; sandboxed code runs th
 from __future__ import annotations
 
 import re
+import secrets
 from dataclasses import dataclass
 
 CHOICE_LETTERS = "ABCD"
@@ -102,7 +103,13 @@ async def grade_code_tests(
     text: str, tests: str, *, prompt: str = "", entry_point: str | None = None, timeout_s: float = 20.0
 ) -> Grade:
     """Right when the answer's code, followed by the hidden tests (and `check(entry_point)` when an
-    entry point is named), exits 0 in the sandbox within the time limit."""
+    entry point is named), runs to its end in the sandbox within the time limit.
+
+    "To its end": the program's last line prints a random token, so an answer that exits early
+    with status 0 (a stray ``sys.exit()``, an ``exit()`` under ``__main__``) is not graded right.
+    The hidden tests run in the answer's own process, so an answer written to cheat the grader
+    (reading the token out of its own code) could; the live verifier does not rely on this, see
+    `verifiers.code_tests`."""
     from verifiers.extract import extract_code
     from verifiers.sandbox import run_python_async
 
@@ -111,9 +118,13 @@ async def grade_code_tests(
     program += f"\n\n{tests}\n"
     if entry_point:
         program += f"\ncheck({entry_point})\n"
+    token = secrets.token_hex(16)
+    program += f"\nimport os as _os\n_os.write(1, b'\\n{token}\\n')\n"
     result = await run_python_async(program, timeout_s=timeout_s)
-    if result.ok:
+    if result.ok and result.stdout.rstrip().endswith(token):
         return Grade(True, code[:2000])
+    if result.ok:
+        return Grade(False, code[:2000], "exited before the tests finished")
     if result.timed_out:
         why = "timed out"
     else:

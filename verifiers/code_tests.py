@@ -3,41 +3,114 @@
 Tests come only from what a real caller sends:
 
 - ``request.metadata["tests"]``: Python test code (a string, or a list of strings, one test each).
-  Each top-level ``assert`` is one test, each ``def test_*()`` is one test (called after its
-  definition), everything else is setup run in order; a script with neither is one test that
-  passes when it runs without error. The answer's code is importable as ``solution`` too, so
-  ``from solution import f`` works.
+  Each top-level ``assert`` is one test, each ``def test_*()`` is one test, everything else is
+  setup run in order; a script with neither is one test that passes when it runs without error.
+  The answer's code is importable as ``solution`` too, so ``from solution import f`` works.
 - with ``doctest = true`` (the default), the ``>>>`` examples in the request's last user message
   (or prompt), such as a HumanEval docstring's. An example with no expected output is setup.
 
 Never a grader's reference tests: see "Eval hygiene" in DESIGN.md.
 
+Who decides a test passed. The answer's code runs first in its process and can take that process
+over (replace functions, read every frame, write to any descriptor, exit). So the process that runs
+it only *reports*, and the checker here, outside the sandbox, decides. The worker in the sandbox
+answers one request at a time on a pipe; each request carries a fresh random id that the answer must
+echo, so replies cannot be written ahead; a reply is plain data: whether the code raised (and the
+exception's type name), what it printed, and the value of an expression as a tagged tree of
+numbers, strings, bytes, lists, tuples, sets and dicts (anything else is "an object", which
+equals nothing). The expectation never enters the sandbox:
+
+- a doctest: the checker compares what was printed and the value's repr with the expected output;
+- ``assert A <op> B`` with one comparison: the worker evaluates the sides (only the side that is
+  not a literal, when one is) and the checker applies the operator to the plain values;
+- ``assert not X`` / ``assert X``: the worker evaluates X, the checker asks for falsy / truthy;
+- a ``def test_*()`` whose body is straight-line code (assignments, calls, asserts) is run as
+  those statements, its asserts split as above.
+
+What stays in-process (counted in ``details["in_process"]``): a test function with loops or
+branches, a test script, a test given as a list of strings that is not one assert. Their verdict
+is "ran without raising", which code that takes over its own interpreter can fake. A worker that
+exits early, stalls, or answers out of protocol fails every test it did not answer in protocol;
+an answer out of protocol is counted as ``forged``.
+
+The score's reason and details carry counts and a fixed vocabulary only (see ``KINDS``): never the
+sandbox's output, which would make the response an exfiltration channel. The full text (labels,
+exception messages, stderr) goes to the server log at DEBUG.
+
+Limits: the answer text, the prompt scanned for examples and the caller's tests are capped in
+size (over a cap: score 0, reason ``too_large``); parsing and program assembly run off the event
+loop; at most ``max_concurrency`` sandboxes run at once per verifier and at most ``max_queue`` wait,
+beyond which the verifier raises OverloadedError (503 with Retry-After to the client).
+
 Score: the fraction of tests that pass. With no tests at all: ``no_tests_score`` (0.5) when the code
-compiles and imports cleanly, else 0.
+compiles and loads cleanly, else 0.
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import functools
 import inspect
 import json
+import logging
+import math
+import operator
 import os
 import re
 import secrets
 import textwrap
+import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.errors import OverloadedError
 from router.generation import Generation, GenerationRequest
 from verifiers.base import Score, VerifierContext
 from verifiers.extract import compiles, defined_names, definitions, extract_code, fenced_blocks
-from verifiers.sandbox import SandboxResult, run_python_async
+from verifiers.sandbox import Limits, SandboxUnavailableError, start_python
+
+log = logging.getLogger(__name__)
 
 _PS1 = re.compile(r"^(?P<indent>[ \t]*)>>>(?: (?P<src>.*)|$)")
 _PS2 = re.compile(r"^[ \t]*\.\.\.(?: (?P<src>.*)|$)")
 _END_OF_WANT = ('"""', "'''", "```")
+
+MAX_ANSWER_CHARS = 100_000
+MAX_PROMPT_CHARS = 200_000  # the text scanned for >>> examples
+MAX_TESTS_CHARS = 100_000
+MAX_UNITS = 500
+_MAX_REPLY_BYTES = 1 << 20
+
+# Every reason a score or a test can give; nothing else reaches a response.
+KINDS = (
+    "passed", "failed", "no_tests", "too_large", "syntax_error", "load_error", "import_error",
+    "mismatch", "assertion", "exception", "not_plain_data", "timeout", "memory", "crashed",
+    "forged", "not_run", "bad_tests", "sandbox_unavailable",
+)
+_CMP: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
+    ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One request to the worker and how the checker judges the reply.
+
+    judge: ``ran`` (no exception), ``truthy``, ``falsy``, ``compare`` (``op`` between the value and
+    ``expected``, or between the two values of an evaluated pair when ``pair``)."""
+
+    op: str  # exec or eval
+    source: str
+    judge: str = "ran"
+    cmp: str = ""  # the ast.cmpop class name
+    expected: Any = None
+    pair: bool = False
+    literal_left: bool = False  # the literal was the left operand
 
 
 @dataclass(frozen=True)
@@ -50,10 +123,22 @@ class Step:
     group: str  # tests or doctest: each group runs in its own copy of the solution's namespace
     want: str = ""
     exc: str | None = None  # a doctest that expects this exception type
+    checks: tuple[Check, ...] = ()  # a test's requests; one ``ran`` check of ``source`` when empty
+    expr: bool = False  # a doctest whose source is an expression
+    own_ns: bool = False  # a test function's body: its locals stay its own
 
     @property
     def is_test(self) -> bool:
         return self.kind != "setup"
+
+    @property
+    def in_process(self) -> bool:
+        return self.kind == "test" and all(c.judge == "ran" for c in self.plan())
+
+    def plan(self) -> tuple[Check, ...]:
+        if self.checks:
+            return self.checks
+        return (Check("eval" if self.expr else "exec", self.source),)
 
 
 def assemble_program(request: GenerationRequest, text: str) -> str:
@@ -112,14 +197,23 @@ def doctest_steps(text: str) -> list[Step]:
         if not src.strip() or not compiles(src):
             continue
         label = ">>> " + _short(src)
+        expr = _is_expression(src)
         if want and want[0].startswith("Traceback (most recent call last)"):
             exc = want[-1].split(":", 1)[0].strip().rsplit(".", 1)[-1]
-            steps.append(Step("doctest", src, label, "doctest", exc=exc))
+            steps.append(Step("doctest", src, label, "doctest", exc=exc, expr=expr))
         elif want:
-            steps.append(Step("doctest", src, label, "doctest", want="\n".join(want)))
+            steps.append(Step("doctest", src, label, "doctest", want="\n".join(want), expr=expr))
         else:
             steps.append(Step("setup", src, label, "doctest"))
     return steps
+
+
+def _is_expression(src: str) -> bool:
+    try:
+        ast.parse(src, mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    return True
 
 
 def caller_test_steps(tests: str | list[str] | tuple[str, ...]) -> list[Step]:
@@ -127,16 +221,29 @@ def caller_test_steps(tests: str | list[str] | tuple[str, ...]) -> list[Step]:
 
     Raises SyntaxError when the tests do not parse."""
     if not isinstance(tests, str):
-        return [Step("test", t, f"tests[{i}]", "tests") for i, t in enumerate(tests)]
+        steps = []
+        for i, t in enumerate(tests):
+            try:
+                body = ast.parse(t).body
+            except (SyntaxError, ValueError):
+                body = []
+            checks = _assert_checks(body[0]) if len(body) == 1 and isinstance(body[0], ast.Assert) else ()
+            steps.append(Step("test", t, f"tests[{i}]", "tests", checks=checks))
+        return steps
     tree = ast.parse(tests)
-    steps: list[Step] = []
+    steps = []
     for node in tree.body:
         source = ast.unparse(node)
         if isinstance(node, ast.Assert):
-            steps.append(Step("test", source, _short(source), "tests"))
+            steps.append(Step("test", source, _short(source), "tests", checks=_assert_checks(node)))
         elif isinstance(node, ast.FunctionDef) and node.name.startswith("test") and _takes_no_args(node):
             steps.append(Step("setup", source, f"def {node.name}", "tests"))
-            steps.append(Step("test", f"{node.name}()", f"{node.name}()", "tests"))
+            body = _straight_body(node)
+            if body is None:
+                steps.append(Step("test", f"{node.name}()", f"{node.name}()", "tests"))
+            else:
+                checks = tuple(c for stmt in body for c in _statement_checks(stmt))
+                steps.append(Step("test", f"{node.name}()", f"{node.name}()", "tests", checks=checks, own_ns=True))
         else:
             steps.append(Step("setup", source, _short(source), "tests"))
     if not any(s.is_test for s in steps):
@@ -144,12 +251,257 @@ def caller_test_steps(tests: str | list[str] | tuple[str, ...]) -> list[Step]:
     return steps
 
 
+_STRAIGHT = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.Assert, ast.Import, ast.ImportFrom, ast.Pass)
+
+
+def _straight_body(fn: ast.FunctionDef) -> list[ast.stmt] | None:
+    """The body of a test function that can run as its statements one by one: no branches, loops,
+    returns, or names declared global/nonlocal (which would change what the statements mean)."""
+    if fn.decorator_list or fn.args.defaults or not all(isinstance(s, _STRAIGHT) for s in fn.body):
+        return None
+    for stmt in fn.body:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Yield | ast.YieldFrom | ast.Await | ast.NamedExpr | ast.Lambda):
+                return None  # a lambda or walrus would see the namespace differently from a function's
+    body = list(fn.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    return body or None
+
+
+def _statement_checks(stmt: ast.stmt) -> tuple[Check, ...]:
+    if isinstance(stmt, ast.Assert):
+        return _assert_checks(stmt)
+    return (Check("exec", ast.unparse(stmt)),)
+
+
+def _literal(node: ast.expr) -> tuple[bool, Any]:
+    try:
+        return True, ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False, None
+
+
+def _assert_checks(node: ast.Assert) -> tuple[Check, ...]:
+    """How the checker decides ``assert <test>`` without trusting the process that runs it."""
+    test = node.test
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return (Check("eval", ast.unparse(test.operand), "falsy"),)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        op, left, right = test.ops[0], test.left, test.comparators[0]
+        name = type(op).__name__
+        if isinstance(op, ast.Is | ast.IsNot):
+            # identity is only plain data against the singletons
+            for side, other in ((right, left), (left, right)):
+                if isinstance(side, ast.Constant) and side.value in (None, True, False):
+                    judge_name = "Is" if isinstance(op, ast.Is) else "IsNot"
+                    return (Check("eval", ast.unparse(other), "compare", judge_name, side.value),)
+            return (Check("eval", ast.unparse(test), "truthy"),)
+        left_lit, left_val = _literal(left)
+        right_lit, right_val = _literal(right)
+        if right_lit and not left_lit:
+            return (Check("eval", ast.unparse(left), "compare", name, right_val),)
+        if left_lit and not right_lit:
+            return (Check("eval", ast.unparse(right), "compare", name, left_val, literal_left=True),)
+        if not (left_lit and right_lit):
+            pair = f"({ast.unparse(left)}, {ast.unparse(right)})"
+            return (Check("eval", pair, "compare", name, pair=True),)
+    return (Check("eval", ast.unparse(test), "truthy"),)
+
+
+# ----------------------------------------------------------------------------------------------
+# the checker's side: plain values and verdicts
+
+
+class Opaque:
+    """A value the worker could only describe: an object of a type that is not plain data.
+    It equals nothing, so no test can pass by returning one where plain data is expected."""
+
+    def __init__(self, type_name: str, text: str) -> None:
+        self.type_name, self.text = type_name, text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    __hash__ = object.__hash__
+
+
+class _BadReply(ValueError):
+    pass
+
+
+def decode_value(tree: Any, depth: int = 0) -> Any:
+    """Rebuild a tagged value sent by the worker; anything malformed raises _BadReply."""
+    if depth > 100 or not isinstance(tree, dict):
+        raise _BadReply("malformed value")
+    tag, v = tree.get("t"), tree.get("v")
+    try:
+        if tag == "n":
+            return None
+        if tag == "B" and isinstance(v, bool):
+            return v
+        if tag == "i" and isinstance(v, str) and len(v) <= 5000:
+            return int(v)
+        if tag == "f" and isinstance(v, str) and len(v) <= 64:
+            return float(v)
+        if tag == "x" and isinstance(v, list) and len(v) == 2 and all(isinstance(p, str) and len(p) <= 64 for p in v):
+            return complex(float(v[0]), float(v[1]))
+        if tag == "s" and isinstance(v, str):
+            return v
+        if tag == "b" and isinstance(v, str):
+            return bytes.fromhex(v)
+        if tag in ("l", "t", "S", "F") and isinstance(v, list):
+            items = [decode_value(x, depth + 1) for x in v]
+            return {"l": list, "t": tuple, "S": set, "F": frozenset}[tag](items)
+        if tag == "d" and isinstance(v, list):
+            out = {}
+            for pair in v:
+                if not (isinstance(pair, list) and len(pair) == 2):
+                    raise _BadReply("malformed dict")
+                out[decode_value(pair[0], depth + 1)] = decode_value(pair[1], depth + 1)
+            return out
+        if tag == "o" and isinstance(tree.get("type"), str) and isinstance(tree.get("repr"), str):
+            return Opaque(tree["type"][:100], tree["repr"][:1000])
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise _BadReply("malformed value") from exc
+    raise _BadReply("malformed value")
+
+
+def same(a: object, b: object) -> bool:
+    """Plain-data equality, with floats compared to a relative 1e-6 and bools kept apart from ints."""
+    if isinstance(a, Opaque) or isinstance(b, Opaque):
+        return False
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
+        try:
+            return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+        except OverflowError:  # an int too large for a float: it equals no float
+            return False
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - plain values; a failure means they differ
+        return False
+
+
+def _contains_opaque(value: object, depth: int = 0) -> bool:
+    if isinstance(value, Opaque):
+        return True
+    if depth > 100:
+        return True
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(_contains_opaque(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return any(_contains_opaque(k, depth + 1) or _contains_opaque(v, depth + 1) for k, v in value.items())
+    return False
+
+
+@dataclass(frozen=True)
+class Reply:
+    ok: bool
+    value: Any = None
+    truth: bool | None = None
+    printed: str = ""
+    exc: str = ""  # the exception's type name, as the worker said (log only)
+    msg: str = ""  # its message (log only)
+
+
+def _failure_kind(reply: Reply) -> str:
+    if reply.exc == "AssertionError":
+        return "assertion"
+    if reply.exc == "MemoryError":
+        return "memory"
+    return "exception"
+
+
+def judge(check: Check, reply: Reply) -> str | None:
+    """None when the reply satisfies the check, else the failure's kind."""
+    if not reply.ok:
+        return _failure_kind(reply)
+    if check.judge == "ran":
+        return None
+    value = reply.value
+    if check.judge in ("truthy", "falsy"):
+        if _contains_opaque(value):
+            truth = reply.truth  # only the object knows its truth; returning True would do the same
+            if truth is None:
+                return "not_plain_data"
+        else:
+            truth = bool(value)
+        return None if truth == (check.judge == "truthy") else "assertion"
+    if check.judge == "compare":
+        if check.pair:
+            if not (isinstance(value, tuple) and len(value) == 2):
+                return "forged"
+            left, right = value
+        elif check.literal_left:
+            left, right = check.expected, value
+        else:
+            left, right = value, check.expected
+        if check.cmp in ("Is", "IsNot"):
+            is_same = (value is check.expected) if not isinstance(value, Opaque) else False
+            return None if is_same == (check.cmp == "Is") else "assertion"
+        if _contains_opaque(left) or _contains_opaque(right):
+            return "not_plain_data"
+        if check.cmp == "Eq":
+            result = same(left, right)
+        elif check.cmp == "NotEq":
+            result = not same(left, right)
+        else:
+            fn = next((f for k, f in _CMP.items() if k.__name__ == check.cmp), None)
+            if fn is None:
+                return "forged"
+            try:
+                result = bool(fn(left, right))
+            except Exception:  # noqa: BLE001 - the comparison itself failed: the assert would have raised
+                return "exception"
+        return None if result else "assertion"
+    return "forged"
+
+
+def judge_doctest(step: Step, reply: Reply) -> str | None:
+    if step.exc:
+        if reply.ok:
+            return "mismatch"
+        return None if reply.exc == step.exc else "mismatch"
+    if not reply.ok:
+        return _failure_kind(reply)
+    value = reply.value
+    got = reply.printed + (repr(value) + "\n" if step.expr and value is not None else "")
+    if " ".join(got.split()) == " ".join(step.want.split()):
+        return None
+    if step.expr and not reply.printed:
+        try:
+            expected = ast.literal_eval(step.want.strip())
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            if _contains_opaque(value):
+                return "mismatch"
+            return None if " ".join(str(value).split()) == " ".join(step.want.split()) else "mismatch"
+        return None if same(value, expected) else "mismatch"
+    return "mismatch"
+
+
+# ----------------------------------------------------------------------------------------------
+# running: the checker talks to the worker
+
+
 @dataclass(frozen=True)
 class UnitResult:
     label: str
     group: str
     passed: bool
-    error: str | None = None
+    kind: str | None = None  # why it failed, one of KINDS
+    in_process: bool = False
+    detail: str = ""  # for the server log only
 
 
 @dataclass(frozen=True)
@@ -157,9 +509,64 @@ class HarnessRun:
     """What one sandboxed run of the harness found."""
 
     loaded: bool  # the program ran to the end of its top level
-    load_error: str | None
+    load_kind: str | None  # why not, one of KINDS
     units: list[UnitResult]
-    sandbox: SandboxResult
+    duration_s: float
+    forged: bool = False  # the worker answered out of protocol
+    log: str = ""  # the worker's stderr and the load error, for the server log only
+
+
+class _Stop(Exception):
+    def __init__(self, kind: str, detail: str = "") -> None:
+        super().__init__(kind)
+        self.kind, self.detail = kind, detail
+
+
+class _Session:
+    """Request and reply, one at a time; a reply must echo the request's random id."""
+
+    def __init__(self, box: Any, deadline: float, unit_timeout_s: float) -> None:
+        self.box, self.deadline, self.unit_timeout_s = box, deadline, unit_timeout_s
+
+    async def ask(self, request: dict[str, Any]) -> Reply:
+        rid = secrets.token_hex(12)
+        line = json.dumps({**request, "id": rid}) + "\n"
+        wait = min(self.unit_timeout_s, self.deadline - time.monotonic())
+        if wait <= 0:
+            raise _Stop("timeout")
+        try:
+            self.box.stdin.write(line.encode())
+            await asyncio.wait_for(self.box.stdin.drain(), wait)
+            raw = await asyncio.wait_for(self.box.stdout.readline(), wait)
+        except TimeoutError:
+            raise _Stop("timeout") from None
+        except (BrokenPipeError, ConnectionResetError):
+            raise _Stop("crashed") from None
+        except ValueError:  # a line beyond the stream's limit
+            raise _Stop("forged", "reply too long") from None
+        if not raw:
+            raise _Stop("crashed", "the worker ended")
+        if not raw.endswith(b"\n"):
+            raise _Stop("crashed", "the worker ended mid-reply")
+        return await asyncio.to_thread(_parse_reply, raw, rid)
+
+
+def _parse_reply(raw: bytes, rid: str) -> Reply:
+    try:
+        msg = json.loads(raw)
+        if not isinstance(msg, dict) or msg.get("id") != rid or not isinstance(msg.get("ok"), bool):
+            raise _BadReply("not a reply to this request")
+        printed = msg.get("printed", "")
+        exc, text = msg.get("exc", ""), msg.get("msg", "")
+        truth = msg.get("truth")
+        if not isinstance(printed, str) or not isinstance(exc, str) or not isinstance(text, str):
+            raise _BadReply("malformed reply")
+        if truth is not None and not isinstance(truth, bool):
+            raise _BadReply("malformed reply")
+        value = decode_value(msg["value"]) if msg["ok"] and "value" in msg else None
+        return Reply(msg["ok"], value, truth, printed, exc[:100], text[:300])
+    except (ValueError, RecursionError, KeyError) as exc:  # _BadReply and json errors are ValueErrors
+        raise _Stop("forged", f"reply out of protocol: {exc}") from None
 
 
 async def run_tests(
@@ -170,47 +577,93 @@ async def run_tests(
     unit_timeout_s: float = 3.0,
     memory_mb: int = 512,
 ) -> HarnessRun:
-    """Run ``program`` then ``steps`` in one sandbox; tests that never reported count as failed."""
-    nonce = secrets.token_hex(8)
-    payload = {
-        "nonce": nonce,
-        "program": program,
-        "unit_timeout_s": unit_timeout_s,
-        "steps": [
-            {"kind": s.kind, "source": s.source, "want": s.want, "exc": s.exc, "group": s.group} for s in steps
-        ],
-    }
-    result = await run_python_async(
-        _harness_source(), stdin=json.dumps(payload), timeout_s=timeout_s, memory_mb=memory_mb
-    )
-    records = []
-    for line in result.stdout.splitlines():
-        if line.startswith(nonce):
-            try:
-                records.append(json.loads(line[len(nonce) :]))
-            except ValueError:
-                continue
-    loaded, load_error = False, None
-    if records and records[0].get("kind") == "program":
-        loaded, load_error = bool(records[0]["ok"]), records[0].get("error")
-    elif result.timed_out:
-        load_error = "timed out while loading"
-    else:
-        tail = result.stderr.strip().splitlines()[-1:]
-        why = result.killed_reason or f"exit status {result.returncode}"
-        load_error = f"the process ended before reporting ({why})" + (f": {tail[0][:200]}" if tail else "")
-    reported = [r for r in records if r.get("kind") == "unit"]
-    stop = next((r.get("reason") for r in records if r.get("kind") == "stop"), None)
+    """Load ``program`` as module ``solution`` in a sandboxed worker, then run ``steps`` there one
+    request at a time, judging each reply here. Tests never answered in protocol count as failed."""
+    start = time.monotonic()
+    deadline = start + timeout_s
+    limits = Limits(timeout_s=timeout_s + 1.0, memory_mb=memory_mb)
+    units: list[UnitResult] = []
     tests = [s for s in steps if s.is_test]
-    units = []
-    for i, step in enumerate(tests):
-        if i < len(reported):
-            r = reported[i]
-            units.append(UnitResult(step.label, step.group, bool(r["passed"]), r.get("error")))
+    loaded, load_kind, forged, notes = False, None, False, []
+    async with start_python(
+        _worker_source(), limits=limits, files={"solution.py": program}, stream_limit=_MAX_REPLY_BYTES
+    ) as box:
+        session = _Session(box, deadline, unit_timeout_s)
+        stop: _Stop | None = None
+        try:
+            load = await session.ask({"op": "load"})
+            loaded = load.ok
+            if not load.ok:
+                load_kind = {"SyntaxError": "syntax_error", "ModuleNotFoundError": "import_error",
+                             "ImportError": "import_error", "MemoryError": "memory"}.get(load.exc, "load_error")
+                notes.append(f"load: {load.exc}: {load.msg}")
+        except _Stop as exc:
+            stop = exc
+            load_kind = "forged" if exc.kind == "forged" else exc.kind
+        if loaded:
+            for step in steps:
+                if stop is not None:
+                    break
+                try:
+                    units.extend(await _run_step(session, step))
+                except _Stop as exc:
+                    stop = exc
+                    if step.is_test:
+                        units.append(UnitResult(step.label, step.group, False, exc.kind, step.in_process, exc.detail))
+        if stop is not None:
+            forged = stop.kind == "forged"
+            notes.append(f"stopped: {stop.kind} {stop.detail}".strip())
+            box.kill()
         else:
-            why = stop or ("timed out" if result.timed_out else f"not run: {result.killed_reason or 'the process ended'}")
-            units.append(UnitResult(step.label, step.group, False, why))
-    return HarnessRun(loaded, load_error, units, result)
+            box.stdin.close()
+        if stop is None or stop.kind != "crashed":
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(box.proc.wait(), 1.0)
+            box.kill()
+        err, _ = await box.stderr()
+    answered = len(units)
+    kind_left = "forged" if forged else "not_run"
+    for step in tests[answered:]:
+        units.append(UnitResult(step.label, step.group, False, kind_left, step.in_process))
+    stderr = err.decode("utf-8", "replace")[-4000:]
+    return HarnessRun(loaded, load_kind, units, time.monotonic() - start, forged, "\n".join([*notes, stderr]).strip())
+
+
+async def _run_step(session: _Session, step: Step) -> list[UnitResult]:
+    base = None
+    ns = step.group
+    if step.own_ns:
+        ns, base = f"{step.group}:{step.label}:{secrets.token_hex(4)}", step.group
+    if step.kind == "setup":
+        await session.ask({"op": "exec", "source": step.source, "ns": ns, "base": base})
+        return []
+    if step.kind == "doctest":
+        op = "eval" if step.expr else "exec"
+        reply = await session.ask({"op": op, "source": step.source, "ns": ns, "base": base})
+        kind = await asyncio.to_thread(judge_doctest, step, reply)  # literal_eval of a long want
+        detail = "" if kind is None else f"expected {step.want[:120]!r}, got {reply.printed[:120]!r} {reply.exc} {reply.msg}"
+        detail = detail[:400]
+        return [UnitResult(step.label, step.group, kind is None, kind, False, detail)]
+    for check in step.plan():
+        reply = await session.ask({"op": check.op, "source": check.source, "ns": ns, "base": base})
+        kind = judge(check, reply)
+        if kind is not None:
+            outcome = f"{reply.exc}: {reply.msg}" if not reply.ok else f"-> {reply.value!r:.200}"
+            detail = f"{check.source[:120]} {outcome}"
+            return [UnitResult(step.label, step.group, False, kind, step.in_process, detail)]
+    return [UnitResult(step.label, step.group, True, None, step.in_process)]
+
+
+# ----------------------------------------------------------------------------------------------
+# the verifier
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    program: str | None  # None: no runnable Python
+    steps: list[Step]
+    refusal: str | None = None  # a KINDS entry when the input is refused before any run
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -221,8 +674,11 @@ class CodeTestsVerifier:
     memory_mb: int = 512
     no_tests_score: float = 0.5
     max_concurrency: int = 0  # sandboxes at once per verifier; 0: the machine's CPU count
+    max_queue: int = 0  # runs waiting for a sandbox; 0: four per sandbox slot; beyond it: 503
     name: str = "code_tests"
-    _limits: dict[Any, asyncio.Semaphore] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _limits: dict[Any, tuple[asyncio.Semaphore, list[int]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.doctest, bool):
@@ -231,7 +687,7 @@ class CodeTestsVerifier:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TypeError(f"{key} must be a number")
-        for key in ("memory_mb", "max_concurrency"):
+        for key in ("memory_mb", "max_concurrency", "max_queue"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{key} must be an integer")
@@ -239,29 +695,97 @@ class CodeTestsVerifier:
             raise ValueError("timeout_s and unit_timeout_s must be positive")
         if not 0.0 <= self.no_tests_score <= 1.0:
             raise ValueError("no_tests_score must be in [0, 1]")
-        if self.memory_mb < 64 or self.max_concurrency < 0:
-            raise ValueError("memory_mb must be at least 64 and max_concurrency not negative")
+        if self.memory_mb < 64 or self.max_concurrency < 0 or self.max_queue < 0:
+            raise ValueError("memory_mb must be at least 64, max_concurrency and max_queue not negative")
         if not isinstance(self.name, str) or not self.name:
             raise TypeError("name must be a non-empty string")
 
-    def _limit(self) -> asyncio.Semaphore:
+    @property
+    def slots(self) -> int:
+        return self.max_concurrency or os.cpu_count() or 2
+
+    def _limit(self) -> tuple[asyncio.Semaphore, list[int]]:
         # one semaphore per event loop: an asyncio primitive belongs to the loop that first used it
         loop = asyncio.get_running_loop()
-        sem = self._limits.get(loop)
-        if sem is None:
+        got = self._limits.get(loop)
+        if got is None:
             self._limits.clear()
-            sem = self._limits[loop] = asyncio.Semaphore(self.max_concurrency or os.cpu_count() or 2)
-        return sem
+            got = self._limits[loop] = (asyncio.Semaphore(self.slots), [0])
+        return got
 
     async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
-        program = assemble_program(request, candidate.text)
+        prepared = await asyncio.to_thread(self._prepare, request, candidate.text)
+        notes = list(prepared.notes)
+        if prepared.refusal is not None:
+            details = {"compiles": prepared.refusal != "syntax_error", "reason": prepared.refusal}
+            return Score(0.0, prepared.refusal, details)
+        assert prepared.program is not None
+        sem, waiting = self._limit()
+        if sem.locked() and waiting[0] >= (self.max_queue or 4 * self.slots):
+            raise OverloadedError(f"verifier '{self.name}': every sandbox is busy; retry later", retry_after=2.0)
+        waiting[0] += 1
+        try:
+            await sem.acquire()
+        finally:
+            waiting[0] -= 1
+        try:
+            run = await run_tests(
+                prepared.program, prepared.steps, timeout_s=self.timeout_s,
+                unit_timeout_s=self.unit_timeout_s, memory_mb=self.memory_mb,
+            )
+        except SandboxUnavailableError as exc:
+            log.error("code_tests: the sandbox is unavailable: %s", exc)
+            return Score(0.0, "sandbox_unavailable", {"compiles": True, "reason": "sandbox_unavailable"})
+        finally:
+            sem.release()
+        return self._verdict(run, prepared, notes)
+
+    def _verdict(self, run: HarnessRun, prepared: _Prepared, notes: list[str]) -> Score:
+        if log.isEnabledFor(logging.DEBUG):
+            failed = [f"{u.label}: {u.kind} {u.detail}" for u in run.units if not u.passed]
+            log.debug("code_tests run: loaded=%s load=%s forged=%s failures=%s notes=%s\n%s",
+                      run.loaded, run.load_kind, run.forged, failed[:20], notes, run.log)
+        details: dict[str, Any] = {"compiles": True, "imports": run.loaded, "sandbox_s": round(run.duration_s, 3)}
+        if notes:
+            details["notes"] = notes  # fixed phrases of ours, never sandbox output
+        if not run.loaded:
+            kind = run.load_kind or "load_error"
+            return Score(0.0, kind, {**details, "reason": kind})
+        if not run.units:
+            return Score(float(self.no_tests_score), "no_tests", {**details, "reason": "no_tests"})
+        passed = sum(u.passed for u in run.units)
+        total = len(run.units)
+        by_source = {}
+        for group in ("tests", "doctest"):
+            us = [u for u in run.units if u.group == group]
+            if us:
+                by_source[group] = {"passed": sum(u.passed for u in us), "total": len(us)}
+        failures = Counter(u.kind for u in run.units if not u.passed and u.kind)
+        reason = "forged" if run.forged else ("passed" if passed == total else "failed")
+        details.update(
+            reason=reason, passed=passed, total=total, by_source=by_source,
+            failures=dict(sorted(failures.items())), in_process=sum(u.in_process for u in run.units),
+        )
+        value = 0.0 if run.forged else passed / total
+        parts = ", ".join(f"{'caller tests' if g == 'tests' else 'prompt examples'} {c['passed']}/{c['total']}"
+                          for g, c in by_source.items())
+        text = f"{reason}: {passed}/{total} tests passed ({parts})"
+        if failures:
+            text += "; failures: " + ", ".join(f"{k} {n}" for k, n in sorted(failures.items()))
+        return Score(value, text, details)
+
+    def _prepare(self, request: GenerationRequest, text: str) -> _Prepared:
+        """Everything before the run, off the event loop: caps, program assembly, parsing."""
+        prompt = request.last_user_text()
+        if len(text) > MAX_ANSWER_CHARS or len(prompt) > MAX_PROMPT_CHARS:
+            return _Prepared(None, [], "too_large")
+        program = assemble_program(request, text)
+        if len(program) > MAX_ANSWER_CHARS + MAX_PROMPT_CHARS:
+            return _Prepared(None, [], "too_large")
         try:
             ast.parse(program)
-        except (SyntaxError, ValueError) as exc:
-            where = f" at line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
-            msg = exc.msg if isinstance(exc, SyntaxError) else str(exc)
-            return Score(0.0, f"no runnable Python: syntax error{where}: {msg}", {"compiles": False})
-
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            return _Prepared(None, [], "syntax_error")
         steps: list[Step] = []
         notes: list[str] = []
         tests = request.metadata.get("tests")
@@ -269,61 +793,22 @@ class CodeTestsVerifier:
             if isinstance(tests, str) or (
                 isinstance(tests, list | tuple) and all(isinstance(t, str) for t in tests)
             ):
+                size = len(tests) if isinstance(tests, str) else sum(len(t) for t in tests)
+                if size > MAX_TESTS_CHARS:
+                    return _Prepared(None, [], "too_large")
                 try:
                     steps += caller_test_steps(tests)
-                except SyntaxError as exc:
+                except (SyntaxError, ValueError, MemoryError, RecursionError):
                     # the caller's mistake; run it anyway as one test so it shows as failing
-                    notes.append(f"metadata tests do not parse ({exc.msg}, line {exc.lineno})")
-                    steps.append(Step("test", tests, "tests (do not parse)", "tests"))
+                    notes.append("metadata tests do not parse")
+                    steps.append(Step("test", tests if isinstance(tests, str) else "", "tests (do not parse)", "tests"))
             else:
                 notes.append("metadata tests ignored: not a string or a list of strings")
         if self.doctest:
-            steps += doctest_steps(request.last_user_text())
-
-        async with self._limit():
-            try:
-                run = await run_tests(
-                    program, steps, timeout_s=self.timeout_s, unit_timeout_s=self.unit_timeout_s,
-                    memory_mb=self.memory_mb,
-                )
-            except OSError as exc:
-                return Score(0.0, f"sandbox failed to start: {exc}", {"compiles": True})
-        details: dict[str, Any] = {
-            "compiles": True,
-            "imports": run.loaded,
-            "sandbox_s": round(run.sandbox.duration_s, 3),
-            "isolation": list(run.sandbox.isolation),
-        }
-        if notes:
-            details["notes"] = notes
-        suffix = f" ({'; '.join(notes)})" if notes else ""
-        if not run.loaded:
-            details["error"] = run.load_error
-            return Score(0.0, f"the code fails when loaded: {run.load_error}{suffix}", details)
-        if not run.units:
-            return Score(
-                float(self.no_tests_score),
-                "no tests to run (no metadata tests, no >>> examples in the prompt): "
-                f"the code compiles and imports cleanly{suffix}",
-                details,
-            )
-        passed = sum(u.passed for u in run.units)
-        by_group = {g: [u for u in run.units if u.group == g] for g in ("tests", "doctest")}
-        details.update(
-            passed=passed,
-            total=len(run.units),
-            failures=[{"test": u.label, "error": u.error} for u in run.units if not u.passed][:10],
-        )
-        parts = [
-            f"{'caller tests' if g == 'tests' else 'prompt examples'} {sum(u.passed for u in us)}/{len(us)}"
-            for g, us in by_group.items()
-            if us
-        ]
-        reason = f"{passed}/{len(run.units)} tests passed ({', '.join(parts)})"
-        first = next((u for u in run.units if not u.passed), None)
-        if first is not None:
-            reason += f"; first failure: {first.label}: {first.error}"
-        return Score(passed / len(run.units), reason + suffix, details)
+            steps += doctest_steps(prompt)
+        if sum(s.is_test for s in steps) > MAX_UNITS:
+            return _Prepared(None, [], "too_large")
+        return _Prepared(program, steps, None, tuple(notes))
 
 
 def make_code_tests(params: dict[str, Any], ctx: VerifierContext) -> CodeTestsVerifier:
@@ -342,134 +827,115 @@ def _takes_no_args(fn: ast.FunctionDef) -> bool:
     )
 
 
+
 @functools.cache
-def _harness_source() -> str:
-    return textwrap.dedent(inspect.getsource(_harness_main)) + "\n_harness_main()\n"
+def _worker_source() -> str:
+    return textwrap.dedent(inspect.getsource(_worker_main)) + "\n_worker_main()\n"
 
 
-def _harness_main() -> None:  # pragma: no cover - runs only inside the sandbox
-    """Load the program as module ``solution``, run the steps, report each test on a line of its own.
+def _worker_main() -> None:  # pragma: no cover - runs only inside the sandbox
+    """Load solution.py as module ``solution``, then answer requests from stdin, one JSON line each.
 
-    Shipped to the sandbox as source text; self-contained. The payload arrives on stdin. Reports go
-    to a duplicate of the original stdout, prefixed with a nonce, while the code's own prints are
-    captured, so a stray print can neither break nor forge a report.
+    Shipped to the sandbox as source text; self-contained. It decides nothing: it reports whether
+    the code raised, what it printed and the value, as plain data (see the module docstring).
     """
-    import ast
     import contextlib
     import io
     import json
-    import math
     import os
-    import signal
     import sys
     import types
 
-    payload = json.loads(sys.stdin.read())
-    nonce = payload.pop("nonce")
-    channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    unit_timeout = float(payload["unit_timeout_s"])
+    max_printed, max_nodes, max_reply = 16384, 50000, 900_000
+    out_fd = os.dup(1)
+    requests = sys.stdin.buffer
 
-    def emit(**record: object) -> None:
-        channel.write(nonce + json.dumps(record) + "\n")
-        channel.flush()
-
-    class UnitTimeout(BaseException):
-        pass
-
-    def on_alarm(signum: int, frame: object) -> None:
-        raise UnitTimeout()
-
-    signal.signal(signal.SIGALRM, on_alarm)
-
-    def run(code: object, ns: dict, evaluate: bool) -> tuple[bool, object, str, BaseException | None]:
-        printed = io.StringIO()
-        signal.setitimer(signal.ITIMER_REAL, unit_timeout)
+    def send(reply: dict) -> None:
         try:
-            with contextlib.redirect_stdout(printed):
-                value = eval(code, ns) if evaluate else exec(code, ns)  # noqa: S307 - that is the job
-            return True, value, printed.getvalue(), None
-        except BaseException as exc:  # noqa: BLE001 - a test's failure, whatever it is, is data
-            return False, None, printed.getvalue(), exc
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            data = (json.dumps(reply) + "\n").encode()
+        except (TypeError, ValueError):
+            data = (json.dumps({"id": reply["id"], "ok": False, "exc": "EncodingError", "msg": ""}) + "\n").encode()
+        if len(data) > max_reply:  # the checker refuses longer lines as out of protocol
+            reply = {**reply, "printed": reply.get("printed", "")[:1000]}
+            if "value" in reply:
+                reply["value"] = {"t": "o", "type": "too_big", "repr": "<too big>"}
+            data = (json.dumps(reply) + "\n").encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(out_fd, view):]
 
-    def describe(exc: BaseException | None) -> str | None:
-        if exc is None:
-            return None
-        if isinstance(exc, UnitTimeout):
-            return f"timed out after {unit_timeout:g}s"
-        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        return text[:300]
-
-    def same(a: object, b: object) -> bool:
-        if isinstance(a, bool) or isinstance(b, bool):
-            return type(a) is type(b) and a == b
-        if isinstance(a, int | float) and isinstance(b, int | float):
-            return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
-        if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-            return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-        if isinstance(a, dict) and isinstance(b, dict):
-            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-        try:
-            return bool(a == b)
-        except Exception:  # noqa: BLE001
-            return False
-
-    def doctest_passes(value: object, is_expr: bool, printed: str, want: str) -> bool:
-        got = printed + (repr(value) + "\n" if is_expr and value is not None else "")
-        if " ".join(got.split()) == " ".join(want.split()):
-            return True
-        if is_expr and not printed:
+    def encode(value: object, budget: list[int], depth: int = 0) -> dict:
+        budget[0] -= 1
+        t = type(value)
+        if budget[0] < 0 or depth > 90:
+            return {"t": "o", "type": "too_big", "repr": "<too big>"}
+        if value is None:
+            return {"t": "n"}
+        if t is bool:
+            return {"t": "B", "v": value}
+        if t is int:
             try:
-                expected = ast.literal_eval(want.strip())
-            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-                return " ".join(str(value).split()) == " ".join(want.split())
-            return same(value, expected)
-        return False
+                return {"t": "i", "v": str(value)}
+            except ValueError:
+                return {"t": "o", "type": "int", "repr": "<int too long>"}
+        if t is float:
+            return {"t": "f", "v": repr(value)}
+        if t is complex:
+            return {"t": "x", "v": [repr(value.real), repr(value.imag)]}
+        if t is str:
+            return {"t": "s", "v": value}
+        if t is bytes:
+            return {"t": "b", "v": value.hex()}
+        tags = {list: "l", tuple: "t", set: "S", frozenset: "F"}
+        if t in tags:
+            return {"t": tags[t], "v": [encode(x, budget, depth + 1) for x in value]}
+        if t is dict:
+            pairs = [[encode(k, budget, depth + 1), encode(v, budget, depth + 1)] for k, v in value.items()]
+            return {"t": "d", "v": pairs}
+        try:
+            text = repr(value)[:1000]
+        except BaseException:  # noqa: BLE001 - a repr that fails is still a value to describe
+            text = "<unrepresentable>"
+        return {"t": "o", "type": t.__name__[:100], "repr": text}
 
     module = types.ModuleType("solution")
     module.__file__ = os.path.abspath("solution.py")
     sys.modules["solution"] = module
-    ok, _, _, exc = run(compile(payload["program"], "solution.py", "exec"), module.__dict__, False)
-    emit(kind="program", ok=ok, error=describe(exc))
-    if not ok:
-        return
-
     spaces: dict[str, dict] = {}
-    for step in payload["steps"]:
-        ns = spaces.setdefault(step["group"], dict(module.__dict__, __name__="__test__"))
-        source = step["source"]
-        is_expr = False
-        try:
-            if step["kind"] == "doctest":
-                try:
-                    code = compile(source, "<doctest>", "eval")
-                    is_expr = True
-                except SyntaxError:
-                    code = compile(source, "<doctest>", "exec")
-            else:
-                code = compile(source, "<test>", "exec")
-        except (SyntaxError, ValueError) as exc2:
-            if step["kind"] != "setup":
-                emit(kind="unit", passed=False, error=describe(exc2))
-            continue
-        ok, value, printed, exc = run(code, ns, is_expr)
-        if step["kind"] == "setup":
-            continue
-        if isinstance(exc, UnitTimeout):
-            # code that hangs on one input is not worth waiting out on every other one
-            emit(kind="unit", passed=False, error=describe(exc))
-            emit(kind="stop", reason=f"not run: an earlier test timed out after {unit_timeout:g}s")
+    while True:
+        line = requests.readline()
+        if not line:
             return
-        if step["kind"] == "test":
-            emit(kind="unit", passed=ok, error=describe(exc))
-        elif step["exc"]:
-            passed = exc is not None and type(exc).__name__ == step["exc"]
-            emit(kind="unit", passed=passed, error=None if passed else f"expected {step['exc']}, got {describe(exc)}")
-        else:
-            passed = ok and doctest_passes(value, is_expr, printed, step["want"])
-            if passed:
-                emit(kind="unit", passed=True, error=None)
-            else:
-                got = describe(exc) if not ok else (printed + (repr(value) if is_expr and value is not None else "")).strip()
-                emit(kind="unit", passed=False, error=f"expected {step['want'][:120]!r}, got {str(got)[:120]!r}")
+        request = json.loads(line)
+        rid = request["id"]
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                if request["op"] == "load":
+                    with open("solution.py", encoding="utf-8") as fh:
+                        code = compile(fh.read(), module.__file__, "exec")
+                    exec(code, module.__dict__)  # noqa: S102 - that is the job
+                    value = None
+                else:
+                    ns = spaces.get(request["ns"])
+                    if ns is None:
+                        base = spaces.get(request.get("base") or "")
+                        ns = spaces[request["ns"]] = dict(base if base is not None else module.__dict__)
+                        if base is None:
+                            ns["__name__"] = "__test__"
+                    mode = "eval" if request["op"] == "eval" else "exec"
+                    value = eval(compile(request["source"], "<test>", mode), ns)  # noqa: S307
+            reply = {"id": rid, "ok": True, "printed": printed.getvalue()[:max_printed]}
+            reply["value"] = encode(value, [max_nodes])
+            try:
+                reply["truth"] = bool(value)
+            except BaseException:  # noqa: BLE001
+                reply["truth"] = None
+        except BaseException as exc:  # noqa: BLE001 - a test's failure, whatever it is, is data
+            try:
+                text = str(exc)[:300]
+            except BaseException:  # noqa: BLE001
+                text = ""
+            reply = {"id": rid, "ok": False, "printed": printed.getvalue()[:max_printed],
+                     "exc": type(exc).__name__[:100], "msg": text}
+        send(reply)

@@ -1,6 +1,13 @@
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import time
+from pathlib import Path
+
 import pytest
+
+from router.errors import OverloadedError, UnavailableError
 
 from router.generation import GenerationRequest, Message
 from tests.verifiers.scripted import gen
@@ -111,7 +118,9 @@ async def test_prompt_examples_pass_and_fail() -> None:
     assert good.details["passed"] == 2 and good.details["total"] == 2
     wrong = await v.score(req, gen(WRONG))
     assert wrong.value == 0.5
-    assert "1/2" in wrong.reason and "below_zero([1, 2, -4, 5])" in wrong.reason
+    # counts and a fixed vocabulary only: the example's text is in the server log, not the reason
+    assert wrong.reason == "failed: 1/2 tests passed (prompt examples 1/2); failures: mismatch 1"
+    assert wrong.details["failures"] == {"mismatch": 1} and wrong.details["in_process"] == 0
 
 
 async def test_completion_mode_body_is_tested_with_its_prompt() -> None:
@@ -136,7 +145,8 @@ async def test_caller_tests_from_metadata() -> None:
     no_str = "```python\ndef add(a, b):\n    return a if isinstance(a, str) else a + b\n```"
     half = await CodeTestsVerifier().score(req, gen(no_str))
     assert half.value == pytest.approx(0.75)
-    assert "add('a', 'b')" in half.reason
+    assert half.details["failures"] == {"assertion": 1}
+    assert "add('a', 'b')" not in half.reason
 
 
 async def test_doctests_can_be_turned_off_and_both_sources_add_up() -> None:
@@ -156,11 +166,11 @@ async def test_without_tests_it_scores_whether_the_code_compiles_and_imports() -
     req = chat("Write a function that reverses a string.")
     ok = await v.score(req, gen("```python\ndef rev(s):\n    return s[::-1]\n```"))
     assert ok.value == 0.5
-    assert "no tests" in ok.reason
+    assert ok.reason == "no_tests"
     syntax = await v.score(req, gen("```python\ndef rev(s)\n    return s[::-1]\n```"))
-    assert syntax.value == 0.0 and "syntax error" in syntax.reason
+    assert syntax.value == 0.0 and syntax.reason == "syntax_error"
     broken = await v.score(req, gen("```python\nimport no_such_module_here\n```"))
-    assert broken.value == 0.0 and "ModuleNotFoundError" in broken.reason
+    assert broken.value == 0.0 and broken.reason == "import_error"
     prose = await v.score(req, gen("I would reverse it with slicing."))
     assert prose.value == 0.0
 
@@ -188,7 +198,7 @@ async def test_hanging_code_ends_the_run_quickly() -> None:
         req, gen("```python\ndef f(x):\n    while True:\n        pass\n```")
     )
     assert s.value == 0.0
-    assert "timed out" in s.reason
+    assert s.details["failures"] == {"not_run": 2, "timeout": 1}
     assert s.details["sandbox_s"] < 5
 
 
@@ -212,7 +222,7 @@ async def test_exceptions_in_doctests() -> None:
 async def test_metadata_tests_of_the_wrong_type_are_noted() -> None:
     s = await CodeTestsVerifier().score(chat("Write f.", tests={"not": "code"}), gen("```python\ndef f():\n    return 1\n```"))
     assert s.value == 0.5
-    assert "ignored" in s.reason
+    assert "ignored" in " ".join(s.details["notes"])
 
 
 @pytest.mark.parametrize(
@@ -222,3 +232,150 @@ async def test_metadata_tests_of_the_wrong_type_are_noted() -> None:
 def test_bad_params(params: dict, error: type[Exception]) -> None:
     with pytest.raises(error):
         CodeTestsVerifier(**params)
+
+
+async def test_the_sandbox_queue_is_bounded() -> None:
+    # one sandbox, one waiting run: a third concurrent run is refused at once with a typed 503
+    v = CodeTestsVerifier(max_concurrency=1, max_queue=1, unit_timeout_s=5)
+    req = chat("Write f.", tests="assert f() == 1\n")
+    slow = gen("```python\nimport time\ndef f():\n    time.sleep(1.0)\n    return 1\n```")
+    first = asyncio.create_task(v.score(req, slow))
+    second = asyncio.create_task(v.score(req, slow))
+    await asyncio.sleep(0.3)
+    t0 = time.monotonic()
+    with pytest.raises(OverloadedError) as refused:
+        await v.score(req, slow)
+    assert time.monotonic() - t0 < 0.5
+    assert isinstance(refused.value, UnavailableError) and refused.value.retry_after > 0
+    assert [s.value for s in await asyncio.gather(first, second)] == [1.0, 1.0]
+    # the queue drained: a run is accepted again
+    assert (await v.score(req, gen("```python\ndef f():\n    return 1\n```"))).value == 1.0
+
+
+async def test_oversized_inputs_are_refused_without_blocking_the_loop() -> None:
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    huge_prompt = "Complete:\n" + (">>> f(1)\n1\n" * 120_000)  # about 1.4 MB of examples
+    task = asyncio.create_task(ticker())
+    try:
+        t0 = time.monotonic()
+        s = await CodeTestsVerifier().score(chat(huge_prompt), gen("```python\ndef f(x):\n    return x\n```"))
+        elapsed = time.monotonic() - t0
+    finally:
+        task.cancel()
+    assert s.value == 0.0 and s.reason == "too_large"
+    assert elapsed < 2
+    big_tests = await CodeTestsVerifier().score(chat("Write f.", tests="assert f(1) == 1\n" * 10_000),
+                                                gen("```python\ndef f(x):\n    return x\n```"))
+    assert big_tests.reason == "too_large"
+    # a big but allowed prompt is parsed off the loop: the ticker kept running meanwhile
+    many = "Complete:\n" + (">>> f(1)\n1\n" * 400)
+    ticks = 0
+    task = asyncio.create_task(ticker())
+    try:
+        s = await CodeTestsVerifier().score(chat(many), gen("```python\ndef f(x):\n    return x\n```"))
+    finally:
+        task.cancel()
+    assert s.value == 1.0 and s.details["total"] == 400
+    assert ticks > 0
+
+
+async def test_asserts_and_straight_test_functions_are_judged_outside() -> None:
+    tests = (
+        "def test_square():\n"
+        "    x = f(3)\n"
+        "    assert x == 9\n"
+        "    assert f(4) > 15\n"
+        "def test_loop():\n"
+        "    for i in range(3):\n"
+        "        assert f(i) == i * i\n"
+        "assert f(2) in (4, 5)\n"
+        "assert f(0) is not None\n"
+        "assert 16 == f(4)\n"
+        "assert f(1) == f(-1)\n"
+    )
+    steps = caller_test_steps(tests)
+    judged = {s.label: s.in_process for s in steps if s.is_test}
+    assert judged == {"test_square()": False, "test_loop()": True, "assert f(2) in (4, 5)": False,
+                      "assert f(0) is not None": False, "assert 16 == f(4)": False, "assert f(1) == f(-1)": False}
+    req = chat("Write f.", tests=tests)
+    right = await CodeTestsVerifier().score(req, gen("```python\ndef f(x):\n    return x * x\n```"))
+    assert right.value == 1.0, right
+    assert right.details["in_process"] == 1
+    # an object that claims to equal everything is not plain data: the checker is not fooled
+    liar = "```python\nclass Any:\n    def __eq__(self, other):\n        return True\n    __hash__ = None\ndef f(x):\n    return Any()\n```"
+    fooled = await CodeTestsVerifier().score(req, gen(liar))
+    assert fooled.details["failures"].get("not_plain_data", 0) >= 3
+    assert fooled.value < 0.5
+
+
+def test_values_are_decoded_strictly() -> None:
+    from verifiers.code_tests import Opaque, decode_value, same
+
+    tree = {"t": "d", "v": [[{"t": "s", "v": "a"}, {"t": "l", "v": [{"t": "i", "v": "1"}, {"t": "f", "v": "0.5"}]}]]}
+    assert decode_value(tree) == {"a": [1, 0.5]}
+    for bad in ({"t": "i", "v": 1}, {"t": "q"}, [], {"t": "l", "v": [{"t": "i", "v": "x"}]}):
+        with pytest.raises(ValueError):
+            decode_value(bad)
+    assert not same(Opaque("Any", "Any()"), 1) and not same(True, 1) and same(0.1 + 0.2, 0.3)
+
+
+def test_judging_crafted_values_never_raises() -> None:
+    from verifiers.code_tests import Check, Opaque, Reply, judge, same
+
+    huge = 10**400
+    assert not same(huge, 1.5) and same(huge, huge)
+    eq = Check("eval", "f()", "compare", "Eq", 1.5)
+    assert judge(eq, Reply(True, huge)) == "assertion"
+    lt = Check("eval", "f()", "compare", "Lt", 3)
+    assert judge(lt, Reply(True, "a string")) == "exception"
+    assert judge(lt, Reply(True, Opaque("X", "X()"))) == "not_plain_data"
+    pair = Check("eval", "(f(), g())", "compare", "Eq", pair=True)
+    assert judge(pair, Reply(True, 5)) == "forged"
+    assert judge(Check("eval", "f()", "truthy"), Reply(True, Opaque("X", "X()"), truth=None)) == "not_plain_data"
+
+
+async def test_a_value_too_big_to_report_fails_its_test_without_being_called_forged() -> None:
+    req = chat("Write f.", tests="assert f() == [0]\nassert g() == 1\n")
+    s = await CodeTestsVerifier().score(req, gen("```python\ndef f():\n    return list(range(200_000))\ndef g():\n    return 1\n```"))
+    assert s.details["reason"] == "failed" and s.details["passed"] == 1
+    assert s.details["failures"] == {"not_plain_data": 1}
+
+
+def test_a_full_sandbox_queue_is_a_503_with_retry_after(tmp_path: Path) -> None:
+    """Through the real HTTP app: the verifier's typed refusal reaches the client as 503 +
+    Retry-After in OpenAI's error shape, and the service answers normally afterwards."""
+    import httpx
+
+    from router.api.app import create_app
+    from router.backends.instant import InstantBackend
+    from router.config import load_settings
+    from tests.conftest import UvicornThread, smol_config
+
+    verifier = '[[tiers.verifiers]]\nname = "code_tests"\nparams = { max_concurrency = 1, max_queue = 1 }\n'
+    cfg = smol_config(tmp_path, threshold=0.9, verifiers=verifier, large="local")
+    slow = "def f(): return __import__('time').sleep(1.5) or 1"
+    backends = {"small": InstantBackend("small", slow), "large": InstantBackend("large", "def f(): return 1")}
+    body = {"model": "small", "messages": [{"role": "user", "content": "Write f."}],
+            "tierroute": {"tests": "assert f() == 1"}}
+    with UvicornThread(create_app(load_settings(cfg), backends=backends)) as srv:
+        with httpx.Client(base_url=srv.url, timeout=30) as client:
+
+            def post() -> httpx.Response:
+                return client.post("/v1/chat/completions", json=body)
+
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                replies = list(pool.map(lambda _: post(), range(4)))
+            refused = [r for r in replies if r.status_code == 503]
+            assert refused, [r.status_code for r in replies]
+            assert {r.status_code for r in replies} <= {200, 503}
+            for r in refused:
+                assert int(r.headers["Retry-After"]) >= 1
+                assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+            assert post().status_code == 200
