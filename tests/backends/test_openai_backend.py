@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from router.backends.base import make_backend
 from router.backends.openai import OpenAIBackend
 from router.breaker import CircuitBreaker
 from router.config import OpenAIBackendSettings, PriceSettings, Settings, TierSettings
+from router.plugins import BackendRegistry
 from router.errors import (
     CircuitOpenError,
     ConfigError,
@@ -539,9 +539,9 @@ def tier(base_url: str, **openai: Any) -> TierSettings:
     )
 
 
-async def test_make_backend_builds_it_from_the_tier_settings(upstream: FaultUpstream) -> None:
+async def test_the_registry_builds_it_from_the_tier_settings(upstream: FaultUpstream) -> None:
     t = tier(upstream.base_url, breaker_failures=4, breaker_cooldown_s=12)
-    backend = make_backend(t, Settings(tiers=[t]))
+    backend = BackendRegistry.from_entry_points().create(t, Settings(tiers=[t]))
     assert isinstance(backend, OpenAIBackend)
     assert (backend.name, backend.timeout_s) == ("large", 7.5)
     assert (backend.breaker.failures, backend.breaker.cooldown_s) == (4, 12)
