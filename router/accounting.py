@@ -2,13 +2,16 @@
 joined at the points the HTTP layer calls: `admit` before generation, `written` before the first
 byte of an answer, `record` once the answer is settled, `release` on every way out.
 
-Admission reserves the request's worst case against its key (`worst_case_usd`) and writes the
-request's pending row ahead, on the ledger's thread, while generation starts. `record` writes the
-settled row first and only then charges the key and counts the metrics. A failed settled write
-fails the request with 503 (a stream: an error event instead of its final chunk); the key is still
-charged what it spent, and the pending row stands for the request in the ledger. While the ledger
-is failing, a new request waits for its own pending row before any work, so nothing is generated
-that cannot be recorded; the first write that succeeds ends that.
+Admission reserves the request's worst case against its key (`worst_case_usd`). A streamed
+request also gets its pending row written ahead, on the ledger's thread while generation starts:
+its text leaves before the answer settles, so the row must exist first. A plain request needs no
+such row (its settled row is committed before any byte is sent), which keeps it at one write.
+`record` writes the settled row first and only then charges the key and counts the metrics. A
+failed settled write fails the request with 503 (a stream: an error event instead of its final
+chunk); the key is still charged what it spent, and for a stream the pending row stands for the
+request in the ledger. While the ledger is failing, every new request waits for its own pending
+row before any work, so nothing is generated that cannot be recorded; the first write that
+succeeds ends that.
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ class Ticket:
 
     request_id: str
     hold: Hold
-    written: asyncio.Future[None] | None  # None without a ledger
+    written: asyncio.Future[None] | None  # its pending row's write, if one was started
+    pending: PendingEntry
     settling: bool = False  # its record is being written: that (shielded) write releases the hold
 
 
@@ -108,10 +112,11 @@ class Accounting:
             await self.ledger.close()
 
     def admit(
-        self, principal: Principal, request_id: str, request: GenerationRequest, plan: Sequence[Tier], model: str
+        self, principal: Principal, request_id: str, request: GenerationRequest, plan: Sequence[Tier], model: str,
+        *, stream: bool,
     ) -> Ticket:
         """429 when the key's budget cannot take the request's worst case, or its rate is spent;
-        otherwise reserve it and start writing its pending row."""
+        otherwise reserve it, and for a stream (or while the ledger fails) start its pending row."""
         reserve = worst_case_usd(plan, request)
         try:
             hold = self.limits.admit(principal, request_id, reserve)
@@ -121,16 +126,21 @@ class Accounting:
         except RateLimitError:
             self.metrics.refused.labels("rate_limited").inc()
             raise
-        written = None
-        if self.ledger is not None:
-            written = self.ledger.begin(PendingEntry(request_id, time.time(), principal.key_id, model, reserve))
-            written.add_done_callback(_retrieve)
-        return Ticket(request_id, hold, written)
+        ticket = Ticket(request_id, hold, None, PendingEntry(request_id, time.time(), principal.key_id, model, reserve))
+        if stream or (self.ledger is not None and not self.ledger.healthy):
+            self._begin(ticket)
+        return ticket
+
+    def _begin(self, ticket: Ticket) -> None:
+        if self.ledger is not None and ticket.written is None:
+            ticket.written = self.ledger.begin(ticket.pending)
+            ticket.written.add_done_callback(_retrieve)
 
     async def ready(self, ticket: Ticket) -> None:
         """Before any work: while the ledger is failing, wait for this request's pending row (503
         if it cannot be written). A healthy ledger costs no wait here."""
         if self.ledger is not None and not self.ledger.healthy:
+            self._begin(ticket)
             await self.written(ticket)
 
     async def written(self, ticket: Ticket) -> None:

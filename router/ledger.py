@@ -9,22 +9,25 @@ Two layers:
   it, so a write never blocks the event loop and the store's single connection never crosses
   threads.
 
-Every request is written twice. At admission a `pending` row (the key, and the most the request
-can cost: its budget reservation) is written ahead; when the answer settles, its `requests` row
-and all its `attempts` rows replace it in one transaction. The HTTP layer sends nothing of an
-answer before the pending row is committed, and nothing that carries cost (the whole body, or a
-stream's final chunk) before the settled row is. So there is no delivered answer without a row:
-when the settling write fails (a full or failing disk), the pending row stands for the request at
+A plain request is written once, when its answer settles: its `requests` row and all its
+`attempts` rows in one transaction, committed before any byte of the response is sent. A streamed
+request's text leaves before its answer settles, so it is written twice: at admission a `pending`
+row (the key, and the most the request can cost: its budget reservation) is written ahead, no
+byte is sent before it is committed, and the settled rows replace it in one transaction before
+the final chunk (the one with the cost) is sent. So there is no delivered answer without a row:
+when the settling write fails (a full or failing disk), the pending row stands for the stream at
 its worst-case cost, budgets count it at that cost (also after a restart), and the settled entry
-is kept in memory and written as soon as a later write succeeds. A kill -9 leaves the pending
-rows of the requests in flight, never a half request; the reverse can happen (a row committed,
-the process killed before the bytes left), and such a row is a request the client never saw
+is kept in memory and written as soon as a later write succeeds. While writes fail, every new
+request gets a pending row first (see `router.accounting`). A kill -9 leaves the pending rows of
+the streams in flight, never a half request; the reverse can happen (a row committed, the
+process killed before the bytes left), and such a row is a request the client never saw
 completed.
 
-The pending write runs on the writer thread while generation starts, so it costs the hot path
-nothing while the disk is healthy. SQLite runs in WAL mode with `synchronous=NORMAL`: a commit
-survives the process dying at any instant, with no fsync per request; a power cut of the whole
-machine may lose the last commits (use `FULL` for that, at an fsync per request).
+The pending write runs on the writer thread while generation starts, so it costs a stream
+nothing while the disk is healthy (a first token takes longer than a commit). SQLite runs in WAL
+mode with `synchronous=NORMAL`: a commit survives the process dying at any instant, with no fsync
+per request; a power cut of the whole machine may lose the last commits (use `FULL` for that, at
+an fsync per request).
 """
 
 from __future__ import annotations

@@ -32,10 +32,11 @@ class Services:
         self.accounting = Accounting(settings, engine)
 
     def admit(
-        self, principal: Principal, request_id: str, request: GenerationRequest, plan: Sequence[Tier], model: str
+        self, principal: Principal, request_id: str, request: GenerationRequest, plan: Sequence[Tier], model: str,
+        *, stream: bool,
     ) -> Ticket:
         """Budget and rate checks before any generation; returns a ticket to release at the end."""
-        return self.accounting.admit(principal, request_id, request, plan, model)
+        return self.accounting.admit(principal, request_id, request, plan, model, stream=stream)
 
     async def record(self, principal: Principal, ticket: Ticket, result: CascadeResult) -> None:
         """Commit a settled request to the ledger, charge its key, count its metrics."""

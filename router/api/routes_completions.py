@@ -77,7 +77,7 @@ async def _respond(
     chunk: Callable[[str, str, str | None, bool], dict[str, Any]],
 ) -> Any:
     request, plan = _prepare(services, body)
-    ticket = services.admit(principal, rid, request, plan, body.model)  # 429 before any generation
+    ticket = services.admit(principal, rid, request, plan, body.model, stream=body.stream)  # 429 before any work
     accounting = services.accounting
     cascade = services.engine.cascade
     spent = Spent()  # what a request that ends without an answer has cost: recorded all the same
