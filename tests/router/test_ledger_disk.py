@@ -212,10 +212,21 @@ async def test_a_failing_disk_never_lets_an_answer_pass_unrecorded(tmp_path: Pat
                 again = await client.post("/v1/chat/completions", json=chat_body(), headers=auth(keys["k"]))
                 assert again.status_code == 200
                 assert in_flight(url, keys["k"]) == 0
+
+                # a plain request whose own settling write fails: its work was done, it gets 503
+                before = chats(upstream)
+                with failing_disk(proc.pid):
+                    plain = await client.post("/v1/chat/completions", json=chat_body(), headers=auth(keys["k"]))
+                    assert plain.status_code == 503 and "ledger" in plain.json()["error"]["message"]
+                assert chats(upstream) == before + 1
+                last = await client.post("/v1/chat/completions", json=chat_body(), headers=auth(keys["k"]))
+                assert last.status_code == 200
     assert any("ledger write failed" in line for line in log)
     rows, pending = ledger(tmp_path / "ledger.sqlite3")
     assert not pending  # every request that did work settled into a full row
-    assert len(rows) == 3  # ok, the failed stream, again; the refused ones did nothing and left nothing
+    # ok, the failed stream, again, the failed plain request, last; the refused ones did nothing
+    # and left nothing
+    assert len(rows) == 5
     entry = rows[rid]
     assert entry.tier == "large" and entry.completion_tokens == len(TOKENS)
     assert entry.cost_usd > 0
