@@ -190,8 +190,8 @@ class Limits:
                 raise QuotaError(
                     f"You exceeded your current quota: key '{entry.name}' has used ${spent:.6f} "
                     f"(+${pending:.6f} reserved in flight) of its ${limit:g} {period} budget, and this "
-                    f"request may cost up to ${reserve_usd:.6f} (fewer max_tokens reserve less); "
-                    f"it resets {resets}."
+                    f"request may cost up to ${reserve_usd:.6f} (a smaller max_tokens, or one named "
+                    f"tier, reserves less); it resets {resets}."
                 )
 
     def _spend_of(self, key_id: str, now: float) -> _Spend:
