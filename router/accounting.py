@@ -1,11 +1,17 @@
 """Who pays for a request and what it cost: admission (budgets, rate), the ledger, and metrics,
-joined at the two points the HTTP layer calls: `admit` before generation, `record` once the
-answer is settled.
+joined at the points the HTTP layer calls: `admit` before generation, `written` before the first
+byte of an answer, `record` once the answer is settled, `release` on every way out.
 
-`record` writes the ledger first and only then charges the key and counts the metrics, so the
-three never disagree about a request that was not committed. A failed ledger write fails the
-request with 503: answering without recording would make budgets and cost reports wrong, and a
-200 must imply a committed row.
+Admission reserves the request's worst case against its key (`worst_case_usd`). A streamed
+request also gets its pending row written ahead, on the ledger's thread while generation starts:
+its text leaves before the answer settles, so the row must exist first. A plain request needs no
+such row (its settled row is committed before any byte is sent), which keeps it at one write.
+`record` writes the settled row first and only then charges the key and counts the metrics. A
+failed settled write fails the request with 503 (a stream: an error event instead of its final
+chunk); the key is still charged what it spent, and for a stream the pending row stands for the
+request in the ledger. While the ledger is failing, every new request waits for its own pending
+row before any work, so nothing is generated that cannot be recorded; the first write that
+succeeds ends that.
 """
 
 from __future__ import annotations
@@ -13,17 +19,64 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from router.auth import Principal
-from router.cascade import CascadeResult
+from router.cascade import CascadeResult, Tier
 from router.config import Settings
 from router.engine import Engine
 from router.errors import QuotaError, RateLimitError, UnavailableError
-from router.ledger import Ledger, LedgerEntry, open_store
+from router.generation import GenerationRequest
+from router.ledger import Ledger, LedgerEntry, PendingEntry, open_store
 from router.limits import Hold, Limits, day_start, month_start
 from router.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+# chat templates add a few special tokens per message and to open the reply
+_TEMPLATE_TOKENS_PER_MESSAGE = 8
+_TEMPLATE_TOKENS = 16
+_LEDGER_RETRY_AFTER_S = 5.0
+
+
+def prompt_token_bound(request: GenerationRequest) -> int:
+    """An upper bound on the prompt's tokens under any byte-level tokenizer (BPE or SentencePiece
+    with byte fallback: every token covers at least one byte), plus the chat template's tokens."""
+    if request.messages is None:
+        return len((request.prompt or "").encode("utf-8", "surrogatepass")) + _TEMPLATE_TOKENS
+    return _TEMPLATE_TOKENS + sum(
+        len(m.content.encode("utf-8", "surrogatepass")) + _TEMPLATE_TOKENS_PER_MESSAGE for m in request.messages
+    )
+
+
+def worst_case_usd(plan: Sequence[Tier], request: GenerationRequest) -> float:
+    """The most a request's generations can cost: every planned tier runs, each to its max_tokens
+    (the request's, capped by the tier's) with the prompt at its token bound; a time-priced tier
+    for its whole timeout. Verifier work (a judge, self-consistency samples) is not included."""
+    prompt = prompt_token_bound(request)
+    total = 0.0
+    for tier in plan:
+        t = tier.settings
+        price = t.price
+        if price.usd_per_hour is not None:
+            total += price.usd_per_hour * t.timeout_s / 3600.0
+        else:
+            assert price.usd_per_1m_input_tokens is not None and price.usd_per_1m_output_tokens is not None
+            out = min(request.max_tokens, t.max_tokens)
+            total += (prompt * price.usd_per_1m_input_tokens + out * price.usd_per_1m_output_tokens) / 1_000_000
+    return total
+
+
+@dataclass
+class Ticket:
+    """An admitted request: its budget hold and its pending row's write."""
+
+    request_id: str
+    hold: Hold
+    written: asyncio.Future[None] | None  # its pending row's write, if one was started
+    pending: PendingEntry
+    settling: bool = False  # its record is being written: that (shielded) write releases the hold
 
 
 class Accounting:
@@ -32,8 +85,8 @@ class Accounting:
         self.ledger = Ledger(open_store(settings.ledger.path)) if settings.ledger.enabled else None
         # a forgotten hold stops counting once every tier could have timed out
         ttl = sum(t.timeout_s for t in settings.tiers) + 60.0
-        self.limits = Limits(settings.server.api_keys, hold_ttl_s=ttl)
         self.metrics = Metrics(lambda: engine.backends)
+        self.limits = Limits(settings.server.api_keys, hold_ttl_s=ttl, on_change=self.metrics.in_flight.set)
 
     async def start(self) -> None:
         if self.ledger is None:
@@ -45,47 +98,102 @@ class Accounting:
         self.limits.seed(
             await self.ledger.spend_by_key(day_start(now)), await self.ledger.spend_by_key(month_start(now)), now
         )
+        unsettled = await self.ledger.pending()
+        if unsettled:
+            log.warning(
+                "ledger: %d requests were admitted and never settled (the process died, or the disk failed, "
+                "while they ran); they count against their keys' budgets at their reservation, $%.6f in all",
+                len(unsettled), sum(p.reserved_usd for p in unsettled),
+            )
         log.info("ledger open at %s", self.settings.ledger.path)
 
     async def close(self) -> None:
         if self.ledger is not None:
             await self.ledger.close()
 
-    def admit(self, principal: Principal, request_id: str) -> Hold:
+    def admit(
+        self, principal: Principal, request_id: str, request: GenerationRequest, plan: Sequence[Tier], model: str,
+        *, stream: bool,
+    ) -> Ticket:
+        """429 when the key's budget cannot take the request's worst case, or its rate is spent;
+        otherwise reserve it, and for a stream (or while the ledger fails) start its pending row."""
+        reserve = worst_case_usd(plan, request)
         try:
-            hold = self.limits.admit(principal, request_id)
+            hold = self.limits.admit(principal, request_id, reserve)
         except QuotaError:
             self.metrics.refused.labels("insufficient_quota").inc()
             raise
         except RateLimitError:
             self.metrics.refused.labels("rate_limited").inc()
             raise
-        self.metrics.in_flight.set(self.limits.in_flight)
-        return hold
+        ticket = Ticket(request_id, hold, None, PendingEntry(request_id, time.time(), principal.key_id, model, reserve))
+        if stream or (self.ledger is not None and not self.ledger.healthy):
+            self._begin(ticket)
+        return ticket
 
-    def release(self, hold: Hold) -> None:
-        hold.release()
-        self.metrics.in_flight.set(self.limits.in_flight)
+    def _begin(self, ticket: Ticket) -> None:
+        if self.ledger is not None and ticket.written is None:
+            ticket.written = self.ledger.begin(ticket.pending)
+            ticket.written.add_done_callback(_retrieve)
 
-    async def record(self, principal: Principal, request_id: str, result: CascadeResult) -> None:
+    async def ready(self, ticket: Ticket) -> None:
+        """Before any work: while the ledger is failing, wait for this request's pending row (503
+        if it cannot be written). A healthy ledger costs no wait here."""
+        if self.ledger is not None and not self.ledger.healthy:
+            self._begin(ticket)
+            await self.written(ticket)
+
+    async def written(self, ticket: Ticket) -> None:
+        """Before the first byte of an answer: its pending row is committed, or 503."""
+        if ticket.written is None:
+            return
+        try:
+            await asyncio.shield(ticket.written)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the store raised, the request cannot be recorded
+            log.error("ledger: pending row of %s not written: %s", ticket.request_id, exc)
+            raise UnavailableError(
+                "The cost ledger cannot record requests right now; try again.", retry_after=_LEDGER_RETRY_AFTER_S
+            ) from None
+
+    def release(self, ticket: Ticket) -> None:
+        """Every way a request ends comes here (a second call does nothing); a request whose
+        record is being written is released by that write, after its charge."""
+        if not ticket.settling:
+            ticket.hold.release()
+
+    async def record(self, principal: Principal, ticket: Ticket, result: CascadeResult) -> None:
         # shielded: a client that hangs up now has still cost what it cost, so the write, the
-        # charge and the metrics finish even when the request's task is cancelled
-        await asyncio.shield(self._record(principal, request_id, result))
+        # charge, the release and the metrics finish even when the request's task is cancelled
+        ticket.settling = True
+        await asyncio.shield(self._record(principal, ticket, result))
 
-    async def _record(self, principal: Principal, request_id: str, result: CascadeResult) -> None:
-        hold = self.limits.hold(request_id)
-        started = hold.started if hold is not None else None
-        latency_s = self.limits.monotonic() - started if started is not None else sum(
-            (a.generation.latency_s if a.generation else 0.0) + a.verify_s for a in result.attempts
-        )
-        entry = LedgerEntry.from_result(request_id, principal.key_id, result, latency_s=latency_s)
-        if self.ledger is not None:
-            try:
-                await self.ledger.record(entry)
-            except Exception as exc:
-                log.error("ledger write failed for %s: %s", request_id, exc)
-                raise UnavailableError("The cost ledger could not record this request; try again.") from None
-        self.limits.charge(principal.key_id, entry.cost_usd, entry.ts)
-        if hold is not None:
-            self.release(hold)
+    async def _record(self, principal: Principal, ticket: Ticket, result: CascadeResult) -> None:
+        hold = ticket.hold
+        try:
+            latency_s = self.limits.monotonic() - hold.started
+            entry = LedgerEntry.from_result(ticket.request_id, principal.key_id, result, latency_s=latency_s)
+            failed = None
+            if self.ledger is not None:
+                try:
+                    await self.ledger.record(entry)
+                except Exception as exc:  # noqa: BLE001 - reported as 503 below, once the key is charged
+                    failed = exc
+            # charged even when the write failed: the work was done, and this process's budgets
+            # must see it (the pending row carries it, at its reservation, past a restart)
+            self.limits.charge(principal.key_id, entry.cost_usd, entry.ts)
+        finally:
+            hold.release()
+        if failed is not None:
+            log.error("ledger write failed for %s (its pending row stands for it): %s", ticket.request_id, failed)
+            raise UnavailableError(
+                "The cost ledger could not record this request; try again.", retry_after=_LEDGER_RETRY_AFTER_S
+            )
         self.metrics.observe(entry)
+
+
+def _retrieve(fut: asyncio.Future[None]) -> None:
+    """A pending row's failure is reported by `written` when it matters; never as 'never retrieved'."""
+    if not fut.cancelled():
+        fut.exception()

@@ -2,27 +2,39 @@
 
 Two layers:
 
-- a `LedgerStore` is the storage: synchronous, one transaction per request, no knowledge of
-  asyncio. `SQLiteStore` is the one that exists; a PostgreSQL store implements the same five
-  methods and nothing above it changes.
+- a `LedgerStore` is the storage: synchronous, one transaction per write, no knowledge of
+  asyncio. `SQLiteStore` is the one that exists; a PostgreSQL store implements the same methods
+  and nothing above it changes.
 - `Ledger` is what the service talks to: it owns one writer thread, and every store call runs on
   it, so a write never blocks the event loop and the store's single connection never crosses
   threads.
 
-Durability, and what a crash can lose: the HTTP layer awaits `Ledger.record` *before* it sends the
-part of a response that carries cost (the whole body, or a stream's final chunk), so a client that
-saw a `tierroute` cost object implies a committed row. A kill -9 therefore loses only requests still
-in flight; the reverse can happen (a row committed, the process killed before the bytes left), and
-such a row is a request the client never saw completed. SQLite runs in WAL mode with
-`synchronous=NORMAL`: a commit survives the process dying at any instant; a power cut of the whole
-machine may lose the last commits (use `FULL` for that, at an fsync per request). Each request is
-one transaction, its `requests` row and all its `attempts` rows, so the ledger never holds half a
-request.
+A plain request is written once, when its answer settles: its `requests` row and all its
+`attempts` rows in one transaction, committed before any byte of the response is sent. A streamed
+request's text leaves before its answer settles, so it is written twice: at admission a `pending`
+row (the key, and the most the request can cost: its budget reservation) is written ahead, no
+byte is sent before it is committed, and the settled rows replace it in one transaction before
+the final chunk (the one with the cost) is sent. So there is no delivered answer without a row:
+when the settling write fails (a full or failing disk), the pending row stands for the stream at
+its worst-case cost, budgets count it at that cost (also after a restart), and the settled entry
+is kept in memory and written as soon as a later write succeeds. While writes fail, every new
+request gets a pending row first (see `router.accounting`). A kill -9 leaves the pending rows of
+the streams in flight, never a half request; the reverse can happen (a row committed, the
+process killed before the bytes left), and such a row is a request the client never saw
+completed.
+
+The pending write runs on the writer thread while generation starts, so it costs a stream
+nothing while the disk is healthy (a first token takes longer than a commit). SQLite runs in WAL
+mode with `synchronous=NORMAL`: a commit survives the process dying at any instant, with no fsync
+per request; a power cut of the whole machine may lose the last commits (use `FULL` for that, at
+an fsync per request).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import json
 import logging
 import sqlite3
@@ -41,7 +53,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the pending table (write-ahead rows)
+# settled entries whose write failed, kept for the next successful write; past this many the
+# oldest is logged and dropped (its pending row still stands for it at its worst-case cost)
+MAX_UNSETTLED = 10_000
 
 
 @dataclass(frozen=True)
@@ -150,17 +165,36 @@ class LedgerEntry:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class PendingEntry:
+    """A request admitted and not yet settled, written ahead of its answer. `reserved_usd` is the
+    most it can cost (its budget reservation): what it counts for until its entry replaces it."""
+
+    request_id: str
+    ts: float  # unix seconds (UTC) at admission
+    key_id: str
+    model: str
+    reserved_usd: float
+
+
 class LedgerStore(Protocol):
     """Storage for ledger entries. Methods are synchronous and called from one thread only."""
 
     def open(self) -> None:
         """Connect and create the schema if needed."""
 
+    def begin(self, pending: PendingEntry) -> None:
+        """Store the pending row of an admitted request."""
+
     def write(self, entry: LedgerEntry) -> None:
-        """Store the entry and its attempts atomically: all of it or nothing."""
+        """Store the entry and its attempts, and drop its pending row, atomically: all or nothing."""
 
     def spend_by_key(self, since: float) -> dict[str, float]:
-        """USD spent per key on requests settled at or after `since` (unix seconds)."""
+        """USD per key at or after `since` (unix seconds): settled requests at their cost, pending
+        ones at their reservation."""
+
+    def pending(self) -> Iterator[PendingEntry]:
+        """The pending rows, oldest first: requests admitted and never settled."""
 
     def entries(self, since: float | None = None, until: float | None = None) -> Iterator[LedgerEntry]:
         """Entries with since <= ts < until, oldest first, each with its attempts."""
@@ -192,6 +226,13 @@ CREATE TABLE IF NOT EXISTS requests (
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_key_ts ON requests (key_id, ts);
+CREATE TABLE IF NOT EXISTS pending (
+    request_id   TEXT PRIMARY KEY,
+    ts           REAL NOT NULL,
+    key_id       TEXT NOT NULL,
+    model        TEXT NOT NULL,
+    reserved_usd REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS attempts (
     request_id        TEXT NOT NULL REFERENCES requests (request_id) ON DELETE CASCADE,
     idx               INTEGER NOT NULL,
@@ -254,16 +295,23 @@ class SQLiteStore:
             conn.execute("PRAGMA foreign_keys=ON")
             conn.executescript(_SCHEMA)
             conn.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )
         except (sqlite3.Error, OSError) as exc:
             raise ConfigError(f"ledger.path: cannot open ledger {self.path}: {exc}") from None
         self._conn = conn
 
+    def begin(self, pending: PendingEntry) -> None:
+        self.conn.execute(  # one statement: its own transaction in autocommit mode
+            "INSERT OR REPLACE INTO pending (request_id, ts, key_id, model, reserved_usd) VALUES (?, ?, ?, ?, ?)",
+            (pending.request_id, pending.ts, pending.key_id, pending.model, pending.reserved_usd),
+        )
+
     def write(self, entry: LedgerEntry) -> None:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
+            conn.execute("DELETE FROM pending WHERE request_id = ?", (entry.request_id,))
             conn.execute(
                 f"INSERT INTO requests ({_REQUEST_COLUMNS}) VALUES ({', '.join('?' * 14)})",
                 (
@@ -309,16 +357,29 @@ class SQLiteStore:
                     for a in entry.attempts
                 ],
             )
+            conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            # a failed COMMIT (disk full) may leave the transaction open, or SQLite may have rolled it back
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             raise
-        conn.execute("COMMIT")
 
     def spend_by_key(self, since: float) -> dict[str, float]:
         rows = self.conn.execute(
-            "SELECT key_id, SUM(cost_usd) FROM requests WHERE ts >= ? GROUP BY key_id", (since,)
+            "SELECT key_id, SUM(usd) FROM ("
+            " SELECT key_id, cost_usd AS usd FROM requests WHERE ts >= ?"
+            " UNION ALL SELECT key_id, reserved_usd FROM pending WHERE ts >= ?"
+            ") GROUP BY key_id",
+            (since, since),
         ).fetchall()
         return {key: float(total) for key, total in rows}
+
+    def pending(self) -> Iterator[PendingEntry]:
+        for row in self.conn.execute(
+            "SELECT request_id, ts, key_id, model, reserved_usd FROM pending ORDER BY ts, request_id"
+        ).fetchall():
+            yield PendingEntry(*row)
 
     def entries(self, since: float | None = None, until: float | None = None) -> Iterator[LedgerEntry]:
         where, params = _window("ts", since, until)
@@ -407,20 +468,36 @@ def open_store(path: str | Path, *, read_only: bool = False) -> LedgerStore:
 
 
 class Ledger:
-    """The async face of a store: every call runs on the ledger's own thread, in order."""
+    """The async face of a store: every call runs on the ledger's own thread, in order.
+
+    A settled entry whose write fails is kept (in memory, on the writer thread) and written again
+    before each later write: the pending row stands for it meanwhile. `healthy` says whether the
+    last write succeeded; the service refuses to start new work on a ledger known to be failing
+    until a write succeeds again."""
 
     def __init__(self, store: LedgerStore) -> None:
         self.store = store
         self._pool: ThreadPoolExecutor | None = None
+        self._unsettled: collections.deque[LedgerEntry] = collections.deque()
+        self.healthy = True
 
     async def open(self) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierroute-ledger")
         await self._call(self.store.open)
 
+    def begin(self, pending: PendingEntry) -> asyncio.Future[None]:
+        """Write the pending row; the future is done once it is committed (or has failed)."""
+        return self._submit(self._begin, pending)
+
     async def record(self, entry: LedgerEntry) -> None:
-        """Return once the entry is committed."""
-        await self._call(self.store.write, entry)
+        """Return once the entry is committed; on failure it is kept for a later write."""
+        await self._call(self._write, entry)
+
+    @property
+    def unsettled(self) -> int:
+        """Settled entries waiting for the disk (their pending rows stand for them)."""
+        return len(self._unsettled)
 
     async def spend_by_key(self, since: float) -> dict[str, float]:
         return await self._call(self.store.spend_by_key, since)
@@ -428,18 +505,63 @@ class Ledger:
     async def entries(self, since: float | None = None, until: float | None = None) -> list[LedgerEntry]:
         return await self._call(lambda: list(self.store.entries(since, until)))
 
+    async def pending(self) -> list[PendingEntry]:
+        return await self._call(lambda: list(self.store.pending()))
+
     async def close(self) -> None:
-        """Finish every queued write, then close the store."""
+        """Finish every queued write (and retry the unsettled ones once), then close the store."""
         pool = self._pool
         if pool is None:
             return
         try:
+            await self._call(self._flush)
+            for entry in self._unsettled:  # the log is all that is left of these
+                log.error("ledger: never written (its pending row stands for it): %s", json.dumps(asdict(entry)))
             await self._call(self.store.close)
         finally:
             self._pool = None
             await asyncio.to_thread(pool.shutdown, wait=True)
 
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+    # -- on the writer thread --------------------------------------------------------------------
+
+    def _begin(self, pending: PendingEntry) -> None:
+        self._flush()
+        self._guarded(self.store.begin, pending)
+
+    def _write(self, entry: LedgerEntry) -> None:
+        self._flush()
+        try:
+            self._guarded(self.store.write, entry)
+        except sqlite3.IntegrityError:
+            raise  # not the disk: writing it again would fail again
+        except Exception:
+            self._unsettled.append(entry)
+            if len(self._unsettled) > MAX_UNSETTLED:
+                lost = self._unsettled.popleft()
+                log.error("ledger: too many unwritten entries; dropping %s", json.dumps(asdict(lost)))
+            raise
+
+    def _flush(self) -> None:
+        while self._unsettled:
+            try:
+                self._guarded(self.store.write, self._unsettled[0])
+            except Exception as exc:  # noqa: BLE001 - still failing: keep them for the next write
+                log.warning("ledger: %d entries still unwritten: %s", len(self._unsettled), exc)
+                return
+            self._unsettled.popleft()
+
+    def _guarded(self, fn: Callable[[T], None], arg: T) -> None:
+        try:
+            fn(arg)
+        except Exception:
+            self.healthy = False
+            raise
+        self.healthy = True
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         if self._pool is None:
             raise RuntimeError("ledger is not open")
-        return await asyncio.wrap_future(self._pool.submit(fn, *args))
+        return asyncio.wrap_future(self._pool.submit(fn, *args))
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._submit(fn, *args)

@@ -1,11 +1,12 @@
 """Per-key admission, decided before any generation: USD budgets, then a request rate limit.
 
 Budgets (`usd_per_day`, `usd_per_month`, UTC calendar periods) compare what the key has spent,
-as the ledger recorded it, plus an estimate for each of its requests still in flight, with the
-limit. The cost of a request is only known once it is answered, so a budget is soft by at most the
-cost of the requests admitted while the key was just under it: the request that crosses the line
-is served, the next one gets 429 `insufficient_quota`. The in-flight estimate is the key's recent
-mean cost per request, which keeps a burst from slipping many requests past a nearly spent budget.
+as the ledger recorded it, plus a reservation for each of its requests in flight, plus the new
+request's own reservation, with the limit; a request that does not fit gets 429
+`insufficient_quota`. A reservation is the most the request can cost (the caller works it out from
+the planned tiers' prices and limits), so it holds from the first request after a restart and
+under any burst: a key's spend exceeds its budget only by what a request can cost beyond its
+reservation. When the request settles its reservation is released and its actual cost charged.
 
 The rate limit (`requests_per_minute`) is a sliding window: at most N admissions in any 60 s,
 and a refused request learns from `Retry-After` when the oldest one leaves the window. A request
@@ -32,7 +33,6 @@ from router.errors import QuotaError, RateLimitError
 log = logging.getLogger(__name__)
 
 WINDOW_S = 60.0
-_EWMA = 0.2  # weight of the newest cost in a key's running mean cost per request
 
 
 def day_start(ts: float) -> float:
@@ -75,7 +75,6 @@ class _Spend:
     month: float = 0.0
     day_usd: float = 0.0
     month_usd: float = 0.0
-    mean_cost: float | None = None  # running mean cost per request, for in-flight estimates
 
     def roll(self, now: float) -> None:
         d, m = day_start(now), month_start(now)
@@ -87,11 +86,12 @@ class _Spend:
 
 @dataclass
 class Hold:
-    """An admitted request: its in-flight cost estimate counts against the key until released."""
+    """An admitted request: its reservation counts against the key until released. Releasing
+    is idempotent, and every release (and expiry) goes through `Limits._drop`."""
 
     request_id: str
     key_id: str
-    estimate_usd: float
+    reserved_usd: float
     started: float  # monotonic
     expires: float  # monotonic; a hold nobody released stops counting then
     _limits: Limits | None = field(default=None, repr=False)
@@ -99,7 +99,6 @@ class Hold:
     def release(self) -> None:
         if self._limits is not None:
             self._limits._drop(self)
-            self._limits = None
 
 
 class Limits:
@@ -112,14 +111,19 @@ class Limits:
         hold_ttl_s: float = 600.0,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        on_change: Callable[[int], None] | None = None,
     ) -> None:
         self.keys = {k.name: k for k in keys}
         self.hold_ttl_s = hold_ttl_s
         self.clock = clock
         self.monotonic = monotonic
         self.rate = RateLimiter(monotonic)
+        self.on_change = on_change  # told the number of holds whenever it changes (the in-flight gauge)
         self._spend: dict[str, _Spend] = {}
+        # in admission order, which with one TTL is expiry order: expiring looks at the front only
         self._holds: dict[str, Hold] = {}
+        self._reserved: dict[str, float] = {}  # per key, the sum of its holds' reservations
+        self._held: dict[str, int] = {}  # per key, how many holds
 
     @property
     def has_budgets(self) -> bool:
@@ -138,21 +142,28 @@ class Limits:
         return s.day_usd, s.month_usd
 
     def reserved(self, key_id: str) -> float:
+        """USD reserved by the key's requests in flight."""
         self._expire()
-        return sum(h.estimate_usd for h in self._holds.values() if h.key_id == key_id)
+        return self._reserved.get(key_id, 0.0)
 
-    def admit(self, principal: Principal, request_id: str) -> Hold:
-        """Raise QuotaError or RateLimitError, or return a hold to release when the request ends."""
+    def admit(self, principal: Principal, request_id: str, reserve_usd: float = 0.0) -> Hold:
+        """Raise QuotaError or RateLimitError, or return a hold, reserving `reserve_usd` (the most
+        the request can cost) against the key's budgets until it is released."""
         entry = principal.entry
         now = self.monotonic()
+        self._expire()
         if entry is not None:
-            self._check_budget(entry)
+            self._check_budget(entry, reserve_usd)
             if entry.requests_per_minute is not None:
                 self.rate.acquire(entry.name, entry.requests_per_minute)
-        spend = self._spend.get(principal.key_id)
-        estimate = spend.mean_cost if spend is not None and spend.mean_cost is not None else 0.0
-        hold = Hold(request_id, principal.key_id, estimate, now, now + self.hold_ttl_s, self)
+        if request_id in self._holds:
+            raise ValueError(f"request {request_id} is already admitted")
+        key = principal.key_id
+        hold = Hold(request_id, key, reserve_usd, now, now + self.hold_ttl_s, self)
         self._holds[request_id] = hold
+        self._reserved[key] = self._reserved.get(key, 0.0) + reserve_usd
+        self._held[key] = self._held.get(key, 0) + 1
+        self._changed()
         return hold
 
     def hold(self, request_id: str) -> Hold | None:
@@ -165,21 +176,22 @@ class Limits:
             s.day_usd += usd
         if month_start(ts) == s.month:
             s.month_usd += usd
-        s.mean_cost = usd if s.mean_cost is None else (1 - _EWMA) * s.mean_cost + _EWMA * usd
 
-    def _check_budget(self, entry: ApiKeyEntry) -> None:
+    def _check_budget(self, entry: ApiKeyEntry, reserve_usd: float) -> None:
         if entry.usd_per_day is None and entry.usd_per_month is None:
             return
         day_usd, month_usd = self.spent(entry.name)
-        pending = self.reserved(entry.name)
+        pending = self._reserved.get(entry.name, 0.0)
         for period, spent, limit, resets in (
             ("daily", day_usd, entry.usd_per_day, "at 00:00 UTC"),
             ("monthly", month_usd, entry.usd_per_month, "on the 1st at 00:00 UTC"),
         ):
-            if limit is not None and spent + pending >= limit:
+            if limit is not None and (spent >= limit or spent + pending + reserve_usd > limit):
                 raise QuotaError(
                     f"You exceeded your current quota: key '{entry.name}' has used ${spent:.6f} "
-                    f"(+${pending:.6f} in flight) of its ${limit:g} {period} budget; it resets {resets}."
+                    f"(+${pending:.6f} reserved in flight) of its ${limit:g} {period} budget, and this "
+                    f"request may cost up to ${reserve_usd:.6f} (a smaller max_tokens, or one named "
+                    f"tier, reserves less); it resets {resets}."
                 )
 
     def _spend_of(self, key_id: str, now: float) -> _Spend:
@@ -190,15 +202,31 @@ class Limits:
         return s
 
     def _drop(self, hold: Hold) -> None:
-        if self._holds.get(hold.request_id) is hold:
-            del self._holds[hold.request_id]
+        hold._limits = None
+        if self._holds.get(hold.request_id) is not hold:
+            return
+        del self._holds[hold.request_id]
+        key = hold.key_id
+        self._held[key] -= 1
+        if self._held[key]:
+            self._reserved[key] -= hold.reserved_usd
+        else:  # exactly zero once nothing is held, whatever the float rounding on the way
+            del self._held[key]
+            del self._reserved[key]
+        self._changed()
 
     def _expire(self) -> None:
         now = self.monotonic()
-        for rid in [rid for rid, h in self._holds.items() if h.expires <= now]:
-            log.warning("request %s held its budget reservation past %.0f s; dropping it", rid, self.hold_ttl_s)
-            self._holds[rid]._limits = None
-            del self._holds[rid]
+        while self._holds:
+            hold = next(iter(self._holds.values()))
+            if hold.expires > now:
+                return
+            log.warning("request %s held its budget reservation past %.0f s; dropping it", hold.request_id, self.hold_ttl_s)
+            self._drop(hold)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(len(self._holds))
 
     @property
     def in_flight(self) -> int:

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from router.accounting import Accounting
+from router.accounting import Accounting, Ticket
 from router.api import errors
 from router.auth import Authenticator, Principal
-from router.cascade import CascadeResult
+from router.cascade import CascadeResult, Tier
 from router.config import Settings
 from router.engine import Engine
-from router.limits import Hold
+from router.generation import GenerationRequest
 from router.metrics import ResponseCounter
 
 log = logging.getLogger(__name__)
@@ -31,13 +31,16 @@ class Services:
         self.auth = Authenticator(settings.server)
         self.accounting = Accounting(settings, engine)
 
-    def admit(self, principal: Principal, request_id: str) -> Hold:
-        """Budget and rate checks before any generation; returns a hold to release at the end."""
-        return self.accounting.admit(principal, request_id)
+    def admit(
+        self, principal: Principal, request_id: str, request: GenerationRequest, plan: Sequence[Tier], model: str,
+        *, stream: bool,
+    ) -> Ticket:
+        """Budget and rate checks before any generation; returns a ticket to release at the end."""
+        return self.accounting.admit(principal, request_id, request, plan, model, stream=stream)
 
-    async def record(self, principal: Principal, request_id: str, result: CascadeResult) -> None:
+    async def record(self, principal: Principal, ticket: Ticket, result: CascadeResult) -> None:
         """Commit a settled request to the ledger, charge its key, count its metrics."""
-        await self.accounting.record(principal, request_id, result)
+        await self.accounting.record(principal, ticket, result)
 
 
 def get_services(request: Request) -> Services:

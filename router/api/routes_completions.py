@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from router.accounting import Ticket
 from router.api import openai_types as ot
 from router.api.app import PrincipalDep, Services, ServicesDep
 from router.api.errors import error_response
 from router.auth import Principal
-from router.cascade import Answering, CascadeResult, Final, Spent
+from router.cascade import Answering, CascadeResult, Final, Spent, Tier
 from router.generation import Delta, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -34,27 +35,37 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-def _prepare(services: Services, body: ot._Common) -> GenerationRequest:
+def _prepare(services: Services, body: ot._Common) -> tuple[GenerationRequest, list[Tier]]:
     plan = services.engine.cascade.plan(body.model)  # 404 for an unknown model, before any work
     default_max = max(t.settings.max_tokens for t in plan)
-    return body.to_generation(default_max)  # type: ignore[attr-defined,no-any-return]
+    return body.to_generation(default_max), plan  # type: ignore[attr-defined]
 
 
-async def _finish(services: Services, principal: Principal, rid: str, result: CascadeResult) -> None:
-    """Everything that happens once a response is settled: ledger, key spend, metrics."""
-    await services.record(principal, rid, result)
-
-
-async def _record_spent(services: Services, principal: Principal, rid: str, spent: Spent) -> None:
+async def _record_spent(services: Services, principal: Principal, ticket: Ticket, spent: Spent) -> None:
     """A request that ended without an answer after work was done (a tier failed after another
     answered, or the client went away mid-answer) is recorded and charged for that work. Once."""
     result, spent.result = spent.result, None
     if result is None:
         return
     try:
-        await services.record(principal, rid, result)
+        await services.record(principal, ticket, result)
     except Exception as exc:  # noqa: BLE001 - the request is already failing; say so, keep its own error
-        log.error("could not record the spent work of %s: %s", rid, exc)
+        log.error("could not record the spent work of %s: %s", ticket.request_id, exc)
+
+
+class _Stream(StreamingResponse):
+    """A stream whose request is settled however the response ends, even when its body is never
+    iterated (the client left before the first byte)."""
+
+    def __init__(self, content: AsyncIterator[bytes], settle: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._settle = settle
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._settle()
 
 
 async def _respond(
@@ -65,29 +76,46 @@ async def _respond(
     shape: Callable[[str, CascadeResult, dict[str, Any]], dict[str, Any]],
     chunk: Callable[[str, str, str | None, bool], dict[str, Any]],
 ) -> Any:
-    request = _prepare(services, body)
-    hold = services.admit(principal, rid)  # budget and rate limit: 429 before any generation
+    request, plan = _prepare(services, body)
+    ticket = services.admit(principal, rid, request, plan, body.model, stream=body.stream)  # 429 before any work
+    accounting = services.accounting
     cascade = services.engine.cascade
     spent = Spent()  # what a request that ends without an answer has cost: recorded all the same
     if not body.stream:
         try:
+            await accounting.ready(ticket)  # a failing ledger: 503 before any work
             result = await cascade.run(request, body.model, spent=spent)
-            await _finish(services, principal, rid, result)  # committed before the client sees it
+            await services.record(principal, ticket, result)  # committed before the client sees it
         except BaseException:
-            await _record_spent(services, principal, rid, spent)
+            await _record_spent(services, principal, ticket, spent)
             raise
         finally:
-            hold.release()
+            accounting.release(ticket)
         return JSONResponse(
             shape(rid, result, _extension(rid, result)), headers=_headers(result.final.tier, result.escalated)
         )
 
     events = cascade.stream(request, body.model, spent=spent).__aiter__()
+    settled = False
+
+    async def settle() -> None:
+        """The one way out of a stream: free the cascade's slot, record spent work, release."""
+        nonlocal settled
+        if settled:
+            return
+        settled = True
+        try:
+            await events.aclose()  # type: ignore[attr-defined]  # a client gone mid-answer: frees the slot, fills spent
+            await _record_spent(services, principal, ticket, spent)
+        finally:
+            accounting.release(ticket)
+
     try:
+        await accounting.ready(ticket)
         first = await events.__anext__()  # errors before any output are plain HTTP errors
+        await accounting.written(ticket)  # no byte of an answer before its request has a ledger row
     except BaseException:
-        await _record_spent(services, principal, rid, spent)
-        hold.release()
+        await settle()
         raise
     assert isinstance(first, Answering)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -109,21 +137,20 @@ async def _respond(
                     final["tierroute"] = _extension(rid, result)
                     if include_usage:
                         final["usage"] = ot.usage(result)
-                    await _finish(services, principal, rid, result)  # committed before its cost is sent
+                    # committed before its finish_reason and cost are sent: a failed write ends the
+                    # stream with an error event instead, and no [DONE]
+                    await services.record(principal, ticket, result)
                     yield _sse(final)
             yield _sse("[DONE]")
         except Exception as exc:  # output has begun: report in-band, the status is already sent
             log.warning("stream %s failed mid-way: %s", rid, exc)
             yield _sse(json.loads(error_response(exc).body))
         finally:
-            try:
-                await events.aclose()  # type: ignore[attr-defined]  # a client gone mid-answer: frees the slot, fills spent
-                await _record_spent(services, principal, rid, spent)
-            finally:
-                hold.release()
+            await settle()
 
-    return StreamingResponse(
+    return _Stream(
         sse(),
+        settle,
         media_type="text/event-stream",
         headers={**_headers(first.tier, first.escalated), "cache-control": "no-cache"},
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from router.errors import ConfigError
-from router.ledger import AttemptEntry, Ledger, LedgerEntry, SQLiteStore, open_store
+from router.ledger import SCHEMA_VERSION, AttemptEntry, Ledger, LedgerEntry, PendingEntry, SQLiteStore, open_store
 from tests.router.accounting_helpers import (
     ESCALATE_ON_MARK,
     MARK,
@@ -97,6 +97,82 @@ def test_unusable_path_names_the_key(tmp_path: Path) -> None:
         SQLiteStore(blocker / "ledger.sqlite3").open()
     with pytest.raises(ConfigError, match="ledger.path"):
         open_store("postgresql://db/ledger")
+
+
+def test_a_pending_row_counts_at_its_reservation_until_its_entry_replaces_it(store: SQLiteStore) -> None:
+    store.begin(PendingEntry("r1", 10.0, "alice", "auto", 0.5))
+    store.begin(PendingEntry("r2", 10.0, "bob", "large", 0.25))
+    assert [p.request_id for p in store.pending()] == ["r1", "r2"]
+    assert store.spend_by_key(0.0) == {"alice": 0.5, "bob": 0.25}
+    assert store.spend_by_key(11.0) == {}  # a pending row belongs to its admission time's period
+    e = entry("r1", 12.0)
+    store.write(e)  # the settled entry and the pending row's removal are one transaction
+    assert [p.request_id for p in store.pending()] == ["r2"]
+    assert store.spend_by_key(0.0) == {"alice": pytest.approx(e.cost_usd), "bob": 0.25}
+    assert list(store.entries()) == [e]
+
+
+def test_a_version_1_ledger_gains_the_pending_table(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "INSERT INTO meta VALUES ('schema_version', '1');"
+    )
+    conn.close()
+    s = SQLiteStore(path)
+    s.open()
+    try:
+        s.begin(PendingEntry("r", 1.0, "k", "auto", 0.1))
+        assert s.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    finally:
+        s.close()
+
+
+class FlakyStore(SQLiteStore):
+    """Writes fail while `failing` is set, as they would on a full disk (the real disk failure is
+    in test_ledger_disk.py)."""
+
+    failing = False
+
+    def write(self, e: LedgerEntry) -> None:
+        if self.failing:
+            raise sqlite3.OperationalError("database or disk is full")
+        super().write(e)
+
+    def begin(self, p: PendingEntry) -> None:
+        if self.failing:
+            raise sqlite3.OperationalError("database or disk is full")
+        super().begin(p)
+
+
+async def test_an_entry_whose_write_failed_is_written_by_the_next_write(tmp_path: Path) -> None:
+    store = FlakyStore(tmp_path / "ledger.sqlite3")
+    ledger = Ledger(store)
+    await ledger.open()
+    await ledger.begin(PendingEntry("r1", 1.0, "alice", "auto", 0.5))
+    store.failing = True
+    with pytest.raises(sqlite3.OperationalError):
+        await ledger.record(entry("r1", 2.0))
+    assert not ledger.healthy and ledger.unsettled == 1
+    with pytest.raises(sqlite3.OperationalError):
+        await ledger.begin(PendingEntry("r2", 3.0, "alice", "auto", 0.5))
+    assert ledger.unsettled == 1
+    assert [p.request_id for p in await ledger.pending()] == ["r1"]  # r1 is on record meanwhile
+    store.failing = False
+    await ledger.begin(PendingEntry("r3", 4.0, "alice", "auto", 0.5))
+    assert ledger.healthy and ledger.unsettled == 0
+    assert [e.request_id for e in await ledger.entries()] == ["r1"]
+    assert [p.request_id for p in await ledger.pending()] == ["r3"]
+    store.failing = True
+    with pytest.raises(sqlite3.OperationalError):
+        await ledger.record(entry("r3", 5.0))
+    store.failing = False
+    await ledger.close()  # shutting down writes what is still kept
+    reopened = SQLiteStore(tmp_path / "ledger.sqlite3", read_only=True)
+    reopened.open()
+    assert [e.request_id for e in reopened.entries()] == ["r1", "r3"] and not list(reopened.pending())
+    reopened.close()
 
 
 class SlowStore(SQLiteStore):

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from router.ledger import LedgerEntry, SQLiteStore
+from router.ledger import LedgerEntry, PendingEntry, SQLiteStore
 from tests.conftest import free_port, wait_until_up
 from tests.router.accounting_helpers import (
     assert_matches,
@@ -128,6 +128,15 @@ async def burst(url: str, keys: dict[str, str], n: int, *, kill: subprocess.Pope
         return list(await asyncio.gather(*tasks))
 
 
+def open_pending(path: Path) -> dict[str, PendingEntry]:
+    store = SQLiteStore(path, read_only=True)
+    store.open()
+    try:
+        return {p.request_id: p for p in store.pending()}
+    finally:
+        store.close()
+
+
 def open_ledger(path: Path) -> dict[str, LedgerEntry]:
     """Open it read-write, as a restarted service would (recovering the WAL if it must)."""
     store = SQLiteStore(path)
@@ -169,6 +178,12 @@ def test_kill_9_mid_burst_then_restart_reconciles(tmp_path: Path, smol_path: Pat
         assert_matches(ledger[o.ext["request_id"]], o.ext, key_id=o.key)  # type: ignore[index]
     extra = set(ledger) - {o.ext["request_id"] for o in seen}  # type: ignore[index]
     assert len(extra) <= len(unseen)  # committed, but the client was cut off: in flight at the kill
+    # the others in flight are on record as pending rows (written ahead at admission), at their
+    # reservation, and never alongside a settled row
+    pending = open_pending(path)
+    assert len(extra) + len(pending) <= len(unseen)
+    assert not set(pending) & set(ledger)
+    assert all(p.key_id in ("ivy", "jon") and p.reserved_usd > 0 for p in pending.values())
     assert_no_partial_requests(path)
     assert {e.key_id for e in ledger.values()} <= {"ivy", "jon"}
     assert any(o.ext["escalated"] and len(o.ext["attempts"]) == 2 for o in seen)  # type: ignore[index]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+import contextlib
 from pathlib import Path
 
 import openai
@@ -60,29 +61,63 @@ def test_sliding_window_rate_limit() -> None:
     assert err.value.retry_after == pytest.approx(10.0)
 
 
-def test_daily_budget_counts_spend_and_in_flight_estimates_and_resets_at_midnight() -> None:
+def test_daily_budget_counts_spend_and_reservations_and_resets_at_midnight() -> None:
     wall, mono = Clock(T0), Clock(0.0)
     p = principal(usd_per_day=1.0)
     lim = limits_for(p, wall, mono)
-    h = lim.admit(p, "r1")
-    assert h.estimate_usd == 0.0  # nothing known yet about this key's costs
-    lim.charge("k", 0.4, wall.t)
+    h = lim.admit(p, "r1", 0.5)
+    assert h.reserved_usd == 0.5 and lim.reserved("k") == 0.5
+    lim.charge("k", 0.1, wall.t)  # settled: its actual cost is charged, its reservation released
     h.release()
-    h2 = lim.admit(p, "r2")  # 0.4 spent; the estimate for r2 is now the key's mean cost, 0.4
-    assert h2.estimate_usd == pytest.approx(0.4)
-    lim.admit(p, "r3")  # 0.4 + 0.4 in flight < 1.0
-    with pytest.raises(QuotaError, match="daily budget"):
-        lim.admit(p, "r4")  # 0.4 + 0.8 in flight >= 1.0
+    assert lim.reserved("k") == 0.0
+    h2 = lim.admit(p, "r2", 0.4)
+    lim.admit(p, "r3", 0.4)  # 0.1 spent + 0.4 + 0.4 reserved <= 1.0
+    with pytest.raises(QuotaError, match="may cost up to \\$0.400000"):
+        lim.admit(p, "r4", 0.4)  # 0.1 + 0.8 + 0.4 > 1.0: refused before it can overshoot
+    lim.admit(p, "r4", 0.1).release()  # a smaller request still fits exactly
     assert lim.in_flight == 2
     h2.release()
     lim.hold("r3").release()  # type: ignore[union-attr]
-    lim.charge("k", 0.7, wall.t)  # the request that crosses the line is served...
-    with pytest.raises(QuotaError, match="insufficient|exceeded your current quota"):
-        lim.admit(p, "r5")  # ...and the next is refused
-    assert lim.spent("k") == (pytest.approx(1.1), pytest.approx(1.1))
+    lim.charge("k", 0.9, wall.t)  # spent exactly the budget: nothing more, even for free
+    with pytest.raises(QuotaError, match="exceeded your current quota"):
+        lim.admit(p, "r5", 0.0)
+    assert lim.spent("k") == (pytest.approx(1.0), pytest.approx(1.0))
     wall.t += 61  # 00:00:01 UTC, April 1st: a new day and a new month
     assert lim.spent("k") == (0.0, 0.0)
-    lim.admit(p, "r6").release()
+    lim.admit(p, "r6", 1.0).release()
+
+
+def test_reservations_hold_a_burst_from_the_first_request() -> None:
+    """Nothing learned yet (a fresh process): each request reserves its worst case, so a burst
+    admits only what fits, however many arrive before any settles."""
+    wall, mono = Clock(T0), Clock(0.0)
+    p = principal(usd_per_day=1.0)
+    lim = limits_for(p, wall, mono)
+    lim.seed({"k": 0.99}, {"k": 0.99}, wall.t)  # $0.01 left
+    admitted = []
+    for i in range(500):
+        with contextlib.suppress(QuotaError):
+            admitted.append(lim.admit(p, f"r{i}", 0.003))
+    assert len(admitted) == 3  # 0.99 + 3 x 0.003 <= 1.0 < 0.99 + 4 x 0.003
+    for h in admitted:
+        lim.charge("k", h.reserved_usd, wall.t)  # each cost all it could
+        h.release()
+    assert lim.spent("k")[0] <= 1.0
+
+
+def test_every_release_path_reports_the_count() -> None:
+    wall, mono = Clock(T0), Clock(0.0)
+    p = principal(usd_per_day=1.0)
+    seen: list[int] = []
+    lim = Limits([p.entry], clock=wall, monotonic=mono, hold_ttl_s=300, on_change=seen.append)  # type: ignore[list-item]
+    a = lim.admit(p, "a", 0.1)
+    lim.admit(p, "b", 0.1)
+    a.release()
+    a.release()  # twice: nothing more happens
+    mono.t += 301  # b is forgotten: its expiry is a release too
+    lim.admit(p, "c", 0.1).release()
+    assert seen == [1, 2, 1, 0, 1, 0]
+    assert lim.in_flight == 0 and lim.reserved("k") == 0.0
 
 
 def test_monthly_budget_outlives_the_day() -> None:
@@ -101,12 +136,11 @@ def test_a_forgotten_hold_expires() -> None:
     wall, mono = Clock(T0), Clock(0.0)
     p = principal(usd_per_day=1.0)
     lim = limits_for(p, wall, mono)
-    lim.charge("k", 0.6, wall.t)
-    lim.admit(p, "lost")  # never released: its 0.6 estimate counts...
+    lim.admit(p, "lost", 0.6)  # never released: its 0.6 counts...
     with pytest.raises(QuotaError):
-        lim.admit(p, "x")
+        lim.admit(p, "x", 0.6)
     mono.t += 301  # ...until the hold's lifetime has passed
-    lim.admit(p, "y").release()
+    lim.admit(p, "y", 0.6).release()
     assert lim.in_flight == 0
 
 
@@ -114,9 +148,9 @@ def test_zero_budget_refuses_everything_and_budget_refusals_spend_no_rate() -> N
     wall, mono = Clock(T0), Clock(0.0)
     p = principal(usd_per_day=0.0, requests_per_minute=1)
     lim = limits_for(p, wall, mono)
-    for _ in range(3):
+    for reserve in (0.0, 0.0, 1e-9):
         with pytest.raises(QuotaError):
-            lim.admit(p, "r")
+            lim.admit(p, "r", reserve)
     assert not lim.rate._seen.get("k")
 
 
@@ -125,8 +159,11 @@ def test_zero_budget_refuses_everything_and_budget_refusals_spend_no_rate() -> N
 
 @pytest.mark.timeout(300)
 async def test_budget_exhaustion_gets_insufficient_quota(tmp_path: Path, smol_path: Path) -> None:
+    # room for one request's worst case (the small tier's whole timeout at its hourly price) and
+    # a nanodollar: once the first has cost anything, the second no longer fits
+    worst = 0.10 * 120 / 3600
     cfg, keys = config_with_keys(
-        tmp_path, {"tiny": {"usd_per_day": 1e-9}, "rich": {"usd_per_day": 100.0}}, large="none"
+        tmp_path, {"tiny": {"usd_per_day": worst + 1e-9}, "rich": {"usd_per_day": 100.0}}, large="none"
     )
     async with running(cfg) as client:
         first = await client.post("/v1/chat/completions", json=chat("Hi."), headers=auth(keys["tiny"]))
