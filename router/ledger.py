@@ -102,7 +102,7 @@ class AttemptEntry:
             error=a.error,
             score=a.score,
             threshold=a.threshold,
-            scores={name: s.value for name, s in a.scores.items()},
+            scores={name: s.value for name, s in a.scores.items() if s.value is not None},
             prompt_tokens=g.prompt_tokens if g else 0,
             completion_tokens=g.completion_tokens if g else 0,
             finish_reason=g.finish_reason if g else None,

@@ -238,11 +238,11 @@ def caller_test_steps(tests: str | list[str] | tuple[str, ...]) -> list[Step]:
             steps.append(Step("test", source, _short(source), "tests", checks=_assert_checks(node)))
         elif isinstance(node, ast.FunctionDef) and node.name.startswith("test") and _takes_no_args(node):
             steps.append(Step("setup", source, f"def {node.name}", "tests"))
-            body = _straight_body(node)
-            if body is None:
+            straight = _straight_body(node)
+            if straight is None:
                 steps.append(Step("test", f"{node.name}()", f"{node.name}()", "tests"))
             else:
-                checks = tuple(c for stmt in body for c in _statement_checks(stmt))
+                checks = tuple(c for stmt in straight for c in _statement_checks(stmt))
                 steps.append(Step("test", f"{node.name}()", f"{node.name}()", "tests", checks=checks, own_ns=True))
         else:
             steps.append(Step("setup", source, _short(source), "tests"))
@@ -614,7 +614,7 @@ async def run_tests(
             forged = stop.kind == "forged"
             notes.append(f"stopped: {stop.kind} {stop.detail}".strip())
             box.kill()
-        else:
+        elif box.stdin is not None:
             box.stdin.close()
         if stop is None or stop.kind != "crashed":
             with contextlib.suppress(TimeoutError):
@@ -830,7 +830,8 @@ def _takes_no_args(fn: ast.FunctionDef) -> bool:
 
 @functools.cache
 def _worker_source() -> str:
-    return textwrap.dedent(inspect.getsource(_worker_main)) + "\n_worker_main()\n"
+    # annotations stay strings in the box, where typing is not imported
+    return "from __future__ import annotations\n" + textwrap.dedent(inspect.getsource(_worker_main)) + "\n_worker_main()\n"
 
 
 def _worker_main() -> None:  # pragma: no cover - runs only inside the sandbox
@@ -850,7 +851,7 @@ def _worker_main() -> None:  # pragma: no cover - runs only inside the sandbox
     out_fd = os.dup(1)
     requests = sys.stdin.buffer
 
-    def send(reply: dict) -> None:
+    def send(reply: dict[str, Any]) -> None:
         try:
             data = (json.dumps(reply) + "\n").encode()
         except (TypeError, ValueError):
@@ -864,7 +865,7 @@ def _worker_main() -> None:  # pragma: no cover - runs only inside the sandbox
         while view:
             view = view[os.write(out_fd, view):]
 
-    def encode(value: object, budget: list[int], depth: int = 0) -> dict:
+    def encode(value: Any, budget: list[int], depth: int = 0) -> dict[str, Any]:
         budget[0] -= 1
         t = type(value)
         if budget[0] < 0 or depth > 90:
@@ -901,7 +902,7 @@ def _worker_main() -> None:  # pragma: no cover - runs only inside the sandbox
     module = types.ModuleType("solution")
     module.__file__ = os.path.abspath("solution.py")
     sys.modules["solution"] = module
-    spaces: dict[str, dict] = {}
+    spaces: dict[str, dict[str, Any]] = {}
     while True:
         line = requests.readline()
         if not line:

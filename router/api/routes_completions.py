@@ -144,7 +144,7 @@ async def _respond(
             yield _sse("[DONE]")
         except Exception as exc:  # output has begun: report in-band, the status is already sent
             log.warning("stream %s failed mid-way: %s", rid, exc)
-            yield _sse(json.loads(error_response(exc).body))
+            yield _sse(json.loads(bytes(error_response(exc).body)))
         finally:
             await settle()
 
@@ -164,12 +164,12 @@ def _strip_delta(chunk: dict[str, Any]) -> None:
         choice["text"] = ""
 
 
-def _chat_chunk(rid: str, model: str, text: str, first: bool) -> dict[str, Any]:
+def _chat_chunk(rid: str, model: str, text: str | None, first: bool) -> dict[str, Any]:
     delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {"content": text}
     return ot.chat_chunk(rid, model, delta)
 
 
-def _completion_chunk(rid: str, model: str, text: str, first: bool) -> dict[str, Any]:
+def _completion_chunk(rid: str, model: str, text: str | None, first: bool) -> dict[str, Any]:
     return ot.completion_chunk(rid, model, text)
 
 
