@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
 		$(BIN)/pip wheel -q --no-deps --no-cache-dir 'llama-cpp-python>=0.3.16' -w $(WHEELS)
-	$(BIN)/pip install -q $$(ls $(WHEELS)/llama_cpp_python-*.whl | tail -n 1)
+	$(BIN)/pip install -q --force-reinstall --no-deps $$(ls $(WHEELS)/llama_cpp_python-*.whl | tail -n 1)
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
