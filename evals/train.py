@@ -54,7 +54,7 @@ from evals.sweep import ResultTable, load_table
 from router.errors import ConfigError
 from router.generation import Generation, GenerationRequest
 from verifiers.learned import LinearModel, dump_estimator, score_or_zero, sigmoid
-from verifiers.learned_features import FeatureSpec, VerifierRef
+from router.features import FeatureSpec, VerifierRef
 
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 GRAM_GAINS = (1.0, 4.0, 0.0)  # how much the hashed prompt grams may weigh; 0 drops them
