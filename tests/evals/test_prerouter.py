@@ -47,7 +47,8 @@ def test_preroute_policies_route_by_hand() -> None:
     assert PreRoutePolicy("pre", (0.1,)).route(item).ran == (0,)  # not skipped, answers unverified
     then = PreRoutePolicy("pre", (0.1,), "v", (0.95,))
     r = then.route(item)
-    assert (r.ran, r.verified, r.answered) == ((0, 1), ((0, "v"),), 1)  # ran, verified, rejected, escalated
+    # ran, verified, rejected, escalated; the last tier's configured verifiers run on its answer too
+    assert (r.ran, r.verified, r.answered) == ((0, 1), ((0, "v"), (1, "config")), 1)
     assert PreRoutePolicy("pre", (0.1,), "v", (0.5,)).route(item).answered == 0
     assert only.name == "pre-route only" and then.name == "pre-route then verify[v]"
     # the last tier always answers, whatever its pre-router says
