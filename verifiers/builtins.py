@@ -13,6 +13,7 @@ from verifiers.base import VerifierFactory
 from verifiers.code_tests import make_code_tests
 from verifiers.confidence import make_confidence
 from verifiers.consistency import make_self_consistency
+from verifiers.degeneration import make_degeneration
 from verifiers.format import make_format
 from verifiers.judge import make_judge
 from verifiers.learned import make_learned
@@ -26,6 +27,7 @@ BUILTINS: dict[str, VerifierFactory] = {
     "self_consistency": make_self_consistency,
     "judge": make_judge,
     "learned": make_learned,
+    "degeneration": make_degeneration,
 }
 
 

@@ -17,6 +17,11 @@ _FENCE = re.compile(
 )
 _PYTHON_LANGS = frozenset({"python", "python3", "py", "py3", "pycon", ""})
 _CODE_START = re.compile(r"^(?:def |async def |class |import |from \S+ import |@)", re.MULTILINE)
+# where a top-level statement may begin: a line at column 0 that does not continue the one before
+# (a closing bracket, or a clause of the compound statement above it)
+_TOP_LEVEL_LINE = re.compile(r"[^\s)\]}]")
+_CONTINUATION = re.compile(r"(?:else|elif|except|finally|case)\b")
+_MAX_PREFIX_TRIES = 64  # each try parses the prefix; an answer rarely has this many top-level lines
 
 
 @dataclass(frozen=True)
@@ -51,17 +56,50 @@ def extract_code(text: str) -> str:
     solution block still runs, while a trailing "example usage" block is left out. Without fences,
     the whole text; and if that does not parse, the text from the first line that starts like
     code (def, class, import, a decorator), which drops a sentence of preamble.
+
+    Code that does not parse keeps its longest prefix that does, cut before a top-level statement
+    and defining at least one function or class: an answer that ran into the token cap inside a
+    trailing ``print(f(...`` example still has its complete function.
     """
     blocks = [b.body for b in fenced_blocks(text) if b.lang in _PYTHON_LANGS]
     if blocks:
         defining = [b for b in blocks if _CODE_START.search(b)]
-        return "\n\n".join(defining) if defining else blocks[0]
+        return "\n\n".join(_parsing_prefix(b) for b in defining) if defining else blocks[0]
     if compiles(text):
         return text
     m = _CODE_START.search(text)
-    if m is not None and compiles(text[m.start() :]):
-        return text[m.start() :]
+    if m is not None:
+        code = _parsing_prefix(text[m.start() :])
+        if compiles(code):
+            return code
     return text
+
+
+def _parsing_prefix(code: str) -> str:
+    """``code`` itself when it parses, else its longest prefix that parses and defines a function
+    or class, cut where a top-level statement begins; ``code`` when there is none. Cutting only at
+    top level never shortens a definition's body, which would change what it does."""
+    if compiles(code):
+        return code
+    lines = code.splitlines(keepends=True)
+    cuts = [
+        i
+        for i, line in enumerate(lines)
+        if i > 0 and _TOP_LEVEL_LINE.match(line) and not _CONTINUATION.match(line)
+    ]
+    for i in reversed(cuts[-_MAX_PREFIX_TRIES:]):
+        prefix = "".join(lines[:i])
+        if _defines(prefix):
+            return prefix
+    return code
+
+
+def _defines(code: str) -> bool:
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) for n in tree.body)
 
 
 def defined_names(code: str) -> set[str]:

@@ -46,6 +46,15 @@ _NUMBER = re.compile(
     \s*[.;,]?$""",
     re.VERBOSE,
 )
+# one number standing alone in a sentence: not glued to a letter, another digit, or a sign or
+# hyphen that would make it part of a word or an expression ("5th", "x-5", "a 5-year-old")
+_SENTENCE_NUMBER = re.compile(
+    r"(?<![\w.,/\-])[-+]?[$€£¥]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?%?(?![\w/\-]|[.,]\d)"
+)
+# what may surround it: words and the punctuation of prose, nothing that makes it an expression
+_SENTENCE_REST = re.compile(r"[^\W\d_]|[\s.,;:!?'\"’‘“”()–—&]")
+_WORD_HYPHEN = re.compile(r"(?<=[^\W\d_])-(?=[^\W\d_])")  # "well-known"; any other hyphen is a minus
+_SENTENCE_MAX_WORDS = 25
 _LEADING_WORDS = re.compile(r"^(?:approximately|approx\.?|about|around|roughly|≈|~)\s*")
 _LATEX_FRAC = re.compile(r"(-?)\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _LATEX_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
@@ -65,15 +74,20 @@ def parse_number(s: str | None) -> float | None:
     decimals (.5, 2.), scientific notation, the last side of an equation ("x = 5", "10 + 8 = 18"),
     a leading "about", LaTeX wrappers and math
     delimiters, markdown emphasis, and up to four trailing unit words ("18 eggs", "5 km/h").
+    Failing all that, a short sentence with exactly one number in it reads as that number
+    ("Each child got 5 books.": a final answer stated in words around it).
     Rejects anything with a second number in it ("3 apples and 4 pears"), words for numbers,
-    and ambiguous separators ("1,23").
+    numbers inside words or expressions ("5th", "x + 5"), and ambiguous separators ("1,23").
     """
     if s is None:
         return None
     t = _normalise(s)
     m = _NUMBER.match(t)
     if m is None:
-        return None
+        sentence = _sentence_number(t)
+        m = None if sentence is None else _NUMBER.match(sentence)
+        if m is None:
+            return None
     if m.group("sign") and m.group("sign2"):
         return None
     negative = "-" in ((m.group("sign") or "") + (m.group("sign2") or ""))
@@ -90,6 +104,21 @@ def parse_number(s: str | None) -> float | None:
     if not math.isfinite(value):
         return None
     return -value if negative else value
+
+
+def _sentence_number(t: str) -> str | None:
+    """The one number of a short sentence ("Each child got 5 books"), or None when the sentence
+    has no number, several, or symbols that make it an expression rather than prose."""
+    if len(t.split()) > _SENTENCE_MAX_WORDS:
+        return None
+    found = list(_SENTENCE_NUMBER.finditer(t))
+    if len(found) != 1:
+        return None
+    m = found[0]
+    rest = _WORD_HYPHEN.sub("", t[: m.start()] + " " + t[m.end() :])
+    if any(_SENTENCE_REST.fullmatch(ch) is None for ch in rest):
+        return None  # a digit left over (a second number) or a symbol of maths or markup
+    return m.group(0)
 
 
 def numbers_equal(a: float | None, b: float | None, *, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> bool:

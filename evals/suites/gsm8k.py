@@ -27,6 +27,7 @@ class GSM8K(Suite):
     name = "gsm8k"
     task = "math"
     max_tokens = 512
+    version = "2"  # 2: a final answer stated in a sentence with one number is read
     source = f"GSM8K test, 1,319 items: {GSM8K_TEST.describe()}"
 
     def load(self, cache_dir: Path | None = None) -> list[Item]:

@@ -23,6 +23,7 @@ class HumanEval(Suite):
     name = "humaneval"
     task = "code"
     max_tokens = 512
+    version = "2"  # 2: code cut off after a complete function keeps its parsing prefix
     source = f"HumanEval, 164 items: {HUMANEVAL.describe()}"
     timeout_s = 20.0
 

@@ -83,6 +83,12 @@ def test_the_last_number_only_on_request() -> None:
         ("**18**", 18.0),
         ("\\(2\\)", 2.0),
         ("7.", 7.0),
+        # a final answer stated in a sentence with exactly one number
+        ("Each child got 5 books.", 5.0),
+        ("Each child got $1,250 in the end!", 1250.0),
+        ("So every well-known child got 2.5 pies", 2.5),
+        ("He lost -5 dollars", -5.0),
+        ("Each gets 3/4 of a pie", 0.75),
     ],
 )
 def test_parse_number_reads_numbers(s: str, value: float) -> None:
@@ -91,10 +97,30 @@ def test_parse_number_reads_numbers(s: str, value: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "s", ["", "five", "blue", "3 apples and 4 pears", "1,23", "--5", "1/0", "n/a", "1.2.3", None, "inf", "nan"]
+    "s",
+    [
+        "", "five", "blue", "3 apples and 4 pears", "1,23", "--5", "1/0", "n/a", "1.2.3", None, "inf", "nan",
+        # a sentence with two numbers, or a number inside an expression or a word, is not read
+        "Each child got 5 books, so 15 in all.",
+        "Each of the 3 children got 5 books",
+        "Each child got five books.",
+        "C - 80",
+        "x + 5",
+        "a 5-year-old got them",
+        "x^2 books",
+    ],
 )
 def test_parse_number_refuses_non_numbers(s: str | None) -> None:
     assert parse_number(s) is None
+
+
+def test_a_stated_sentence_after_the_hashes_is_graded_as_its_number() -> None:
+    from evals.grading import grade_numeric
+
+    text = "15 books shared by 3 children is 15 / 3 = 5.\n#### Each child got 5 books."
+    assert extract_answer(text) == "Each child got 5 books"
+    assert grade_numeric(text, "5").correct
+    assert not grade_numeric(text.replace("5 books.", "5 books, 15 in all."), "5").correct
 
 
 def test_equality_of_answers() -> None:
