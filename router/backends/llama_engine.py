@@ -493,6 +493,7 @@ class LlamaEngine:
                         reserved -= self._release(seq, running, free_ids)
                 self.active = len(running)
         except BaseException as exc:
+            self._set_state("restarting")  # before anyone hears of the failure: no new work after it
             for seq in running:
                 seq.job.emit(ErrorEvent(UnavailableError(f"tier '{self.name}' failed mid-answer ({exc}); restarting", 5.0)))
             raise
