@@ -175,7 +175,8 @@ class BodyLimit:
                 break
         body = b"".join(chunks)
         if body and _is_json(scope):
-            problem = json_problem(body) if len(body) <= self.OFF_LOOP_BYTES else await asyncio.to_thread(json_problem, body)
+            small = len(body) <= self.OFF_LOOP_BYTES
+            problem = json_problem(body) if small else await asyncio.to_thread(json_problem, body)
             if problem is not None:
                 response = errors.error_response(RequestError(problem, code="invalid_body"))
                 await response(scope, _replay([], receive), send)

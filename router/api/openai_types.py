@@ -14,7 +14,17 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr, field_validator
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
 
 from router.api.errors import PermissionDenied
 from router.cascade import CascadeResult

@@ -492,10 +492,12 @@ class LlamaEngine:
                     if seq.job.cancelled:  # finished (or failed alone) inside _step
                         reserved -= self._release(seq, running, free_ids)
                 self.active = len(running)
-        except BaseException as exc:
+        except BaseException:
             self._set_state("restarting")  # before anyone hears of the failure: no new work after it
+            # the cause goes to the log (by _run), not to clients
+            failure = UnavailableError(f"tier '{self.name}' failed mid-answer; restarting", 5.0)
             for seq in running:
-                seq.job.emit(ErrorEvent(UnavailableError(f"tier '{self.name}' failed mid-answer ({exc}); restarting", 5.0)))
+                seq.job.emit(ErrorEvent(failure))
             raise
         finally:
             self.active = 0

@@ -87,6 +87,7 @@ class LlamaCppBackend(Backend):
             "prefix_cache_lookups": float(self.engine.prefix.lookups),
             "prefix_cache_hits": float(self.engine.prefix.hits),
             "prefix_cache_tokens_saved": float(self.engine.prefix.tokens_saved),
+            "engine_restarts": float(self.engine.restarts),  # after failures of the shared decode step
         }
 
     @property
@@ -116,7 +117,8 @@ class LlamaCppBackend(Backend):
         try:
             rendered = self._formatter(messages=[{"role": m.role, "content": m.content} for m in request.messages])
         except TemplateError as exc:  # the template's own raise_exception: roles or order it refuses
-            raise RequestError(f"the model's chat template refused these messages: {exc}"[:500], param="messages") from None
+            message = f"the model's chat template refused these messages: {exc}"[:500]
+            raise RequestError(message, param="messages") from None
         added = bool(getattr(rendered, "added_special", False))
         return self.engine.tokenize(rendered.prompt, add_special=not added, parse_special=True)
 
