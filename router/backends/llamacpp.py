@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from router.backends.base import Backend
 from router.backends.llama_engine import DoneEvent, ErrorEvent, Job, LlamaEngine, TokenEvent
 from router.catalog import resolve_model
-from router.errors import ContextLengthError, DeadlineError, ModelError, RequestError, UnavailableError
+from router.errors import ContextLengthError, DeadlineError, ModelError, RequestError
 from router.generation import Delta, Generation, GenerationRequest
 
 # No tokenizer we serve averages more characters per token than this, even on runs of spaces or
