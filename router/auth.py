@@ -41,10 +41,15 @@ def _matches(key: str, stored: str) -> bool:
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: a key's name (never the key), or 'anonymous' when keys are off."""
+    """Who is calling: a key's name (never the key), or 'anonymous' when keys are off.
+
+    `may_send_tests`: whether the caller may send `tierroute.tests`, code that the service runs on
+    its host. Only an operator grants that: per key (`keys create --allow-tests`), or for every
+    client of a keyless server (`server.allow_client_tests_without_keys`)."""
 
     key_id: str
     entry: ApiKeyEntry | None
+    may_send_tests: bool = False
 
 
 ANONYMOUS = Principal("anonymous", None)
@@ -54,10 +59,11 @@ class Authenticator:
     def __init__(self, server: ServerSettings) -> None:
         self.keys = list(server.api_keys)
         self.open = server.allow_unauthenticated and not self.keys
+        self.anonymous = Principal("anonymous", None, may_send_tests=server.allow_client_tests_without_keys)
 
     def authenticate(self, authorization: str | None) -> Principal:
         if self.open:
-            return ANONYMOUS
+            return self.anonymous
         if not authorization:
             raise AuthError("You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.")
         scheme, _, key = authorization.partition(" ")
@@ -70,7 +76,7 @@ class Authenticator:
                 found = entry
         if found is None:
             raise AuthError("Incorrect API key provided.")
-        return Principal(found.name, found)
+        return Principal(found.name, found, may_send_tests=found.allow_tests)
 
 
 def is_loopback(host: str) -> bool:
@@ -80,6 +86,32 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+def _keyless_loopback(server: ServerSettings) -> bool:
+    return server.allow_unauthenticated and not server.api_keys and is_loopback(server.host)
+
+
+def allowed_hosts(server: ServerSettings) -> frozenset[str] | None:
+    """The Host header names the server answers (any port), or None for any.
+
+    A keyless server on loopback trusts whoever can reach the port, and a web page can reach it
+    through the browser: it points a name it controls at 127.0.0.1 (DNS rebinding) and sends
+    requests that the browser labels with that name. Answering only loopback names stops it. With
+    keys the page has no key, and a reverse proxy in front usually forwards its public name, so
+    the default there is any host."""
+    if server.allowed_hosts is not None:
+        return None if "*" in server.allowed_hosts else frozenset(server.allowed_hosts)
+    return frozenset(LOOPBACK_NAMES) if _keyless_loopback(server) else None
+
+
+def docs_enabled(server: ServerSettings) -> bool:
+    """Whether /docs, /redoc and /openapi.json exist. By default only where every other route is
+    already open to the caller anyway: keyless serving on loopback."""
+    return server.docs if server.docs is not None else _keyless_loopback(server)
 
 
 def check_bind(server: ServerSettings) -> None:

@@ -154,6 +154,9 @@ class ApiKeyEntry(_Strict):
     usd_per_day: float | None = Field(None, ge=0)
     usd_per_month: float | None = Field(None, ge=0)
     requests_per_minute: int | None = Field(None, ge=1)
+    allow_tests: bool = Field(
+        False, description="May send `tierroute.tests`: code that runs on this host (in the sandbox)."
+    )
 
 
 class ServerSettings(_Strict):
@@ -163,9 +166,37 @@ class ServerSettings(_Strict):
         False, description="Serve without API keys. Must be explicit; refused on public addresses."
     )
     allow_public_without_keys: bool = Field(False, description="Override the public-bind refusal.")
+    allow_client_tests_without_keys: bool = Field(
+        False,
+        description="When serving without keys, let any client send `tierroute.tests` (code run on this "
+        "host). With keys, each key's own allow_tests decides.",
+    )
     api_keys: list[ApiKeyEntry] = Field(default_factory=list)
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger request bodies get 413.")
     metrics_public: bool = Field(False, description="Serve /metrics without auth.")
+    docs: bool | None = Field(
+        None,
+        description="Serve /docs, /redoc and /openapi.json (behind the API keys when there are keys). "
+        "Unset: on only for keyless serving on a loopback address.",
+    )
+    allowed_hosts: list[str] | None = Field(
+        None,
+        description="Host header names (any port) the server answers; others get 400. '*' allows any. "
+        "Unset: 127.0.0.1, localhost and [::1] for keyless serving on a loopback address (against DNS "
+        "rebinding), any host otherwise.",
+    )
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        cleaned = [h.strip().lower().rstrip(".") for h in v]
+        for raw, host in zip(v, cleaned):
+            bracketed = host.startswith("[") and host.endswith("]")  # an IPv6 address, as in a Host header
+            if not host or any(c.isspace() or c in "/@" for c in host) or (":" in host and not bracketed):
+                raise ValueError(f"not a host name: {raw!r} (names like 'api.example.com' or '[::1]', no port)")
+        return cleaned
 
 
 class CascadeSettings(_Strict):

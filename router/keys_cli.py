@@ -16,7 +16,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 
 
 def toml_entry(name: str, key_hash: str, *, usd_per_day: float | None = None,
-               usd_per_month: float | None = None, requests_per_minute: int | None = None) -> str:
+               usd_per_month: float | None = None, requests_per_minute: int | None = None,
+               allow_tests: bool = False) -> str:
     """The `[[server.api_keys]]` block to paste into config.toml."""
     lines = ["[[server.api_keys]]", f"name = {json.dumps(name)}", f"hash = {json.dumps(key_hash)}"]
     if usd_per_day is not None:
@@ -25,6 +26,8 @@ def toml_entry(name: str, key_hash: str, *, usd_per_day: float | None = None,
         lines.append(f"usd_per_month = {usd_per_month!r}")
     if requests_per_minute is not None:
         lines.append(f"requests_per_minute = {requests_per_minute}")
+    if allow_tests:
+        lines.append("allow_tests = true  # may send tierroute.tests: code run on this host, in the sandbox")
     return "\n".join(lines) + "\n"
 
 
@@ -52,6 +55,7 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
         usd_per_day=args.usd_per_day,
         usd_per_month=args.usd_per_month,
         requests_per_minute=args.rpm,
+        allow_tests=args.allow_tests,
     )
     out = sys.stdout
     print(f"API key for '{args.name}' (shown once, store it now):\n", file=out)
@@ -68,17 +72,21 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
     from router.config import load_settings
 
     settings = load_settings(args.config)
-    table = Table("name", "usd/day", "usd/month", "requests/min")
+    table = Table("name", "usd/day", "usd/month", "requests/min", "tests")
     for k in settings.server.api_keys:
         table.add_row(
             k.name,
             _opt(k.usd_per_day),
             _opt(k.usd_per_month),
             _opt(k.requests_per_minute),
+            "allowed" if k.allow_tests else "-",
         )
     console = Console(highlight=False)
     if not settings.server.api_keys:
-        state = "open (allow_unauthenticated)" if settings.server.allow_unauthenticated else "refused: no keys"
+        server = settings.server
+        state = "open (allow_unauthenticated)" if server.allow_unauthenticated else "refused: no keys"
+        if server.allow_unauthenticated and server.allow_client_tests_without_keys:
+            state += ", and any client may send tests (allow_client_tests_without_keys)"
         console.print(f"no API keys configured; serving is {state}")
         return 0
     console.print(table)
@@ -110,4 +118,8 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--usd-per-day", type=float, default=None, help="daily budget in USD (UTC days)")
     p.add_argument("--usd-per-month", type=float, default=None, help="monthly budget in USD (UTC months)")
     p.add_argument("--rpm", type=int, default=None, help="request rate limit, requests per minute")
+    p.add_argument(
+        "--allow-tests", action="store_true",
+        help="let this key send tierroute.tests (Python the code_tests verifier runs on this host, sandboxed)",
+    )
     add("list", "list configured keys (names and limits, never keys)", cmd_keys_list, ksub)

@@ -1,21 +1,33 @@
-"""The FastAPI app factory. Settings and the engine are injected; nothing lives in module globals."""
+"""The FastAPI app factory. Settings and the engine are injected; nothing lives in module globals.
+
+Before any route sees a request, two gates run on the raw ASGI messages: the Host allowlist
+(a keyless loopback server answers only loopback names, so a web page cannot drive it through the
+browser by DNS rebinding) and the body guard (size, and JSON that every later step can handle:
+valid UTF-8, no lone surrogates, no NaN or Infinity, not nested past the parser's depth). A body
+the guard refuses gets a 400 in OpenAI's shape instead of failing wherever the bad text lands.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import email.message
+import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.accounting import Accounting, Ticket
 from router.api import errors
-from router.auth import Authenticator, Principal
+from router.auth import Authenticator, Principal, allowed_hosts, docs_enabled
 from router.cascade import CascadeResult, Tier
 from router.config import Settings
 from router.engine import Engine
+from router.errors import RequestError
 from router.generation import GenerationRequest
 from router.metrics import ResponseCounter
 
@@ -57,8 +69,78 @@ def get_principal(request: Request, services: ServicesDep) -> Principal:
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
+class HostAllowlist:
+    """400 for a request whose Host header names no allowed host (any port)."""
+
+    def __init__(self, app: ASGIApp, hosts: frozenset[str]) -> None:
+        self.app = app
+        self.hosts = hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            raw = next((v for k, v in scope.get("headers", []) if k == b"host"), None)
+            name = host_name(raw.decode("latin-1")) if raw is not None else None
+            if name not in self.hosts:
+                shown = "no Host header" if name is None else f"Host {name[:100]!r}"
+                exc = RequestError(
+                    f"{shown} is not served here (server.allowed_hosts)", param=None, code="host_not_allowed"
+                )
+                await errors.error_response(exc)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def host_name(header: str) -> str:
+    """The host of a Host header, lowercased, without its port or a trailing dot."""
+    header = header.strip().lower()
+    if header.startswith("["):  # an IPv6 literal: [::1]:8000
+        end = header.find("]")
+        name = header[: end + 1] if end > 0 else header
+    else:
+        name = header.rpartition(":")[0] if ":" in header else header
+    return name.rstrip(".")
+
+
+def _is_json(scope: Scope) -> bool:
+    """Whether FastAPI will parse this body as JSON: no Content-Type, or application/json or +json."""
+    value = next((v for k, v in scope.get("headers", []) if k == b"content-type"), None)
+    if value is None:
+        return True
+    message = email.message.Message()
+    message["content-type"] = value.decode("latin-1")
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+def json_problem(body: bytes) -> str | None:
+    """Why a JSON body cannot be served, or None when it is fine (or not JSON at all: the route
+    reports that in its own words)."""
+    try:
+        value = json.loads(body)
+    except RecursionError:
+        return "The JSON body is nested too deeply."
+    except UnicodeDecodeError:
+        return "The request body is not valid UTF-8."
+    except ValueError:
+        return None
+    try:
+        # one C-speed pass finds NaN/Infinity (and 1e999, read as infinity) and lone surrogates
+        # ("\ud800"), which no tokenizer, database or JSON encoder downstream accepts
+        json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return "The request contains text that is not valid Unicode (a lone surrogate such as \\ud800)."
+    except RecursionError:
+        return "The JSON body is nested too deeply."
+    except ValueError:
+        return "NaN and Infinity are not valid JSON numbers."
+    return None
+
+
 class BodyLimit:
-    """413 for bodies over the limit, whether announced by Content-Length or streamed chunked."""
+    """413 for bodies over the limit, whether announced by Content-Length or streamed chunked;
+    400 for a JSON body that is not valid text or holds non-finite numbers (see json_problem)."""
+
+    OFF_LOOP_BYTES = 64 * 1024  # bigger bodies are checked in a worker thread
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -94,7 +176,15 @@ class BodyLimit:
             chunks.append(body)
             if not message.get("more_body", False):
                 break
-        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+        body = b"".join(chunks)
+        if body and _is_json(scope):
+            small = len(body) <= self.OFF_LOOP_BYTES
+            problem = json_problem(body) if small else await asyncio.to_thread(json_problem, body)
+            if problem is not None:
+                response = errors.error_response(RequestError(problem, code="invalid_body"))
+                await response(scope, _replay([], receive), send)
+                return
+        replay = [{"type": "http.request", "body": body, "more_body": False}]
         await self.app(scope, _replay(replay, receive), send)
 
     async def _reject(self, send: Send) -> None:
@@ -135,7 +225,10 @@ def create_app(settings: Settings, *, engine: Engine | None = None, **engine_kwa
             if owned:
                 await eng.close()
 
-    app = FastAPI(title="tierroute", version="0.1.0", lifespan=lifespan)
+    # FastAPI's own /docs, /redoc and /openapi.json answer anyone: ours go through the keys
+    app = FastAPI(
+        title="tierroute", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.services = Services(settings, eng)
     errors.install(app)
 
@@ -145,13 +238,38 @@ def create_app(settings: Settings, *, engine: Engine | None = None, **engine_kwa
     app.include_router(routes_models.router)
     app.include_router(routes_completions.router)
     _add_metrics_route(app, settings)
+    extra_routes = ["/metrics"]
+    if docs_enabled(settings.server):
+        extra_routes += _add_docs_routes(app)
     app.add_middleware(BodyLimit, max_bytes=settings.server.max_body_bytes)
+    hosts = allowed_hosts(settings.server)
+    if hosts is not None:
+        app.add_middleware(HostAllowlist, hosts=hosts)
     app.add_middleware(
         ResponseCounter,
         metrics=app.state.services.accounting.metrics,
-        routes=lambda: [*app.openapi()["paths"], "/metrics"],
+        routes=lambda: [*app.openapi()["paths"], *extra_routes],
     )
     return app
+
+
+def _add_docs_routes(app: FastAPI) -> list[str]:
+    """The OpenAPI schema and its two viewers, each behind the API keys like every other route."""
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(principal: PrincipalDep) -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger(principal: PrincipalDep) -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="tierroute API")
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(principal: PrincipalDep) -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title="tierroute API")
+
+    return ["/openapi.json", "/docs", "/redoc"]
 
 
 def _add_metrics_route(app: FastAPI, settings: Settings) -> None:

@@ -34,6 +34,26 @@ class PayloadTooLarge(TierrouteError):
     pass
 
 
+class PermissionDenied(TierrouteError):
+    """The caller is known but not allowed this (403): e.g. sending tests without the permission."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+MAX_RETRY_AFTER_S = 3600
+
+
+def retry_after(seconds: float) -> str:
+    """A Retry-After header value: whole seconds in [1, an hour], whatever was computed or heard
+    from upstream (NaN, infinity, negative or absurd values included)."""
+    if not math.isfinite(seconds):
+        return str(MAX_RETRY_AFTER_S)
+    return str(min(MAX_RETRY_AFTER_S, max(1, math.ceil(seconds))))
+
+
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
@@ -49,14 +69,16 @@ def error_response(exc: BaseException) -> JSONResponse:
         status, body = 400, error_body(str(exc), "invalid_request_error", exc.param, exc.code)
     elif isinstance(exc, AuthError):
         status, body = 401, error_body(str(exc), "invalid_request_error", None, "invalid_api_key")
+    elif isinstance(exc, PermissionDenied):
+        status, body = 403, error_body(str(exc), "permission_error", exc.param, exc.code)
     elif isinstance(exc, QuotaError):
         status, body = 429, error_body(str(exc), "insufficient_quota", None, "insufficient_quota")
     elif isinstance(exc, RateLimitError):
         status, body = 429, error_body(str(exc), "requests", None, "rate_limit_exceeded")
-        headers["Retry-After"] = _retry_after(exc.retry_after)
+        headers["Retry-After"] = retry_after(exc.retry_after)
     elif isinstance(exc, UnavailableError):
         status, body = 503, error_body(str(exc), "server_error", None, "service_unavailable")
-        headers["Retry-After"] = _retry_after(exc.retry_after)
+        headers["Retry-After"] = retry_after(exc.retry_after)
     elif isinstance(exc, PayloadTooLarge):
         status, body = 413, error_body(str(exc), "invalid_request_error", None, "payload_too_large")
     else:
@@ -65,25 +87,37 @@ def error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def _retry_after(seconds: float) -> str:
-    # Whole seconds, at least 1; a NaN or infinite value (a bug upstream of here) must not turn
-    # the 503 it belongs to into a 500, so it reads as an hour.
-    return str(max(1, math.ceil(seconds)) if math.isfinite(seconds) else 3600)
+_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _is_field(part: object) -> bool:
+    """Whether one step of a pydantic error location names a field or index, rather than the
+    member of a union that was tried (pydantic writes those as 'str', 'list[str]', 'constrained-str')."""
+    if isinstance(part, int):
+        return True
+    text = str(part)
+    return text != "body" and text not in _TYPE_NAMES and "[" not in text and "-" not in text
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "invalid request", None
-    first = errors[0]
-    if first.get("type") == "json_invalid":
+    # the deepest error is the most specific: for a union, the member that got furthest
+    first = max(errors, key=lambda e: len([p for p in e.get("loc", ()) if _is_field(p)]))
+    kind = first.get("type")
+    if kind == "json_invalid":
         return f"We could not parse the JSON body of your request: {first.get('ctx', {}).get('error', 'invalid JSON')}", None
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    msg = first.get("msg", "invalid value")
-    if first.get("type") == "missing":
+    param = ".".join(str(p) for p in first.get("loc", ()) if _is_field(p)) or None
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if param is None:
+        if kind == "missing":
+            return "The request has no body; send a JSON object.", None
+        return f"The request body must be a JSON object: {msg}", None
+    if kind == "missing":
         return f"Missing required parameter: '{param}'.", param
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    others = len({tuple(p for p in e.get("loc", ()) if _is_field(p)) for e in errors}) - 1
+    more = f" (and {others} more)" if others > 0 else ""
     return f"Invalid value for '{param}': {msg}{more}", param
 
 

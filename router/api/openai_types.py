@@ -1,16 +1,50 @@
-"""OpenAI request and response shapes, and their translation to and from our typed values."""
+"""OpenAI request and response shapes, and their translation to and from our typed values.
+
+Requests come from untrusted clients, so every field the service acts on is checked here, in
+OpenAI's ranges, before anything reaches a backend: a bad value is a 400 naming the parameter
+(router.api.errors maps it), never a failure deep inside a model's engine thread. Types are strict
+(`"stream": "yes"` is not a boolean, `1.5` is not a token count, `NaN` is not a temperature), and
+counts and lengths are capped, so checking, templating and tokenizing one request stay cheap.
+Parameters a client sends and we would silently not honour (`logprobs`) are refused by name.
+"""
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
 
+from router.api.errors import PermissionDenied
 from router.cascade import CascadeResult
 from router.errors import RequestError
 from router.generation import GenerationRequest, Message
+
+Number = Annotated[float, Strict(), AllowInfNan(False)]  # a JSON number (an int is fine), finite
+
+MAX_MESSAGES = 2048  # OpenAI's own limit on a chat's messages
+MAX_CONTENT_PARTS = 256
+MAX_TEXT_CHARS = 4_000_000  # one request's messages or prompt: far beyond any tier's context
+MAX_STOPS = 4
+MAX_STOP_CHARS = 256
+MAX_TOKENS_BOUND = 1 << 20  # beyond any context; each tier caps max_tokens further to its own
+MAX_TESTS_CHARS = 100_000
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # OpenAI's seed is a signed 64-bit integer
+# Below this temperature sampling is greedy in all but exact ties (any logit gap of 0.01 leaves
+# the runner-up under e^-100 of the mass), and dividing logits by it can overflow to NaN; so it
+# is served as temperature 0.
+GREEDY_BELOW = 1e-4
 
 
 class _Lenient(BaseModel):
@@ -19,63 +53,92 @@ class _Lenient(BaseModel):
 
 
 class ContentPart(_Lenient):
-    type: str
-    text: str | None = None
+    type: StrictStr = Field(max_length=64)
+    text: StrictStr | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, v: str) -> str:
+        if v != "text":
+            raise ValueError(f"content parts of type {v[:64]!r} are not supported; only 'text'")
+        return v
 
 
 class ChatMessage(_Lenient):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
+    content: StrictStr | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
+    name: StrictStr | None = Field(None, max_length=256)
 
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        texts = []
-        for part in self.content:
-            if part.type != "text" or part.text is None:
-                raise RequestError(f"content part of type '{part.type}' is not supported", param="messages")
-            texts.append(part.text)
-        return "".join(texts)
+        return "".join(part.text or "" for part in self.content)
 
 
 class TierrouteOptions(_Lenient):
     """Our extension of the request: what the caller can give the verifiers."""
 
-    tests: str | None = Field(None, description="Python test code for the code_tests verifier.")
+    tests: StrictStr | Annotated[list[StrictStr], Field(max_length=256)] | None = Field(
+        None, description="Python test code for the code_tests verifier (a script, or one string per test)."
+    )
+
+    @field_validator("tests")
+    @classmethod
+    def _size(cls, v: str | list[str] | None) -> str | list[str] | None:
+        total = len(v) if isinstance(v, str) else sum(map(len, v or ()))
+        if total > MAX_TESTS_CHARS:
+            raise ValueError(f"at most {MAX_TESTS_CHARS} characters of tests")
+        return v
+
+    def carries_tests(self) -> bool:
+        return any(self.tests) if isinstance(self.tests, list) else bool(self.tests)
 
 
 class StreamOptions(_Lenient):
-    include_usage: bool = False
+    include_usage: StrictBool | None = False
 
 
 class _Common(_Lenient):
-    model: str = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(0.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
+    # Optional parameters also accept null, meaning their default, as OpenAI's API does.
+    model: StrictStr = Field(min_length=1, max_length=256)
+    max_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
+    temperature: Number | None = Field(None, ge=0.0, le=2.0)
+    top_p: Number | None = Field(None, ge=0.0, le=1.0)
+    n: StrictInt | None = None
+    seed: StrictInt | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    stop: (
+        Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]
+        | Annotated[list[Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOPS)]
+        | None
+    ) = None
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: StrictStr | None = Field(None, max_length=512)
+    top_logprobs: StrictInt | None = None
     tierroute: TierrouteOptions | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        # the name is echoed in a 404 and written to logs: no control characters, no spaces
+        if not v.isprintable() or any(c.isspace() for c in v):
+            raise ValueError("a model name is printable characters without spaces")
+        return v
 
     @field_validator("n")
     @classmethod
-    def _one(cls, v: int) -> int:
-        if v != 1:
+    def _one(cls, v: int | None) -> int | None:
+        if v is not None and v != 1:
             raise ValueError("only n=1 is supported")
         return v
 
-    @field_validator("stop")
+    @field_validator("top_logprobs")
     @classmethod
-    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list) and len(v) > 4:
-            raise ValueError("at most 4 stop sequences")
+    def _no_top_logprobs(cls, v: int | None) -> int | None:
+        if v is not None:
+            raise ValueError("top_logprobs is not supported yet")
         return v
 
     def stops(self) -> tuple[str, ...]:
@@ -83,32 +146,79 @@ class _Common(_Lenient):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
-    def metadata(self) -> dict[str, Any]:
-        return {"tests": self.tierroute.tests} if self.tierroute and self.tierroute.tests else {}
+    def sampling(self) -> dict[str, Any]:
+        """temperature, top_p and seed as a GenerationRequest takes them: defaults for nulls, and
+        tiny temperatures as the greedy decoding they amount to."""
+        temperature = self.temperature or 0.0
+        return {
+            "temperature": 0.0 if temperature < GREEDY_BELOW else temperature,
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+            "seed": self.seed,
+        }
+
+    def metadata(self, may_send_tests: bool) -> dict[str, Any]:
+        """What the verifiers may use. Client tests are code the service runs on its host: only a
+        caller the operator allowed may send them (403 otherwise, rather than dropping them, so a
+        caller never mistakes an unchecked answer for a tested one)."""
+        if self.tierroute is None or not self.tierroute.carries_tests():
+            return {}
+        if not may_send_tests:
+            raise PermissionDenied(
+                "This caller may not send tierroute.tests (code the server would run). An operator allows "
+                "it per API key (`tierroute keys create NAME --allow-tests`), or for every client of a "
+                "server without keys (server.allow_client_tests_without_keys).",
+                param="tierroute.tests",
+                code="tests_not_allowed",
+            )
+        return {"tests": self.tierroute.tests}
+
+    @staticmethod
+    def _check_text_size(total: int, param: str) -> None:
+        if total > MAX_TEXT_CHARS:
+            raise RequestError(f"at most {MAX_TEXT_CHARS} characters of text in one request", param=param)
 
 
 class ChatCompletionRequest(_Common):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
+    logprobs: StrictBool | None = None
 
-    def to_generation(self, default_max_tokens: int) -> GenerationRequest:
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: bool | None) -> bool | None:
+        if v:
+            raise ValueError("logprobs are not supported yet")
+        return v
+
+    def to_generation(self, default_max_tokens: int, *, may_send_tests: bool = False) -> GenerationRequest:
+        """The typed request. `may_send_tests` is the caller's permission (Principal.may_send_tests):
+        without it a request carrying tierroute.tests is refused with 403."""
+        messages = tuple(Message(m.role, m.text()) for m in self.messages)
+        self._check_text_size(sum(len(m.content) for m in messages), "messages")
         return GenerationRequest(
-            messages=tuple(Message(m.role, m.text()) for m in self.messages),
+            messages=messages,
             max_tokens=self.max_completion_tokens or self.max_tokens or default_max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            seed=self.seed,
             stop=self.stops(),
-            metadata=self.metadata(),
+            metadata=self.metadata(may_send_tests),
+            **self.sampling(),
         )
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str]
-    echo: bool = False
-    suffix: str | None = None
+    prompt: StrictStr | list[StrictStr]
+    echo: StrictBool | None = False
+    suffix: StrictStr | None = None
+    logprobs: StrictInt | None = None  # the legacy API's count of top alternatives
 
-    def to_generation(self, default_max_tokens: int) -> GenerationRequest:
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: int | None) -> int | None:
+        if v is not None:
+            raise ValueError("logprobs are not supported yet")
+        return v
+
+    def to_generation(self, default_max_tokens: int, *, may_send_tests: bool = False) -> GenerationRequest:
+        """The typed request; `may_send_tests` as for chat."""
         prompt = self.prompt
         if isinstance(prompt, list):
             if len(prompt) != 1:
@@ -116,14 +226,13 @@ class CompletionRequest(_Common):
             prompt = prompt[0]
         if self.echo or self.suffix:
             raise RequestError("echo and suffix are not supported", param="echo" if self.echo else "suffix")
+        self._check_text_size(len(prompt), "prompt")
         return GenerationRequest(
             prompt=prompt,
             max_tokens=self.max_tokens or default_max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            seed=self.seed,
             stop=self.stops(),
-            metadata=self.metadata(),
+            metadata=self.metadata(may_send_tests),
+            **self.sampling(),
         )
 
 

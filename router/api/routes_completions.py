@@ -35,10 +35,12 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-def _prepare(services: Services, body: ot._Common) -> tuple[GenerationRequest, list[Tier]]:
+def _prepare(services: Services, body: ot._Common, principal: Principal) -> tuple[GenerationRequest, list[Tier]]:
     plan = services.engine.cascade.plan(body.model)  # 404 for an unknown model, before any work
     default_max = max(t.settings.max_tokens for t in plan)
-    return body.to_generation(default_max), plan  # type: ignore[attr-defined]
+    # 403 for tests from a caller the operator has not allowed to send them
+    request = body.to_generation(default_max, may_send_tests=principal.may_send_tests)  # type: ignore[attr-defined]
+    return request, plan
 
 
 async def _record_spent(services: Services, principal: Principal, ticket: Ticket, spent: Spent) -> None:
@@ -76,7 +78,7 @@ async def _respond(
     shape: Callable[[str, CascadeResult, dict[str, Any]], dict[str, Any]],
     chunk: Callable[[str, str, str | None, bool], dict[str, Any]],
 ) -> Any:
-    request, plan = _prepare(services, body)
+    request, plan = _prepare(services, body, principal)
     ticket = services.admit(principal, rid, request, plan, body.model, stream=body.stream)  # 429 before any work
     accounting = services.accounting
     cascade = services.engine.cascade

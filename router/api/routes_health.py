@@ -1,4 +1,9 @@
-"""Liveness and readiness."""
+"""Liveness and readiness.
+
+Readiness (/readyz) is 503 while any tier cannot take work: loading, or restarting after its
+engine failed. Liveness (/healthz) is 503 only when a tier is down for good (its engine gave up
+restarting): nothing but a new process helps then, which is what a supervisor's liveness probe is for.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +16,12 @@ router = APIRouter()
 
 
 @router.get("/healthz")
-async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+async def healthz(services: ServicesDep) -> JSONResponse:
+    # `alive` is a local backend's notion; a backend without it has nothing to give up on
+    down = sorted(name for name, b in services.engine.backends.items() if not getattr(b, "alive", True))
+    if down:
+        return JSONResponse({"status": "down", "tiers_down": down}, status_code=503)
+    return JSONResponse({"status": "ok"})
 
 
 @router.get("/readyz")

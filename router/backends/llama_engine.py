@@ -8,6 +8,14 @@ from its own logits row with its own parameters.
 
 Logprobs come from the logits rows we already have: the log-softmax at the sampled token. This
 avoids `logits_all=True`, which computes vocabulary logits for every prompt token.
+
+Failure is contained at two levels. An error in one sequence's own work (its random generator,
+sampling, decoding its pieces, stop strings) fails that request and no other. An error in the
+shared work (a decode step, the KV cache) fails every request in flight with a 503, frees the
+model and loads it again, a few times with growing pauses: while it does, the engine is not
+ready, new work is refused as unavailable, and no thread can reach the freed model (tokenizing
+from callers' threads holds `ModelGuard`, which the engine thread drains before freeing). When
+the restarts are spent the engine stays down and says so (`alive`), for the process supervisor.
 """
 
 from __future__ import annotations
@@ -19,14 +27,15 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from router.errors import ContextLengthError, DeadlineError, ModelError, OverloadedError
+from router.errors import ContextLengthError, DeadlineError, ModelError, OverloadedError, UnavailableError
 from router.generation import GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -164,6 +173,43 @@ class _Seq:
         return self.n_prefilled < len(self.job.prompt_tokens)
 
 
+class ModelGuard:
+    """Lets other threads make read-only native calls on the model (tokenizing) only while it is
+    loaded: `use()` refuses once `close()` has begun, and `close()` returns when the last user has
+    left, so the engine thread never frees a model that another thread is reading."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._cv = threading.Condition()
+        self._users = 0
+        self._open = False
+
+    def open(self) -> None:
+        with self._cv:
+            self._open = True
+
+    @contextmanager
+    def use(self) -> Iterator[None]:
+        with self._cv:
+            if not self._open:
+                raise UnavailableError(f"tier '{self.name}' has no model loaded now; retry later", retry_after=5.0)
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._users -= 1
+                self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._open = False
+            self._cv.wait_for(lambda: self._users == 0)
+
+
+State = Literal["new", "loading", "ready", "restarting", "failed", "stopped"]
+
+
 class LlamaEngine:
     """Owns one llama.cpp model and context on a dedicated thread."""
 
@@ -179,6 +225,9 @@ class LlamaEngine:
         prefix_cache_slots: int = 4,
         kv_cache_type: str = "f16",
         name: str = "llamacpp",
+        max_restarts: int = 3,
+        restart_backoff_s: float = 1.0,
+        healthy_after_s: float = 60.0,
     ) -> None:
         self.model_path = model_path
         self.n_ctx = n_ctx
@@ -195,6 +244,12 @@ class LlamaEngine:
         self._thread: threading.Thread | None = None
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
+        self._guard = ModelGuard(name)
+        self.state: State = "new"
+        self.max_restarts = max_restarts  # in a row: a run longer than healthy_after_s resets the count
+        self.restart_backoff_s = restart_backoff_s  # doubled after each failed run
+        self.healthy_after_s = healthy_after_s
+        self.restarts = 0
         self.active = 0
         self.steps = 0
         self.tokens_out = 0
@@ -205,10 +260,18 @@ class LlamaEngine:
     # ---- public, any thread -----------------------------------------------------------------
 
     def start(self) -> None:
+        """Load the model on a new engine thread; raise what stopped the first load."""
+        with self._cv:
+            self._stop = False
+            self.state = "loading"
+        self._loaded.clear()
+        self._load_error = None
         self._thread = threading.Thread(target=self._run, name=f"llama-engine-{self.name}", daemon=True)
         self._thread.start()
         self._loaded.wait()
         if self._load_error is not None:
+            self._thread.join()
+            self._thread = None
             raise self._load_error
 
     def stop(self) -> None:
@@ -220,8 +283,18 @@ class LlamaEngine:
             self._thread = None
 
     @property
+    def started(self) -> bool:
+        """Has start() been called (and not undone by stop())? A restarting engine is started."""
+        return self._thread is not None
+
+    @property
     def ready(self) -> bool:
-        return self._loaded.is_set() and self._load_error is None and self._thread is not None
+        return self.state == "ready"
+
+    @property
+    def alive(self) -> bool:
+        """False once the engine has given up restarting: only a new process can serve this tier."""
+        return self.state != "failed"
 
     @property
     def queue_depth(self) -> int:
@@ -237,24 +310,32 @@ class LlamaEngine:
                 f"{n_prompt} tokens. Shorten the prompt."
             )
         with self._cv:
+            if self.state != "ready":
+                raise self.unavailable_error()
             if len(self._pending) >= self.max_queue:
                 raise OverloadedError(f"tier '{self.name}' is at capacity; retry later", retry_after=2.0)
             self._pending.append(job)
             self._cv.notify()
 
-    # ---- tokenizer (read-only on the model: safe from any thread) ------------------------------
+    def unavailable_error(self) -> UnavailableError:
+        if self.state == "failed":
+            return UnavailableError(f"tier '{self.name}' is down (its engine failed and was not restarted)", 60.0)
+        return UnavailableError(f"tier '{self.name}' is not ready ({self.state}); retry later", retry_after=5.0)
+
+    # ---- tokenizer (read-only on the model: safe from any thread while the model is loaded) ----
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         import llama_cpp as lc
 
         data = text.encode("utf-8")
         cap = len(data) + 16
-        buf = (lc.llama_token * cap)()
-        n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
+        with self._guard.use():
             buf = (lc.llama_token * cap)()
             n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+            if n < 0:
+                cap = -n
+                buf = (lc.llama_token * cap)()
+                n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
         return list(buf[:n])
 
     def _piece(self, token: int, *, special: bool = False) -> bytes:
@@ -311,20 +392,75 @@ class LlamaEngine:
         )
 
     def _free(self) -> None:
+        """Free whatever _load made (all of it, or what it got to before failing)."""
         import llama_cpp as lc
 
-        lc.llama_batch_free(self._batch)
-        lc.llama_free(self._ctx)
-        lc.llama_model_free(self._model)
+        if getattr(self, "_batch", None) is not None:
+            lc.llama_batch_free(self._batch)
+        if getattr(self, "_ctx", None):
+            lc.llama_free(self._ctx)
+        if getattr(self, "_model", None):
+            lc.llama_model_free(self._model)
+        self._batch = self._ctx = self._model = self._vocab = self._mem = None
 
     def _run(self) -> None:
-        try:
-            self._load()
-        except BaseException as exc:  # reported to start()
-            self._load_error = exc
-            self._loaded.set()
-            return
-        self._loaded.set()
+        """The engine thread: load, serve until stopped or broken, and after a break free the model
+        and load it again, up to max_restarts times in a row with doubling pauses."""
+        crashes = 0
+        while True:
+            try:
+                self._load()
+            except BaseException as exc:
+                self._free()
+                if not self._loaded.is_set():  # the first load: start() reports it
+                    self._load_error = exc
+                    self._set_state("stopped")
+                    self._loaded.set()
+                    return
+                log.exception("llama engine %s could not reload its model", self.name)
+            else:
+                self.prefix.clear()
+                self._guard.open()
+                self._set_state("ready")
+                self._loaded.set()
+                began = time.monotonic()
+                try:
+                    self._serve()
+                    return  # stopped
+                except BaseException:
+                    log.exception("llama engine %s crashed; failing its requests", self.name)
+                finally:
+                    self._set_state("stopped" if self._stop else "restarting")
+                    self._guard.close()  # wait out any tokenize still reading the model
+                    self._free()
+                if time.monotonic() - began > self.healthy_after_s:
+                    crashes = 0
+            crashes += 1
+            if crashes > self.max_restarts:
+                log.critical("llama engine %s failed %d times in a row; tier down until restarted", self.name, crashes)
+                self._set_state("failed")
+                return
+            self.restarts += 1
+            pause = self.restart_backoff_s * 2 ** (crashes - 1)
+            with self._cv:
+                if self._cv.wait_for(lambda: self._stop, timeout=pause):
+                    self.state = "stopped"
+                    return
+            log.warning("llama engine %s: restart %d (pause was %.1f s)", self.name, self.restarts, pause)
+
+    def _set_state(self, state: State) -> None:
+        """Change state; leaving 'ready' fails every waiting job (under the same lock submit takes,
+        so none slips in between)."""
+        with self._cv:
+            self.state = state
+            if state != "ready":
+                for job in self._pending:
+                    job.emit(ErrorEvent(self.unavailable_error()))
+                self._pending.clear()
+
+    def _serve(self) -> None:
+        """Admit, step and release until stopped; a shared failure fails every running sequence
+        (as unavailable: the cascade may escalate) and propagates to _run."""
         running: list[_Seq] = []
         free_ids = list(range(self.n_parallel - 1, -1, -1))
         reserved = 0
@@ -353,19 +489,24 @@ class LlamaEngine:
                     continue
                 self._step(running)
                 for seq in list(running):
-                    if seq.job.cancelled:  # finished inside _step
+                    if seq.job.cancelled:  # finished (or failed alone) inside _step
                         reserved -= self._release(seq, running, free_ids)
                 self.active = len(running)
-        except BaseException as exc:  # a native failure: fail every caller, never hang them
-            log.exception("llama engine %s crashed", self.name)
+        except BaseException:
+            self._set_state("restarting")  # before anyone hears of the failure: no new work after it
+            # the cause goes to the log (by _run), not to clients
+            failure = UnavailableError(f"tier '{self.name}' failed mid-answer; restarting", 5.0)
             for seq in running:
-                seq.job.emit(ErrorEvent(ModelError(f"engine failure: {exc}")))
-            with self._cv:
-                for job in self._pending:
-                    job.emit(ErrorEvent(ModelError(f"engine failure: {exc}")))
-                self._pending.clear()
+                seq.job.emit(ErrorEvent(failure))
+            raise
         finally:
-            self._free()
+            self.active = 0
+
+    def _fail_one(self, job: Job, exc: Exception) -> None:
+        """One sequence's own work failed: that request gets an error, the others carry on."""
+        log.error("llama engine %s: a sequence failed", self.name, exc_info=exc)
+        job.emit(ErrorEvent(ModelError(f"generation failed: {type(exc).__name__}")))
+        job.cancelled = True
 
     def _admit(self, running: list[_Seq], free_ids: list[int], reserved: int) -> list[_Seq]:
         """Take newcomers from the queue (caller holds the lock) while a slot and their worst-case
@@ -391,8 +532,13 @@ class LlamaEngine:
                 deferred.append(job)
                 continue
             seq = _Seq(job=job, seq_id=free_ids[-1 - len(admitted)], started=time.monotonic(), reserved=need)
-            seq.rng = np.random.default_rng(job.seed)
-            seq.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            try:
+                # OpenAI's seeds are signed 64-bit; numpy wants them unsigned: the same bits, read so
+                seq.rng = np.random.default_rng(None if job.seed is None else job.seed % (1 << 64))
+                seq.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            except Exception as exc:  # noqa: BLE001 - this request's own setup: fail it alone
+                self._fail_one(job, exc)
+                continue
             admitted.append(seq)
         self._pending.extendleft(reversed(deferred))
         for seq in admitted:
@@ -491,38 +637,44 @@ class LlamaEngine:
         lse = peak + np.log(np.exp(rows - peak[:, None]).sum(axis=1))
         now = time.monotonic()
         for r, seq in enumerate(outputs):
-            job = seq.job
-            row = rows[r]
-            if job.temperature <= 0.0:
-                token = int(row.argmax())
-            else:
-                token = self._sample_row(row, job.temperature, job.top_p, seq.rng)
-            if seq.first_token_at is None:
-                seq.first_token_at = now
-            if lc.llama_vocab_is_eog(self._vocab, token):
-                self._finish(seq, "stop")
-                continue
-            seq.generated.append(token)
-            seq.logprobs.append(float(row[token] - lse[r]))
-            self.tokens_out += 1
-            seq.text += seq.decoder.decode(self._piece(token))
-            if self._check_stop(seq):
-                continue
-            if len(seq.generated) >= job.max_tokens or seq.pos + 1 >= self.n_ctx:
-                self._finish(seq, "length")
-                continue
-            self._emit_safe(seq)
+            try:
+                self._advance(seq, rows[r], lse[r], now, lc)
+            except Exception as exc:  # noqa: BLE001 - this sequence's own work: fail it alone
+                self._fail_one(seq.job, exc)
+
+    def _advance(self, seq: _Seq, row: np.ndarray, lse: Any, now: float, lc: Any) -> None:
+        """Sample one sequence's next token from its logits row, and emit or finish it."""
+        job = seq.job
+        if job.temperature <= 0.0:
+            token = int(row.argmax())
+        else:
+            token = self._sample_row(row, job.temperature, job.top_p, seq.rng)
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+        if lc.llama_vocab_is_eog(self._vocab, token):
+            self._finish(seq, "stop")
+            return
+        seq.generated.append(token)
+        seq.logprobs.append(float(row[token] - lse))
+        self.tokens_out += 1
+        seq.text += seq.decoder.decode(self._piece(token))
+        if self._check_stop(seq):
+            return
+        if len(seq.generated) >= job.max_tokens or seq.pos + 1 >= self.n_ctx:
+            self._finish(seq, "length")
+            return
+        self._emit_safe(seq)
 
     @staticmethod
     def _sample_row(row: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator | None) -> int:
-        scaled = row.astype(np.float64) / temperature
         # restrict to the top candidates first: a full-vocabulary sort per token is wasteful
-        k = min(64, scaled.shape[0])
-        top = np.argpartition(scaled, -k)[-k:]
-        logits = scaled[top]
+        k = min(64, row.shape[0])
+        top = np.argpartition(row, -k)[-k:]
+        logits = row[top].astype(np.float64)
         order = np.argsort(-logits)
         top, logits = top[order], logits[order]
-        probs = np.exp(logits - logits[0])
+        # shift before scaling: every exponent is <= 0 whatever the temperature, so none overflows
+        probs = np.exp((logits - logits[0]) / temperature)
         probs /= probs.sum()
         if top_p < 1.0:
             keep = int(np.searchsorted(np.cumsum(probs), top_p) + 1)
@@ -595,6 +747,7 @@ class PrefixCache:
 
     def __init__(self, first_id: int, slots: int) -> None:
         self.slots = slots
+        self.first_id = first_id
         self.free = list(range(first_id + slots - 1, first_id - 1, -1))
         self.entries: list[_CacheEntry] = []
         self.lookups = 0
@@ -604,6 +757,11 @@ class PrefixCache:
     @property
     def cells(self) -> int:
         return sum(len(e.tokens) for e in self.entries)
+
+    def clear(self) -> None:
+        """Forget every entry (their KV went with a freed context); the counters stay."""
+        self.free = list(range(self.first_id + self.slots - 1, self.first_id - 1, -1))
+        self.entries = []
 
     def touch(self, seq_id: int) -> None:
         for e in self.entries:

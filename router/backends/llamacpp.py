@@ -2,7 +2,9 @@
 
 The engine thread (`llama_engine.LlamaEngine`) owns the context; this class renders the chat
 template, tokenizes, submits a job and relays the engine's events on the caller's loop. The event
-loop is never blocked: model loading runs in a worker thread, decoding on the engine thread.
+loop is never blocked: model loading, template rendering and tokenizing run in worker threads,
+decoding on the engine thread. A prompt too long to possibly fit the context is refused by its
+length in characters before any of that work: a megabyte of text costs the loop nothing.
 """
 
 from __future__ import annotations
@@ -16,8 +18,12 @@ from typing import TYPE_CHECKING, Any
 from router.backends.base import Backend
 from router.backends.llama_engine import DoneEvent, ErrorEvent, Job, LlamaEngine, TokenEvent
 from router.catalog import resolve_model
-from router.errors import DeadlineError, ModelError
+from router.errors import ContextLengthError, DeadlineError, ModelError, RequestError
 from router.generation import Delta, Generation, GenerationRequest
+
+# No tokenizer we serve averages more characters per token than this, even on runs of spaces or
+# repeated punctuation, so a longer prompt cannot fit the context and is refused untokenized.
+MAX_CHARS_PER_TOKEN = 32
 
 if TYPE_CHECKING:
     from router.config import LlamaCppSettings, Settings, TierSettings
@@ -51,7 +57,7 @@ class LlamaCppBackend(Backend):
         return cls(tier.name, path, tier.llamacpp, tier.max_tokens)
 
     async def start(self) -> None:
-        if self.engine.ready:
+        if self.engine.started:
             return
         await asyncio.to_thread(self.engine.start)
         template = self.engine.chat_template
@@ -69,6 +75,11 @@ class LlamaCppBackend(Backend):
     def ready(self) -> bool:
         return self.engine.ready
 
+    @property
+    def alive(self) -> bool:
+        """False once the engine gave up restarting: liveness fails, so a supervisor restarts us."""
+        return self.engine.alive
+
     def stats(self) -> dict[str, float]:
         return {
             "queue_depth": float(self.engine.queue_depth),
@@ -76,26 +87,51 @@ class LlamaCppBackend(Backend):
             "prefix_cache_lookups": float(self.engine.prefix.lookups),
             "prefix_cache_hits": float(self.engine.prefix.hits),
             "prefix_cache_tokens_saved": float(self.engine.prefix.tokens_saved),
+            "engine_restarts": float(self.engine.restarts),  # after failures of the shared decode step
         }
 
+    @property
+    def max_prompt_chars(self) -> int:
+        return self.engine.n_ctx * MAX_CHARS_PER_TOKEN
+
+    def check_prompt_size(self, request: GenerationRequest) -> None:
+        """400 for a prompt that cannot fit the context whatever it tokenizes to."""
+        chars = len(request.prompt) if request.messages is None else sum(len(m.content) for m in request.messages)
+        if chars > self.max_prompt_chars:
+            raise ContextLengthError(
+                f"This model's maximum context length is {self.engine.n_ctx} tokens, and the prompt has "
+                f"{chars} characters, more than that many tokens can hold. Shorten the prompt."
+            )
+
     def prompt_tokens(self, request: GenerationRequest) -> list[int]:
-        """The token ids the model will see: the chat template rendered, or the plain prompt."""
+        """The token ids the model will see: the chat template rendered, or the plain prompt.
+        Blocking (rendering, native tokenizing): call it from a worker thread."""
+        self.check_prompt_size(request)
         if request.messages is None:
             assert request.prompt is not None
             return self.engine.tokenize(request.prompt, add_special=True, parse_special=False)
         if self._formatter is None:
             raise ModelError(f"model {self.model_path.name} has no chat template; use /v1/completions")
-        rendered = self._formatter(messages=[{"role": m.role, "content": m.content} for m in request.messages])
+        from jinja2 import TemplateError
+
+        try:
+            rendered = self._formatter(messages=[{"role": m.role, "content": m.content} for m in request.messages])
+        except TemplateError as exc:  # the template's own raise_exception: roles or order it refuses
+            message = f"the model's chat template refused these messages: {exc}"[:500]
+            raise RequestError(message, param="messages") from None
         added = bool(getattr(rendered, "added_special", False))
         return self.engine.tokenize(rendered.prompt, add_special=not added, parse_special=True)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta | Generation]:
-        if not self.engine.ready:
+        if not self.engine.started:
             await self.start()
+        if not self.engine.ready:  # restarting after a failure, or down for good
+            raise self.engine.unavailable_error()
+        self.check_prompt_size(request)  # before handing megabytes to a thread
         started = time.monotonic()
         loop = asyncio.get_running_loop()
         job = Job(
-            prompt_tokens=self.prompt_tokens(request),
+            prompt_tokens=await asyncio.to_thread(self.prompt_tokens, request),
             max_tokens=min(request.max_tokens, self.max_tokens_cap),
             temperature=request.temperature,
             top_p=request.top_p,

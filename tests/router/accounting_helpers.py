@@ -68,7 +68,8 @@ async def running(cfg: Path, **app_kwargs: Any) -> AsyncIterator[httpx.AsyncClie
     app = create_app(load_settings(cfg), **app_kwargs)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://tierroute", timeout=300) as client:
+        # a loopback name: a keyless server answers no other Host (server.allowed_hosts)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost", timeout=300) as client:
             client.app = app  # type: ignore[attr-defined]
             yield client
 

@@ -50,6 +50,27 @@ def test_keys_create_prints_the_key_once_and_a_config_block_holding_only_its_has
         authn.authenticate(f"Bearer {key[:-1]}x")
 
 
+def test_allow_tests_is_stored_with_the_key_and_grants_only_that_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    rc, out, _ = create(capsys, "ci", "--allow-tests")
+    assert rc == 0
+    key = KEY_RE.findall(out)[0]
+    entry = tomllib.loads(out[out.index("[[server.api_keys]]"):])["server"]["api_keys"][0]
+    assert entry["allow_tests"] is True
+    _, plain_out, _ = create(capsys, "plain")
+    plain = KEY_RE.findall(plain_out)[0]
+    assert "allow_tests" not in plain_out[plain_out.index("[[server.api_keys]]"):]  # off unless asked
+
+    cfg = smol_config(tmp_path, server=out[out.index("[[server.api_keys]]"):] + plain_out[plain_out.index("[[server.api_keys]]"):])
+    authn = Authenticator(load_settings(cfg).server)
+    assert authn.authenticate(f"Bearer {key}").may_send_tests is True
+    assert authn.authenticate(f"Bearer {plain}").may_send_tests is False
+    assert main(["--config", str(cfg), "keys", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert "tests" in listing and "allowed" in listing
+
+
 def test_every_key_is_new(capsys: pytest.CaptureFixture[str]) -> None:
     outs = [create(capsys, "bob")[1] for _ in range(2)]
     assert KEY_RE.findall(outs[0]) != KEY_RE.findall(outs[1])

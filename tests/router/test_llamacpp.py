@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from router.backends.llamacpp import LlamaCppBackend
 from router.config import LlamaCppSettings
-from router.errors import ContextLengthError, DeadlineError, OverloadedError
+from router.errors import ContextLengthError, DeadlineError, ModelError, OverloadedError, UnavailableError
 from router.generation import Delta, Generation, GenerationRequest, Message
 
 QUESTION = GenerationRequest(messages=(Message("user", "What is 17 * 3?"),), max_tokens=24)
@@ -121,7 +122,9 @@ async def test_abandoned_stream_frees_its_slot(backend: LlamaCppBackend) -> None
             assert isinstance(item, Delta)
             break
         await stream.aclose()
-    await asyncio.sleep(0.2)
+    deadline = time.monotonic() + 5  # within a step or two, however busy the machine
+    while backend.engine.active and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     assert backend.engine.active == 0
     g = await backend.generate(QUESTION)
     assert g.text
@@ -134,3 +137,113 @@ async def test_full_queue_is_refused_at_once(backend: LlamaCppBackend) -> None:
     done = [r for r in results if isinstance(r, Generation)]
     assert refused, "a queue of 8 must refuse part of a burst of 30"
     assert len(refused) + len(done) == 30
+
+
+# ---- failures: one sequence's, and the engine's ---------------------------------------------------
+
+
+async def test_seeds_across_the_signed_64_bit_range(backend: LlamaCppBackend) -> None:
+    for seed in (-1, -(2**63), 2**63 - 1):
+        g = await backend.generate(QUESTION.with_(seed=seed, temperature=0.8, max_tokens=4))
+        assert g.completion_tokens > 0
+    a = await backend.generate(QUESTION.with_(seed=-1, temperature=0.8, max_tokens=8))
+    b = await backend.generate(QUESTION.with_(seed=2**64 - 1, temperature=0.8, max_tokens=8))
+    assert a.text == b.text  # -1 is read as the unsigned seed with the same bits
+
+
+async def test_a_failing_sequence_fails_alone(backend: LlamaCppBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two requests whose own sampling fails (a NaN temperature that got past no API, and a fault
+    injected into sampling from here) fail; the requests decoded beside them finish."""
+    engine = backend.engine
+    real = engine._sample_row
+
+    def sample_row(row, temperature, top_p, rng):  # type: ignore[no-untyped-def]
+        if temperature == 0.77:
+            raise FloatingPointError("injected sampling fault")
+        return real(row, temperature, top_p, rng)
+
+    monkeypatch.setattr(engine, "_sample_row", sample_row)
+    bad = [QUESTION.with_(temperature=float("nan")), QUESTION.with_(temperature=0.77)]
+    good = [QUESTION.with_(temperature=0.5, seed=i, max_tokens=12) for i in range(3)]
+    results = await asyncio.gather(*(backend.generate(r) for r in bad + good), return_exceptions=True)
+    assert all(isinstance(r, ModelError) for r in results[:2]), results[:2]
+    assert all(isinstance(r, Generation) and r.completion_tokens > 0 for r in results[2:]), results[2:]
+    assert backend.ready and engine.restarts == 0
+    assert (await backend.generate(QUESTION)).text
+
+
+async def test_a_prompt_too_long_for_any_tokenizer_is_refused_untokenized(backend: LlamaCppBackend) -> None:
+    calls = []
+    real = backend.engine.tokenize
+    backend.engine.tokenize = lambda *a, **k: calls.append(1) or real(*a, **k)  # type: ignore[method-assign]
+    try:
+        huge = "a" * (backend.max_prompt_chars + 1)
+        for request in (GenerationRequest(prompt=huge, max_tokens=4),
+                        GenerationRequest(messages=(Message("user", huge),), max_tokens=4)):
+            with pytest.raises(ContextLengthError):
+                await backend.generate(request)
+        assert calls == []
+    finally:
+        del backend.engine.tokenize
+
+
+async def test_an_engine_that_keeps_failing_restarts_then_gives_up_without_touching_a_freed_model(
+    smol_path: Path,
+) -> None:
+    """Faults injected into the shared decode step (the engine's _step, replaced from here). Each
+    fails the request in flight as unavailable; the first is followed by a restart, the second
+    (max_restarts=1) leaves the tier down for good. A thread tokenizing all along only ever gets
+    tokens or UnavailableError: never a read of a freed vocabulary."""
+    b = LlamaCppBackend(
+        "flaky", smol_path, LlamaCppSettings(model=str(smol_path), n_ctx=512, n_threads=1, n_parallel=2), 16
+    )
+    b.engine.max_restarts = 1
+    b.engine.restart_backoff_s = 0.2
+    await b.start()
+
+    def broken(running: object) -> None:
+        raise RuntimeError("injected decode failure")
+
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def tokenize_all_along() -> None:
+        while not stop.is_set():
+            try:
+                b.engine.tokenize("hello world " * 50, add_special=True, parse_special=False)
+                outcomes.append("tokens")
+            except UnavailableError:
+                outcomes.append("unavailable")
+
+    hammer = threading.Thread(target=tokenize_all_along)
+    hammer.start()
+    try:
+        assert (await b.generate(QUESTION)).text  # healthy first
+        b.engine._step = broken  # type: ignore[method-assign]
+        with pytest.raises(UnavailableError):
+            await b.generate(QUESTION)
+        assert not b.ready and b.alive  # restarting
+        with pytest.raises(UnavailableError):
+            await b.generate(QUESTION)
+        await _until(lambda: b.ready, 60)
+        assert b.engine.restarts == 1
+        with pytest.raises(UnavailableError):
+            await b.generate(QUESTION)  # the second failure in a row
+        await _until(lambda: not b.alive, 30)
+        assert not b.ready and b.engine.state == "failed"
+        with pytest.raises(UnavailableError, match="down"):
+            await b.generate(QUESTION)
+        with pytest.raises(UnavailableError):
+            b.engine.tokenize("x", add_special=True, parse_special=False)
+    finally:
+        stop.set()
+        hammer.join()
+        await b.close()
+    assert "tokens" in outcomes and "unavailable" in outcomes
+
+
+async def _until(condition: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
