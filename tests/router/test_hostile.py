@@ -394,3 +394,20 @@ def test_tiny_temperatures_are_greedy_and_seeds_pass_through() -> None:
     assert gen.temperature == 0.0 and gen.seed == -1
     kept = ChatCompletionRequest.model_validate(chat(temperature=0.5, top_p=None)).to_generation(48)
     assert (kept.temperature, kept.top_p) == (0.5, 1.0)
+
+
+def test_a_key_with_the_permission_gets_its_tests_run(tmp_path: Path) -> None:
+    """End to end over HTTP: a key created with --allow-tests sends tests, they run in the sandbox
+    against the answer, and the response reports counts, never the sandbox's output."""
+    tester = new_key()
+    server = f'[[server.api_keys]]\nname = "tester"\nhash = "{hash_key(tester)}"\nallow_tests = true\n'
+    cfg = smol_config(tmp_path, large="none", server=server, verifiers='[[tiers.verifiers]]\nname = "code_tests"\n')
+    app = create_app(load_settings(cfg), backends={"small": InstantBackend("small", "def f(x):\n    return 2 * x")})
+    with UvicornThread(app) as srv:
+        for tests, expected in (("assert f(2) == 4", 1.0), ("assert f(2) == 5", 0.0)):
+            body = chat(model="small", max_tokens=32, tierroute={"tests": tests})
+            resp = httpx.post(f"{srv.url}{CHAT}", json=body, headers={"authorization": f"Bearer {tester}"}, timeout=60)
+            assert resp.status_code == 200, resp.text
+            score = resp.json()["tierroute"]["attempts"][0]["scores"]["code_tests"]
+            assert score["score"] == expected
+            assert "Traceback" not in json.dumps(score)
