@@ -17,8 +17,7 @@ router = APIRouter()
 
 @router.get("/healthz")
 async def healthz(services: ServicesDep) -> JSONResponse:
-    # `alive` is a local backend's notion; a backend without it has nothing to give up on
-    down = sorted(name for name, b in services.engine.backends.items() if not getattr(b, "alive", True))
+    down = sorted(name for name, b in services.engine.backends.items() if not b.alive)
     if down:
         return JSONResponse({"status": "down", "tiers_down": down}, status_code=503)
     return JSONResponse({"status": "ok"})

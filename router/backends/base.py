@@ -13,9 +13,6 @@ from router.generation import Delta, Generation, GenerationRequest
 
 
 class Backend(abc.ABC):
-    gives_logprobs: bool = True
-    local: bool = False  # runs on this machine (time-priced, has a queue)
-
     def __init__(self, name: str) -> None:
         self.name = name
 
@@ -27,6 +24,13 @@ class Backend(abc.ABC):
 
     @property
     def ready(self) -> bool:
+        """Can serve now (a local model is loaded)."""
+        return True
+
+    @property
+    def alive(self) -> bool:
+        """False once the backend has given up for good (a local engine out of restarts): the
+        process should be restarted by its supervisor."""
         return True
 
     def stats(self) -> dict[str, float]:

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 
 class LlamaCppBackend(Backend):
-    local = True
 
     def __init__(self, name: str, model_path: Path, settings: LlamaCppSettings, max_tokens_cap: int) -> None:
         super().__init__(name)

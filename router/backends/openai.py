@@ -193,9 +193,6 @@ class _Call:
 
 
 class OpenAIBackend(Backend):
-    gives_logprobs = True
-    local = False
-
     def __init__(
         self,
         name: str,
@@ -212,7 +209,6 @@ class OpenAIBackend(Backend):
         self.timeout_s = timeout_s
         self.max_tokens = max_tokens
         self.retry_after_s = retry_after_s
-        self.gives_logprobs = config.logprobs
         self.policy = RetryPolicy(
             max_attempts=config.max_attempts,
             backoff_initial_s=config.backoff_initial_s,
@@ -250,6 +246,11 @@ class OpenAIBackend(Backend):
         client, self._client = self._client, None
         if client is not None:
             await client.close()
+
+    @property
+    def gives_logprobs(self) -> bool:
+        """Whether answers carry the sampled tokens' logprobs (off by config, or refused upstream)."""
+        return "logprobs" not in self._refused
 
     @property
     def ready(self) -> bool:
@@ -435,8 +436,6 @@ class OpenAIBackend(Backend):
                     raise
                 log.info("tier %s: the upstream refuses %s; no longer sent", self.name, refused)
                 self._refused.add(refused)
-                if refused == "logprobs":
-                    self.gives_logprobs = False  # so the cascade knows its verifiers go without
 
     async def _next_piece(self, events: _SSEReader, acc: _Accumulator, call: _Call) -> str | None:
         """The next non-empty piece of text, or None when the stream has ended."""

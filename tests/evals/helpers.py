@@ -82,7 +82,6 @@ class ScriptedBackend(Backend):
     """Answers `reply(request)` at once. Token counts are word counts; the busy time is fixed so
     costs are exact. `fail_on` items raise (to simulate a crash mid-run)."""
 
-    local = True
 
     def __init__(self, name: str, reply: Callable[[GenerationRequest], str], *, busy_s: float = 1.0,
                  fail_on: Callable[[GenerationRequest], BaseException | None] | None = None) -> None:

@@ -50,7 +50,6 @@ def parse(request: GenerationRequest) -> tuple[bool, int]:
 class TierBackend(Backend):
     """Answers at once; right with probability `p_easy` / `p_hard`, drawn per item."""
 
-    local = True
 
     def __init__(self, name: str, p_easy: float, p_hard: float, sep: float) -> None:
         super().__init__(name)

@@ -19,7 +19,6 @@ HOUR = PriceSettings(usd_per_hour=3.6)  # $0.001 per second of busy time
 
 
 class ScriptedBackend(Backend):
-    gives_logprobs = False
 
     def __init__(
         self,
