@@ -887,7 +887,7 @@ def _worker_main() -> None:  # pragma: no cover - runs only inside the sandbox
             return {"t": "s", "v": value}
         if t is bytes:
             return {"t": "b", "v": value.hex()}
-        tags = {list: "l", tuple: "t", set: "S", frozenset: "F"}
+        tags: dict[Any, str] = {list: "l", tuple: "t", set: "S", frozenset: "F"}
         if t in tags:
             return {"t": tags[t], "v": [encode(x, budget, depth + 1) for x in value]}
         if t is dict:

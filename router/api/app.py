@@ -184,7 +184,7 @@ class BodyLimit:
                 response = errors.error_response(RequestError(problem, code="invalid_body"))
                 await response(scope, _replay([], receive), send)
                 return
-        replay = [{"type": "http.request", "body": body, "more_body": False}]
+        replay: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
         await self.app(scope, _replay(replay, receive), send)
 
     async def _reject(self, send: Send) -> None:

@@ -79,7 +79,7 @@ async def _respond(
     chunk: Callable[[str, str, str | None, bool], dict[str, Any]],
 ) -> Any:
     request, plan = _prepare(services, body, principal)
-    ticket = services.admit(principal, rid, request, plan, body.model, stream=body.stream)  # 429 before any work
+    ticket = services.admit(principal, rid, request, plan, body.model, stream=bool(body.stream))  # 429 before any work
     accounting = services.accounting
     cascade = services.engine.cascade
     spent = Spent()  # what a request that ends without an answer has cost: recorded all the same
@@ -172,7 +172,7 @@ def _chat_chunk(rid: str, model: str, text: str | None, first: bool) -> dict[str
 
 
 def _completion_chunk(rid: str, model: str, text: str | None, first: bool) -> dict[str, Any]:
-    return ot.completion_chunk(rid, model, text)
+    return ot.completion_chunk(rid, model, text or "")
 
 
 @router.post("/chat/completions")

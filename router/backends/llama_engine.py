@@ -81,7 +81,7 @@ def _route_native_logs() -> None:
         return
     native = logging.getLogger("llama_cpp.native")
 
-    @lc.llama_log_callback  # type: ignore[misc]
+    @lc.llama_log_callback  # type: ignore[untyped-decorator]
     def forward(level: int, text: bytes, user_data: Any) -> None:
         native.debug("%s", text.decode("utf-8", errors="replace").rstrip())
 
@@ -256,6 +256,7 @@ class LlamaEngine:
         self.chat_template: str | None = None
         self.bos_text = ""
         self.eos_text = ""
+        self._piece_buf = ctypes.create_string_buffer(128)
 
     # ---- public, any thread -----------------------------------------------------------------
 
@@ -347,7 +348,7 @@ class LlamaEngine:
         if n < 0:
             self._piece_buf = buf = ctypes.create_string_buffer(-n)
             n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
-        return buf.raw[: max(n, 0)]
+        return bytes(buf.raw[: max(n, 0)])
 
     # ---- the engine thread -------------------------------------------------------------------
 

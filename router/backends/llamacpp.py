@@ -95,7 +95,7 @@ class LlamaCppBackend(Backend):
 
     def check_prompt_size(self, request: GenerationRequest) -> None:
         """400 for a prompt that cannot fit the context whatever it tokenizes to."""
-        chars = len(request.prompt) if request.messages is None else sum(len(m.content) for m in request.messages)
+        chars = len(request.prompt or "") if request.messages is None else sum(len(m.content) for m in request.messages)
         if chars > self.max_prompt_chars:
             raise ContextLengthError(
                 f"This model's maximum context length is {self.engine.n_ctx} tokens, and the prompt has "
