@@ -18,6 +18,9 @@ from evals.formatting import md_table
 
 @dataclass
 class TrainResult:
+    """What one training made (artifacts, and the comparisons on held-out items), as the report
+    and the command read it."""
+
     out: Path
     artifacts: list[dict[str, Any]]
     comparisons: list[Comparison]

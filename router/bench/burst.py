@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from router.bench.load import answers, closed_loop, openai_client, streamed_request, warm_up
+from router.bench.load import closed_loop, openai_client, streamed_request, warm_up
 from router.bench.memory import MemoryWatch, read_memory
 from router.bench.outcome import summarize
 from router.bench.output import fmt
 from router.bench.workload import Target, Workload
+
+if TYPE_CHECKING:
+    import openai
 
 
 async def burst_target(
@@ -60,7 +63,7 @@ async def burst_target(
                     f"{sum(row['errors'].values())} other errors; RSS {fmt(row['rss_before_mib'])} -> "
                     f"{fmt(row['rss_after_mib'])} -> {fmt(row['rss_settled_mib'])} MiB after {settle_s:g} s"
                 )
-        alive = await answers(client)
+        alive = await _still_answers(client)
     finally:
         await client.close()
     first, last = done[0]["rss_settled_mib"], done[-1]["rss_settled_mib"]
@@ -74,3 +77,13 @@ async def burst_target(
             "rss_growth_first_to_last_round_mib": None if first is None or last is None else round(last - first, 1),
         },
     }
+
+
+async def _still_answers(client: openai.AsyncOpenAI) -> bool:
+    import openai
+
+    try:
+        await client.models.list()
+    except openai.APIError:
+        return False
+    return True

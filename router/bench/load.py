@@ -161,12 +161,3 @@ async def warm_up(send: Send, n: int) -> None:
     for index in range(n):
         await send(index, start)
 
-
-async def answers(client: openai.AsyncOpenAI) -> bool:
-    import openai
-
-    try:
-        await client.models.list()
-    except openai.APIError:
-        return False
-    return True
