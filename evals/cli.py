@@ -160,7 +160,7 @@ def default_verifiers(task: str) -> list[Any]:
     """What an eval scores with when `--verifier` is not given: every built-in verifier that costs
     no extra generation and applies to the task. Only the registered ones are used."""
     from router.config import VerifierSpec
-    from verifiers.base import Registry
+    from router.plugins import VerifierRegistry as Registry
 
     confidence = [("confidence", {"stat": "mean"}), ("confidence", {"stat": "min", "name": "confidence_min"})]
     wanted = {
@@ -196,11 +196,10 @@ def _load(args: argparse.Namespace, run: str) -> Any:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from rich.console import Console
     from rich.table import Table
 
-    from rich.console import Console
-
-    from evals.report import _num, _pct, _th, _usd
+    from evals.formatting import num, pct, th, usd
     from evals.sweep import baselines, summarize
 
     table = _load(args, args.run)
@@ -209,15 +208,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     def curve_table(first: str, curve: list[Any]) -> Table:
         out = Table(first, "accuracy", "cost/1k", "escalation", "savings", "p50", "p95")
         for p in curve[:: max(1, len(curve) // args.rows)]:
-            out.add_row(_th(p.param), _pct(p.accuracy), _usd(p.cost_per_1k), _pct(p.escalation_rate), _pct(p.savings),
-                        _num(p.latency_p50, 2), _num(p.latency_p95, 2))
+            out.add_row(th(p.param), pct(p.accuracy), usd(p.cost_per_1k), pct(p.escalation_rate), pct(p.savings),
+                        num(p.latency_p50, 2), num(p.latency_p95, 2))
         return out
 
     verifiers = [args.verifier] if args.verifier else table.verifiers
     for v in verifiers:
         s = summarize(table, v)
-        console.print(f"[bold]{table.suite} / {v}[/]: AUROC {', '.join(_num(a) for a in s.auroc)}; APGR {_num(s.apgr)}; "
-                      f"CPT(50/80/95%) {', '.join(_pct(s.cpt[x]) for x in (0.5, 0.8, 0.95))}; AIQ {_num(s.aiq)}")
+        console.print(f"[bold]{table.suite} / {v}[/]: AUROC {', '.join(num(a) for a in s.auroc)}; APGR {num(s.apgr)}; "
+                      f"CPT(50/80/95%) {', '.join(pct(s.cpt[x]) for x in (0.5, 0.8, 0.95))}; AIQ {num(s.aiq)}")
         console.print(curve_table("threshold", s.curve))
     if args.estimators:
         from evals.estimators import PREROUTER
@@ -227,27 +226,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         console.print(curve_table("skip below", preroute_sweep(table, PREROUTER)))
     base = baselines(table)
     for p in base["tiers"] + base["oracle"]:
-        console.print(f"{p.policy}: accuracy {_pct(p.accuracy)}, {_usd(p.cost_per_1k)} per 1k")
+        console.print(f"{p.policy}: accuracy {pct(p.accuracy)}, {usd(p.cost_per_1k)} per 1k")
     return 0
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from evals.calibrate import Target, calibrate, toml_snippet, write_thresholds
-    from evals.report import _pct, _th, _usd
+    from evals.formatting import pct, th, usd
     from evals.sweep import CONFIG
 
     table = _load(args, args.run)
     target = Target.parse(args.target)
     verifier = args.verifier or CONFIG
     cal = calibrate(table, verifier, target, seed=args.seed, fraction=args.fraction)
-    ths = ", ".join(f"{n}={_th(v)}" for n, v in cal.thresholds.items())
+    ths = ", ".join(f"{n}={th(v)}" for n, v in cal.thresholds.items())
     print(f"{table.suite}: verifier '{verifier}', target {target}: thresholds {ths} "
           f"(chosen on {cal.n_calibration} calibration items{'' if cal.met else '; target NOT reachable there, nearest shown'})")
     for label, r in (("calibration", cal.calibration), ("held-out", cal.held_out)):
-        print(f"  {label:12s} accuracy {_pct(r.accuracy)}, {_usd(r.cost_per_1k)} per 1k, escalation "
-              f"{_pct(r.escalation_rate)}, savings vs top {_pct(r.savings)} (n={r.n})")
+        print(f"  {label:12s} accuracy {pct(r.accuracy)}, {usd(r.cost_per_1k)} per 1k, escalation "
+              f"{pct(r.escalation_rate)}, savings vs top {pct(r.savings)} (n={r.n})")
     for t in cal.held_out_tiers:
-        print(f"  held-out, always {t.policy}: accuracy {_pct(t.accuracy)}, {_usd(t.cost_per_1k)} per 1k")
+        print(f"  held-out, always {t.policy}: accuracy {pct(t.accuracy)}, {usd(t.cost_per_1k)} per 1k")
     print(f"  target met on held-out items: {'yes' if cal.held_out_met else 'no'}")
     snippet = toml_snippet(cal)
     configured = _single_configured(table, verifier)
@@ -257,7 +256,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 f"--write sets the tiers' thresholds, which apply to their configured verifiers; '{verifier}' is not "
                 "what every calibrated tier is configured with. Set the tiers' verifiers, or paste:\n" + snippet
             )
-        path = Path(args.config) if args.config else __import__("router.config", fromlist=["DEFAULT_CONFIG"]).DEFAULT_CONFIG
+        from router.config import DEFAULT_CONFIG
+
+        path = Path(args.config) if args.config else DEFAULT_CONFIG
         write_thresholds(path, cal.thresholds)
         print(f"wrote thresholds into {path}")
     else:
@@ -302,9 +303,53 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from evals.train import cmd_train as train
+    from evals.calibrate import Target
+    from evals.train import train
+    from evals.train_report import toml_snippet
+    from evals.training_data import load_run
 
-    return train(args)
+    tiers = args.tiers.split(",") if args.tiers else None
+    cache_dir = Path(args.cache_dir) if args.cache_dir else None
+    runs = [load_run(_run_dir(args, r), suite=args.suite if len(args.run) == 1 else None, cache_dir=cache_dir, tiers=tiers)
+            for r in args.run]
+    command = _train_command(args)
+    result = train(
+        runs, Path(args.out), seed=args.seed, fraction=args.fraction, suite_specific=args.suite_specific,
+        include_costly=args.with_costly_verifiers, n_buckets=args.buckets, target=Target.parse(args.target),
+        command=command, splits=args.splits,
+    )
+    for a in result.artifacts:
+        print(f"{result.out / a['file']}  {a['version']}  sha256 {a['sha256']}")
+    for cmp in [*result.comparisons, *([result.pooled] if result.pooled else [])]:
+        print(f"\n{cmp.table.suite}:")
+        for what, ok, numbers in cmp.checks():
+            print(f"  {'met   ' if ok else ('?     ' if ok is None else 'MISSED')} {what}: {numbers}")
+    print(f"\nreport: {result.out / 'README.md'}")
+    final = result.pooled or (result.comparisons[0] if len(result.comparisons) == 1 else None)
+    if final is not None:
+        print("\n# paste into config.toml (each [[tiers]] entry merges into the tier of that name):\n"
+              + toml_snippet(result, final))
+    return 0
+
+
+def _train_command(args: argparse.Namespace) -> str:
+    """The command that regenerates this training, spelled the same however it was typed."""
+    from evals.calibrate import split_options
+
+    parts = ["tierroute", "eval", "train"]
+    for r in args.run:
+        parts += ["--run", r]
+    parts += ["--runs-dir", args.runs_dir, "--out", args.out, "--target", args.target]
+    parts += split_options(args)
+    if args.suite_specific:
+        parts.append("--suite-specific")
+    if args.with_costly_verifiers:
+        parts.append("--with-costly-verifiers")
+    if args.buckets != 1024:
+        parts += ["--buckets", str(args.buckets)]
+    if args.splits:
+        parts += ["--splits", str(args.splits)]
+    return " ".join(shlex.quote(p) for p in parts)
 
 
 def _report_command(args: argparse.Namespace) -> str:

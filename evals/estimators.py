@@ -31,6 +31,7 @@ from evals.calibrate import (
     in_calibration,
     split,
 )
+from evals.formatting import html_table, inline, md_table, num, pct, th, usd
 from evals.sweep import CONFIG, ResultTable, TierOutcome, score_quality, summarize
 from router.errors import ConfigError
 
@@ -226,8 +227,6 @@ def compare(
 
 def policy_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
     """The policies at their calibrated points, on held-out items: a Markdown/HTML table."""
-    from evals.report import _pct, _th, _usd
-
     header = ["policy", "settings (chosen on the calibration split)", "accuracy", "cost / 1k", "escalation",
               "skipped first tier", "savings vs top"]
     rows = []
@@ -236,51 +235,47 @@ def policy_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
             continue
         tag = " (best single verifier)" if v == c.best_single else ""
         r = cal.held_out
-        rows.append([f"verify only[{v}]{tag}", ", ".join(f"{n} ≥ {_th(x)}" for n, x in cal.thresholds.items()),
-                     _pct(r.accuracy), _usd(r.cost_per_1k), _pct(r.escalation_rate), "–", _pct(r.savings)])
+        rows.append([f"verify only[{v}]{tag}", ", ".join(f"{n} ≥ {th(x)}" for n, x in cal.thresholds.items()),
+                     pct(r.accuracy), usd(r.cost_per_1k), pct(r.escalation_rate), "–", pct(r.savings)])
     if c.matched is not None and c.best_single is not None:
         r, ref = c.matched.held_out, c.verify_only[c.best_single].calibration
         rows.append([f"verify only[{LEARNED}], matched to the best single verifier",
-                     ", ".join(f"{n} ≥ {_th(x)}" for n, x in c.matched.thresholds.items())
+                     ", ".join(f"{n} ≥ {th(x)}" for n, x in c.matched.thresholds.items())
                      + f" (min-accuracy={100 * ref.accuracy:.1f}%, its calibration accuracy)",
-                     _pct(r.accuracy), _usd(r.cost_per_1k), _pct(r.escalation_rate), "–", _pct(r.savings)])
+                     pct(r.accuracy), usd(r.cost_per_1k), pct(r.escalation_rate), "–", pct(r.savings)])
     for p in [c.preroute_only, *c.preroute_verify.values()]:
         r = p.held_out
-        settings = ", ".join(f"skip {n} below {_th(x)}" for n, x in p.skip_below.items())
+        settings = ", ".join(f"skip {n} below {th(x)}" for n, x in p.skip_below.items())
         if p.thresholds:
-            settings += "; " + ", ".join(f"{n} ≥ {_th(x)}" for n, x in p.thresholds.items())
-        rows.append([p.policy, settings, _pct(r.accuracy), _usd(r.cost_per_1k), _pct(r.escalation_rate),
-                     _pct(p.skip_rate), _pct(r.savings)])
+            settings += "; " + ", ".join(f"{n} ≥ {th(x)}" for n, x in p.thresholds.items())
+        rows.append([p.policy, settings, pct(r.accuracy), usd(r.cost_per_1k), pct(r.escalation_rate),
+                     pct(p.skip_rate), pct(r.savings)])
     for t in c.verify_only[LEARNED].held_out_tiers:
-        rows.append([f"*always {t.policy}*", "–", _pct(t.accuracy), _usd(t.cost_per_1k), "–", "–", _pct(t.savings)])
+        rows.append([f"*always {t.policy}*", "–", pct(t.accuracy), usd(t.cost_per_1k), "–", "–", pct(t.savings)])
     return header, rows
 
 
 def quality_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
-    from evals.report import _num
-
     header = ["estimator / verifier", *(f"{k} ({t.name})" for t in c.table.tiers for k in ("AUROC", "Brier", "ECE"))]
     rows = []
     for column in dict.fromkeys(q.column for q in c.quality):
         row = [column + (" *(prompt only)*" if column == PREROUTER else "")]
         for t in c.table.tiers:
             q = next((q for q in c.quality if q.column == column and q.tier == t.name), None)
-            row += ["–"] * 3 if q is None else [_num(q.auroc), _num(q.brier), _num(q.ece)]
+            row += ["–"] * 3 if q is None else [num(q.auroc), num(q.brier), num(q.ece)]
         rows.append(row)
     return header, rows
 
 
 def comparison_markdown(cmp: Comparison, *, level: int = 3) -> list[str]:
-    from evals.report import _md_table
-
     h = "#" * level
     t = cmp.table
     n_cal = cmp.verify_only[LEARNED].n_calibration
     n_held = cmp.verify_only[LEARNED].n_held_out
     lines = [f"{h} {t.suite}: learned estimators ({n_cal} calibration items, {n_held} held-out)", ""]
-    lines += [f"{h}# Held-out quality", "", *_md_table(*quality_rows(cmp)), ""]
+    lines += [f"{h}# Held-out quality", "", *md_table(*quality_rows(cmp)), ""]
     lines += [f"{h}# Policies at calibrated points (`{cmp.target}`), held-out items", "",
-              *_md_table(*policy_rows(cmp)), ""]
+              *md_table(*policy_rows(cmp)), ""]
     lines += [f"{h}# Targets", ""]
     for what, ok, numbers in cmp.checks():
         mark = "met" if ok else ("undecided" if ok is None else "**missed**")
@@ -305,11 +300,11 @@ def comparison_json(cmp: Comparison) -> dict[str, Any]:
     }
 
 
-def comparison_html(cmp: Comparison, table_html: Any, inline: Any) -> str:
+def comparison_html(cmp: Comparison) -> str:
     t = cmp.table
-    parts = [f"<h3>{inline(t.suite)}: learned estimators</h3>", "<h4>Held-out quality</h4>", table_html(*quality_rows(cmp)),
+    parts = [f"<h3>{inline(t.suite)}: learned estimators</h3>", "<h4>Held-out quality</h4>", html_table(*quality_rows(cmp)),
              f"<h4>Policies at calibrated points ({inline(str(cmp.target))}), held-out items</h4>",
-             table_html(*policy_rows(cmp)), "<h4>Targets</h4><ul>"]
+             html_table(*policy_rows(cmp)), "<h4>Targets</h4><ul>"]
     for what, ok, numbers in cmp.checks():
         mark = "met" if ok else ("undecided" if ok is None else "<b>missed</b>")
         parts.append(f"<li>{inline(what)}: {mark} ({inline(numbers)})</li>")

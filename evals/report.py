@@ -21,6 +21,8 @@ from typing import Any
 
 from evals import metrics
 from evals.calibrate import Calibration, Target, calibrate, split
+from evals.estimators import PREROUTER, Comparison, comparison_html, comparison_markdown
+from evals.formatting import html_table, inline, md_table, num, pct, sec, th, usd
 from evals.sweep import (
     CONFIG,
     CascadePolicy,
@@ -29,6 +31,7 @@ from evals.sweep import (
     VerifierSummary,
     baselines,
     evaluate,
+    preroute_sweep,
     summarize,
 )
 
@@ -62,7 +65,7 @@ class SuiteReport:
     best_auroc_held_out: float | None
     target: Target
     notes: list[str] = field(default_factory=list)
-    learned: Any = None  # evals.estimators.Comparison, when the learned estimators are attached
+    learned: Comparison | None = None  # when the learned estimators are attached
 
     @property
     def best_calibration(self) -> Calibration | None:
@@ -119,45 +122,14 @@ def build(table: ResultTable, target: Target = DEFAULT_TARGET, *, seed: int = 0,
     )
 
 
-# ---- formatting helpers -----------------------------------------------------------------------------
-
-
-def _pct(x: float | None, digits: int = 1) -> str:
-    return "–" if x is None else f"{100 * x:.{digits}f}%"
-
-
-def _num(x: float | None, digits: int = 3) -> str:
-    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
-
-
-def _usd(x: float | None) -> str:
-    if x is None:
-        return "–"
-    return f"${x:.4f}" if x < 1 else f"${x:,.2f}"
-
-
-def _sec(x: float | None) -> str:
-    return "–" if x is None else f"{x:.2f} s"
-
-
-def _th(x: float | None) -> str:
-    return "–" if x is None else ("∞" if math.isinf(x) else f"{x:.4g}")
-
-
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
-    return out
-
-
 # ---- the sections, as (header, rows) tables shared by Markdown and HTML ------------------------------------
 
 
 def tier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
     header = ["tier", "model", "accuracy", "tokens in / out", "latency p50 / p95", "busy s / request", "cost / 1k requests"]
     rows = [
-        [t.name, t.model.split("@")[0], _pct(t.accuracy), f"{t.prompt_tokens:.0f} / {t.completion_tokens:.0f}",
-         f"{_sec(t.latency_p50)} / {_sec(t.latency_p95)}", f"{t.busy_s:.2f}", _usd(t.cost_per_1k)]
+        [t.name, t.model.split("@")[0], pct(t.accuracy), f"{t.prompt_tokens:.0f} / {t.completion_tokens:.0f}",
+         f"{sec(t.latency_p50)} / {sec(t.latency_p95)}", f"{t.busy_s:.2f}", usd(t.cost_per_1k)]
         for t in r.tiers
     ]
     return header, rows
@@ -169,20 +141,20 @@ def verifier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
               "APGR", "CPT(50%)", "CPT(80%)", "CPT(95%)", "AIQ"]
     rows = []
     for v in r.verifiers:
-        rows.append([v.verifier, *(_num(a) for a in v.auroc), _num(v.ece[0]), _num(v.brier[0]), _num(v.apgr),
-                     *(_pct(v.cpt[x]) for x in (0.5, 0.8, 0.95)), _num(v.aiq)])
+        rows.append([v.verifier, *(num(a) for a in v.auroc), num(v.ece[0]), num(v.brier[0]), num(v.apgr),
+                     *(pct(v.cpt[x]) for x in (0.5, 0.8, 0.95)), num(v.aiq)])
     random_curve = r.baselines["random"]
     weak, strong = r.tiers[0].accuracy, r.tiers[-1].accuracy
     singles = [t.cost_per_1k for t in r.tiers]
     oracle = r.baselines["oracle"][0]
     rand_xy = [(p.top_rate, p.accuracy) for p in random_curve]
     rows.append(["*random escalation*", *("0.500" if i == 0 else "–" for i in range(len(names))), "–", "–",
-                 _num(metrics.apgr(rand_xy, weak, strong)),
-                 *(_pct(metrics.cpt(rand_xy, weak, strong, x)) for x in (0.5, 0.8, 0.95)),
-                 _num(metrics.aiq([(p.cost_per_1k, p.accuracy) for p in random_curve], min(singles), max(singles)))])
+                 num(metrics.apgr(rand_xy, weak, strong)),
+                 *(pct(metrics.cpt(rand_xy, weak, strong, x)) for x in (0.5, 0.8, 0.95)),
+                 num(metrics.aiq([(p.cost_per_1k, p.accuracy) for p in random_curve], min(singles), max(singles)))])
     tiers_xy = [(p.cost_per_1k, p.accuracy) for p in r.baselines["tiers"]]
     rows.append(["*oracle*", *("–" for _ in names), "–", "–", "–", "–", "–", "–",
-                 _num(metrics.aiq([*tiers_xy, (oracle.cost_per_1k, oracle.accuracy)], min(singles), max(singles)))])
+                 num(metrics.aiq([*tiers_xy, (oracle.cost_per_1k, oracle.accuracy)], min(singles), max(singles)))])
     return header, rows
 
 
@@ -191,42 +163,42 @@ def calibration_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
               "cost / 1k (held-out)", "escalation (held-out)", "savings vs top (held-out)", "target met (held-out)"]
     rows = []
     for c in r.calibrations:
-        ths = ", ".join(f"{n}={_th(v)}" for n, v in c.thresholds.items())
+        ths = ", ".join(f"{n}={th(v)}" for n, v in c.thresholds.items())
         rows.append([c.verifier + (" **(best)**" if c.verifier == r.best else ""), ths, "yes" if c.met else "no",
-                     _pct(c.calibration.accuracy), _pct(c.held_out.accuracy), _usd(c.held_out.cost_per_1k),
-                     _pct(c.held_out.escalation_rate), _pct(c.held_out.savings), "yes" if c.held_out_met else "no"])
+                     pct(c.calibration.accuracy), pct(c.held_out.accuracy), usd(c.held_out.cost_per_1k),
+                     pct(c.held_out.escalation_rate), pct(c.held_out.savings), "yes" if c.held_out_met else "no"])
     if r.calibrations:
         for t in r.calibrations[0].held_out_tiers:
-            rows.append([f"*always {t.policy}*", "–", "–", "–", _pct(t.accuracy), _usd(t.cost_per_1k),
-                         _pct(t.escalation_rate), _pct(t.savings), "–"])
+            rows.append([f"*always {t.policy}*", "–", "–", "–", pct(t.accuracy), usd(t.cost_per_1k),
+                         pct(t.escalation_rate), pct(t.savings), "–"])
     return header, rows
 
 
 def headline(r: SuiteReport) -> list[str]:
-    tiers = "; ".join(f"**{t.name}** {_pct(t.accuracy)} at {_usd(t.cost_per_1k)} per 1k requests" for t in r.tiers)
+    tiers = "; ".join(f"**{t.name}** {pct(t.accuracy)} at {usd(t.cost_per_1k)} per 1k requests" for t in r.tiers)
     lines = [f"Tiers on all {len(r.table.items)} items: {tiers}."]
     oracle = r.baselines["oracle"][0]
-    lines.append(f"Oracle (cheapest right tier): {_pct(oracle.accuracy)} at {_usd(oracle.cost_per_1k)} per 1k.")
+    lines.append(f"Oracle (cheapest right tier): {pct(oracle.accuracy)} at {usd(oracle.cost_per_1k)} per 1k.")
     if r.best is not None:
         lines.append(
             f"Best verifier (by AUROC on the calibration split): **{r.best}**, AUROC "
-            f"{_num(r.best_auroc_calibration)} on the calibration split and **{_num(r.best_auroc_held_out)} on held-out items**."
+            f"{num(r.best_auroc_calibration)} on the calibration split and **{num(r.best_auroc_held_out)} on held-out items**."
         )
         c = r.best_calibration
         if c is not None:
             lines.append(
                 f"Cascade with {c.verifier} calibrated for {c.target} on {c.n_calibration} items, on the "
-                f"{c.n_held_out} held-out items: **accuracy {_pct(c.held_out.accuracy)}, {_usd(c.held_out.cost_per_1k)} "
-                f"per 1k requests**, escalation {_pct(c.held_out.escalation_rate)}, savings against always "
-                f"{r.tiers[-1].name} {_pct(c.held_out.savings)} (always {r.tiers[-1].name} on the same items: "
-                f"{_pct(c.held_out_tiers[-1].accuracy)} at {_usd(c.held_out_tiers[-1].cost_per_1k)})."
+                f"{c.n_held_out} held-out items: **accuracy {pct(c.held_out.accuracy)}, {usd(c.held_out.cost_per_1k)} "
+                f"per 1k requests**, escalation {pct(c.held_out.escalation_rate)}, savings against always "
+                f"{r.tiers[-1].name} {pct(c.held_out.savings)} (always {r.tiers[-1].name} on the same items: "
+                f"{pct(c.held_out_tiers[-1].accuracy)} at {usd(c.held_out_tiers[-1].cost_per_1k)})."
                 + ("" if c.met else " The target was not reachable on the calibration split; the nearest setting is shown.")
             )
     if r.configured is not None:
         ths = ", ".join(f"{t.name}={t.threshold:g}" for t in r.table.tiers[:-1])
         lines.append(
-            f"The cascade as configured ({ths}), on all items: accuracy {_pct(r.configured.accuracy)}, "
-            f"{_usd(r.configured.cost_per_1k)} per 1k, escalation {_pct(r.configured.escalation_rate)}."
+            f"The cascade as configured ({ths}), on all items: accuracy {pct(r.configured.accuracy)}, "
+            f"{usd(r.configured.cost_per_1k)} per 1k, escalation {pct(r.configured.escalation_rate)}."
         )
     return lines
 
@@ -266,9 +238,6 @@ def figures(r: SuiteReport) -> dict[str, bytes]:
     if c is not None:
         ax.plot([c.held_out.cost_per_1k], [c.held_out.accuracy], "rX", markersize=10, label=f"calibrated ({c.verifier}), held-out")
     if r.learned is not None:
-        from evals.estimators import PREROUTER
-        from evals.sweep import preroute_sweep
-
         pts = sorted((p.cost_per_1k, p.accuracy) for p in preroute_sweep(r.table, PREROUTER))
         ax.plot([x for x, _ in pts], [y for _, y in pts], ":", marker=".", markersize=3, linewidth=1.2, label="pre-route only")
         for pc, marker in ((r.learned.preroute_only, "P"), *((p, "D") for p in r.learned.preroute_verify.values())):
@@ -356,7 +325,7 @@ def markdown(reports: Sequence[SuiteReport], *, command: str = "", images: bool 
     if command:
         lines += ["Regenerate (no models needed; the per-item results are committed):", "", "```", command, "```", ""]
     h, rows = _assumptions(reports)
-    lines += ["## Prices and assumptions", "", *_md_table(h, rows), ""]
+    lines += ["## Prices and assumptions", "", *md_table(h, rows), ""]
     lines += [*(p + "\n" for p in PREAMBLE)]
     for r in reports:
         t = r.table
@@ -365,15 +334,13 @@ def markdown(reports: Sequence[SuiteReport], *, command: str = "", images: bool 
                   f"Items drawn with seed {m['suite'].get('seed')}; greedy decoding; calibration split seed "
                   f"{r.calibrations[0].seed if r.calibrations else '–'}, target `{r.target}`.", ""]
         lines += [f"- {x}" for x in headline(r)] + [f"- {n}" for n in r.notes] + [""]
-        lines += ["### Tiers", "", *_md_table(*tier_table(r)), ""]
-        lines += ["### Verifiers (all items, whole threshold sweep)", "", *_md_table(*verifier_table(r)), ""]
+        lines += ["### Tiers", "", *md_table(*tier_table(r)), ""]
+        lines += ["### Verifiers (all items, whole threshold sweep)", "", *md_table(*verifier_table(r)), ""]
         if r.calibrations:
             c0 = r.calibrations[0]
             lines += [f"### Calibrated cascade: `{r.target}`, chosen on {c0.n_calibration} items, reported on "
-                      f"{c0.n_held_out} held-out items", "", *_md_table(*calibration_table(r)), ""]
+                      f"{c0.n_held_out} held-out items", "", *md_table(*calibration_table(r)), ""]
         if r.learned is not None:
-            from evals.estimators import comparison_markdown
-
             lines += [*comparison_markdown(r.learned, level=3), ""]
         if images:
             lines += ["### Figures", ""]
@@ -381,22 +348,6 @@ def markdown(reports: Sequence[SuiteReport], *, command: str = "", images: bool 
                          f"{t.suite}-latency.png", f"{t.suite}-reliability.png"):
                 lines += [f"![{name}]({name})", ""]
     return "\n".join(lines).rstrip() + "\n"
-
-
-def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _inline(text: str) -> str:
-    """The little Markdown the tables use (**bold**, *italic*, `code`) as HTML."""
-    import re
-
-    t = html.escape(str(text))
-    t = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", t)
-    t = re.sub(r"\*(.+?)\*", r"<i>\1</i>", t)
-    return re.sub(r"`(.+?)`", r"<code>\1</code>", t)
 
 
 def html_report(reports: Sequence[SuiteReport], figs: dict[str, bytes], *, command: str = "") -> str:
@@ -409,21 +360,19 @@ def html_report(reports: Sequence[SuiteReport], figs: dict[str, bytes], *, comma
              "</head><body><h1>tierroute eval report</h1>"]
     if command:
         parts.append(f"<p>Regenerate (no models needed):</p><pre>{html.escape(command)}</pre>")
-    parts.append("<h2>Prices and assumptions</h2>" + _html_table(*_assumptions(reports)))
-    parts += [f"<p>{_inline(p)}</p>" for p in PREAMBLE]
+    parts.append("<h2>Prices and assumptions</h2>" + html_table(*_assumptions(reports)))
+    parts += [f"<p>{inline(p)}</p>" for p in PREAMBLE]
     for r in reports:
         t = r.table
         parts.append(f"<h2>{html.escape(t.suite)}</h2><p>Run <code>{html.escape(t.run)}</code>: {len(t.items)} items. "
                      f"Data: {html.escape(t.source)}. Target <code>{html.escape(str(r.target))}</code>.</p>")
-        parts.append("<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in headline(r) + r.notes) + "</ul>")
-        parts.append("<h3>Tiers</h3>" + _html_table(*tier_table(r)))
-        parts.append("<h3>Verifiers (all items, whole threshold sweep)</h3>" + _html_table(*verifier_table(r)))
+        parts.append("<ul>" + "".join(f"<li>{inline(x)}</li>" for x in headline(r) + r.notes) + "</ul>")
+        parts.append("<h3>Tiers</h3>" + html_table(*tier_table(r)))
+        parts.append("<h3>Verifiers (all items, whole threshold sweep)</h3>" + html_table(*verifier_table(r)))
         if r.calibrations:
-            parts.append("<h3>Calibrated cascade (held-out items)</h3>" + _html_table(*calibration_table(r)))
+            parts.append("<h3>Calibrated cascade (held-out items)</h3>" + html_table(*calibration_table(r)))
         if r.learned is not None:
-            from evals.estimators import comparison_html
-
-            parts.append(comparison_html(r.learned, _html_table, _inline))
+            parts.append(comparison_html(r.learned))
         for name, png in figs.items():
             if name.startswith(f"{t.suite}-"):
                 parts.append(f"<img alt='{html.escape(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")

@@ -38,13 +38,14 @@ from evals.store import (
 )
 from evals.suites.base import Item, Suite
 from router.config import Settings, TierSettings, VerifierSpec
-from router.errors import ConfigError, RequestError, UnavailableError
+from router.errors import ConfigError, ModelError, RequestError, UnavailableError
 from router.generation import GenerationRequest
 from router.pricing import describe
 
 if TYPE_CHECKING:
     from router.backends.base import Backend
-    from verifiers.base import Registry, Verifier
+    from router.plugins import VerifierRegistry as Registry
+    from router.verification import Verifier
 
 TEMPERATURE = 0.0  # greedy: one output per tier and item is the tier's answer
 SEED = 0
@@ -299,8 +300,8 @@ async def run_eval(
     registry: Registry | None = None,
     backends: Mapping[str, Backend] | None = None,
 ) -> RunSummary:
-    """Compute what the store lacks for `plan`. `registry` and `backends` are the seams tests use
-    (they are passed to `Engine.from_settings`)."""
+    """Compute what the store lacks for `plan`. `registry` and `backends` are the seams tests use:
+    a registry of test verifiers, and backends that replace the configured ones of the named tiers."""
     progress = progress or _Silent()
     t0 = time.monotonic()
     write_manifest(plan, store)
@@ -311,32 +312,26 @@ async def run_eval(
         summary.wall_s = time.monotonic() - t0
         return summary
 
-    from router.engine import Engine
-    from verifiers.base import Registry, VerifierContext, VerifierError
+    from router.plugins import VerifierRegistry as Registry
 
     reg = registry or Registry.from_entry_points()
-    engine = Engine.from_settings(plan.settings, only=[t.name for t in tiers], registry=reg, backends=backends)
+    built = build_backends(plan.settings, tiers, backends or {})
     summary.loaded_models = True
     try:
+        # every verifier is made before any model loads: a bad one fails the run at once
+        verifiers = {w.tier.name: _make_verifiers(w, reg, built) for w in work if w.todo}
         for w in work:
             if not w.todo:
                 continue
-            backend = engine.backends[w.tier.name]
-            ctx = VerifierContext(tier=w.tier.name, backend=backend, backends=engine.backends)
-            verifiers: dict[str, Verifier] = {}
-            for label, spec in w.specs.items():
-                try:
-                    verifiers[label] = reg.create(spec.name, spec.params, ctx)
-                except VerifierError as exc:
-                    raise ConfigError(f"eval verifier '{label}' on tier {w.tier.name}: {exc}") from None
+            backend = built[w.tier.name]
             await backend.start()
             width = w.tier.llamacpp.n_parallel if w.tier.llamacpp is not None else plan.concurrency
             limit = asyncio.Semaphore(width)
             progress.start(w.tier.name, len(w.todo), len(plan.items) - len(w.todo))
 
-            async def one(item: Item, w: _TierWork = w, verifiers: dict[str, Verifier] = verifiers) -> None:
+            async def one(item: Item, w: _TierWork = w, backend: Backend = backend) -> None:
                 async with limit:
-                    await _process(plan, store, w, item, engine.backends[w.tier.name], verifiers, summary)
+                    await _process(plan, store, w, item, backend, verifiers[w.tier.name], summary)
                 progress.advance(w.tier.name)
 
             try:
@@ -344,9 +339,50 @@ async def run_eval(
             finally:
                 progress.finish(w.tier.name)
     finally:
-        await engine.close()
+        await asyncio.gather(*(b.close() for b in built.values()), return_exceptions=True)
         summary.wall_s = time.monotonic() - t0
     return summary
+
+
+def build_backends(
+    settings: Settings, tiers: Sequence[TierSettings], supplied: Mapping[str, Backend]
+) -> dict[str, Backend]:
+    """The backends of the tiers an eval runs, built but not started: the one `supplied` for a
+    tier, else the configured one. Only these: an eval generates and verifies by itself, so the
+    serving engine's cascade, verifier sets and pre-routers would be built for nothing. Every
+    tier's backend is there for the verifiers that call another tier (`judge`)."""
+    from router.plugins import BackendRegistry
+
+    index = {t.name: i for i, t in enumerate(settings.tiers)}
+    registry = BackendRegistry.from_entry_points()
+    built: dict[str, Backend] = {}
+    problems: list[str] = []
+    for tier in tiers:
+        if tier.name in supplied:
+            built[tier.name] = supplied[tier.name]
+            continue
+        try:
+            built[tier.name] = registry.create(tier, settings)
+        except (ConfigError, ModelError) as exc:  # named as `config check` names them
+            key = "llamacpp.model" if isinstance(exc, ModelError) else tier.backend
+            problems.append(f"tiers[{index[tier.name]}] ({tier.name}).{key}: {exc}")
+    if problems:
+        raise ConfigError("cannot start:\n  " + "\n  ".join(problems))
+    return built
+
+
+def _make_verifiers(w: _TierWork, reg: Registry, backends: Mapping[str, Backend]) -> dict[str, Verifier]:
+    """Label -> verifier for one tier: its own and the eval's, each made once."""
+    from verifiers.base import VerifierContext, VerifierError
+
+    ctx = VerifierContext(tier=w.tier.name, backend=backends[w.tier.name], backends=backends)
+    made: dict[str, Verifier] = {}
+    for label, spec in w.specs.items():
+        try:
+            made[label] = reg.create(spec.name, spec.params, ctx)
+        except VerifierError as exc:
+            raise ConfigError(f"eval verifier '{label}' on tier {w.tier.name}: {exc}") from None
+    return made
 
 
 async def _all_or_nothing(coros: list[Any]) -> None:
@@ -416,7 +452,7 @@ async def _process(
         store.add_score(
             ScoreRecord(
                 **common,
-                value=float(s.value),
+                value=None if s.value is None else float(s.value),
                 reason=s.reason,
                 details=dict(s.details),
                 cost_prompt_tokens=s.cost.prompt_tokens,

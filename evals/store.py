@@ -102,7 +102,7 @@ class ScoreRecord:
     tier: str
     item: str
     verifier: str  # the verifier's label, e.g. "confidence" or "confidence[stat=min]"
-    value: float
+    value: float | None  # None: the verifier abstained on this answer
     reason: str = ""
     details: dict[str, Any] = field(default_factory=dict)
     cost_prompt_tokens: int = 0

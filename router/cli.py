@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from evals import cli as eval_cli
+from router import bench, keys_cli, report_cli
 from router.errors import TierrouteError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -229,28 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--log-level", default="info")
 
-    for register in _extra_commands():
+    # command groups that live beside their packages
+    for register in (keys_cli.register, report_cli.register, bench.register, eval_cli.register):
         register(sub, add)
     return parser
-
-
-def _extra_commands() -> list[Callable[[Any, Any], None]]:
-    """Command groups that live beside their packages (keys, eval, report, bench)."""
-    found: list[Callable[[Any, Any], None]] = []
-    for module, attr in (
-        ("router.keys_cli", "register"),
-        ("router.report_cli", "register"),
-        ("router.bench", "register"),
-        ("evals.cli", "register"),
-    ):
-        try:
-            mod = __import__(module, fromlist=[attr])
-        except ModuleNotFoundError as exc:
-            if exc.name == module:
-                continue
-            raise
-        found.append(getattr(mod, attr))
-    return found
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,9 @@ import pytest
 from evals import metrics
 from evals.calibrate import in_calibration
 from evals.estimators import LEARNED, PREROUTER, attach, load_predictions
-from evals.train import TrainResult, feature_verifiers, fit_model, load_run, out_of_fold, train
+from evals.fitting import fit_model, out_of_fold
+from evals.train import TrainResult, train
+from evals.training_data import feature_verifiers, load_run
 from router.cli import main
 from router.config import VerifierSpec
 from router.errors import ConfigError

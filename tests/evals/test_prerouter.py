@@ -20,7 +20,7 @@ from router.generation import GenerationRequest, Message
 from router.ledger import LedgerEntry
 from router.wheels import sha256_file
 from tests.verifiers.scripted import ScriptedBackend, tier
-from verifiers.learned import LinearModel, dump_estimator
+from router.estimators import LinearModel, dump_estimator
 from router.features import FeatureSpec, gram_bucket
 
 PRICE = PriceSettings(usd_per_hour=3.6)

@@ -139,6 +139,35 @@ def question_number_of(item) -> int:
     return int(item.id.removeprefix("q"))
 
 
+async def test_each_verifier_is_made_once_and_no_prerouter_is_read(tmp_path: Path) -> None:
+    # an eval generates and verifies by itself: the serving cascade's verifier sets and
+    # pre-routers are not built, so a pre-router file that is not there does not matter
+    config = write_config(tmp_path, verifier='name = "spy"')
+    text = config.read_text().replace(
+        '[[tiers]]\nname = "large"',
+        f'[tiers.prerouter]\nartifact = "{tmp_path / "missing.json"}"\nsha256 = "{"0" * 64}"\nthreshold = 0.5\n\n'
+        '[[tiers]]\nname = "large"',
+    )
+    assert "[tiers.prerouter]" in text
+    config.write_text(text)
+    calls = Calls()
+    summary = await run(plan_for(tmp_path, verifiers=("spy",), config=config), tmp_path / "runs" / "sums", scripted(), calls)
+    assert summary.failed == [] and summary.generated == 2 * N
+    # the small tier's own spy and the eval's are one label: one spy per tier
+    assert len(calls.spies) == 2
+    assert [len(s.seen) for s in calls.spies] == [N, N]
+
+
+async def test_a_tier_that_cannot_be_built_stops_the_run_before_any_model_loads(tmp_path: Path) -> None:
+    from router.errors import ConfigError
+
+    config = write_config(tmp_path, models=("smollm2-135m-instruct-q4_1", str(tmp_path / "absent.gguf")))
+    backends = {"small": ScriptedBackend("small", large_reply)}
+    with pytest.raises(ConfigError, match=r"cannot start:\n  tiers\[1\] \(large\)\.llamacpp\.model: model file not found"):
+        await run(plan_for(tmp_path, config=config), tmp_path / "runs" / "sums", backends)  # type: ignore[arg-type]
+    assert backends["small"].started == 0 and not backends["small"].requests
+
+
 async def test_unavailable_tier_is_not_stored_and_is_retried(tmp_path: Path) -> None:
     from router.errors import OverloadedError
 
