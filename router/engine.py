@@ -44,7 +44,6 @@ def check_resources(
     missing or corrupt model files (except for the tiers in `skip_models`, whose backend is
     supplied), unknown verifiers, pre-router files that are missing or not the configured ones."""
     from router.catalog import resolve_model
-    from verifiers.sandbox import available as sandbox_problem
 
     problems: list[str] = []
     reg = registry or VerifierRegistry.from_entry_points()
@@ -61,8 +60,8 @@ def check_resources(
         for j, spec in enumerate(tier.verifiers):
             if spec.name not in reg.names():
                 problems.append(f"{key}.verifiers[{j}].name: unknown verifier '{spec.name}'; known: {', '.join(reg.names())}")
-            elif spec.name == "code_tests" and (why := sandbox_problem()) is not None:
-                problems.append(f"{key}.verifiers[{j}] (code_tests): cannot run code here: {why}")
+            elif (why := reg.unavailable(spec.name)) is not None:
+                problems.append(f"{key}.verifiers[{j}] ({spec.name}): cannot run here: {why}")
         try:
             load_prerouter(tier)
         except ConfigError as exc:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from router.errors import ConfigError
 from router.verification import SharedVerifier, Verifier, VerifierContext, VerifierError, VerifierFactory
@@ -66,8 +66,32 @@ class Registry(Generic[F]):
             ep.load()(self.register)
 
 
+class RegisterVerifier(Protocol):
+    """The `register` callable a verifier plugin's entry point receives."""
+
+    def __call__(self, name: str, factory: VerifierFactory, check: Callable[[], str | None] | None = None) -> None: ...
+
+
 class VerifierRegistry(Registry[VerifierFactory]):
+    """Verifier factories by name. A verifier that needs something of the machine (the code
+    sandbox) registers a `check` with it: a callable that returns None when it can run here, or
+    the reason it cannot, which `config check` and start-up report."""
+
     kind = "verifier"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._checks: dict[str, Callable[[], str | None]] = {}
+
+    def register(self, name: str, factory: VerifierFactory, check: Callable[[], str | None] | None = None) -> None:
+        super().register(name, factory)
+        if check is not None:
+            self._checks[name] = check
+
+    def unavailable(self, name: str) -> str | None:
+        """Why the verifier `name` cannot run on this machine, or None when it can."""
+        check = self._checks.get(name)
+        return None if check is None else check()
 
     def _error(self, message: str) -> Exception:
         return VerifierError(message)
@@ -93,6 +117,7 @@ class SharedRegistry(VerifierRegistry):
     def __init__(self, registry: VerifierRegistry) -> None:
         super().__init__()
         self._factories = registry._factories
+        self._checks = registry._checks
         self._made: dict[str, SharedVerifier] = {}
 
     def create(self, name: str, params: dict[str, Any], ctx: VerifierContext) -> Verifier:

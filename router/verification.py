@@ -23,7 +23,6 @@ from router.generation import Generation, GenerationRequest
 
 if TYPE_CHECKING:
     from router.backends.base import Backend
-    from router.plugins import VerifierRegistry
 
 
 @dataclass(frozen=True)
@@ -95,6 +94,12 @@ class Verifier(Protocol):
     async def score(self, request: GenerationRequest, candidate: Generation) -> Score: ...
 
 
+class VerifierMaker(Protocol):
+    """Builds verifiers by name (a tier's `router.plugins.SharedRegistry` in the service)."""
+
+    def create(self, name: str, params: dict[str, Any], ctx: VerifierContext) -> Verifier: ...
+
+
 @dataclass
 class VerifierContext:
     """What a verifier may use besides the request: the tier's own backend and the others."""
@@ -104,7 +109,7 @@ class VerifierContext:
     backends: Mapping[str, Backend] = field(default_factory=dict)
     # where a verifier that is built from other verifiers (`learned`) gets them: a tier's
     # SharedRegistry, so a feature verifier the tier also runs is scored once per answer
-    registry: VerifierRegistry | None = None
+    registry: VerifierMaker | None = None
 
 
 VerifierFactory = Callable[[dict[str, Any], VerifierContext], Verifier]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from router.plugins import RegisterVerifier
+from verifiers import sandbox
 from verifiers.base import VerifierFactory
 from verifiers.code_tests import make_code_tests
 from verifiers.confidence import make_confidence
@@ -31,6 +33,10 @@ BUILTINS: dict[str, VerifierFactory] = {
 }
 
 
-def register_verifiers(register: Callable[[str, VerifierFactory], None]) -> None:
+# what a verifier needs of the machine: the reason it cannot run here, or None
+CHECKS: dict[str, Callable[[], str | None]] = {"code_tests": sandbox.available}
+
+
+def register_verifiers(register: RegisterVerifier) -> None:
     for name, factory in BUILTINS.items():
-        register(name, factory)
+        register(name, factory, check=CHECKS.get(name))

@@ -13,60 +13,23 @@ import asyncio
 import email.message
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from router.accounting import Accounting, Ticket
-from router.api import errors
-from router.auth import Authenticator, Principal, allowed_hosts, docs_enabled
-from router.cascade import CascadeResult, Tier
+from router.api import errors, routes_completions, routes_health, routes_models
+from router.api.deps import PrincipalDep, Services, ServicesDep
+from router.auth import allowed_hosts, docs_enabled
 from router.config import Settings
 from router.engine import Engine
 from router.errors import RequestError
-from router.generation import GenerationRequest
 from router.metrics import ResponseCounter
 
 log = logging.getLogger(__name__)
-
-
-class Services:
-    """Everything a route needs, built once per app."""
-
-    def __init__(self, settings: Settings, engine: Engine) -> None:
-        self.settings = settings
-        self.engine = engine
-        self.auth = Authenticator(settings.server)
-        self.accounting = Accounting(settings, engine)
-
-    def admit(
-        self, principal: Principal, request_id: str, request: GenerationRequest, plan: Sequence[Tier], model: str,
-        *, stream: bool,
-    ) -> Ticket:
-        """Budget and rate checks before any generation; returns a ticket to release at the end."""
-        return self.accounting.admit(principal, request_id, request, plan, model, stream=stream)
-
-    async def record(self, principal: Principal, ticket: Ticket, result: CascadeResult) -> None:
-        """Commit a settled request to the ledger, charge its key, count its metrics."""
-        await self.accounting.record(principal, ticket, result)
-
-
-def get_services(request: Request) -> Services:
-    return request.app.state.services  # type: ignore[no-any-return]
-
-
-ServicesDep = Annotated[Services, Depends(get_services)]
-
-
-def get_principal(request: Request, services: ServicesDep) -> Principal:
-    return services.auth.authenticate(request.headers.get("authorization"))
-
-
-PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
 class HostAllowlist:
@@ -231,8 +194,6 @@ def create_app(settings: Settings, *, engine: Engine | None = None, **engine_kwa
     )
     app.state.services = Services(settings, eng)
     errors.install(app)
-
-    from router.api import routes_completions, routes_health, routes_models
 
     app.include_router(routes_health.router)
     app.include_router(routes_models.router)

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from router.accounting import Ticket
 from router.api import openai_types as ot
-from router.api.app import PrincipalDep, Services, ServicesDep
+from router.api.deps import PrincipalDep, Services, ServicesDep
 from router.api.errors import error_response
 from router.auth import Principal
 from router.cascade import Answering, CascadeResult, Final, Spent, Tier

@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from router.api.app import ServicesDep
+from router.api.deps import ServicesDep
 
 router = APIRouter()
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from router.api.app import PrincipalDep, ServicesDep
+from router.api.deps import PrincipalDep, ServicesDep
 from router.errors import UnknownModelError
 from router.pricing import describe
 
