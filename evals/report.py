@@ -273,8 +273,9 @@ def figures(r: SuiteReport) -> dict[str, bytes]:
     fig, ax = plt.subplots(figsize=(5, 4.5))
     ax.plot([0, 1], [0, 1], "k:", linewidth=1)
     for v in r.verifiers:
-        y = [it.tiers[0].correct for it in r.table.items]
-        s = [it.tiers[0].scores[v.verifier] for it in r.table.items]
+        pairs = [(it.tiers[0].correct, x) for it in r.table.items if (x := it.tiers[0].scores[v.verifier]) is not None]
+        y = [c for c, _ in pairs]
+        s = [x for _, x in pairs]
         mean, frac = metrics.reliability(y, s)
         if mean:
             ax.plot(mean, frac, marker="o", markersize=3, label=v.verifier)

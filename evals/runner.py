@@ -432,7 +432,7 @@ async def _process(
         sk = score_key(gk, verifier_fingerprint(spec.name, spec.params))
         if sk in store.scores.records:
             return
-        common = {"key": sk, "gen": gk, "tier": tier, "item": item.id, "verifier": label}
+        common: dict[str, Any] = {"key": sk, "gen": gk, "tier": tier, "item": item.id, "verifier": label}
         if rec.error is not None:
             store.add_score(ScoreRecord(**common, value=0.0, reason="no answer: generation failed"))
             summary.scored += 1

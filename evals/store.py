@@ -147,7 +147,7 @@ class _Log:
 
     def __init__(self, path: Path, kind: type[R]) -> None:
         self.path = path
-        self.kind = kind
+        self.kind: type[Any] = kind
         self.records: dict[str, Any] = {}
         self.skipped = 0
         names = {f.name for f in fields(kind)}
@@ -217,7 +217,8 @@ class RunStore:
         data = json.loads(self.manifest_path.read_text(encoding="utf-8"))
         if data.get("format") != FORMAT:
             raise ConfigError(f"{self.manifest_path}: unknown format {data.get('format')!r}")
-        return data
+        manifest: dict[str, Any] = data
+        return manifest
 
     def write_manifest(self, data: dict[str, Any]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -148,8 +148,8 @@ def _train(
     with open(out / PREDICTIONS, "w", encoding="utf-8") as f:
         for row in predictions:
             f.write(json.dumps(row, separators=(",", ":")) + "\n")
-    preds = load_predictions(out)
-    tables = [attach(r.table, preds, seed=seed, fraction=fraction) for r in runs]
+    stored = load_predictions(out)
+    tables = [attach(r.table, stored, seed=seed, fraction=fraction) for r in runs]
     comparisons = [compare(t, target, seed=seed, fraction=fraction) for t in tables]
     pooled_cmp = None
     notes = []

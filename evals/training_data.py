@@ -133,13 +133,13 @@ def fill_scores(run: RunData, refs: Sequence[VerifierRef]) -> None:
         return
     reg = Registry.from_entry_points()
 
-    async def one(verifier: Any, it: Any, ti: int) -> tuple[float, float]:
+    async def one(verifier: Any, it: Any, ti: int) -> tuple[float | None, float]:
         t0 = time.monotonic()
         score = await score_or_zero(verifier, run.requests[it.id], run.generations[(it.id, ti)])
         return score.value, time.monotonic() - t0
 
-    async def score_all() -> dict[tuple[str, int], dict[str, tuple[float, float]]]:
-        out: dict[tuple[str, int], dict[str, tuple[float, float]]] = {}
+    async def score_all() -> dict[tuple[str, int], dict[str, tuple[float | None, float]]]:
+        out: dict[tuple[str, int], dict[str, tuple[float | None, float]]] = {}
         for ref in missing:
             made = [reg.create(ref.name, dict(ref.params), VerifierContext(tier=t.name)) for t in run.table.tiers]
             for it in run.table.items:

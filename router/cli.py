@@ -86,7 +86,8 @@ def _cache_dir(args: argparse.Namespace) -> Path | None:
     if getattr(args, "cache_dir", None):
         return Path(args.cache_dir)
     try:
-        return _settings(args).models.cache_dir
+        cache_dir: Path | None = _settings(args).models.cache_dir
+        return cache_dir
     except TierrouteError:
         return None
 
@@ -197,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def add(name: str, help_: str, handler: Handler, parent: Any = sub) -> argparse.ArgumentParser:
-        p = parent.add_parser(name, help=help_, description=help_)
+        p: argparse.ArgumentParser = parent.add_parser(name, help=help_, description=help_)
         p.add_argument("--config", default=argparse.SUPPRESS, help="path to config.toml")
         p.set_defaults(handler=handler)
         return p

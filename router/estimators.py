@@ -55,9 +55,9 @@ def sigmoid(t: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class LinearModel:
-    mean: Sequence[float]  # per column; the hashed grams have mean 0 and scale 1
-    scale: Sequence[float]
-    coef: Sequence[float]
+    mean: Sequence[float] | np.ndarray  # per column; the hashed grams have mean 0 and scale 1
+    scale: Sequence[float] | np.ndarray
+    coef: Sequence[float] | np.ndarray
     intercept: float
     platt_a: float
     platt_b: float

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from router.bench.outcome import Outcome
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import openai
 
 
-Send = Callable[[int, float], Awaitable[Outcome]]
+Send = Callable[[int, float], Coroutine[Any, Any, Outcome]]
 
 
 def arrivals(rate: float, n: int, *, kind: str = "poisson", seed: int = 0) -> list[float]:
