@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DCMAKE_C_FLAGS='-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS='-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16'
 WHEELS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tierroute/wheels/$(shell echo "$(LLAMA_CMAKE_ARGS)" | sha256sum | cut -c1-12)
 
-.PHONY: setup sandbox models serve complete test clean
+.PHONY: setup sandbox models serve complete lint test clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,7 +41,13 @@ serve: models
 complete: models
 	$(BIN)/tierroute complete "What is 17 * 3?"
 
-test: setup
+# what people would otherwise review: lint, formatting, and types (strict) on the packages
+lint: setup
+	$(BIN)/ruff check router verifiers evals tests scripts bench
+	$(BIN)/ruff format --check router verifiers evals tests scripts bench
+	$(BIN)/mypy
+
+test: setup lint
 	$(BIN)/tierroute models pull smollm2-135m-instruct-q4_1
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 

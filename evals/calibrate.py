@@ -20,9 +20,9 @@ accurate, or the cheapest, or the least escalating) and the result says so.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 import itertools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,7 +115,9 @@ def _meets(r: PolicyResult, target: Target, goal: float) -> bool:
     return r.escalation_rate <= goal + 1e-12
 
 
-def choose(table: ResultTable, verifier: str, target: Target, *, max_points: int = 101) -> tuple[tuple[float, ...], PolicyResult, bool]:
+def choose(
+    table: ResultTable, verifier: str, target: Target, *, max_points: int = 101
+) -> tuple[tuple[float, ...], PolicyResult, bool]:
     """The thresholds (one per tier but the last) that best meet `target` on `table`."""
     if verifier not in table.verifiers:
         raise ConfigError(f"run {table.run}: no '{verifier}' scores on every item; have: {', '.join(table.verifiers)}")
@@ -143,7 +145,11 @@ def _pick(
     key: Callable[[tuple[tuple[float, ...], PolicyResult]], tuple[float, float]]
     if target.kind in ("min-accuracy", "min-pgr"):
         # cheapest that meets it; else the most accurate
-        key = (lambda x: (x[1].cost_per_1k, -x[1].accuracy)) if feasible else (lambda x: (-x[1].accuracy, x[1].cost_per_1k))
+        key = (
+            (lambda x: (x[1].cost_per_1k, -x[1].accuracy))
+            if feasible
+            else (lambda x: (-x[1].accuracy, x[1].cost_per_1k))
+        )
     elif feasible:
         key = lambda x: (-x[1].accuracy, x[1].cost_per_1k)  # noqa: E731
     elif target.kind == "max-cost":
@@ -154,7 +160,9 @@ def _pick(
     return best_ths, best, bool(feasible)
 
 
-def calibrate(table: ResultTable, verifier: str, target: Target, *, seed: int = 0, fraction: float = 0.5) -> Calibration:
+def calibrate(
+    table: ResultTable, verifier: str, target: Target, *, seed: int = 0, fraction: float = 0.5
+) -> Calibration:
     """Choose on the calibration split, evaluate once on the held-out split."""
     from evals.sweep import SingleTier
 
@@ -162,11 +170,17 @@ def calibrate(table: ResultTable, verifier: str, target: Target, *, seed: int = 
     ths, on_calib, met = choose(calib, verifier, target)
     names = [t.name for t in table.tiers[: max(1, table.top)]]
     return Calibration(
-        verifier=verifier, target=target, seed=seed, fraction=fraction,
-        thresholds=dict(zip(names, ths, strict=True)), met=met, calibration=on_calib,
+        verifier=verifier,
+        target=target,
+        seed=seed,
+        fraction=fraction,
+        thresholds=dict(zip(names, ths, strict=True)),
+        met=met,
+        calibration=on_calib,
         held_out=evaluate(CascadePolicy(verifier, ths), held, ths[0]),
         held_out_tiers=[evaluate(SingleTier(i, t.name), held) for i, t in enumerate(table.tiers)],
-        n_calibration=len(calib.items), n_held_out=len(held.items),
+        n_calibration=len(calib.items),
+        n_held_out=len(held.items),
     )
 
 
@@ -207,8 +221,16 @@ class PreRouteCalibration:
 
 
 def calibrate_preroute(
-    table: ResultTable, prerouter: str, target: Target, *, verifier: str | None = None, seed: int = 0,
-    fraction: float = 0.5, max_drop: float = 0.01, max_points: int = 21, reference: Calibration | None = None,
+    table: ResultTable,
+    prerouter: str,
+    target: Target,
+    *,
+    verifier: str | None = None,
+    seed: int = 0,
+    fraction: float = 0.5,
+    max_drop: float = 0.01,
+    max_points: int = 21,
+    reference: Calibration | None = None,
 ) -> PreRouteCalibration:
     """Choose the pre-router's skip thresholds (and, with a verifier, the verifier's) on the
     calibration split; evaluate once on the held-out split. `reference` is the verifier's own
@@ -238,11 +260,17 @@ def calibrate_preroute(
     policy = PreRoutePolicy(prerouter, skip, verifier, vths)
     skipped = sum(0 not in policy.route(it).ran for it in held.items)
     return PreRouteCalibration(
-        policy=policy.name, target=target,
-        skip_below=dict(zip(names, skip, strict=True)), thresholds=dict(zip(names, vths, strict=False)),
-        met=met, calibration=on_calib, held_out=evaluate(policy, held, skip[0]),
-        reference_calibration=ref_cal, reference_held_out=ref_held,
-        n_held_out=len(held.items), skip_rate=skipped / len(held.items),
+        policy=policy.name,
+        target=target,
+        skip_below=dict(zip(names, skip, strict=True)),
+        thresholds=dict(zip(names, vths, strict=False)),
+        met=met,
+        calibration=on_calib,
+        held_out=evaluate(policy, held, skip[0]),
+        reference_calibration=ref_cal,
+        reference_held_out=ref_held,
+        n_held_out=len(held.items),
+        skip_rate=skipped / len(held.items),
     )
 
 
@@ -250,8 +278,10 @@ def calibrate_preroute(
 
 
 def toml_snippet(cal: Calibration) -> str:
-    lines = [f"# calibrated for {cal.target} with verifier '{cal.verifier}' (seed {cal.seed}, "
-             f"{cal.n_calibration} calibration items)"]
+    lines = [
+        f"# calibrated for {cal.target} with verifier '{cal.verifier}' (seed {cal.seed}, "
+        f"{cal.n_calibration} calibration items)"
+    ]
     for name, th in cal.thresholds.items():
         lines += ["[[tiers]]", f'name = "{name}"', f"threshold = {th:.6g}", ""]
     return "\n".join(lines).rstrip() + "\n"

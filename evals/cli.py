@@ -12,8 +12,10 @@ from typing import Any
 from router.errors import ConfigError
 
 DEFAULT_RUNS_DIR = "runs"
-_ESTIMATORS_HELP = ("add the learned verifier and the pre-router trained by `eval train --out DIR` "
-                    "(their stored out-of-fold and held-out predictions)")
+_ESTIMATORS_HELP = (
+    "add the learned verifier and the pre-router trained by `eval train --out DIR` "
+    "(their stored out-of-fold and held-out predictions)"
+)
 
 
 def _settings(args: argparse.Namespace) -> Any:
@@ -29,8 +31,12 @@ def _with_width(settings: Any, width: int | None) -> Any:
         return settings
     if not 1 <= width <= 64:
         raise ConfigError(f"--width {width}: a local tier decodes 1 to 64 sequences together")
-    tiers = [t.model_copy(update={"llamacpp": t.llamacpp.model_copy(update={"n_parallel": width})})
-             if t.llamacpp is not None else t for t in settings.tiers]
+    tiers = [
+        t.model_copy(update={"llamacpp": t.llamacpp.model_copy(update={"n_parallel": width})})
+        if t.llamacpp is not None
+        else t
+        for t in settings.tiers
+    ]
     return settings.model_copy(update={"tiers": tiers})
 
 
@@ -74,11 +80,20 @@ class _RichProgress:
                 from rich.text import Text
 
                 speed = task.finished_speed or task.speed
-                return Text("–/s" if not speed else (f"{speed:.2f} items/s" if speed >= 0.1 else f"{60 * speed:.2f} items/min"))
+                return Text(
+                    "–/s" if not speed else (f"{speed:.2f} items/s" if speed >= 0.1 else f"{60 * speed:.2f} items/min")
+                )
 
         self.progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
-            Rate(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), transient=False,
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TaskProgressColumn(),
+            Rate(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            transient=False,
         )
         self.tasks: dict[str, Any] = {}
 
@@ -120,27 +135,45 @@ def cmd_run(args: argparse.Namespace) -> int:
         store = RunStore(Path(args.runs_dir) / (args.run or suite.name))
         verifiers: list[VerifierSpec] = explicit
         if not verifiers and store.exists():
-            verifiers = [VerifierSpec(name=v["name"], params=v["params"]) for v in store.manifest().get("verifiers", [])]
+            verifiers = [
+                VerifierSpec(name=v["name"], params=v["params"]) for v in store.manifest().get("verifiers", [])
+            ]
         if not verifiers and not args.no_default_verifiers:
             verifiers = default_verifiers(suite.task)
         runs.append(store.name)
         items = select_items(suite, limit, args.seed, cache_dir)
         plan = EvalPlan(
-            suite=suite, items=items, settings=settings, tiers=tiers, verifiers=verifiers, limit=limit,
-            seed=args.seed, concurrency=args.concurrency, timeout_s=args.timeout_s, config_path=str(args.config) if args.config else None,
+            suite=suite,
+            items=items,
+            settings=settings,
+            tiers=tiers,
+            verifiers=verifiers,
+            limit=limit,
+            seed=args.seed,
+            concurrency=args.concurrency,
+            timeout_s=args.timeout_s,
+            config_path=str(args.config) if args.config else None,
         )
         labels = ", ".join(sorted({v.name for v in verifiers})) or "none besides the tiers' own"
-        print(f"{suite.name}: {len(items)} items x {len(tiers)} tiers ({', '.join(tiers)}); eval verifiers: {labels}; "
-              f"results in {store.root}", file=sys.stderr)
+        print(
+            f"{suite.name}: {len(items)} items x {len(tiers)} tiers ({', '.join(tiers)}); eval verifiers: {labels}; "
+            f"results in {store.root}",
+            file=sys.stderr,
+        )
         try:
             with store, _RichProgress() as progress:
                 summary = asyncio.run(run_eval(plan, store, progress=progress))
         except KeyboardInterrupt:
-            print(f"interrupted: every finished item is stored in {store.root}; run the same command to resume",
-                  file=sys.stderr)
+            print(
+                f"interrupted: every finished item is stored in {store.root}; run the same command to resume",
+                file=sys.stderr,
+            )
             return 130
-        what = (f"computed {summary.generated} generations, {summary.scored} scores, {summary.graded} grades"
-                if summary.computed else "everything was cached")
+        what = (
+            f"computed {summary.generated} generations, {summary.scored} scores, {summary.graded} grades"
+            if summary.computed
+            else "everything was cached"
+        )
         print(f"{suite.name}: {what} in {summary.wall_s:.1f}s", file=sys.stderr)
         if summary.failed:
             status = 1
@@ -149,8 +182,17 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"  {line}", file=sys.stderr)
     if args.report and status == 0:
         report_args = argparse.Namespace(
-            runs=runs, runs_dir=args.runs_dir, out=args.report, target=args.target, seed=0, fraction=0.5,
-            tiers=None, reprice=False, config=args.config, command_line=None, estimators=args.estimators,
+            runs=runs,
+            runs_dir=args.runs_dir,
+            out=args.report,
+            target=args.target,
+            seed=0,
+            fraction=0.5,
+            tiers=None,
+            reprice=False,
+            config=args.config,
+            command_line=None,
+            estimators=args.estimators,
         )
         cmd_report(report_args)
     return status
@@ -208,21 +250,33 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     def curve_table(first: str, curve: list[Any]) -> Table:
         out = Table(first, "accuracy", "cost/1k", "escalation", "savings", "p50", "p95")
         for p in curve[:: max(1, len(curve) // args.rows)]:
-            out.add_row(th(p.param), pct(p.accuracy), usd(p.cost_per_1k), pct(p.escalation_rate), pct(p.savings),
-                        num(p.latency_p50, 2), num(p.latency_p95, 2))
+            out.add_row(
+                th(p.param),
+                pct(p.accuracy),
+                usd(p.cost_per_1k),
+                pct(p.escalation_rate),
+                pct(p.savings),
+                num(p.latency_p50, 2),
+                num(p.latency_p95, 2),
+            )
         return out
 
     verifiers = [args.verifier] if args.verifier else table.verifiers
     for v in verifiers:
         s = summarize(table, v)
-        console.print(f"[bold]{table.suite} / {v}[/]: AUROC {', '.join(num(a) for a in s.auroc)}; APGR {num(s.apgr)}; "
-                      f"CPT(50/80/95%) {', '.join(pct(s.cpt[x]) for x in (0.5, 0.8, 0.95))}; AIQ {num(s.aiq)}")
+        console.print(
+            f"[bold]{table.suite} / {v}[/]: AUROC {', '.join(num(a) for a in s.auroc)}; APGR {num(s.apgr)}; "
+            f"CPT(50/80/95%) {', '.join(pct(s.cpt[x]) for x in (0.5, 0.8, 0.95))}; AIQ {num(s.aiq)}"
+        )
         console.print(curve_table("threshold", s.curve))
     if args.estimators:
         from evals.estimators import PREROUTER
         from evals.sweep import preroute_sweep
 
-        console.print(f"[bold]{table.suite} / pre-route only[/]: skip a tier when the pre-router's P(right) is below the threshold")
+        console.print(
+            f"[bold]{table.suite} / pre-route only[/]: "
+            "skip a tier when the pre-router's P(right) is below the threshold"
+        )
         console.print(curve_table("skip below", preroute_sweep(table, PREROUTER)))
     base = baselines(table)
     for p in base["tiers"] + base["oracle"]:
@@ -240,11 +294,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     verifier = args.verifier or CONFIG
     cal = calibrate(table, verifier, target, seed=args.seed, fraction=args.fraction)
     ths = ", ".join(f"{n}={th(v)}" for n, v in cal.thresholds.items())
-    print(f"{table.suite}: verifier '{verifier}', target {target}: thresholds {ths} "
-          f"(chosen on {cal.n_calibration} calibration items{'' if cal.met else '; target NOT reachable there, nearest shown'})")
+    print(
+        f"{table.suite}: verifier '{verifier}', target {target}: thresholds {ths} "
+        f"(chosen on {cal.n_calibration} calibration items"
+        f"{'' if cal.met else '; target NOT reachable there, nearest shown'})"
+    )
     for label, r in (("calibration", cal.calibration), ("held-out", cal.held_out)):
-        print(f"  {label:12s} accuracy {pct(r.accuracy)}, {usd(r.cost_per_1k)} per 1k, escalation "
-              f"{pct(r.escalation_rate)}, savings vs top {pct(r.savings)} (n={r.n})")
+        print(
+            f"  {label:12s} accuracy {pct(r.accuracy)}, {usd(r.cost_per_1k)} per 1k, escalation "
+            f"{pct(r.escalation_rate)}, savings vs top {pct(r.savings)} (n={r.n})"
+        )
     for t in cal.held_out_tiers:
         print(f"  held-out, always {t.policy}: accuracy {pct(t.accuracy)}, {usd(t.cost_per_1k)} per 1k")
     print(f"  target met on held-out items: {'yes' if cal.held_out_met else 'no'}")
@@ -310,13 +369,22 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     tiers = args.tiers.split(",") if args.tiers else None
     cache_dir = Path(args.cache_dir) if args.cache_dir else None
-    runs = [load_run(_run_dir(args, r), suite=args.suite if len(args.run) == 1 else None, cache_dir=cache_dir, tiers=tiers)
-            for r in args.run]
+    runs = [
+        load_run(_run_dir(args, r), suite=args.suite if len(args.run) == 1 else None, cache_dir=cache_dir, tiers=tiers)
+        for r in args.run
+    ]
     command = _train_command(args)
     result = train(
-        runs, Path(args.out), seed=args.seed, fraction=args.fraction, suite_specific=args.suite_specific,
-        include_costly=args.with_costly_verifiers, n_buckets=args.buckets, target=Target.parse(args.target),
-        command=command, splits=args.splits,
+        runs,
+        Path(args.out),
+        seed=args.seed,
+        fraction=args.fraction,
+        suite_specific=args.suite_specific,
+        include_costly=args.with_costly_verifiers,
+        n_buckets=args.buckets,
+        target=Target.parse(args.target),
+        command=command,
+        splits=args.splits,
     )
     for a in result.artifacts:
         print(f"{result.out / a['file']}  {a['version']}  sha256 {a['sha256']}")
@@ -327,8 +395,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"\nreport: {result.out / 'README.md'}")
     final = result.pooled or (result.comparisons[0] if len(result.comparisons) == 1 else None)
     if final is not None:
-        print("\n# paste into config.toml (each [[tiers]] entry merges into the tier of that name):\n"
-              + toml_snippet(result, final))
+        print(
+            "\n# paste into config.toml (each [[tiers]] entry merges into the tier of that name):\n"
+            + toml_snippet(result, final)
+        )
     return 0
 
 
@@ -356,8 +426,18 @@ def _report_command(args: argparse.Namespace) -> str:
     """The command that regenerates this report, spelled the same however it was typed."""
     from evals.calibrate import split_options
 
-    parts = ["tierroute", "eval", "report", *args.runs, "--runs-dir", args.runs_dir, "--out", args.out,
-             "--target", args.target]
+    parts = [
+        "tierroute",
+        "eval",
+        "report",
+        *args.runs,
+        "--runs-dir",
+        args.runs_dir,
+        "--out",
+        args.out,
+        "--target",
+        args.target,
+    ]
     parts += split_options(args)
     if args.estimators:
         parts += ["--estimators", args.estimators]
@@ -371,25 +451,45 @@ def register(sub: Any, add: Any) -> None:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--runs-dir", default=DEFAULT_RUNS_DIR, help=f"where runs live (default: ./{DEFAULT_RUNS_DIR})")
 
-    p = add("run", "run every tier on every item once; score with every verifier; store and cache per item", cmd_run, esub)
+    p = add(
+        "run", "run every tier on every item once; score with every verifier; store and cache per item", cmd_run, esub
+    )
     common(p)
-    p.add_argument("--suite", action="append", required=True, metavar="NAME[:LIMIT]",
-                   help="gsm8k, humaneval, mmlu, or a .jsonl file; repeat for several (each its own run)")
+    p.add_argument(
+        "--suite",
+        action="append",
+        required=True,
+        metavar="NAME[:LIMIT]",
+        help="gsm8k, humaneval, mmlu, or a .jsonl file; repeat for several (each its own run)",
+    )
     p.add_argument("--limit", type=int, default=None, help="items per suite (default: all)")
     p.add_argument("--seed", type=int, default=0, help="which items are drawn (default 0)")
     p.add_argument("--tiers", default=None, help="comma-separated tier names (default: every configured tier)")
-    p.add_argument("--verifier", action="append", default=[], metavar="NAME[:JSON]",
-                   help="score every tier with this verifier too, e.g. confidence:'{\"stat\":\"min\"}' (repeatable; "
-                        "default: the run's earlier list, else the cheap built-ins for the suite's task)")
+    p.add_argument(
+        "--verifier",
+        action="append",
+        default=[],
+        metavar="NAME[:JSON]",
+        help='score every tier with this verifier too, e.g. confidence:\'{"stat":"min"}\' (repeatable; '
+        "default: the run's earlier list, else the cheap built-ins for the suite's task)",
+    )
     p.add_argument("--no-default-verifiers", action="store_true", help="only the tiers' own verifiers")
     p.add_argument("--run", default=None, help="run name (default: the suite's name)")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight for a remote tier (default 8)")
-    p.add_argument("--width", type=int, default=None,
-                   help="sequences each local tier decodes together in this eval (default: its n_parallel)")
+    p.add_argument(
+        "--width",
+        type=int,
+        default=None,
+        help="sequences each local tier decodes together in this eval (default: its n_parallel)",
+    )
     p.add_argument("--cache-dir", default=None, help="model and data cache (default: config or XDG cache)")
-    p.add_argument("--timeout-s", type=float, default=1800.0,
-                   help="deadline of one generation in an eval (default 1800; the tiers' serving timeout_s "
-                        "does not apply: items are decoded in batches and take longer)")
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=1800.0,
+        help="deadline of one generation in an eval (default 1800; the tiers' serving timeout_s "
+        "does not apply: items are decoded in batches and take longer)",
+    )
     p.add_argument("--report", default=None, metavar="DIR", help="then write the report of these runs into DIR")
     p.add_argument("--target", default="min-pgr=0.8", help="calibration target of that report (default min-pgr=0.8)")
     p.add_argument("--estimators", default=None, metavar="DIR", help="that report: " + _ESTIMATORS_HELP)
@@ -403,12 +503,20 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--reprice", action="store_true", help="price with the config's price sheet, not the run's")
     p.add_argument("--estimators", default=None, metavar="DIR", help=_ESTIMATORS_HELP)
 
-    p = add("calibrate", "choose thresholds on a calibration split for a target; report them on held-out items",
-            cmd_calibrate, esub)
+    p = add(
+        "calibrate",
+        "choose thresholds on a calibration split for a target; report them on held-out items",
+        cmd_calibrate,
+        esub,
+    )
     common(p)
     p.add_argument("--run", required=True, help="run name or directory")
-    p.add_argument("--target", required=True, metavar="KIND=VALUE",
-                   help="min-accuracy=0.6, min-pgr=0.8, max-cost=0.05 (USD per 1k requests) or max-escalation=0.3")
+    p.add_argument(
+        "--target",
+        required=True,
+        metavar="KIND=VALUE",
+        help="min-accuracy=0.6, min-pgr=0.8, max-cost=0.05 (USD per 1k requests) or max-escalation=0.3",
+    )
     p.add_argument("--verifier", default=None, help="the verifier to threshold (default: 'config', the tiers' own)")
     p.add_argument("--seed", type=int, default=0, help="fixes the calibration split (default 0)")
     p.add_argument("--fraction", type=float, default=0.5, help="share of items used to calibrate (default 0.5)")
@@ -429,21 +537,40 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--estimators", default=None, metavar="DIR", help=_ESTIMATORS_HELP)
     p.add_argument("--command-line", default=None, help=argparse.SUPPRESS)
 
-    p = add("train", "fit the learned verifier and the pre-router on stored runs; report them on held-out items",
-            cmd_train, esub)
+    p = add(
+        "train",
+        "fit the learned verifier and the pre-router on stored runs; report them on held-out items",
+        cmd_train,
+        esub,
+    )
     common(p)
-    p.add_argument("--run", action="append", required=True, metavar="RUN",
-                   help="run name or directory; repeat to pool several suites into one estimator per tier")
+    p.add_argument(
+        "--run",
+        action="append",
+        required=True,
+        metavar="RUN",
+        help="run name or directory; repeat to pool several suites into one estimator per tier",
+    )
     p.add_argument("--out", required=True, help="directory for the artifacts, predictions and training report")
     p.add_argument("--suite-specific", action="store_true", help="one estimator per run (suite) instead of one pooled")
     p.add_argument("--tiers", default=None, help="comma-separated subset of the runs' tiers, cheapest first")
     p.add_argument("--seed", type=int, default=0, help="the calibration split's seed (default 0; as in eval calibrate)")
     p.add_argument("--fraction", type=float, default=0.5, help="share of items in the calibration split (default 0.5)")
-    p.add_argument("--target", default="min-pgr=0.8", help="calibration target for the thresholds (default min-pgr=0.8)")
+    p.add_argument(
+        "--target", default="min-pgr=0.8", help="calibration target for the thresholds (default min-pgr=0.8)"
+    )
     p.add_argument("--suite", default=None, help="the suite (name or .jsonl path) of a single run, when not recorded")
     p.add_argument("--cache-dir", default=None, help="where the suites' data files are cached (default: XDG cache)")
     p.add_argument("--buckets", type=int, default=1024, help="hashed prompt n-gram columns (default 1024)")
-    p.add_argument("--splits", type=int, default=0, metavar="N",
-                   help="also retrain on N other calibration splits and report how often each target is met")
-    p.add_argument("--with-costly-verifiers", action="store_true",
-                   help="let verifiers that generate (self_consistency, judge) be features: they then run on every request")
+    p.add_argument(
+        "--splits",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also retrain on N other calibration splits and report how often each target is met",
+    )
+    p.add_argument(
+        "--with-costly-verifiers",
+        action="store_true",
+        help="let verifiers that generate (self_consistency, judge) be features: they then run on every request",
+    )

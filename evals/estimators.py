@@ -156,40 +156,65 @@ class Comparison:
         if lq is None or lq.auroc is None or best_q is None:
             out.append(("learned AUROC beats the best single verifier", None, "undefined: one class only"))
         else:
-            out.append((
-                "learned AUROC beats the best single verifier", lq.auroc > (best_q.auroc or 0.0),
-                f"{lq.auroc:.3f} vs {best_q.auroc:.3f}" if short else
-                f"{lq.auroc:.3f} against {best_q.column} {best_q.auroc:.3f} ({first}, held-out)",
-            ))
+            out.append(
+                (
+                    "learned AUROC beats the best single verifier",
+                    lq.auroc > (best_q.auroc or 0.0),
+                    f"{lq.auroc:.3f} vs {best_q.auroc:.3f}"
+                    if short
+                    else f"{lq.auroc:.3f} against {best_q.column} {best_q.auroc:.3f} ({first}, held-out)",
+                )
+            )
         if self.best_single is not None and LEARNED in self.verify_only:
             s, ref = self.verify_only[LEARNED].held_out, self.verify_only[self.best_single].held_out
             ok = s.cost_per_1k < ref.cost_per_1k and s.accuracy >= ref.accuracy - 1e-12
             pv = self.preroute_verify.get(LEARNED)
-            ok_pv = pv is not None and pv.held_out.cost_per_1k < ref.cost_per_1k and pv.held_out.accuracy >= ref.accuracy - 1e-12
-            text = (f"verify[learned] {100 * s.accuracy:.1f}% at ${s.cost_per_1k:.4f}/1k; "
-                    f"verify[{self.best_single}] {100 * ref.accuracy:.1f}% at ${ref.cost_per_1k:.4f}/1k")
+            ok_pv = (
+                pv is not None
+                and pv.held_out.cost_per_1k < ref.cost_per_1k
+                and pv.held_out.accuracy >= ref.accuracy - 1e-12
+            )
+            text = (
+                f"verify[learned] {100 * s.accuracy:.1f}% at ${s.cost_per_1k:.4f}/1k; "
+                f"verify[{self.best_single}] {100 * ref.accuracy:.1f}% at ${ref.cost_per_1k:.4f}/1k"
+            )
             if pv is not None:
-                text += f"; pre-route then verify[learned] {100 * pv.held_out.accuracy:.1f}% at ${pv.held_out.cost_per_1k:.4f}/1k"
+                text += (
+                    f"; pre-route then verify[learned] {100 * pv.held_out.accuracy:.1f}%"
+                    f" at ${pv.held_out.cost_per_1k:.4f}/1k"
+                )
             m = self.matched.held_out if self.matched is not None else None
             ok_m = m is not None and m.cost_per_1k < ref.cost_per_1k and m.accuracy >= ref.accuracy - 1e-12
             if m is not None:
-                text += f"; verify[learned] matched to its calibration accuracy {100 * m.accuracy:.1f}% at ${m.cost_per_1k:.4f}/1k"
+                text += (
+                    f"; verify[learned] matched to its calibration accuracy {100 * m.accuracy:.1f}%"
+                    f" at ${m.cost_per_1k:.4f}/1k"
+                )
             if short:
                 best = s if ok else pv.held_out if pv is not None and ok_pv else m if m is not None and ok_m else s
-                text = (f"{100 * best.accuracy:.1f}% ${best.cost_per_1k:.3f} vs "
-                        f"{100 * ref.accuracy:.1f}% ${ref.cost_per_1k:.3f}")
+                text = (
+                    f"{100 * best.accuracy:.1f}% ${best.cost_per_1k:.3f} vs "
+                    f"{100 * ref.accuracy:.1f}% ${ref.cost_per_1k:.3f}"
+                )
             out.append(("learned cascade cheaper at equal or better accuracy", ok or ok_pv or ok_m, text))
         for label, pv in self.preroute_verify.items():
             drop = pv.accuracy_drop
             against = "best single" if short and label == self.best_single and label != LEARNED else label
-            out.append((
-                f"pre-router costs at most {100 * MAX_DROP:.0f} point against verify[{against}]",
-                None if drop is None else drop <= MAX_DROP + 1e-12,
-                "–" if drop is None else (f"{100 * drop:+.2f} pt, {100 * pv.skip_rate:.0f}% skipped"
-                                          + ("" if against == label else f", {label}") if short else
-                f"{100 * drop:+.2f} points (held-out, {pv.n_held_out} items), skipping "
-                f"{100 * pv.skip_rate:.1f}% of first-tier calls"),
-            ))
+            out.append(
+                (
+                    f"pre-router costs at most {100 * MAX_DROP:.0f} point against verify[{against}]",
+                    None if drop is None else drop <= MAX_DROP + 1e-12,
+                    "–"
+                    if drop is None
+                    else (
+                        f"{100 * drop:+.2f} pt, {100 * pv.skip_rate:.0f}% skipped"
+                        + ("" if against == label else f", {label}")
+                        if short
+                        else f"{100 * drop:+.2f} points (held-out, {pv.n_held_out} items), skipping "
+                        f"{100 * pv.skip_rate:.1f}% of first-tier calls"
+                    ),
+                )
+            )
         return out
 
 
@@ -204,7 +229,8 @@ def compare(
     quality = [
         HeldOutQuality(column, t.name, q.n, q.auroc, q.brier, q.ece)
         for column in [*table.verifiers, PREROUTER]
-        for t, q in zip(table.tiers, score_quality(held, column), strict=True) if q is not None
+        for t, q in zip(table.tiers, score_quality(held, column), strict=True)
+        if q is not None
     ]
     verify_only = {v: calibrate(table, v, target, seed=seed, fraction=fraction) for v in table.verifiers}
     singles = [v for v in table.verifiers if v not in (LEARNED, CONFIG)]
@@ -212,44 +238,90 @@ def compare(
     best_single = max(ranked)[1] if ranked else None
     pv = {}
     for v in dict.fromkeys([LEARNED, *([best_single] if best_single else [])]):
-        pv[v] = calibrate_preroute(table, PREROUTER, target, verifier=v, seed=seed, fraction=fraction, max_drop=max_drop,
-                                   reference=verify_only[v])
+        pv[v] = calibrate_preroute(
+            table,
+            PREROUTER,
+            target,
+            verifier=v,
+            seed=seed,
+            fraction=fraction,
+            max_drop=max_drop,
+            reference=verify_only[v],
+        )
     matched = None
     if best_single is not None:
         level = verify_only[best_single].calibration.accuracy
         matched = calibrate(table, LEARNED, Target("min-accuracy", level), seed=seed, fraction=fraction)
     return Comparison(
-        table=table, target=target, quality=quality, verify_only=verify_only, best_single=best_single,
+        table=table,
+        target=target,
+        quality=quality,
+        verify_only=verify_only,
+        best_single=best_single,
         preroute_only=calibrate_preroute(table, PREROUTER, target, seed=seed, fraction=fraction),
-        preroute_verify=pv, matched=matched,
+        preroute_verify=pv,
+        matched=matched,
     )
 
 
 def policy_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
     """The policies at their calibrated points, on held-out items: a Markdown/HTML table."""
-    header = ["policy", "settings (chosen on the calibration split)", "accuracy", "cost / 1k", "escalation",
-              "skipped first tier", "savings vs top"]
+    header = [
+        "policy",
+        "settings (chosen on the calibration split)",
+        "accuracy",
+        "cost / 1k",
+        "escalation",
+        "skipped first tier",
+        "savings vs top",
+    ]
     rows = []
     for v, cal in c.verify_only.items():
         if v not in (LEARNED, c.best_single):
             continue
         tag = " (best single verifier)" if v == c.best_single else ""
         r = cal.held_out
-        rows.append([f"verify only[{v}]{tag}", ", ".join(f"{n} ≥ {th(x)}" for n, x in cal.thresholds.items()),
-                     pct(r.accuracy), usd(r.cost_per_1k), pct(r.escalation_rate), "–", pct(r.savings)])
+        rows.append(
+            [
+                f"verify only[{v}]{tag}",
+                ", ".join(f"{n} ≥ {th(x)}" for n, x in cal.thresholds.items()),
+                pct(r.accuracy),
+                usd(r.cost_per_1k),
+                pct(r.escalation_rate),
+                "–",
+                pct(r.savings),
+            ]
+        )
     if c.matched is not None and c.best_single is not None:
         r, ref = c.matched.held_out, c.verify_only[c.best_single].calibration
-        rows.append([f"verify only[{LEARNED}], matched to the best single verifier",
-                     ", ".join(f"{n} ≥ {th(x)}" for n, x in c.matched.thresholds.items())
-                     + f" (min-accuracy={100 * ref.accuracy:.1f}%, its calibration accuracy)",
-                     pct(r.accuracy), usd(r.cost_per_1k), pct(r.escalation_rate), "–", pct(r.savings)])
+        rows.append(
+            [
+                f"verify only[{LEARNED}], matched to the best single verifier",
+                ", ".join(f"{n} ≥ {th(x)}" for n, x in c.matched.thresholds.items())
+                + f" (min-accuracy={100 * ref.accuracy:.1f}%, its calibration accuracy)",
+                pct(r.accuracy),
+                usd(r.cost_per_1k),
+                pct(r.escalation_rate),
+                "–",
+                pct(r.savings),
+            ]
+        )
     for p in [c.preroute_only, *c.preroute_verify.values()]:
         r = p.held_out
         settings = ", ".join(f"skip {n} below {th(x)}" for n, x in p.skip_below.items())
         if p.thresholds:
             settings += "; " + ", ".join(f"{n} ≥ {th(x)}" for n, x in p.thresholds.items())
-        rows.append([p.policy, settings, pct(r.accuracy), usd(r.cost_per_1k), pct(r.escalation_rate),
-                     pct(p.skip_rate), pct(r.savings)])
+        rows.append(
+            [
+                p.policy,
+                settings,
+                pct(r.accuracy),
+                usd(r.cost_per_1k),
+                pct(r.escalation_rate),
+                pct(p.skip_rate),
+                pct(r.savings),
+            ]
+        )
     for t in c.verify_only[LEARNED].held_out_tiers:
         rows.append([f"*always {t.policy}*", "–", pct(t.accuracy), usd(t.cost_per_1k), "–", "–", pct(t.savings)])
     return header, rows
@@ -274,8 +346,12 @@ def comparison_markdown(cmp: Comparison, *, level: int = 3) -> list[str]:
     n_held = cmp.verify_only[LEARNED].n_held_out
     lines = [f"{h} {t.suite}: learned estimators ({n_cal} calibration items, {n_held} held-out)", ""]
     lines += [f"{h}# Held-out quality", "", *md_table(*quality_rows(cmp)), ""]
-    lines += [f"{h}# Policies at calibrated points (`{cmp.target}`), held-out items", "",
-              *md_table(*policy_rows(cmp)), ""]
+    lines += [
+        f"{h}# Policies at calibrated points (`{cmp.target}`), held-out items",
+        "",
+        *md_table(*policy_rows(cmp)),
+        "",
+    ]
     lines += [f"{h}# Targets", ""]
     for what, ok, numbers in cmp.checks():
         mark = "met" if ok else ("undecided" if ok is None else "**missed**")
@@ -285,26 +361,50 @@ def comparison_markdown(cmp: Comparison, *, level: int = 3) -> list[str]:
 
 def comparison_json(cmp: Comparison) -> dict[str, Any]:
     return {
-        "suite": cmp.table.suite, "run": cmp.table.run, "target": str(cmp.target),
+        "suite": cmp.table.suite,
+        "run": cmp.table.run,
+        "target": str(cmp.target),
         "quality": [q.__dict__ for q in cmp.quality],
-        "verify_only": {v: {"thresholds": c.thresholds, "held_out": c.held_out.as_row()} for v, c in cmp.verify_only.items()},
+        "verify_only": {
+            v: {"thresholds": c.thresholds, "held_out": c.held_out.as_row()} for v, c in cmp.verify_only.items()
+        },
         "best_single": cmp.best_single,
-        "matched": None if cmp.matched is None else {"target": str(cmp.matched.target), "thresholds": cmp.matched.thresholds,
-                                                     "held_out": cmp.matched.held_out.as_row()},
-        "preroute_only": {"skip_below": cmp.preroute_only.skip_below, "held_out": cmp.preroute_only.held_out.as_row(),
-                          "skip_rate": cmp.preroute_only.skip_rate},
-        "preroute_verify": {v: {"skip_below": c.skip_below, "thresholds": c.thresholds, "held_out": c.held_out.as_row(),
-                                "accuracy_drop": c.accuracy_drop, "skip_rate": c.skip_rate}
-                            for v, c in cmp.preroute_verify.items()},
+        "matched": None
+        if cmp.matched is None
+        else {
+            "target": str(cmp.matched.target),
+            "thresholds": cmp.matched.thresholds,
+            "held_out": cmp.matched.held_out.as_row(),
+        },
+        "preroute_only": {
+            "skip_below": cmp.preroute_only.skip_below,
+            "held_out": cmp.preroute_only.held_out.as_row(),
+            "skip_rate": cmp.preroute_only.skip_rate,
+        },
+        "preroute_verify": {
+            v: {
+                "skip_below": c.skip_below,
+                "thresholds": c.thresholds,
+                "held_out": c.held_out.as_row(),
+                "accuracy_drop": c.accuracy_drop,
+                "skip_rate": c.skip_rate,
+            }
+            for v, c in cmp.preroute_verify.items()
+        },
         "checks": [{"target": w, "met": ok, "numbers": n} for w, ok, n in cmp.checks()],
     }
 
 
 def comparison_html(cmp: Comparison) -> str:
     t = cmp.table
-    parts = [f"<h3>{inline(t.suite)}: learned estimators</h3>", "<h4>Held-out quality</h4>", html_table(*quality_rows(cmp)),
-             f"<h4>Policies at calibrated points ({inline(str(cmp.target))}), held-out items</h4>",
-             html_table(*policy_rows(cmp)), "<h4>Targets</h4><ul>"]
+    parts = [
+        f"<h3>{inline(t.suite)}: learned estimators</h3>",
+        "<h4>Held-out quality</h4>",
+        html_table(*quality_rows(cmp)),
+        f"<h4>Policies at calibrated points ({inline(str(cmp.target))}), held-out items</h4>",
+        html_table(*policy_rows(cmp)),
+        "<h4>Targets</h4><ul>",
+    ]
     for what, ok, numbers in cmp.checks():
         mark = "met" if ok else ("undecided" if ok is None else "<b>missed</b>")
         parts.append(f"<li>{inline(what)}: {mark} ({inline(numbers)})</li>")
@@ -319,5 +419,10 @@ def pooled(tables: Sequence[ResultTable]) -> ResultTable:
         if [x.name for x in t.tiers] != names:
             raise ConfigError(f"runs {first.run} and {t.run} have different tiers; train them separately")
     common = [v for v in first.verifiers if all(v in t.verifiers for t in tables)]
-    return replace(first, run="+".join(t.run for t in tables), suite="+".join(t.suite for t in tables),
-                   items=[it for t in tables for it in t.items], verifiers=common)
+    return replace(
+        first,
+        run="+".join(t.run for t in tables),
+        suite="+".join(t.suite for t in tables),
+        items=[it for t in tables for it in t.items],
+        verifiers=common,
+    )

@@ -22,8 +22,15 @@ _MAX_ITER = 5000
 
 def _constant(mean: np.ndarray, scale: np.ndarray, y: np.ndarray, why: str) -> LinearModel:
     pos, n = int(y.sum()), len(y)
-    return LinearModel(mean, scale, np.zeros(len(mean)), 0.0, 0.0, math.log((pos + 1) / (n - pos + 1)),
-                       {"kind": "constant", "why": why, "rows": n, "positives": pos})
+    return LinearModel(
+        mean,
+        scale,
+        np.zeros(len(mean)),
+        0.0,
+        0.0,
+        math.log((pos + 1) / (n - pos + 1)),
+        {"kind": "constant", "why": why, "rows": n, "positives": pos},
+    )
 
 
 def _folds(y: np.ndarray, k: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -85,9 +92,22 @@ def fit_model(x: np.ndarray, y: np.ndarray, n_dense: int, *, seed: int = 0) -> L
     clf = LogisticRegression(C=c, max_iter=_MAX_ITER).fit((x[:, :cols] - mean[:cols]) / scale[:cols], y)
     coef = np.zeros(width)
     coef[:cols] = clf.coef_[0]
-    return LinearModel(mean, scale, coef, float(clf.intercept_[0]), a, b,
-                       {"kind": "logistic", "C": c, "gram_gain": gain, "cv_log_loss": round(loss, 6),
-                        "rows": len(y), "positives": int(y.sum())})
+    return LinearModel(
+        mean,
+        scale,
+        coef,
+        float(clf.intercept_[0]),
+        a,
+        b,
+        {
+            "kind": "logistic",
+            "C": c,
+            "gram_gain": gain,
+            "cv_log_loss": round(loss, 6),
+            "rows": len(y),
+            "positives": int(y.sum()),
+        },
+    )
 
 
 def _with_gain(scale: np.ndarray, n_dense: int, gain: float) -> np.ndarray:

@@ -77,7 +77,7 @@ def extract_choice(text: str, letters: str = CHOICE_LETTERS) -> str | None:
     lone = set()
     for m in _CHOICE_LONE.finditer(text):
         line_start = text.rfind("\n", 0, m.start()) + 1
-        if m.group(1) in letters and not (line_start in listed and text[line_start:m.start()].strip(" \t(") == ""):
+        if m.group(1) in letters and not (line_start in listed and text[line_start : m.start()].strip(" \t(") == ""):
             lone.add(m.group(1))
     return lone.pop() if len(lone) == 1 else None
 

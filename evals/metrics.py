@@ -84,7 +84,9 @@ def cpt(points: Sequence[tuple[float, float]], weak: float, strong: float, targe
     gap = (pts[:, 1] - weak) / (strong - weak)
     if gap[0] >= target:
         return float(pts[0, 0])
-    for (x0, g0), (x1, g1) in zip(zip(pts[:-1, 0], gap[:-1]), zip(pts[1:, 0], gap[1:]), strict=True):
+    left = zip(pts[:-1, 0], gap[:-1], strict=True)
+    right = zip(pts[1:, 0], gap[1:], strict=True)
+    for (x0, g0), (x1, g1) in zip(left, right, strict=True):
         if g0 < target <= g1:
             return float(x0 + (target - g0) / (g1 - g0) * (x1 - x0))
     return None

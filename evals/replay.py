@@ -121,8 +121,13 @@ class Replay:
             name = snap["name"]
             threshold = thresholds[min(i, len(thresholds) - 1)] if i < last or last == 0 else 0.0
             ts = TierSettings(
-                name=name, backend="replay", price=PriceSettings(**snap["price"]), threshold=threshold,
-                max_tokens=1 << 20, timeout_s=1e9, verify_timeout_s=1e9,
+                name=name,
+                backend="replay",
+                price=PriceSettings(**snap["price"]),
+                threshold=threshold,
+                max_tokens=1 << 20,
+                timeout_s=1e9,
+                verify_timeout_s=1e9,
             )
             verifiers = self.verifier_set(name, label if i < last else CONFIG)
             tiers.append(Tier(ts, self.backend(name), verifiers))

@@ -81,7 +81,9 @@ def build(table: ResultTable, target: Target = DEFAULT_TARGET, *, seed: int = 0,
         n = len(outs)
         rows.append(
             TierRow(
-                name=t.name, model=t.model, price_text=t.price_text,
+                name=t.name,
+                model=t.model,
+                price_text=t.price_text,
                 accuracy=sum(o.correct for o in outs) / n,
                 prompt_tokens=sum(o.prompt_tokens for o in outs) / n,
                 completion_tokens=sum(o.completion_tokens for o in outs) / n,
@@ -116,9 +118,17 @@ def build(table: ResultTable, target: Target = DEFAULT_TARGET, *, seed: int = 0,
             best_cal = score if score >= 0 else None
             best_held = summarize(held, best, curve=[]).auroc[0]
     return SuiteReport(
-        table=table, tiers=rows, verifiers=summaries, baselines=baselines(table), configured=configured,
-        calibrations=calibrations, best=best, best_auroc_calibration=best_cal, best_auroc_held_out=best_held,
-        target=target, notes=notes,
+        table=table,
+        tiers=rows,
+        verifiers=summaries,
+        baselines=baselines(table),
+        configured=configured,
+        calibrations=calibrations,
+        best=best,
+        best_auroc_calibration=best_cal,
+        best_auroc_held_out=best_held,
+        target=target,
+        notes=notes,
     )
 
 
@@ -126,10 +136,25 @@ def build(table: ResultTable, target: Target = DEFAULT_TARGET, *, seed: int = 0,
 
 
 def tier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
-    header = ["tier", "model", "accuracy", "tokens in / out", "latency p50 / p95", "busy s / request", "cost / 1k requests"]
+    header = [
+        "tier",
+        "model",
+        "accuracy",
+        "tokens in / out",
+        "latency p50 / p95",
+        "busy s / request",
+        "cost / 1k requests",
+    ]
     rows = [
-        [t.name, t.model.split("@")[0], pct(t.accuracy), f"{t.prompt_tokens:.0f} / {t.completion_tokens:.0f}",
-         f"{sec(t.latency_p50)} / {sec(t.latency_p95)}", f"{t.busy_s:.2f}", usd(t.cost_per_1k)]
+        [
+            t.name,
+            t.model.split("@")[0],
+            pct(t.accuracy),
+            f"{t.prompt_tokens:.0f} / {t.completion_tokens:.0f}",
+            f"{sec(t.latency_p50)} / {sec(t.latency_p95)}",
+            f"{t.busy_s:.2f}",
+            usd(t.cost_per_1k),
+        ]
         for t in r.tiers
     ]
     return header, rows
@@ -137,40 +162,106 @@ def tier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
 
 def verifier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
     names = [t.name for t in r.table.tiers]
-    header = ["verifier", *(f"AUROC ({n})" for n in names), f"ECE ({names[0]})", f"Brier ({names[0]})",
-              "APGR", "CPT(50%)", "CPT(80%)", "CPT(95%)", "AIQ"]
+    header = [
+        "verifier",
+        *(f"AUROC ({n})" for n in names),
+        f"ECE ({names[0]})",
+        f"Brier ({names[0]})",
+        "APGR",
+        "CPT(50%)",
+        "CPT(80%)",
+        "CPT(95%)",
+        "AIQ",
+    ]
     rows = []
     for v in r.verifiers:
-        rows.append([v.verifier, *(num(a) for a in v.auroc), num(v.ece[0]), num(v.brier[0]), num(v.apgr),
-                     *(pct(v.cpt[x]) for x in (0.5, 0.8, 0.95)), num(v.aiq)])
+        rows.append(
+            [
+                v.verifier,
+                *(num(a) for a in v.auroc),
+                num(v.ece[0]),
+                num(v.brier[0]),
+                num(v.apgr),
+                *(pct(v.cpt[x]) for x in (0.5, 0.8, 0.95)),
+                num(v.aiq),
+            ]
+        )
     random_curve = r.baselines["random"]
     weak, strong = r.tiers[0].accuracy, r.tiers[-1].accuracy
     singles = [t.cost_per_1k for t in r.tiers]
     oracle = r.baselines["oracle"][0]
     rand_xy = [(p.top_rate, p.accuracy) for p in random_curve]
-    rows.append(["*random escalation*", *("0.500" if i == 0 else "–" for i in range(len(names))), "–", "–",
-                 num(metrics.apgr(rand_xy, weak, strong)),
-                 *(pct(metrics.cpt(rand_xy, weak, strong, x)) for x in (0.5, 0.8, 0.95)),
-                 num(metrics.aiq([(p.cost_per_1k, p.accuracy) for p in random_curve], min(singles), max(singles)))])
+    rows.append(
+        [
+            "*random escalation*",
+            *("0.500" if i == 0 else "–" for i in range(len(names))),
+            "–",
+            "–",
+            num(metrics.apgr(rand_xy, weak, strong)),
+            *(pct(metrics.cpt(rand_xy, weak, strong, x)) for x in (0.5, 0.8, 0.95)),
+            num(metrics.aiq([(p.cost_per_1k, p.accuracy) for p in random_curve], min(singles), max(singles))),
+        ]
+    )
     tiers_xy = [(p.cost_per_1k, p.accuracy) for p in r.baselines["tiers"]]
-    rows.append(["*oracle*", *("–" for _ in names), "–", "–", "–", "–", "–", "–",
-                 num(metrics.aiq([*tiers_xy, (oracle.cost_per_1k, oracle.accuracy)], min(singles), max(singles)))])
+    rows.append(
+        [
+            "*oracle*",
+            *("–" for _ in names),
+            "–",
+            "–",
+            "–",
+            "–",
+            "–",
+            "–",
+            num(metrics.aiq([*tiers_xy, (oracle.cost_per_1k, oracle.accuracy)], min(singles), max(singles))),
+        ]
+    )
     return header, rows
 
 
 def calibration_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
-    header = ["verifier", "thresholds", "met on calibration", "accuracy (calibration)", "accuracy (held-out)",
-              "cost / 1k (held-out)", "escalation (held-out)", "savings vs top (held-out)", "target met (held-out)"]
+    header = [
+        "verifier",
+        "thresholds",
+        "met on calibration",
+        "accuracy (calibration)",
+        "accuracy (held-out)",
+        "cost / 1k (held-out)",
+        "escalation (held-out)",
+        "savings vs top (held-out)",
+        "target met (held-out)",
+    ]
     rows = []
     for c in r.calibrations:
         ths = ", ".join(f"{n}={th(v)}" for n, v in c.thresholds.items())
-        rows.append([c.verifier + (" **(best)**" if c.verifier == r.best else ""), ths, "yes" if c.met else "no",
-                     pct(c.calibration.accuracy), pct(c.held_out.accuracy), usd(c.held_out.cost_per_1k),
-                     pct(c.held_out.escalation_rate), pct(c.held_out.savings), "yes" if c.held_out_met else "no"])
+        rows.append(
+            [
+                c.verifier + (" **(best)**" if c.verifier == r.best else ""),
+                ths,
+                "yes" if c.met else "no",
+                pct(c.calibration.accuracy),
+                pct(c.held_out.accuracy),
+                usd(c.held_out.cost_per_1k),
+                pct(c.held_out.escalation_rate),
+                pct(c.held_out.savings),
+                "yes" if c.held_out_met else "no",
+            ]
+        )
     if r.calibrations:
         for t in r.calibrations[0].held_out_tiers:
-            rows.append([f"*always {t.policy}*", "–", "–", "–", pct(t.accuracy), usd(t.cost_per_1k),
-                         pct(t.escalation_rate), pct(t.savings), "–"])
+            rows.append(
+                [
+                    f"*always {t.policy}*",
+                    "–",
+                    "–",
+                    "–",
+                    pct(t.accuracy),
+                    usd(t.cost_per_1k),
+                    pct(t.escalation_rate),
+                    pct(t.savings),
+                    "–",
+                ]
+            )
     return header, rows
 
 
@@ -182,7 +273,8 @@ def headline(r: SuiteReport) -> list[str]:
     if r.best is not None:
         lines.append(
             f"Best verifier (by AUROC on the calibration split): **{r.best}**, AUROC "
-            f"{num(r.best_auroc_calibration)} on the calibration split and **{num(r.best_auroc_held_out)} on held-out items**."
+            f"{num(r.best_auroc_calibration)} on the calibration split and "
+            f"**{num(r.best_auroc_held_out)} on held-out items**."
         )
         c = r.best_calibration
         if c is not None:
@@ -192,7 +284,11 @@ def headline(r: SuiteReport) -> list[str]:
                 f"per 1k requests**, escalation {pct(c.held_out.escalation_rate)}, savings against always "
                 f"{r.tiers[-1].name} {pct(c.held_out.savings)} (always {r.tiers[-1].name} on the same items: "
                 f"{pct(c.held_out_tiers[-1].accuracy)} at {usd(c.held_out_tiers[-1].cost_per_1k)})."
-                + ("" if c.met else " The target was not reachable on the calibration split; the nearest setting is shown.")
+                + (
+                    ""
+                    if c.met
+                    else " The target was not reachable on the calibration split; the nearest setting is shown."
+                )
             )
     if r.configured is not None:
         ths = ", ".join(f"{t.name}={t.threshold:g}" for t in r.table.tiers[:-1])
@@ -227,7 +323,14 @@ def figures(r: SuiteReport) -> dict[str, bytes]:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for v in r.verifiers:
         pts = sorted((p.cost_per_1k, p.accuracy) for p in v.curve)
-        ax.plot([x for x, _ in pts], [y for _, y in pts], marker=".", markersize=3, linewidth=1.2, label=f"cascade: {v.verifier}")
+        ax.plot(
+            [x for x, _ in pts],
+            [y for _, y in pts],
+            marker=".",
+            markersize=3,
+            linewidth=1.2,
+            label=f"cascade: {v.verifier}",
+        )
     rand = r.baselines["random"]
     ax.plot([p.cost_per_1k for p in rand], [p.accuracy for p in rand], "k--", linewidth=1, label="random escalation")
     o = r.baselines["oracle"][0]
@@ -236,12 +339,28 @@ def figures(r: SuiteReport) -> dict[str, bytes]:
         ax.plot([t.cost_per_1k], [t.accuracy], "s", markersize=8, label=f"always {t.policy}")
     c = r.best_calibration
     if c is not None:
-        ax.plot([c.held_out.cost_per_1k], [c.held_out.accuracy], "rX", markersize=10, label=f"calibrated ({c.verifier}), held-out")
+        ax.plot(
+            [c.held_out.cost_per_1k],
+            [c.held_out.accuracy],
+            "rX",
+            markersize=10,
+            label=f"calibrated ({c.verifier}), held-out",
+        )
     if r.learned is not None:
         pts = sorted((p.cost_per_1k, p.accuracy) for p in preroute_sweep(r.table, PREROUTER))
-        ax.plot([x for x, _ in pts], [y for _, y in pts], ":", marker=".", markersize=3, linewidth=1.2, label="pre-route only")
+        ax.plot(
+            [x for x, _ in pts],
+            [y for _, y in pts],
+            ":",
+            marker=".",
+            markersize=3,
+            linewidth=1.2,
+            label="pre-route only",
+        )
         for pc, marker in ((r.learned.preroute_only, "P"), *((p, "D") for p in r.learned.preroute_verify.values())):
-            ax.plot([pc.held_out.cost_per_1k], [pc.held_out.accuracy], marker, markersize=8, label=f"{pc.policy}, held-out")
+            ax.plot(
+                [pc.held_out.cost_per_1k], [pc.held_out.accuracy], marker, markersize=8, label=f"{pc.policy}, held-out"
+            )
     ax.set_xlabel("cost per 1k requests (USD)")
     ax.set_ylabel("accuracy")
     ax.set_title(f"{suite}: accuracy against cost")
@@ -331,22 +450,36 @@ def markdown(reports: Sequence[SuiteReport], *, command: str = "", images: bool 
     for r in reports:
         t = r.table
         m = t.manifest
-        lines += [f"## {t.suite}", "", f"Run `{t.run}`: {len(t.items)} items. Data: {t.source}. "
-                  f"Items drawn with seed {m['suite'].get('seed')}; greedy decoding; calibration split seed "
-                  f"{r.calibrations[0].seed if r.calibrations else '–'}, target `{r.target}`.", ""]
+        lines += [
+            f"## {t.suite}",
+            "",
+            f"Run `{t.run}`: {len(t.items)} items. Data: {t.source}. "
+            f"Items drawn with seed {m['suite'].get('seed')}; greedy decoding; calibration split seed "
+            f"{r.calibrations[0].seed if r.calibrations else '–'}, target `{r.target}`.",
+            "",
+        ]
         lines += [f"- {x}" for x in headline(r)] + [f"- {n}" for n in r.notes] + [""]
         lines += ["### Tiers", "", *md_table(*tier_table(r)), ""]
         lines += ["### Verifiers (all items, whole threshold sweep)", "", *md_table(*verifier_table(r)), ""]
         if r.calibrations:
             c0 = r.calibrations[0]
-            lines += [f"### Calibrated cascade: `{r.target}`, chosen on {c0.n_calibration} items, reported on "
-                      f"{c0.n_held_out} held-out items", "", *md_table(*calibration_table(r)), ""]
+            lines += [
+                f"### Calibrated cascade: `{r.target}`, chosen on {c0.n_calibration} items, reported on "
+                f"{c0.n_held_out} held-out items",
+                "",
+                *md_table(*calibration_table(r)),
+                "",
+            ]
         if r.learned is not None:
             lines += [*comparison_markdown(r.learned, level=3), ""]
         if images:
             lines += ["### Figures", ""]
-            for name in (f"{t.suite}-accuracy-cost.png", f"{t.suite}-escalation-threshold.png",
-                         f"{t.suite}-latency.png", f"{t.suite}-reliability.png"):
+            for name in (
+                f"{t.suite}-accuracy-cost.png",
+                f"{t.suite}-escalation-threshold.png",
+                f"{t.suite}-latency.png",
+                f"{t.suite}-reliability.png",
+            ):
                 lines += [f"![{name}]({name})", ""]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -357,16 +490,20 @@ def html_report(reports: Sequence[SuiteReport], figs: dict[str, bytes], *, comma
         "table{border-collapse:collapse;margin:1em 0;font-size:.9em}td,th{border:1px solid #ccc;padding:.3em .6em;"
         "text-align:left}th{background:#f3f3f3}img{max-width:100%;margin:.5em 0}code,pre{background:#f6f6f6}"
     )
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>tierroute eval report</title><style>{style}</style>"
-             "</head><body><h1>tierroute eval report</h1>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>tierroute eval report</title><style>{style}</style>"
+        "</head><body><h1>tierroute eval report</h1>"
+    ]
     if command:
         parts.append(f"<p>Regenerate (no models needed):</p><pre>{html.escape(command)}</pre>")
     parts.append("<h2>Prices and assumptions</h2>" + html_table(*_assumptions(reports)))
     parts += [f"<p>{inline(p)}</p>" for p in PREAMBLE]
     for r in reports:
         t = r.table
-        parts.append(f"<h2>{html.escape(t.suite)}</h2><p>Run <code>{html.escape(t.run)}</code>: {len(t.items)} items. "
-                     f"Data: {html.escape(t.source)}. Target <code>{html.escape(str(r.target))}</code>.</p>")
+        parts.append(
+            f"<h2>{html.escape(t.suite)}</h2><p>Run <code>{html.escape(t.run)}</code>: {len(t.items)} items. "
+            f"Data: {html.escape(t.source)}. Target <code>{html.escape(str(r.target))}</code>.</p>"
+        )
         parts.append("<ul>" + "".join(f"<li>{inline(x)}</li>" for x in headline(r) + r.notes) + "</ul>")
         parts.append("<h3>Tiers</h3>" + html_table(*tier_table(r)))
         parts.append("<h3>Verifiers (all items, whole threshold sweep)</h3>" + html_table(*verifier_table(r)))
@@ -376,7 +513,9 @@ def html_report(reports: Sequence[SuiteReport], figs: dict[str, bytes], *, comma
             parts.append(comparison_html(r.learned))
         for name, png in figs.items():
             if name.startswith(f"{t.suite}-"):
-                parts.append(f"<img alt='{html.escape(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
+                parts.append(
+                    f"<img alt='{html.escape(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+                )
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -390,11 +529,26 @@ def sweep_rows(reports: Sequence[SuiteReport]) -> list[dict[str, Any]]:
         for kind, points in r.baselines.items():
             rows += [{**base, "kind": kind, "verifier": "", "split": "all", **p.as_row()} for p in points]
         for c in r.calibrations:
-            rows.append({**base, "kind": f"calibrated {c.target}", "verifier": c.verifier, "split": "held-out", **c.held_out.as_row()})
+            rows.append(
+                {
+                    **base,
+                    "kind": f"calibrated {c.target}",
+                    "verifier": c.verifier,
+                    "split": "held-out",
+                    **c.held_out.as_row(),
+                }
+            )
         if r.learned is not None:
             for p in [r.learned.preroute_only, *r.learned.preroute_verify.values()]:
-                rows.append({**base, "kind": f"calibrated {p.target}", "verifier": p.policy, "split": "held-out",
-                             **p.held_out.as_row()})
+                rows.append(
+                    {
+                        **base,
+                        "kind": f"calibrated {p.target}",
+                        "verifier": p.policy,
+                        "split": "held-out",
+                        **p.held_out.as_row(),
+                    }
+                )
     return rows
 
 
@@ -403,9 +557,21 @@ def summary_rows(reports: Sequence[SuiteReport]) -> list[dict[str, Any]]:
     for r in reports:
         for v in r.verifiers:
             for i, t in enumerate(r.table.tiers):
-                rows.append({"suite": r.table.suite, "verifier": v.verifier, "tier": t.name, "auroc": v.auroc[i],
-                             "ece": v.ece[i], "brier": v.brier[i], "apgr": v.apgr, "cpt50": v.cpt[0.5],
-                             "cpt80": v.cpt[0.8], "cpt95": v.cpt[0.95], "aiq": v.aiq})
+                rows.append(
+                    {
+                        "suite": r.table.suite,
+                        "verifier": v.verifier,
+                        "tier": t.name,
+                        "auroc": v.auroc[i],
+                        "ece": v.ece[i],
+                        "brier": v.brier[i],
+                        "apgr": v.apgr,
+                        "cpt50": v.cpt[0.5],
+                        "cpt80": v.cpt[0.8],
+                        "cpt95": v.cpt[0.95],
+                        "aiq": v.aiq,
+                    }
+                )
     return rows
 
 
@@ -431,8 +597,10 @@ def write(reports: Sequence[SuiteReport], out: Path, *, command: str = "") -> li
     for name, png in figs.items():
         (out / name).write_bytes(png)
         written.append(out / name)
-    for name, text in (("README.md", markdown(reports, command=command)),
-                       ("report.html", html_report(reports, figs, command=command))):
+    for name, text in (
+        ("README.md", markdown(reports, command=command)),
+        ("report.html", html_report(reports, figs, command=command)),
+    ):
         (out / name).write_text(text, encoding="utf-8")
         written.append(out / name)
     _write_csv(out / "sweep.csv", sweep_rows(reports))

@@ -220,7 +220,9 @@ def write_manifest(plan: EvalPlan, store: RunStore) -> dict[str, Any]:
         "created": old.get("created", stamp),
         "updated": stamp,
     }
-    if {k: v for k, v in old.items() if k not in ("updated", "format")} != {k: v for k, v in manifest.items() if k != "updated"}:
+    if {k: v for k, v in old.items() if k not in ("updated", "format")} != {
+        k: v for k, v in manifest.items() if k != "updated"
+    }:
         store.write_manifest(manifest)  # unchanged runs stay byte-identical: a committed run stays clean
     return manifest
 
@@ -329,7 +331,9 @@ async def run_eval(
             limit = asyncio.Semaphore(width)
             progress.start(w.tier.name, len(w.todo), len(plan.items) - len(w.todo))
 
-            async def one(item: Item, w: _TierWork = w, backend: Backend = backend) -> None:
+            async def one(
+                item: Item, w: _TierWork = w, backend: Backend = backend, limit: asyncio.Semaphore = limit
+            ) -> None:
                 async with limit:
                     await _process(plan, store, w, item, backend, verifiers[w.tier.name], summary)
                 progress.advance(w.tier.name)
@@ -418,8 +422,16 @@ async def _process(
             return
         except RequestError as exc:  # this request cannot be served by this tier, ever
             rec = GenerationRecord(
-                key=gk, tier=tier, item=item.id, model="", text="", finish_reason="error",
-                prompt_tokens=0, completion_tokens=0, latency_s=0.0, error=f"{type(exc).__name__}: {exc}",
+                key=gk,
+                tier=tier,
+                item=item.id,
+                model="",
+                text="",
+                finish_reason="error",
+                prompt_tokens=0,
+                completion_tokens=0,
+                latency_s=0.0,
+                error=f"{type(exc).__name__}: {exc}",
             )
         else:
             rec = GenerationRecord.from_generation(gk, tier, item.id, gen)

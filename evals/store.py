@@ -73,10 +73,18 @@ class GenerationRecord:
     def from_generation(cls, key: str, tier: str, item: str, gen: Generation) -> GenerationRecord:
         lps = None if gen.token_logprobs is None else [round(x, _LOGPROB_DIGITS) for x in gen.token_logprobs]
         return cls(
-            key=key, tier=tier, item=item, model=gen.model, text=gen.text, finish_reason=gen.finish_reason,
-            prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens,
-            latency_s=round(gen.latency_s, 4), busy_s=None if gen.busy_s is None else round(gen.busy_s, 4),
-            ttft_s=None if gen.ttft_s is None else round(gen.ttft_s, 4), logprobs=lps,
+            key=key,
+            tier=tier,
+            item=item,
+            model=gen.model,
+            text=gen.text,
+            finish_reason=gen.finish_reason,
+            prompt_tokens=gen.prompt_tokens,
+            completion_tokens=gen.completion_tokens,
+            latency_s=round(gen.latency_s, 4),
+            busy_s=None if gen.busy_s is None else round(gen.busy_s, 4),
+            ttft_s=None if gen.ttft_s is None else round(gen.ttft_s, 4),
+            logprobs=lps,
         )
 
     def to_generation(self) -> Generation:

@@ -82,8 +82,12 @@ class ResultTable:
         return len(self.tiers) - 1
 
     def with_scores(
-        self, label: str, scores: Mapping[str, Sequence[float]], *,
-        cost: Callable[[TierOutcome], tuple[float, float]] | None = None, verifier: bool = True,
+        self,
+        label: str,
+        scores: Mapping[str, Sequence[float]],
+        *,
+        cost: Callable[[TierOutcome], tuple[float, float]] | None = None,
+        verifier: bool = True,
     ) -> ResultTable:
         """A copy with one more score column: `scores[item id]` holds one score per tier. How a
         learned estimator (fit on other items) joins the sweep and calibration. `cost(outcome)`
@@ -94,8 +98,12 @@ class ResultTable:
             if cost is None:
                 return replace(t, scores={**t.scores, label: float(v)})
             usd, sec = cost(t)
-            return replace(t, scores={**t.scores, label: float(v)}, verify_cost_usd={**t.verify_cost_usd, label: usd},
-                           verify_s={**t.verify_s, label: sec})
+            return replace(
+                t,
+                scores={**t.scores, label: float(v)},
+                verify_cost_usd={**t.verify_cost_usd, label: usd},
+                verify_s={**t.verify_s, label: sec},
+            )
 
         items = []
         for it in self.items:
@@ -125,7 +133,9 @@ def load_table(
     infos = []
     for t in snaps:
         price = (prices or {}).get(t["name"]) or PriceSettings(**t["price"])
-        infos.append(TierInfo(t["name"], t["model"], price, describe(price), t["threshold"], t["backend"] == "llamacpp"))
+        infos.append(
+            TierInfo(t["name"], t["model"], price, describe(price), t["threshold"], t["backend"] == "llamacpp")
+        )
     by_tier = {t.name: t for t in infos}
     extra = [(v["label"], v["name"], v["params"]) for v in m.get("verifiers", [])]
 
@@ -177,12 +187,16 @@ def load_table(
             incomplete.append(entry["id"])
     labels = [CONFIG] + sorted({label for t in snaps for label in t.get("scored_with", [])} | {e[0] for e in extra})
     deciding = range(len(snaps) - 1) if len(snaps) > 1 else range(len(snaps))
-    usable = [
-        label for label in labels if items and all(label in it.tiers[t].scores for it in items for t in deciding)
-    ]
+    usable = [label for label in labels if items and all(label in it.tiers[t].scores for it in items for t in deciding)]
     return ResultTable(
-        run=store.name, suite=m["suite"]["name"], source=m["suite"].get("source", ""), tiers=infos,
-        items=items, verifiers=usable, incomplete=incomplete, manifest=m,
+        run=store.name,
+        suite=m["suite"]["name"],
+        source=m["suite"].get("source", ""),
+        tiers=infos,
+        items=items,
+        verifiers=usable,
+        incomplete=incomplete,
+        manifest=m,
     )
 
 
@@ -335,8 +349,21 @@ class PolicyResult:
     savings: float | None  # against always using the top tier
 
     def as_row(self) -> dict[str, Any]:
-        row = {k: getattr(self, k) for k in ("policy", "param", "n", "accuracy", "cost_per_1k", "escalation_rate",
-                                            "top_rate", "latency_p50", "latency_p95", "savings")}
+        row = {
+            k: getattr(self, k)
+            for k in (
+                "policy",
+                "param",
+                "n",
+                "accuracy",
+                "cost_per_1k",
+                "escalation_rate",
+                "top_rate",
+                "latency_p50",
+                "latency_p95",
+                "savings",
+            )
+        }
         row["answered"] = "/".join(f"{a:.3f}" for a in self.answered)
         return row
 
@@ -373,9 +400,16 @@ def evaluate(policy: Policy, table: ResultTable, param: float | None = None) -> 
         top += table.top in route.ran
     c1k = metrics.cost_per_1k(costs)
     return PolicyResult(
-        policy=policy.name, param=param, n=n, accuracy=right / n, cost_per_1k=c1k,
-        escalation_rate=escalated / n, top_rate=top / n, answered=tuple(a / n for a in answered),
-        latency_p50=metrics.percentile(latencies, 50), latency_p95=metrics.percentile(latencies, 95),
+        policy=policy.name,
+        param=param,
+        n=n,
+        accuracy=right / n,
+        cost_per_1k=c1k,
+        escalation_rate=escalated / n,
+        top_rate=top / n,
+        answered=tuple(a / n for a in answered),
+        latency_p50=metrics.percentile(latencies, 50),
+        latency_p95=metrics.percentile(latencies, 95),
         savings=metrics.savings(c1k, top_cost_per_1k(table)),
     )
 
@@ -391,8 +425,16 @@ def random_escalation(table: ResultTable, p: float) -> PolicyResult:
     acc = sum(answer[k] * sum(it.tiers[k].correct for it in table.items) for k in range(last + 1)) / n
     c1k = sum(reach[k] * metrics.cost_per_1k([it.tiers[k].cost_usd for it in table.items]) for k in range(last + 1))
     return PolicyResult(
-        policy="random", param=p, n=n, accuracy=acc, cost_per_1k=c1k, escalation_rate=1 - answer[0],
-        top_rate=reach[last], answered=tuple(answer), latency_p50=None, latency_p95=None,
+        policy="random",
+        param=p,
+        n=n,
+        accuracy=acc,
+        cost_per_1k=c1k,
+        escalation_rate=1 - answer[0],
+        top_rate=reach[last],
+        answered=tuple(answer),
+        latency_p50=None,
+        latency_p95=None,
         savings=metrics.savings(c1k, top_cost_per_1k(table)),
     )
 
@@ -451,9 +493,7 @@ def score_quality(table: ResultTable, column: str) -> list[ScoreQuality | None]:
     """Per tier (None where the tier has no such scores)."""
     out: list[ScoreQuality | None] = []
     for t in range(len(table.tiers)):
-        pairs = [
-            (it.tiers[t].correct, v) for it in table.items if (v := it.tiers[t].scores.get(column)) is not None
-        ]
+        pairs = [(it.tiers[t].correct, v) for it in table.items if (v := it.tiers[t].scores.get(column)) is not None]
         if not pairs:
             out.append(None)
             continue
@@ -473,7 +513,10 @@ def summarize(table: ResultTable, verifier: str, curve: list[PolicyResult] | Non
     xy = [(r.top_rate, r.accuracy) for r in curve]
     singles = [metrics.cost_per_1k([it.tiers[t].cost_usd for it in table.items]) for t in range(len(table.tiers))]
     return VerifierSummary(
-        verifier=verifier, auroc=aurocs, ece=eces, brier=briers,
+        verifier=verifier,
+        auroc=aurocs,
+        ece=eces,
+        brier=briers,
         apgr=metrics.apgr(xy, weak, strong),
         cpt={x: metrics.cpt(xy, weak, strong, x) for x in CPT_TARGETS},
         aiq=metrics.aiq([(r.cost_per_1k, r.accuracy) for r in curve], min(singles), max(singles)),

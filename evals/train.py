@@ -46,16 +46,26 @@ from router.errors import ConfigError
 from router.estimators import LinearModel, dump_estimator
 from router.features import FeatureSpec
 
+DEFAULT_TARGET = Target("min-pgr", 0.8)
+
 
 def train(
-    runs: Sequence[RunData], out: Path, *, seed: int = 0, fraction: float = 0.5, suite_specific: bool = False,
-    include_costly: bool = False, n_buckets: int = 1024, target: Target = Target("min-pgr", 0.8),
-    command: str = "", splits: int = 0,
+    runs: Sequence[RunData],
+    out: Path,
+    *,
+    seed: int = 0,
+    fraction: float = 0.5,
+    suite_specific: bool = False,
+    include_costly: bool = False,
+    n_buckets: int = 1024,
+    target: Target = DEFAULT_TARGET,
+    command: str = "",
+    splits: int = 0,
 ) -> TrainResult:
     """Train, write the artifacts, predictions and report into `out`. With `splits`, also train
     and compare on that many other calibration splits (seeds seed+1, ...), into a scratch
-    directory (artifacts and predictions only), and report how often each target is met: with a hundred held-out items a point of
-    accuracy is one item, and one split alone says little."""
+    directory (artifacts and predictions only), and report how often each target is met: with a
+    hundred held-out items a point of accuracy is one item, and one split alone says little."""
     if not runs:
         raise ConfigError("give at least one run")
     names = [t.name for t in runs[0].table.tiers]
@@ -65,8 +75,17 @@ def train(
     import sklearn.linear_model  # noqa: F401 - load BLAS before limiting it: a later-loaded library is not limited
     from threadpoolctl import threadpool_limits
 
-    fit = functools.partial(_train, runs, names, fraction=fraction, suite_specific=suite_specific,
-                            include_costly=include_costly, n_buckets=n_buckets, target=target, command=command)
+    fit = functools.partial(
+        _train,
+        runs,
+        names,
+        fraction=fraction,
+        suite_specific=suite_specific,
+        include_costly=include_costly,
+        n_buckets=n_buckets,
+        target=target,
+        command=command,
+    )
     with threadpool_limits(1):  # thousands of small fits: threads only fight over the matrices
         result = fit(out, seed=seed)
         for other in range(seed + 1, seed + 1 + splits):
@@ -79,8 +98,17 @@ def train(
 
 
 def _train(
-    runs: Sequence[RunData], names: list[str], out: Path, *, seed: int, fraction: float, suite_specific: bool,
-    include_costly: bool, n_buckets: int, target: Target, command: str,
+    runs: Sequence[RunData],
+    names: list[str],
+    out: Path,
+    *,
+    seed: int,
+    fraction: float,
+    suite_specific: bool,
+    include_costly: bool,
+    n_buckets: int,
+    target: Target,
+    command: str,
 ) -> TrainResult:
     out.mkdir(parents=True, exist_ok=True)
     groups = [[r] for r in runs] if suite_specific else [list(runs)]
@@ -103,11 +131,16 @@ def _train(
         if not cal_a.any() or cal_a.all():
             raise ConfigError(f"{len(cal_a)} items are too few to split into calibration and held-out items")
         for ti, tier in enumerate(names):
-            xv_a = np.array([
-                spec_v.vector(r.requests[it.id], r.generations[(it.id, ti)],
-                              {ref.label: it.tiers[ti].scores[ref.label] for ref in refs})
-                for r, it in rows
-            ])
+            xv_a = np.array(
+                [
+                    spec_v.vector(
+                        r.requests[it.id],
+                        r.generations[(it.id, ti)],
+                        {ref.label: it.tiers[ti].scores[ref.label] for ref in refs},
+                    )
+                    for r, it in rows
+                ]
+            )
             y_a = np.array([it.tiers[ti].correct for _, it in rows], dtype=int)
             preds = {}
             for kind, x, spec in (("verifier", xv_a, spec_v), ("prerouter", xp_a, spec_p)):
@@ -119,13 +152,22 @@ def _train(
                 p[~cal_a] = model.probability(x[~cal_a])
                 preds[kind] = p
             for j, (run, item) in enumerate(keys):
-                predictions.append({"run": run, "item": item, "tier": tier,
-                                    "split": "calibration" if cal_a[j] else "held-out",
-                                    LEARNED: round(float(preds["verifier"][j]), 12),
-                                    PREROUTER: round(float(preds["prerouter"][j]), 12)})
+                predictions.append(
+                    {
+                        "run": run,
+                        "item": item,
+                        "tier": tier,
+                        "split": "calibration" if cal_a[j] else "held-out",
+                        LEARNED: round(float(preds["verifier"][j]), 12),
+                        PREROUTER: round(float(preds["prerouter"][j]), 12),
+                    }
+                )
         trained_on = {
-            "runs": [r.name for r in group], "suites": [r.table.suite for r in group], "seed": seed,
-            "fraction": fraction, "rows_per_tier": sum(len(r.table.items) for r in group),
+            "runs": [r.name for r in group],
+            "suites": [r.table.suite for r in group],
+            "seed": seed,
+            "fraction": fraction,
+            "rows_per_tier": sum(len(r.table.items) for r in group),
             "fit_on": "calibration split only",
         }
         for kind, spec, stem in (("verifier", spec_v, "learned"), ("prerouter", spec_p, "prerouter")):
@@ -133,15 +175,29 @@ def _train(
             path = out / f"{stem}{suffix}.json"
             path.write_bytes(blob)
             sha = hashlib.sha256(blob).hexdigest()
-            artifacts.append({"kind": kind, "group": group[0].table.suite if suite_specific else "pooled",
-                              "file": path.name, "sha256": sha, "version": f"{kind}@{sha[:12]}",
-                              "runs": [r.name for r in group], "tiers": names})
+            artifacts.append(
+                {
+                    "kind": kind,
+                    "group": group[0].table.suite if suite_specific else "pooled",
+                    "file": path.name,
+                    "sha256": sha,
+                    "version": f"{kind}@{sha[:12]}",
+                    "runs": [r.name for r in group],
+                    "tiers": names,
+                }
+            )
         for r in group:
             members[r.name] = [ref.label for ref in refs]
     manifest = {
-        "format": 1, "seed": seed, "fraction": fraction, "suite_specific": suite_specific,
+        "format": 1,
+        "seed": seed,
+        "fraction": fraction,
+        "suite_specific": suite_specific,
         "runs": [{"name": r.name, "suite": r.table.suite, "items": len(r.table.items)} for r in runs],
-        "tiers": names, "feature_verifiers": members, "artifacts": artifacts, "target": str(target),
+        "tiers": names,
+        "feature_verifiers": members,
+        "artifacts": artifacts,
+        "target": str(target),
         "command": command,
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
@@ -156,5 +212,7 @@ def _train(
     if len(tables) > 1 and not suite_specific:
         pooled_cmp = compare(pooled(tables), target, seed=seed, fraction=fraction)
     elif len(tables) > 1:
-        notes.append("Suite-specific estimators: the thresholds below are per suite; serve each with its suite's traffic.")
+        notes.append(
+            "Suite-specific estimators: the thresholds below are per suite; serve each with its suite's traffic."
+        )
     return TrainResult(out, artifacts, comparisons, pooled_cmp, members, suite_specific, notes)

@@ -28,7 +28,9 @@ class TrainResult:
     feature_verifiers: dict[str, list[str]]
     suite_specific: bool
     notes: list[str] = field(default_factory=list)
-    splits: list[tuple[int, str, list[tuple[str, bool | None, str]]]] = field(default_factory=list)  # seed, suite, checks
+    splits: list[tuple[int, str, list[tuple[str, bool | None, str]]]] = field(
+        default_factory=list
+    )  # seed, suite, checks
 
 
 def toml_snippet(result: TrainResult, cmp: Comparison) -> str:
@@ -39,15 +41,23 @@ def toml_snippet(result: TrainResult, cmp: Comparison) -> str:
     ver, pre = files["verifier"], files["prerouter"]
     cal = cmp.verify_only[LEARNED]
     pv = cmp.preroute_verify[LEARNED]
-    lines = [f"# learned estimators calibrated for {cmp.target} on {cal.n_calibration} calibration items of "
-             f"{cmp.table.suite} (seed {cal.seed}); artifact paths are relative to the working directory"]
+    lines = [
+        f"# learned estimators calibrated for {cmp.target} on {cal.n_calibration} calibration items of "
+        f"{cmp.table.suite} (seed {cal.seed}); artifact paths are relative to the working directory"
+    ]
     for name, th in cal.thresholds.items():
         lines += [
-            "[[tiers]]", f'name = "{name}"', f"threshold = {th:.6g}",
-            "[[tiers.verifiers]]", 'name = "learned"',
+            "[[tiers]]",
+            f'name = "{name}"',
+            f"threshold = {th:.6g}",
+            "[[tiers.verifiers]]",
+            'name = "learned"',
             f'params = {{ artifact = "{(result.out / ver["file"]).as_posix()}", sha256 = "{ver["sha256"]}" }}',
-            "[tiers.prerouter]", f'artifact = "{(result.out / pre["file"]).as_posix()}"', f'sha256 = "{pre["sha256"]}"',
-            f"threshold = {pv.skip_below[name]:.6g}", "",
+            "[tiers.prerouter]",
+            f'artifact = "{(result.out / pre["file"]).as_posix()}"',
+            f'sha256 = "{pre["sha256"]}"',
+            f"threshold = {pv.skip_below[name]:.6g}",
+            "",
         ]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -75,7 +85,8 @@ METHOD = [
     "unverified. *pre-route then verify*: skip as the pre-router says, verify what runs; the verifier "
     "thresholds are the ones verify-only calibration chooses for the target, and the skip thresholds the "
     "cheapest whose calibration accuracy is at most 1 point below verify-only's (chosen one after the other, "
-    "not as a pair: a joint search over thousands of pairs picks the luckiest). *verify only[learned], matched*: the learned cascade calibrated for "
+    "not as a pair: a joint search over thousands of pairs picks the luckiest). "
+    "*verify only[learned], matched*: the learned cascade calibrated for "
     "`min-accuracy` at the accuracy the best single verifier's cascade reaches on the calibration items, so the "
     "two are compared at one accuracy level (a level taken from calibration items, not held-out ones). The cost "
     "target counts as met when any learned policy is cheaper than the best single verifier's at equal or "
@@ -89,8 +100,10 @@ def write_report(result: TrainResult, *, command: str = "") -> None:
         lines += ["Regenerate:", "", "```", command, "```", ""]
     lines += [*METHOD, ""]
     lines += [
-        "| artifact | version | sha256 |", "|---|---|---|",
-        *(f"| `{a['file']}` | {a['version']} | `{a['sha256']}` |" for a in result.artifacts), "",
+        "| artifact | version | sha256 |",
+        "|---|---|---|",
+        *(f"| `{a['file']}` | {a['version']} | `{a['sha256']}` |" for a in result.artifacts),
+        "",
     ]
     lines += [f"- {n}" for n in result.notes]
     for a in (a for a in result.artifacts if a["kind"] == "verifier"):
@@ -103,19 +116,38 @@ def write_report(result: TrainResult, *, command: str = "") -> None:
     if result.splits:
         lines += splits_markdown(result)
     (result.out / "README.md").write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
-    (result.out / "training.json").write_text(json.dumps(
-        {"artifacts": result.artifacts, "suites": [comparison_json(c) for c in result.comparisons],
-         "pooled": comparison_json(result.pooled) if result.pooled else None,
-         "other_splits": [{"seed": seed, "suite": suite, "checks": [{"target": w, "met": ok, "numbers": n} for w, ok, n in checks]}
-                          for seed, suite, checks in result.splits]}, indent=1) + "\n", encoding="utf-8")
+    (result.out / "training.json").write_text(
+        json.dumps(
+            {
+                "artifacts": result.artifacts,
+                "suites": [comparison_json(c) for c in result.comparisons],
+                "pooled": comparison_json(result.pooled) if result.pooled else None,
+                "other_splits": [
+                    {
+                        "seed": seed,
+                        "suite": suite,
+                        "checks": [{"target": w, "met": ok, "numbers": n} for w, ok, n in checks],
+                    }
+                    for seed, suite, checks in result.splits
+                ],
+            },
+            indent=1,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
 
 
 def splits_markdown(result: TrainResult) -> list[str]:
     """Each target on each other split: estimators retrained and thresholds recalibrated per split."""
     seeds = sorted({seed for seed, _, _ in result.splits})
-    lines = ["## The same on other splits", "",
-             f"Retrained and recalibrated on the calibration split of each seed ({', '.join(map(str, seeds))}), "
-             "reported on its held-out items: how often each target is met.", ""]
+    lines = [
+        "## The same on other splits",
+        "",
+        f"Retrained and recalibrated on the calibration split of each seed ({', '.join(map(str, seeds))}), "
+        "reported on its held-out items: how often each target is met.",
+        "",
+    ]
     suites = list(dict.fromkeys(suite for _, suite, _ in result.splits))
     for suite in suites:
         rows: dict[str, dict[int, str]] = {}
@@ -129,7 +161,9 @@ def splits_markdown(result: TrainResult) -> list[str]:
                 if ok is not None:
                     tally.setdefault(what, []).append(ok)
         header = ["target", *(f"seed {x}" for x in seeds), "met"]
-        body = [[what, *(cells.get(x, "–") for x in seeds), f"{sum(tally.get(what, []))}/{len(tally.get(what, []))}"]
-                for what, cells in rows.items()]
+        body = [
+            [what, *(cells.get(x, "–") for x in seeds), f"{sum(tally.get(what, []))}/{len(tally.get(what, []))}"]
+            for what, cells in rows.items()
+        ]
         lines += [f"### {suite}", "", *md_table(header, body), ""]
     return lines

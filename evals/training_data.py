@@ -17,9 +17,9 @@ from evals.estimators import LEARNED, PREROUTER
 from evals.store import RunStore, generation_key
 from evals.sweep import ResultTable, load_table
 from router.errors import ConfigError
+from router.features import VerifierRef
 from router.generation import Generation, GenerationRequest
 from verifiers.learned import score_or_zero
-from router.features import VerifierRef
 
 COSTLY = frozenset({"self_consistency", "judge"})  # verifiers that generate; see the module docstring
 PURE = frozenset({"confidence", "format", "math_answer"})  # functions of request and answer alone, microseconds
@@ -37,8 +37,9 @@ class RunData:
         return self.table.run
 
 
-def load_run(path: Path, *, suite: str | None = None, cache_dir: Path | None = None,
-             tiers: Sequence[str] | None = None) -> RunData:
+def load_run(
+    path: Path, *, suite: str | None = None, cache_dir: Path | None = None, tiers: Sequence[str] | None = None
+) -> RunData:
     """A run's priced table, with the prompts rebuilt from its suite (checked against the hash
     the run recorded) and the stored generations."""
     store = RunStore(path)
@@ -59,8 +60,9 @@ def load_run(path: Path, *, suite: str | None = None, cache_dir: Path | None = N
                 f"run {store.name}: item {entry['id']} is not what the run asked (the suite's data or prompt format "
                 "changed since); train on a run made with this version of the suite"
             )
-        requests[item.id] = GenerationRequest(messages=item.messages, max_tokens=suite_obj.max_tokens,
-                                              metadata={"task": suite_obj.task})
+        requests[item.id] = GenerationRequest(
+            messages=item.messages, max_tokens=suite_obj.max_tokens, metadata={"task": suite_obj.task}
+        )
         for i, info in enumerate(table.tiers):
             rec = store.generations.records[generation_key(snaps[info.name]["fingerprint"], entry["prompt_sha"])]
             generations[(item.id, i)] = rec.to_generation()
@@ -108,7 +110,9 @@ def feature_verifiers(runs: Sequence[RunData], *, include_costly: bool = False) 
             if all(label in t.scores for it in r.table.items for t in it.tiers):
                 refs[label] = VerifierRef(label, name, dict(v["params"]))
         per_run.append(refs)
-    common = {k: ref for k, ref in per_run[0].items() if all(refs.get(k) == ref for refs in per_run[1:])} if per_run else {}
+    common = (
+        {k: ref for k, ref in per_run[0].items() if all(refs.get(k) == ref for refs in per_run[1:])} if per_run else {}
+    )
     for refs in per_run:
         for k, ref in refs.items():
             same = all(other.get(k, ref) == ref for other in per_run)  # one label, one definition
@@ -155,10 +159,13 @@ def fill_scores(run: RunData, refs: Sequence[VerifierRef]) -> None:
         tiers = []
         for ti, t in enumerate(it.tiers):
             new = computed.get((it.id, ti), {})
-            tiers.append(replace(
-                t, scores={**t.scores, **{k: v for k, (v, _) in new.items()}},
-                verify_cost_usd={**t.verify_cost_usd, **{k: 0.0 for k in new}},
-                verify_s={**t.verify_s, **{k: round(sec, 4) for k, (_, sec) in new.items()}},
-            ))
+            tiers.append(
+                replace(
+                    t,
+                    scores={**t.scores, **{k: v for k, (v, _) in new.items()}},
+                    verify_cost_usd={**t.verify_cost_usd, **{k: 0.0 for k in new}},
+                    verify_s={**t.verify_s, **{k: round(sec, 4) for k, (_, sec) in new.items()}},
+                )
+            )
         items.append(replace(it, tiers=tuple(tiers)))
     run.table = replace(run.table, items=items)

@@ -103,7 +103,8 @@ class Accounting:
             log.warning(
                 "ledger: %d requests were admitted and never settled (the process died, or the disk failed, "
                 "while they ran); they count against their keys' budgets at their reservation, $%.6f in all",
-                len(unsettled), sum(p.reserved_usd for p in unsettled),
+                len(unsettled),
+                sum(p.reserved_usd for p in unsettled),
             )
         log.info("ledger open at %s", self.settings.ledger.path)
 
@@ -112,8 +113,14 @@ class Accounting:
             await self.ledger.close()
 
     def admit(
-        self, principal: Principal, request_id: str, request: GenerationRequest, plan: Sequence[Tier], model: str,
-        *, stream: bool,
+        self,
+        principal: Principal,
+        request_id: str,
+        request: GenerationRequest,
+        plan: Sequence[Tier],
+        model: str,
+        *,
+        stream: bool,
     ) -> Ticket:
         """429 when the key's budget cannot take the request's worst case, or its rate is spent;
         otherwise reserve it, and for a stream (or while the ledger fails) start its pending row."""

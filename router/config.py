@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
-from pydantic_settings import TomlConfigSettingsSource
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from router.errors import ConfigError
 
@@ -42,9 +41,7 @@ class PriceSettings(_Strict):
         by_tokens = self.usd_per_1m_input_tokens is not None or self.usd_per_1m_output_tokens is not None
         by_time = self.usd_per_hour is not None
         if by_tokens == by_time:
-            raise ValueError(
-                "set either usd_per_1m_input_tokens and usd_per_1m_output_tokens, or usd_per_hour"
-            )
+            raise ValueError("set either usd_per_1m_input_tokens and usd_per_1m_output_tokens, or usd_per_hour")
         if by_tokens and (self.usd_per_1m_input_tokens is None or self.usd_per_1m_output_tokens is None):
             raise ValueError("token pricing needs both usd_per_1m_input_tokens and usd_per_1m_output_tokens")
         return self
@@ -111,7 +108,9 @@ class OpenAIBackendSettings(_Strict):
 class TierSettings(_Strict):
     name: str
     backend: str = Field(
-        description="A registered backend: 'llamacpp' (in-process), 'openai' (any OpenAI-compatible server) or a plugin's."
+        description=(
+            "A registered backend: 'llamacpp' (in-process), 'openai' (any OpenAI-compatible server) or a plugin's."
+        )
     )
     llamacpp: LlamaCppSettings | None = None
     openai: OpenAIBackendSettings | None = None
@@ -192,7 +191,7 @@ class ServerSettings(_Strict):
         if v is None:
             return v
         cleaned = [h.strip().lower().rstrip(".") for h in v]
-        for raw, host in zip(v, cleaned):
+        for raw, host in zip(v, cleaned, strict=False):
             bracketed = host.startswith("[") and host.endswith("]")  # an IPv6 address, as in a Host header
             if not host or any(c.isspace() or c in "/@" for c in host) or (":" in host and not bracketed):
                 raise ValueError(f"not a host name: {raw!r} (names like 'api.example.com' or '[::1]', no port)")
@@ -280,9 +279,7 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
     config_path = Path(path) if path is not None else DEFAULT_CONFIG
     if not config_path.is_file():
         raise ConfigError(f"config file not found: {config_path}")
-    bound = type(
-        "Settings", (Settings,), {"model_config": {**Settings.model_config, "toml_file": config_path}}
-    )
+    bound = type("Settings", (Settings,), {"model_config": {**Settings.model_config, "toml_file": config_path}})
     try:
         settings: Settings = bound(**overrides)
         return settings

@@ -37,7 +37,10 @@ def load_prerouter(tier: TierSettings) -> PreRouter | None:
 
 
 def check_resources(
-    settings: Settings, registry: VerifierRegistry | None = None, *, skip_models: Collection[str] = (),
+    settings: Settings,
+    registry: VerifierRegistry | None = None,
+    *,
+    skip_models: Collection[str] = (),
     backends: BackendRegistry | None = None,
 ) -> list[str]:
     """What would stop the service starting, each naming the config key: unknown backends,
@@ -59,7 +62,9 @@ def check_resources(
                 problems.append(f"{key}.llamacpp.model: {exc}")
         for j, spec in enumerate(tier.verifiers):
             if spec.name not in reg.names():
-                problems.append(f"{key}.verifiers[{j}].name: unknown verifier '{spec.name}'; known: {', '.join(reg.names())}")
+                problems.append(
+                    f"{key}.verifiers[{j}].name: unknown verifier '{spec.name}'; known: {', '.join(reg.names())}"
+                )
             elif (why := reg.unavailable(spec.name)) is not None:
                 problems.append(f"{key}.verifiers[{j}] ({spec.name}): cannot run here: {why}")
         try:

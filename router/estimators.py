@@ -84,9 +84,13 @@ class LinearModel:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "mean": [float(v) for v in self.mean], "scale": [float(v) for v in self.scale],
-            "coef": [float(v) for v in self.coef], "intercept": float(self.intercept),
-            "platt_a": float(self.platt_a), "platt_b": float(self.platt_b), "info": dict(self.info),
+            "mean": [float(v) for v in self.mean],
+            "scale": [float(v) for v in self.scale],
+            "coef": [float(v) for v in self.coef],
+            "intercept": float(self.intercept),
+            "platt_a": float(self.platt_a),
+            "platt_b": float(self.platt_b),
+            "info": dict(self.info),
         }
 
 
@@ -111,14 +115,20 @@ class Estimator:
             ) from None
 
 
-def dump_estimator(kind: str, spec: FeatureSpec, models: Mapping[str, LinearModel], trained_on: Mapping[str, Any]) -> bytes:
+def dump_estimator(
+    kind: str, spec: FeatureSpec, models: Mapping[str, LinearModel], trained_on: Mapping[str, Any]
+) -> bytes:
     """The artifact's bytes: canonical JSON (sorted keys, no timestamps), so training the same
     data twice gives the same file and the same hash."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}")
     doc = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind, "spec": spec.to_json(),
-        "feature_names": spec.names, "models": {t: m.to_json() for t, m in sorted(models.items())},
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "kind": kind,
+        "spec": spec.to_json(),
+        "feature_names": spec.names,
+        "models": {t: m.to_json() for t, m in sorted(models.items())},
         "trained_on": dict(trained_on),
     }
     return (json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n").encode()
@@ -191,8 +201,13 @@ def _model(tier: str, m: Any, width: int) -> LinearModel:
         scalars[key] = float(m[key])
     info = m.get("info", {})
     return LinearModel(
-        mean=arrays["mean"], scale=arrays["scale"], coef=arrays["coef"], intercept=scalars["intercept"],
-        platt_a=scalars["platt_a"], platt_b=scalars["platt_b"], info=info if isinstance(info, dict) else {},
+        mean=arrays["mean"],
+        scale=arrays["scale"],
+        coef=arrays["coef"],
+        intercept=scalars["intercept"],
+        platt_a=scalars["platt_a"],
+        platt_b=scalars["platt_b"],
+        info=info if isinstance(info, dict) else {},
     )
 
 

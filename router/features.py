@@ -40,8 +40,17 @@ _LOG_HALF = math.log(0.5)
 
 PROMPT_FEATURES = ("prompt_chars_log", "prompt_words_log", "prompt_lines_log", "prompt_messages", "prompt_digit_frac")
 ANSWER_FEATURES = (
-    "lp_mean", "lp_min", "lp_p10", "lp_p25", "lp_std", "lp_frac_below_half", "has_logprobs",
-    "completion_tokens_log", "answer_chars_log", "finish_length", "prompt_tokens_log",
+    "lp_mean",
+    "lp_min",
+    "lp_p10",
+    "lp_p25",
+    "lp_std",
+    "lp_frac_below_half",
+    "has_logprobs",
+    "completion_tokens_log",
+    "answer_chars_log",
+    "finish_length",
+    "prompt_tokens_log",
 )
 
 ABSTAINED = 0.5  # the feature value of a verifier that abstained on an answer
@@ -139,7 +148,7 @@ class FeatureSpec:
             row += [ABSTAINED if (v := scores[ref.label]) is None else float(v) for ref in self.verifiers]
         out = np.zeros(len(row) + self.n_buckets)
         out[: len(row)] = row
-        out[len(row):] = hashed_grams(text, self.n_buckets, self.ngram_max)
+        out[len(row) :] = hashed_grams(text, self.n_buckets, self.ngram_max)
         return out
 
 
@@ -167,8 +176,13 @@ def logprob_stats(logprobs: Sequence[float] | None) -> list[float]:
         return [0.0] * 7
     arr = np.asarray(lps)
     return [
-        float(arr.mean()), float(arr.min()), float(np.percentile(arr, 10)), float(np.percentile(arr, 25)),
-        float(arr.std()), float((arr < _LOG_HALF).mean()), 1.0,
+        float(arr.mean()),
+        float(arr.min()),
+        float(np.percentile(arr, 10)),
+        float(np.percentile(arr, 25)),
+        float(arr.std()),
+        float((arr < _LOG_HALF).mean()),
+        1.0,
     ]
 
 

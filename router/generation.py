@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+
 @dataclass(frozen=True)
 class Message:
     role: str

@@ -15,9 +15,15 @@ from typing import Any
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 
 
-def toml_entry(name: str, key_hash: str, *, usd_per_day: float | None = None,
-               usd_per_month: float | None = None, requests_per_minute: int | None = None,
-               allow_tests: bool = False) -> str:
+def toml_entry(
+    name: str,
+    key_hash: str,
+    *,
+    usd_per_day: float | None = None,
+    usd_per_month: float | None = None,
+    requests_per_minute: int | None = None,
+    allow_tests: bool = False,
+) -> str:
     """The `[[server.api_keys]]` block to paste into config.toml."""
     lines = ["[[server.api_keys]]", f"name = {json.dumps(name)}", f"hash = {json.dumps(key_hash)}"]
     if usd_per_day is not None:
@@ -119,7 +125,8 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--usd-per-month", type=float, default=None, help="monthly budget in USD (UTC months)")
     p.add_argument("--rpm", type=int, default=None, help="request rate limit, requests per minute")
     p.add_argument(
-        "--allow-tests", action="store_true",
+        "--allow-tests",
+        action="store_true",
         help="let this key send tierroute.tests (Python the code_tests verifier runs on this host, sandboxed)",
     )
     add("list", "list configured keys (names and limits, never keys)", cmd_keys_list, ksub)

@@ -221,7 +221,9 @@ class Limits:
             hold = next(iter(self._holds.values()))
             if hold.expires > now:
                 return
-            log.warning("request %s held its budget reservation past %.0f s; dropping it", hold.request_id, self.hold_ttl_s)
+            log.warning(
+                "request %s held its budget reservation past %.0f s; dropping it", hold.request_id, self.hold_ttl_s
+            )
             self._drop(hold)
 
     def _changed(self) -> None:

@@ -53,7 +53,8 @@ class Metrics:
         r.register(_BackendCollector(backends))
         self.requests = Counter(
             "tierroute_requests",
-            "Requests by final tier and outcome (accepted, escalated, unverified; abandoned or failed: no answer, work spent).",
+            "Requests by final tier and outcome"
+            " (accepted, escalated, unverified; abandoned or failed: no answer, work spent).",
             ["tier", "outcome"],
             registry=r,
         )
@@ -61,11 +62,15 @@ class Metrics:
             "tierroute_requests_refused", "Requests refused before generation, by reason.", ["reason"], registry=r
         )
         self.escalations = Counter(
-            "tierroute_escalations", "Answers rejected at one tier and sent to the next.", ["from_tier", "to_tier"],
+            "tierroute_escalations",
+            "Answers rejected at one tier and sent to the next.",
+            ["from_tier", "to_tier"],
             registry=r,
         )
         self.attempts = Counter(
-            "tierroute_attempts", "Tier attempts by decision (accepted, rejected, skipped, error, abandoned).", ["tier", "decision"],
+            "tierroute_attempts",
+            "Tier attempts by decision (accepted, rejected, skipped, error, abandoned).",
+            ["tier", "decision"],
             registry=r,
         )
         self.scores = Histogram(
@@ -88,12 +93,18 @@ class Metrics:
             registry=r,
         )
         self.attempt_latency = Histogram(
-            "tierroute_attempt_latency_seconds", "Generation latency per tier attempt.", ["tier"],
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "tierroute_attempt_latency_seconds",
+            "Generation latency per tier attempt.",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.request_latency = Histogram(
-            "tierroute_request_latency_seconds", "Admission to settled answer, by answering tier.", ["tier"],
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "tierroute_request_latency_seconds",
+            "Admission to settled answer, by answering tier.",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.in_flight = Gauge("tierroute_requests_in_flight", "Admitted requests not yet settled.", registry=r)
         self.http = Counter(
@@ -110,7 +121,7 @@ class Metrics:
         self.key_cost.labels(entry.key_id).inc(entry.cost_usd)
         self.counterfactual.inc(entry.counterfactual_usd)
         self.request_latency.labels(entry.tier).observe(entry.latency_ms / 1000)
-        for a, nxt in zip(entry.attempts, [*entry.attempts[1:], None]):
+        for a, nxt in zip(entry.attempts, [*entry.attempts[1:], None], strict=False):
             self.attempts.labels(a.tier, a.decision).inc()
             if nxt is not None:
                 self.escalations.labels(a.tier, nxt.tier).inc()

@@ -24,8 +24,7 @@ def cost_usd(price: PriceSettings, usage: Usage) -> float:
         return price.usd_per_hour * max(0.0, usage.seconds) / 3600.0
     assert price.usd_per_1m_input_tokens is not None and price.usd_per_1m_output_tokens is not None
     return (
-        usage.prompt_tokens * price.usd_per_1m_input_tokens
-        + usage.completion_tokens * price.usd_per_1m_output_tokens
+        usage.prompt_tokens * price.usd_per_1m_input_tokens + usage.completion_tokens * price.usd_per_1m_output_tokens
     ) / 1_000_000
 
 
@@ -33,8 +32,5 @@ def describe(price: PriceSettings) -> str:
     if price.usd_per_hour is not None:
         basis = f"${price.usd_per_hour:g}/hour of measured busy time"
     else:
-        basis = (
-            f"${price.usd_per_1m_input_tokens:g} / ${price.usd_per_1m_output_tokens:g} "
-            "per 1M input / output tokens"
-        )
+        basis = f"${price.usd_per_1m_input_tokens:g} / ${price.usd_per_1m_output_tokens:g} per 1M input / output tokens"
     return f"{basis} ({price.stands_for})" if price.stands_for else basis

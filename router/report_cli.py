@@ -33,7 +33,12 @@ def cmd_report_costs(args: argparse.Namespace) -> int:
         text = reports.to_csv(rows, total, args.by)
     elif args.format == "html":
         text = reports.to_html(
-            rows, total, args.by, entries, title=f"tierroute cost report: {ledger_path.name}", window=window,
+            rows,
+            total,
+            args.by,
+            entries,
+            title=f"tierroute cost report: {ledger_path.name}",
+            window=window,
             prices=prices,
         )
     else:

@@ -28,7 +28,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 from router.ledger import AttemptEntry, LedgerEntry
@@ -179,15 +179,25 @@ def parse_time(text: str, now: float | None = None) -> float:
             "'today', 'yesterday', or a span ago such as 24h or 7d"
         ) from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
 
 
 # ---- rendering -------------------------------------------------------------------------------------
 
 COLUMNS = (
-    "requests", "answered", "cost_usd", "top_tier_usd", "savings_usd", "savings_pct", "prompt_tokens",
-    "completion_tokens", "escalation_rate", "p50_ms", "p95_ms", "compute_s",
+    "requests",
+    "answered",
+    "cost_usd",
+    "top_tier_usd",
+    "savings_usd",
+    "savings_pct",
+    "prompt_tokens",
+    "completion_tokens",
+    "escalation_rate",
+    "p50_ms",
+    "p95_ms",
+    "compute_s",
 )
 
 
@@ -329,7 +339,7 @@ def plots(series: Series) -> list[tuple[str, str]]:
     bottom = [0.0] * len(x)
     for tier, values in series.cost_by_tier.items():
         ax.bar(x, values, bottom=bottom, label=f"spent at {tier}")
-        bottom = [b + v for b, v in zip(bottom, values)]
+        bottom = [b + v for b, v in zip(bottom, values, strict=False)]
     ax.plot(x, series.counterfactual, color="black", marker="o", label="top tier only")
     ax.set_ylabel("USD")
     ax.set_xticks(ticks, [series.labels[i] for i in ticks], rotation=30, ha="right", fontsize=8)

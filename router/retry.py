@@ -109,9 +109,7 @@ class _Plan:
         return self.pause(state)
 
 
-def parse_retry_after(
-    headers: Mapping[str, str], *, limit: float, now: datetime | None = None
-) -> float | None:
+def parse_retry_after(headers: Mapping[str, str], *, limit: float, now: datetime | None = None) -> float | None:
     """Seconds a server asked us to wait, from `retry-after-ms` or `Retry-After`, in [0, limit];
     None if absent or unreadable.
 

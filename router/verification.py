@@ -43,9 +43,15 @@ class VerifierCost:
         by_tier: dict[str | None, VerifierCost] = {}
         for part in (*self.parts(), *other.parts()):
             have = by_tier.get(part.tier)
-            by_tier[part.tier] = part if have is None else VerifierCost(
-                have.prompt_tokens + part.prompt_tokens, have.completion_tokens + part.completion_tokens,
-                have.seconds + part.seconds, part.tier,
+            by_tier[part.tier] = (
+                part
+                if have is None
+                else VerifierCost(
+                    have.prompt_tokens + part.prompt_tokens,
+                    have.completion_tokens + part.completion_tokens,
+                    have.seconds + part.seconds,
+                    part.tier,
+                )
             )
         if not by_tier:
             return VerifierCost()
@@ -193,5 +199,7 @@ class VerifierSet:
         finally:
             _ROUND.reset(token)
         scores = {m.verifier.name: s for m, s in zip(self.members, results, strict=True)}
-        combined = policy.combine([(s.value, m.weight) for m, s in zip(self.members, results, strict=True)], self.combine)
+        combined = policy.combine(
+            [(s.value, m.weight) for m, s in zip(self.members, results, strict=True)], self.combine
+        )
         return Verdict(combined, scores)

@@ -43,17 +43,21 @@ async def level(name: str, concurrency: int, tokens: int, threads: int) -> str:
         await backend.generate(GenerationRequest(prompt="hi", max_tokens=4))  # warm-up
         _spent.update(decode_s=0.0, steps=0)
         t0 = time.perf_counter()
-        gens = await asyncio.gather(*(
-            backend.generate(GenerationRequest(messages=(Message("user", p),), max_tokens=tokens))
-            for p in PROMPTS[:concurrency]
-        ))
+        gens = await asyncio.gather(
+            *(
+                backend.generate(GenerationRequest(messages=(Message("user", p),), max_tokens=tokens))
+                for p in PROMPTS[:concurrency]
+            )
+        )
         wall = time.perf_counter() - t0
     finally:
         await backend.close()
     out = sum(g.completion_tokens for g in gens)
     other_ms = (wall - _spent["decode_s"]) / max(_spent["steps"], 1) * 1000
-    return (f"c={concurrency}: {out / wall:.1f} output tok/s, {100 * _spent['decode_s'] / wall:.0f}% of "
-            f"{wall:.1f} s inside llama_decode over {_spent['steps']} steps, {other_ms:.1f} ms per step elsewhere")
+    return (
+        f"c={concurrency}: {out / wall:.1f} output tok/s, {100 * _spent['decode_s'] / wall:.0f}% of "
+        f"{wall:.1f} s inside llama_decode over {_spent['steps']} steps, {other_ms:.1f} ms per step elsewhere"
+    )
 
 
 def main() -> None:

@@ -19,13 +19,15 @@ from router.catalog import CATALOG, ModelStore
 from router.config import LlamaCppSettings
 from router.generation import Delta, GenerationRequest
 
-PROMPT = "def is_prime(n: int) -> bool:\n    \"\"\"Return True when n is a prime number.\"\"\"\n"
+PROMPT = 'def is_prime(n: int) -> bool:\n    """Return True when n is a prime number."""\n'
 
 
 async def measure(name: str, threads: int, tokens: int) -> tuple[float, float]:
     store = ModelStore()
     path = store.path_of(CATALOG[name])
-    backend = LlamaCppBackend(name, path, LlamaCppSettings(model=name, n_ctx=2048, n_threads=threads, n_parallel=1), tokens)
+    backend = LlamaCppBackend(
+        name, path, LlamaCppSettings(model=name, n_ctx=2048, n_threads=threads, n_parallel=1), tokens
+    )
     await backend.start()
     try:
         await backend.generate(GenerationRequest(prompt=PROMPT, max_tokens=8))
@@ -49,12 +51,20 @@ def measure_high_level(name: str, threads: int, tokens: int, flash_attn: bool) -
     from router.backends.llama_engine import physical_cores
 
     n = threads or physical_cores()
-    llm = Llama(model_path=str(ModelStore().path_of(CATALOG[name])), n_ctx=2048, n_threads=n, n_threads_batch=n,
-                flash_attn=flash_attn, verbose=False)
+    llm = Llama(
+        model_path=str(ModelStore().path_of(CATALOG[name])),
+        n_ctx=2048,
+        n_threads=n,
+        n_threads_batch=n,
+        flash_attn=flash_attn,
+        verbose=False,
+    )
     try:
         llm(PROMPT, max_tokens=8)
-        stamps = [time.perf_counter() for _ in llm(PROMPT + "    # step by step\n", max_tokens=tokens, stream=True,
-                                                     temperature=0.0)]
+        stamps = [
+            time.perf_counter()
+            for _ in llm(PROMPT + "    # step by step\n", max_tokens=tokens, stream=True, temperature=0.0)
+        ]
         return (len(stamps) - 1) / (stamps[-1] - stamps[0])
     finally:
         llm.close()

@@ -103,7 +103,7 @@ def smol_config(
     timeout: float = 60,
     breaker_failures: int = 5,
 ) -> Path:
-    body = f"[server]\n{server}\n[ledger]\npath = \"{tmp / 'ledger.sqlite3'}\"\n"
+    body = f'[server]\n{server}\n[ledger]\npath = "{tmp / "ledger.sqlite3"}"\n'
     if cascade:
         body += f"[cascade]\n{cascade}\n"
     body += SMALL_TIER.format(threshold=threshold, model=SMOL, verifiers=verifiers)
@@ -162,9 +162,23 @@ def llama_cpp_server(model: Path, *, n_threads: int = 1) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", "smol",
-            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
-            "--n_threads", str(n_threads), "--verbose", "false",
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(model),
+            "--model_alias",
+            "smol",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_ctx",
+            "2048",
+            "--n_threads",
+            str(n_threads),
+            "--verbose",
+            "false",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -173,7 +187,9 @@ def llama_cpp_server(model: Path, *, n_threads: int = 1) -> Iterator[str]:
     base = f"http://127.0.0.1:{port}/v1"
     try:
         wait_until_up(
-            proc, f"{base}/models", timeout=120,
+            proc,
+            f"{base}/models",
+            timeout=120,
             why_exited=lambda: proc.stderr.read().decode()[-2000:],  # type: ignore[union-attr]
         )
         yield base

@@ -26,6 +26,17 @@ from router.verification import (
 )
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "Registry", "Score", "SharedRegistry", "SharedVerifier", "Verdict", "Verifier",
-    "VerifierContext", "VerifierCost", "VerifierError", "VerifierFactory", "VerifierSet", "WeightedVerifier",
+    "ENTRY_POINT_GROUP",
+    "Registry",
+    "Score",
+    "SharedRegistry",
+    "SharedVerifier",
+    "Verdict",
+    "Verifier",
+    "VerifierContext",
+    "VerifierCost",
+    "VerifierError",
+    "VerifierFactory",
+    "VerifierSet",
+    "WeightedVerifier",
 ]

@@ -87,13 +87,32 @@ _MAX_REPLY_BYTES = 1 << 20
 
 # Every reason a score or a test can give; nothing else reaches a response.
 KINDS = (
-    "passed", "failed", "no_tests", "too_large", "syntax_error", "load_error", "import_error",
-    "mismatch", "assertion", "exception", "not_plain_data", "timeout", "memory", "crashed",
-    "forged", "not_run", "bad_tests", "sandbox_unavailable",
+    "passed",
+    "failed",
+    "no_tests",
+    "too_large",
+    "syntax_error",
+    "load_error",
+    "import_error",
+    "mismatch",
+    "assertion",
+    "exception",
+    "not_plain_data",
+    "timeout",
+    "memory",
+    "crashed",
+    "forged",
+    "not_run",
+    "bad_tests",
+    "sandbox_unavailable",
 )
 _CMP: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
-    ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
-    ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
 }
 
 
@@ -594,8 +613,12 @@ async def run_tests(
             load = await session.ask({"op": "load"})
             loaded = load.ok
             if not load.ok:
-                load_kind = {"SyntaxError": "syntax_error", "ModuleNotFoundError": "import_error",
-                             "ImportError": "import_error", "MemoryError": "memory"}.get(load.exc, "load_error")
+                load_kind = {
+                    "SyntaxError": "syntax_error",
+                    "ModuleNotFoundError": "import_error",
+                    "ImportError": "import_error",
+                    "MemoryError": "memory",
+                }.get(load.exc, "load_error")
                 notes.append(f"load: {load.exc}: {load.msg}")
         except _Stop as exc:
             stop = exc
@@ -641,7 +664,9 @@ async def _run_step(session: _Session, step: Step) -> list[UnitResult]:
         op = "eval" if step.expr else "exec"
         reply = await session.ask({"op": op, "source": step.source, "ns": ns, "base": base})
         kind = await asyncio.to_thread(judge_doctest, step, reply)  # literal_eval of a long want
-        detail = "" if kind is None else f"expected {step.want[:120]!r}, got {reply.printed[:120]!r} {reply.exc} {reply.msg}"
+        detail = (
+            "" if kind is None else f"expected {step.want[:120]!r}, got {reply.printed[:120]!r} {reply.exc} {reply.msg}"
+        )
         detail = detail[:400]
         return [UnitResult(step.label, step.group, kind is None, kind, False, detail)]
     for check in step.plan():
@@ -730,8 +755,11 @@ class CodeTestsVerifier:
             waiting[0] -= 1
         try:
             run = await run_tests(
-                prepared.program, prepared.steps, timeout_s=self.timeout_s,
-                unit_timeout_s=self.unit_timeout_s, memory_mb=self.memory_mb,
+                prepared.program,
+                prepared.steps,
+                timeout_s=self.timeout_s,
+                unit_timeout_s=self.unit_timeout_s,
+                memory_mb=self.memory_mb,
             )
         except SandboxUnavailableError as exc:
             log.error("code_tests: the sandbox is unavailable: %s", exc)
@@ -743,8 +771,15 @@ class CodeTestsVerifier:
     def _verdict(self, run: HarnessRun, prepared: _Prepared, notes: list[str]) -> Score:
         if log.isEnabledFor(logging.DEBUG):
             failed = [f"{u.label}: {u.kind} {u.detail}" for u in run.units if not u.passed]
-            log.debug("code_tests run: loaded=%s load=%s forged=%s failures=%s notes=%s\n%s",
-                      run.loaded, run.load_kind, run.forged, failed[:20], notes, run.log)
+            log.debug(
+                "code_tests run: loaded=%s load=%s forged=%s failures=%s notes=%s\n%s",
+                run.loaded,
+                run.load_kind,
+                run.forged,
+                failed[:20],
+                notes,
+                run.log,
+            )
         details: dict[str, Any] = {"compiles": True, "imports": run.loaded, "sandbox_s": round(run.duration_s, 3)}
         if notes:
             details["notes"] = notes  # fixed phrases of ours, never sandbox output
@@ -763,12 +798,18 @@ class CodeTestsVerifier:
         failures = Counter(u.kind for u in run.units if not u.passed and u.kind)
         reason = "forged" if run.forged else ("passed" if passed == total else "failed")
         details.update(
-            reason=reason, passed=passed, total=total, by_source=by_source,
-            failures=dict(sorted(failures.items())), in_process=sum(u.in_process for u in run.units),
+            reason=reason,
+            passed=passed,
+            total=total,
+            by_source=by_source,
+            failures=dict(sorted(failures.items())),
+            in_process=sum(u.in_process for u in run.units),
         )
         value = 0.0 if run.forged else passed / total
-        parts = ", ".join(f"{'caller tests' if g == 'tests' else 'prompt examples'} {c['passed']}/{c['total']}"
-                          for g, c in by_source.items())
+        parts = ", ".join(
+            f"{'caller tests' if g == 'tests' else 'prompt examples'} {c['passed']}/{c['total']}"
+            for g, c in by_source.items()
+        )
         text = f"{reason}: {passed}/{total} tests passed ({parts})"
         if failures:
             text += "; failures: " + ", ".join(f"{k} {n}" for k, n in sorted(failures.items()))
@@ -790,9 +831,7 @@ class CodeTestsVerifier:
         notes: list[str] = []
         tests = request.metadata.get("tests")
         if tests is not None:
-            if isinstance(tests, str) or (
-                isinstance(tests, list | tuple) and all(isinstance(t, str) for t in tests)
-            ):
+            if isinstance(tests, str) or (isinstance(tests, list | tuple) and all(isinstance(t, str) for t in tests)):
                 size = len(tests) if isinstance(tests, str) else sum(len(t) for t in tests)
                 if size > MAX_TESTS_CHARS:
                     return _Prepared(None, [], "too_large")
@@ -827,11 +866,12 @@ def _takes_no_args(fn: ast.FunctionDef) -> bool:
     )
 
 
-
 @functools.cache
 def _worker_source() -> str:
     # annotations stay strings in the box, where typing is not imported
-    return "from __future__ import annotations\n" + textwrap.dedent(inspect.getsource(_worker_main)) + "\n_worker_main()\n"
+    return (
+        "from __future__ import annotations\n" + textwrap.dedent(inspect.getsource(_worker_main)) + "\n_worker_main()\n"
+    )
 
 
 def _worker_main() -> None:  # pragma: no cover - runs only inside the sandbox
@@ -863,7 +903,7 @@ def _worker_main() -> None:  # pragma: no cover - runs only inside the sandbox
             data = (json.dumps(reply) + "\n").encode()
         view = memoryview(data)
         while view:
-            view = view[os.write(out_fd, view):]
+            view = view[os.write(out_fd, view) :]
 
     def encode(value: Any, budget: list[int], depth: int = 0) -> dict[str, Any]:
         budget[0] -= 1
@@ -937,6 +977,11 @@ def _worker_main() -> None:  # pragma: no cover - runs only inside the sandbox
                 text = str(exc)[:300]
             except BaseException:  # noqa: BLE001
                 text = ""
-            reply = {"id": rid, "ok": False, "printed": printed.getvalue()[:max_printed],
-                     "exc": type(exc).__name__[:100], "msg": text}
+            reply = {
+                "id": rid,
+                "ok": False,
+                "printed": printed.getvalue()[:max_printed],
+                "exc": type(exc).__name__[:100],
+                "msg": text,
+            }
         send(reply)

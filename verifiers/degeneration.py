@@ -59,7 +59,8 @@ _REFUSAL_WINDOW = 300  # a refusal opens the answer; deep inside reasoning the s
 _REFUSAL = re.compile(
     r"""\bas\s+an?\s+(?:ai|artificial\s+intelligence|(?:ai\s+)?language\s+model)\b
       | \bI(?:['’]m|\s+am)\s+(?:sorry|afraid)\b[^.!?\n]{0,80}?\b(?:can(?:not|['’]t)|unable|not\s+able|won['’]t)\b
-      | (?:^|[.!?]\s+)I\s+(?:can(?:not|['’]t)|won['’]t|will\s+not|am\s+(?:not\s+able|unable)|['’]m\s+(?:not\s+able|unable))
+      | (?:^|[.!?]\s+)I\s+(?:can(?:not|['’]t)|won['’]t|will\s+not
+                         |am\s+(?:not\s+able|unable)|['’]m\s+(?:not\s+able|unable))
         \s+(?:to\s+)?(?:help|assist|provide|answer|comply|fulfil+|create|write|generate|do\s+that|support)\b
     """,
     re.IGNORECASE | re.VERBOSE,
@@ -216,8 +217,12 @@ class DegenerationVerifier:
         object.__setattr__(self, "_penalty", merged)
         _check_number("loop_min_copies", self.loop_min_copies, minimum=2.0)
         integers = (
-            ("loop_min_tokens", 2), ("loop_long_tokens", 2), ("loop_max_period", 1),
-            ("line_max_repeats", 1), ("line_min_words", 1), ("max_chars", 100),
+            ("loop_min_tokens", 2),
+            ("loop_long_tokens", 2),
+            ("loop_max_period", 1),
+            ("line_max_repeats", 1),
+            ("line_min_words", 1),
+            ("max_chars", 100),
         )
         for key, minimum in integers:
             value = getattr(self, key)
@@ -268,8 +273,11 @@ class DegenerationVerifier:
             for key, loop in (("loop", looping), ("longest_repeat", longest)):
                 if loop is not None:
                     details[key] = {
-                        "period": loop.period, "copies": round(loop.copies, 2), "tokens": loop.tokens,
-                        "at_end": loop.start + loop.tokens == len(tokens), "unit": loop.unit[:120],
+                        "period": loop.period,
+                        "copies": round(loop.copies, 2),
+                        "tokens": loop.tokens,
+                        "at_end": loop.start + loop.tokens == len(tokens),
+                        "unit": loop.unit[:120],
                     }
             if looping is not None and looping.tokens >= self.loop_min_tokens:
                 found["loop"] = f"a loop: {looping.unit[:40]!r} x{looping.copies:.1f}"

@@ -83,9 +83,7 @@ def _parsing_prefix(code: str) -> str:
         return code
     lines = code.splitlines(keepends=True)
     cuts = [
-        i
-        for i, line in enumerate(lines)
-        if i > 0 and _TOP_LEVEL_LINE.match(line) and not _CONTINUATION.match(line)
+        i for i, line in enumerate(lines) if i > 0 and _TOP_LEVEL_LINE.match(line) and not _CONTINUATION.match(line)
     ]
     for i in reversed(cuts[-_MAX_PREFIX_TRIES:]):
         prefix = "".join(lines[:i])

@@ -83,7 +83,9 @@ class FormatVerifier:
             if self._validator is not None:
                 error = _first_schema_error(self._validator, value)
                 if error is not None:
-                    return Score(0.0, f"JSON does not match the schema: {error}", {"failed": "json_schema", "passed": passed})
+                    return Score(
+                        0.0, f"JSON does not match the schema: {error}", {"failed": "json_schema", "passed": passed}
+                    )
                 passed.append("json_schema")
         return Score(1.0, "format ok: " + ", ".join(passed), {"passed": passed})
 

@@ -112,9 +112,15 @@ class JudgeVerifier:
         try:
             reply = await backend.generate(judge_request)
         except Exception as exc:  # noqa: BLE001 - any failure of the judge is a reject, with its reason
-            return Score(0.0, f"judge tier {self.tier!r} failed: {type(exc).__name__}: {exc}"[:300], {"tier": self.tier})
+            return Score(
+                0.0, f"judge tier {self.tier!r} failed: {type(exc).__name__}: {exc}"[:300], {"tier": self.tier}
+            )
         cost = generation_cost([reply], self.tier)
-        details: dict[str, Any] = {"tier": self.tier, "reply_tail": reply.text[-300:], "finish_reason": reply.finish_reason}
+        details: dict[str, Any] = {
+            "tier": self.tier,
+            "reply_tail": reply.text[-300:],
+            "finish_reason": reply.finish_reason,
+        }
         grade = parse_judge_score(reply.text)
         if grade is None:
             why = " (cut off at max_tokens)" if reply.finish_reason == "length" else ""

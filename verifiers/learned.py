@@ -37,7 +37,9 @@ class LearnedVerifier:
     right. Computes the scores of the verifiers its features name itself, concurrently, and adds
     their cost to its own; a verifier that fails on an answer counts as 0 (as in eval runs)."""
 
-    def __init__(self, estimator: Estimator, tier: str, members: Sequence[tuple[str, Verifier]], name: str = "learned") -> None:
+    def __init__(
+        self, estimator: Estimator, tier: str, members: Sequence[tuple[str, Verifier]], name: str = "learned"
+    ) -> None:
         self.estimator = estimator
         self.tier = tier
         self.model = estimator.model_for(tier)
@@ -46,7 +48,12 @@ class LearnedVerifier:
 
     @classmethod
     def load(
-        cls, artifact: Path | str, sha256: str, ctx: VerifierContext, *, name: str = "learned",
+        cls,
+        artifact: Path | str,
+        sha256: str,
+        ctx: VerifierContext,
+        *,
+        name: str = "learned",
     ) -> LearnedVerifier:
         """Its feature verifiers come from `ctx.registry` (a tier's SharedRegistry in the service)."""
         from verifiers.base import Registry
@@ -95,5 +102,3 @@ def make_learned(params: dict[str, Any], ctx: VerifierContext) -> LearnedVerifie
     if not isinstance(name, str) or not name:
         raise TypeError("name must be a non-empty string")
     return LearnedVerifier.load(params["artifact"], params["sha256"], ctx, name=name)
-
-

@@ -131,17 +131,58 @@ _CLONE_NS_FLAGS = 0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000
 
 # x86_64 numbers (arch/x86/entry/syscalls/syscall_64.tbl)
 _DENIED_X86_64 = {
-    "shmget": 29, "shmat": 30, "shmctl": 31, "ptrace": 101, "syslog": 103, "personality": 135,
-    "uselib": 134, "vhangup": 153, "pivot_root": 155, "chroot": 161, "acct": 163, "mount": 165,
-    "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169, "iopl": 172, "ioperm": 173,
-    "init_module": 175, "delete_module": 176, "quotactl": 179, "lookup_dcookie": 212,
-    "kexec_load": 246, "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272,
-    "perf_event_open": 298, "name_to_handle_at": 303, "open_by_handle_at": 304, "setns": 308,
-    "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "finit_module": 313,
-    "memfd_create": 319, "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323,
-    "pidfd_send_signal": 424, "io_uring_setup": 425, "io_uring_enter": 426,
-    "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
-    "fsmount": 432, "fspick": 433, "pidfd_open": 434, "pidfd_getfd": 438, "mount_setattr": 442,
+    "shmget": 29,
+    "shmat": 30,
+    "shmctl": 31,
+    "ptrace": 101,
+    "syslog": 103,
+    "personality": 135,
+    "uselib": 134,
+    "vhangup": 153,
+    "pivot_root": 155,
+    "chroot": 161,
+    "acct": 163,
+    "mount": 165,
+    "umount2": 166,
+    "swapon": 167,
+    "swapoff": 168,
+    "reboot": 169,
+    "iopl": 172,
+    "ioperm": 173,
+    "init_module": 175,
+    "delete_module": 176,
+    "quotactl": 179,
+    "lookup_dcookie": 212,
+    "kexec_load": 246,
+    "add_key": 248,
+    "request_key": 249,
+    "keyctl": 250,
+    "unshare": 272,
+    "perf_event_open": 298,
+    "name_to_handle_at": 303,
+    "open_by_handle_at": 304,
+    "setns": 308,
+    "process_vm_readv": 310,
+    "process_vm_writev": 311,
+    "kcmp": 312,
+    "finit_module": 313,
+    "memfd_create": 319,
+    "kexec_file_load": 320,
+    "bpf": 321,
+    "userfaultfd": 323,
+    "pidfd_send_signal": 424,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "pidfd_open": 434,
+    "pidfd_getfd": 438,
+    "mount_setattr": 442,
     "memfd_secret": 447,
 }
 _CLONE_X86_64, _CLONE3_X86_64 = 56, 435
@@ -240,8 +281,19 @@ def _linked_libraries(binaries: list[str]) -> list[str]:
 
 def _bwrap_argv(bwrap: str, limits: Limits, files: list[tuple[int, str]], seccomp_fd: int) -> list[str]:
     layout = _layout()
-    argv = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
-            "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox", "--clearenv"]
+    argv = [
+        bwrap,
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        "sandbox",
+        "--clearenv",
+    ]
     if os.geteuid() == 0:
         # no user namespace: the prelude becomes host uid 65534, so nothing it does runs as root
         argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
@@ -342,8 +394,16 @@ def _probe() -> str | None:
         limits = Limits(timeout_s=_PROBE_TIMEOUT_S)
         argv = _bwrap_argv(bwrap, limits, [(fds[0], "main.py")], fds[1]) + _python_argv(limits)
         # synchronous: `config check` and start-up may call this inside a running event loop
-        done = subprocess.run(argv, capture_output=True, timeout=_PROBE_TIMEOUT_S, pass_fds=fds, env={},
-                              cwd="/", check=False, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            timeout=_PROBE_TIMEOUT_S,
+            pass_fds=fds,
+            env={},
+            cwd="/",
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return f"bubblewrap could not start: {exc}"
     finally:
@@ -498,8 +558,9 @@ async def run_python_async(
     limits = Limits(timeout_s, cpu_s, memory_mb, max_file_mb, disk_mb, max_procs)
     stdin_bytes = stdin.encode() if isinstance(stdin, str) else stdin
     start = time.monotonic()
-    async with start_python(code, limits=limits, files=files, stdin=stdin_bytes is not None,
-                            max_output_bytes=max_output_bytes) as box:
+    async with start_python(
+        code, limits=limits, files=files, stdin=stdin_bytes is not None, max_output_bytes=max_output_bytes
+    ) as box:
         out_task = asyncio.ensure_future(_drain(box.stdout, max_output_bytes))
         feed = None
         if box.stdin is not None and stdin_bytes is not None:

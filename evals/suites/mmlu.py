@@ -17,10 +17,18 @@ PROMPT = (
 # Two worked exchanges, written for this suite (not MMLU items), show the reply format: small chat
 # models asked for "the letter only" otherwise start reasoning and run out of tokens first.
 SHOTS = (
-    (dict(topic="astronomy", question="Which planet is closest to the Sun?", a="Venus", b="Mercury",
-          c="Earth", d="Mars"), "B"),
-    (dict(topic="elementary mathematics", question="What is 7 multiplied by 8?", a="54", b="48",
-          c="64", d="56"), "D"),
+    (
+        dict(
+            topic="astronomy",
+            question="Which planet is closest to the Sun?",
+            a="Venus",
+            b="Mercury",
+            c="Earth",
+            d="Mars",
+        ),
+        "B",
+    ),
+    (dict(topic="elementary mathematics", question="What is 7 multiplied by 8?", a="54", b="48", c="64", d="56"), "D"),
 )
 
 
@@ -44,8 +52,12 @@ class MMLU(Suite):
             if row.get("correct_answer") not in tuple(CHOICE_LETTERS):
                 continue  # the file carries two stray header rows
             messages = messages_for(
-                topic=row["topic"], question=row["question"].strip(),
-                a=row["answer_a"], b=row["answer_b"], c=row["answer_c"], d=row["answer_d"],
+                topic=row["topic"],
+                question=row["question"].strip(),
+                a=row["answer_a"],
+                b=row["answer_b"],
+                c=row["answer_c"],
+                d=row["answer_d"],
             )
             items.append(
                 Item(

@@ -29,8 +29,14 @@ class Services:
         self.accounting = Accounting(settings, engine)
 
     def admit(
-        self, principal: Principal, request_id: str, request: GenerationRequest, plan: Sequence[Tier], model: str,
-        *, stream: bool,
+        self,
+        principal: Principal,
+        request_id: str,
+        request: GenerationRequest,
+        plan: Sequence[Tier],
+        model: str,
+        *,
+        stream: bool,
     ) -> Ticket:
         """Budget and rate checks before any generation; returns a ticket to release at the end."""
         return self.accounting.admit(principal, request_id, request, plan, model, stream=stream)

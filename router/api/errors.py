@@ -107,7 +107,10 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first = max(errors, key=lambda e: len([p for p in e.get("loc", ()) if _is_field(p)]))
     kind = first.get("type")
     if kind == "json_invalid":
-        return f"We could not parse the JSON body of your request: {first.get('ctx', {}).get('error', 'invalid JSON')}", None
+        return (
+            f"We could not parse the JSON body of your request: {first.get('ctx', {}).get('error', 'invalid JSON')}",
+            None,
+        )
     param = ".".join(str(p) for p in first.get("loc", ()) if _is_field(p)) or None
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if param is None:
@@ -133,7 +136,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        message = str(exc.detail) if exc.status_code != 404 else f"Unknown request URL: {request.method} {request.url.path}"
+        message = (
+            str(exc.detail) if exc.status_code != 404 else f"Unknown request URL: {request.method} {request.url.path}"
+        )
         return JSONResponse(
             error_body(message, "invalid_request_error", None, None),
             status_code=exc.status_code,

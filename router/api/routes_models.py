@@ -18,14 +18,26 @@ def _card(services: ServicesDep, name: str) -> dict[str, Any]:
     created = int(time.time())
     if name == "auto":
         tiers = [t.name for t in services.settings.tiers]
-        return {"id": "auto", "object": "model", "created": created, "owned_by": "tierroute",
-                "tierroute": {"cascade": tiers}}
+        return {
+            "id": "auto",
+            "object": "model",
+            "created": created,
+            "owned_by": "tierroute",
+            "tierroute": {"cascade": tiers},
+        }
     tier = services.settings.tier(name)
     section = tier.llamacpp or tier.openai
     return {
-        "id": name, "object": "model", "created": created, "owned_by": "tierroute",
-        "tierroute": {"backend": tier.backend, "model": section.model if section else None,
-                      "price": describe(tier.price), "threshold": tier.threshold},
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "tierroute",
+        "tierroute": {
+            "backend": tier.backend,
+            "model": section.model if section else None,
+            "price": describe(tier.price),
+            "threshold": tier.threshold,
+        },
     }
 
 

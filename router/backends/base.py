@@ -16,10 +16,10 @@ class Backend(abc.ABC):
     def __init__(self, name: str) -> None:
         self.name = name
 
-    async def start(self) -> None:
+    async def start(self) -> None:  # noqa: B027 - an optional hook, not an abstract method
         """Load models / open connections. Called once before the first request."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - an optional hook, not an abstract method
         """Release everything start() took."""
 
     @property

@@ -20,7 +20,6 @@ from router.generation import Delta, Generation, GenerationRequest
 
 
 class InstantBackend(Backend):
-
     def __init__(self, name: str, reply: str = "OK.", *, model: str = "instant") -> None:
         super().__init__(name)
         self.reply = reply

@@ -36,7 +36,6 @@ from typing import Any, Literal
 import numpy as np
 
 from router.errors import ContextLengthError, DeadlineError, ModelError, OverloadedError, UnavailableError
-from router.generation import GenerationRequest
 
 log = logging.getLogger(__name__)
 
@@ -527,9 +526,11 @@ class LlamaEngine:
             if (running or admitted) and need > budget - self.prefix.cells:
                 break  # wait for a running sequence to leave
             self._pending.popleft()
-            if any(_common_prefix(job.prompt_tokens, o.job.prompt_tokens) > o.n_prefilled + PrefixCache.MIN
-                   and o.prefilling for o in running) or any(
-                   _common_prefix(job.prompt_tokens, a.job.prompt_tokens) >= PrefixCache.MIN for a in admitted):
+            if any(
+                _common_prefix(job.prompt_tokens, o.job.prompt_tokens) > o.n_prefilled + PrefixCache.MIN
+                and o.prefilling
+                for o in running
+            ) or any(_common_prefix(job.prompt_tokens, a.job.prompt_tokens) >= PrefixCache.MIN for a in admitted):
                 deferred.append(job)
                 continue
             seq = _Seq(job=job, seq_id=free_ids[-1 - len(admitted)], started=time.monotonic(), reserved=need)

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 
 class LlamaCppBackend(Backend):
-
     def __init__(self, name: str, model_path: Path, settings: LlamaCppSettings, max_tokens_cap: int) -> None:
         super().__init__(name)
         self.model_path = model_path

@@ -297,9 +297,7 @@ class OpenAIBackend(Backend):
             return "not-needed"  # the SDK insists on a key; local servers ignore it
         key = os.environ.get(env)
         if not key:
-            raise ConfigError(
-                f"tier {self.name}: tiers.openai.api_key_env names {env}, which is not set"
-            )
+            raise ConfigError(f"tier {self.name}: tiers.openai.api_key_env names {env}, which is not set")
         return key
 
     # -- the two ways to generate ------------------------------------------------------------------
@@ -331,7 +329,8 @@ class OpenAIBackend(Backend):
                 self._failed_total += 1
                 log.warning(
                     "tier %s: the upstream stream ended without finish_reason or [DONE] after %d characters",
-                    self.name, len(acc.text),
+                    self.name,
+                    len(acc.text),
                 )
                 raise UpstreamError(
                     f"tier {self.name}: the upstream stream ended without finishing the answer "
@@ -567,7 +566,9 @@ class OpenAIBackend(Backend):
         detail = f"HTTP {status}: {text}"
         hint = parse_retry_after(exc.response.headers, limit=self.timeout_s)
         if status in _RETRYABLE_STATUS or status >= 500:
-            return _Verdict(lambda: _Retryable(f"HTTP {status}", detail, retry_after=hint), healthy=False, detail=detail)
+            return _Verdict(
+                lambda: _Retryable(f"HTTP {status}", detail, retry_after=hint), healthy=False, detail=detail
+            )
         if status in _REQUEST_STATUS:
             if _is_context_length(exc, text):
                 return _Verdict(
@@ -612,9 +613,7 @@ class OpenAIBackend(Backend):
             retry_after=self._client_retry_after(exc.retry_after),
         )
 
-    def _stream_cut(
-        self, permit: Permit, exc: Exception, call: _Call, acc: _Accumulator
-    ) -> BaseException:
+    def _stream_cut(self, permit: Permit, exc: Exception, call: _Call, acc: _Accumulator) -> BaseException:
         mapped = self._settle(permit, exc, call)
         if isinstance(mapped, UnavailableError):  # refused whole, e.g. over the size limits
             self._failed_total += 1
@@ -704,8 +703,9 @@ class _Accumulator:
         if piece:
             self.parts.append(piece)
             if len(self.parts) > call.piece_limit:
-                raise _Unacceptable(f"a stream of more than {call.piece_limit} pieces of text for "
-                                    f"max_tokens={call.max_tokens}")
+                raise _Unacceptable(
+                    f"a stream of more than {call.piece_limit} pieces of text for max_tokens={call.max_tokens}"
+                )
         return piece
 
     def complete(self, done: bool) -> bool:
@@ -969,7 +969,10 @@ def _checked_usage(usage: Any, call: _Call, tier: str) -> tuple[int | None, int 
         if value is not None and (count is None or count > limit):
             log.warning(
                 "tier %s: upstream usage refused (%s=%.100r, at most %d possible); estimating",
-                tier, name, value, limit,
+                tier,
+                name,
+                value,
+                limit,
             )
             return None, None
         counts.append(count)

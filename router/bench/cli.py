@@ -96,8 +96,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 print_progress(f"[{live.label}] {live.url} (pid {live.pid or 'unknown'})")
                 result = asyncio.run(
                     sweep_target(
-                        live, workload, levels, requests=requests, duration_s=args.duration,
-                        warmup=args.warmup, seed=args.seed, progress=print_progress,
+                        live,
+                        workload,
+                        levels,
+                        requests=requests,
+                        duration_s=args.duration,
+                        warmup=args.warmup,
+                        seed=args.seed,
+                        progress=print_progress,
                     )
                 )
         except BenchError as exc:
@@ -121,12 +127,20 @@ def cmd_burst(args: argparse.Namespace) -> int:
         print_progress(f"[{live.label}] {live.url} (pid {live.pid or 'unknown'})")
         result = asyncio.run(
             burst_target(
-                live, workload, requests=args.requests, concurrency=args.concurrency, rounds=args.rounds,
-                settle_s=args.settle, warmup=args.warmup, progress=print_progress,
+                live,
+                workload,
+                requests=args.requests,
+                concurrency=args.concurrency,
+                rounds=args.rounds,
+                settle_s=args.settle,
+                warmup=args.warmup,
+                progress=print_progress,
             )
         )
     report = {**report_header(args, "burst"), "workload": workload.describe(), "target": result}
-    print_burst(result, title=f"tierroute bench burst: {args.requests} requests at concurrency {args.concurrency}, {live.label}")
+    print_burst(
+        result, title=f"tierroute bench burst: {args.requests} requests at concurrency {args.concurrency}, {live.label}"
+    )
     verdict = result["verdict"]
     write_json(args.json, report)
     return 0 if verdict["alive_after"] and verdict["every_request_answered_or_503"] else 1
@@ -134,8 +148,16 @@ def cmd_burst(args: argparse.Namespace) -> int:
 
 def cmd_overhead(args: argparse.Namespace) -> int:
     result = run_overhead(
-        args.config, rate=args.rate, seconds=args.seconds, kind=args.arrivals, verifiers=args.verifiers,
-        model=args.model, max_tokens=args.max_tokens, seed=args.seed, warmup=args.warmup, floor=args.floor,
+        args.config,
+        rate=args.rate,
+        seconds=args.seconds,
+        kind=args.arrivals,
+        verifiers=args.verifiers,
+        model=args.model,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        warmup=args.warmup,
+        floor=args.floor,
     )
     report = {**report_header(args, "overhead"), **result}
     title = (
@@ -185,29 +207,60 @@ def _positive_float(text: str) -> float:
 
 
 def _client_options(p: argparse.ArgumentParser, *, max_tokens: int) -> None:
-    g = p.add_argument_group(
-        "servers", "--url starts a server's options; the options after it are that server's own"
+    g = p.add_argument_group("servers", "--url starts a server's options; the options after it are that server's own")
+    g.add_argument(
+        "--url",
+        action=_TargetOption,
+        field="url",
+        dest="targets",
+        metavar="URL",
+        help="base URL including /v1; repeat to measure several servers in one run",
     )
-    g.add_argument("--url", action=_TargetOption, field="url", dest="targets", metavar="URL",
-                   help="base URL including /v1; repeat to measure several servers in one run")
-    g.add_argument("--label", action=_TargetOption, field="label", dest="targets", metavar="NAME",
-                   help="name in the report")
-    g.add_argument("--model", action=_TargetOption, field="model", dest="targets", metavar="NAME",
-                   help="model name sent (default: auto)")
-    g.add_argument("--pid", action=_TargetOption, field="pid", dest="targets", type=int, metavar="PID",
-                   help="server process on this machine whose resident memory is sampled")
-    g.add_argument("--launch", action=_TargetOption, field="launch", dest="targets", metavar="CMD",
-                   help="start the server with CMD before its turn and stop it after (its pid is watched)")
-    g.add_argument("--api-key-env", action=_TargetOption, field="api_key_env", dest="targets", metavar="VAR",
-                   help="environment variable holding the server's API key")
+    g.add_argument(
+        "--label", action=_TargetOption, field="label", dest="targets", metavar="NAME", help="name in the report"
+    )
+    g.add_argument(
+        "--model",
+        action=_TargetOption,
+        field="model",
+        dest="targets",
+        metavar="NAME",
+        help="model name sent (default: auto)",
+    )
+    g.add_argument(
+        "--pid",
+        action=_TargetOption,
+        field="pid",
+        dest="targets",
+        type=int,
+        metavar="PID",
+        help="server process on this machine whose resident memory is sampled",
+    )
+    g.add_argument(
+        "--launch",
+        action=_TargetOption,
+        field="launch",
+        dest="targets",
+        metavar="CMD",
+        help="start the server with CMD before its turn and stop it after (its pid is watched)",
+    )
+    g.add_argument(
+        "--api-key-env",
+        action=_TargetOption,
+        field="api_key_env",
+        dest="targets",
+        metavar="VAR",
+        help="environment variable holding the server's API key",
+    )
     p.add_argument("--launch-timeout", type=_positive_float, default=300.0, help="seconds a launched server may take")
     api = p.add_mutually_exclusive_group()
     api.add_argument("--chat", dest="api", action="store_const", const="chat", help="/v1/chat/completions (default)")
     api.add_argument("--completions", dest="api", action="store_const", const="completions", help="/v1/completions")
     p.set_defaults(api="chat", targets=None)
     p.add_argument("--max-tokens", type=_positive_int, default=max_tokens, help="output length asked of every request")
-    p.add_argument("--prompts", default=None, metavar="FILE",
-                   help="one prompt per line instead of the built-in set of 16")
+    p.add_argument(
+        "--prompts", default=None, metavar="FILE", help="one prompt per line instead of the built-in set of 16"
+    )
     p.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds per request")
     p.add_argument("--warmup", type=int, default=2, help="requests sent and not counted before measuring")
     p.add_argument("--json", default=None, metavar="PATH", help="write every number here")
@@ -217,12 +270,21 @@ def register(sub: Any, add: Any) -> None:
     bench = sub.add_parser("bench", help="measure throughput, latency, memory and the router's overhead")
     bsub = bench.add_subparsers(dest="bench_command", metavar="MODE", required=True)
 
-    p = add("sweep", "streamed load at rising concurrency (or Poisson rates) against OpenAI-compatible servers",
-            cmd_sweep, bsub)
+    p = add(
+        "sweep",
+        "streamed load at rising concurrency (or Poisson rates) against OpenAI-compatible servers",
+        cmd_sweep,
+        bsub,
+    )
     _client_options(p, max_tokens=128)
     p.add_argument("--concurrency", type=_int_list, default=[1, 2, 4, 8, 16], metavar="1,2,4,8,16")
-    p.add_argument("--poisson", type=_rate_list, default=None, metavar="RATES",
-                   help="open-loop Poisson arrivals at these rates (req/s) instead of the concurrency sweep")
+    p.add_argument(
+        "--poisson",
+        type=_rate_list,
+        default=None,
+        metavar="RATES",
+        help="open-loop Poisson arrivals at these rates (req/s) instead of the concurrency sweep",
+    )
     size = p.add_mutually_exclusive_group()
     size.add_argument("--requests", type=_positive_int, default=32, help="requests per level (default 32)")
     size.add_argument("--duration", type=_positive_float, default=None, help="seconds per level instead")
@@ -235,17 +297,26 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--rounds", type=_positive_int, default=2, help="bursts in a row; memory is compared between them")
     p.add_argument("--settle", type=float, default=5.0, help="seconds to wait after a round before reading memory")
 
-    p = add("overhead", "the router's own latency: every tier an instant backend, open-loop at a rate",
-            cmd_overhead, bsub)
+    p = add(
+        "overhead", "the router's own latency: every tier an instant backend, open-loop at a rate", cmd_overhead, bsub
+    )
     p.add_argument("--rate", type=_positive_float, default=100.0, help="requests per second")
     p.add_argument("--seconds", type=_positive_float, default=10.0)
     p.add_argument("--arrivals", choices=("poisson", "uniform"), default="poisson")
-    p.add_argument("--verifiers", choices=("config", "none"), default="config",
-                   help="keep the tiers' configured verifiers (router work too), or remove them")
+    p.add_argument(
+        "--verifiers",
+        choices=("config", "none"),
+        default="config",
+        help="keep the tiers' configured verifiers (router work too), or remove them",
+    )
     p.add_argument("--model", default="auto", help="model name sent (auto runs the cascade)")
     p.add_argument("--max-tokens", type=_positive_int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=50, help="requests sent and not counted before measuring")
-    p.add_argument("--no-floor", dest="floor", action="store_false",
-                   help="skip the second pass against /healthz (the HTTP floor, no router work)")
+    p.add_argument(
+        "--no-floor",
+        dest="floor",
+        action="store_false",
+        help="skip the second pass against /healthz (the HTTP floor, no router work)",
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="write every number here")

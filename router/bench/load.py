@@ -92,9 +92,7 @@ def schedule_lag(outcomes: Sequence[Outcome], schedule: Sequence[float]) -> dict
 def openai_client(target: Target, workload: Workload) -> openai.AsyncOpenAI:
     import openai
 
-    return openai.AsyncOpenAI(
-        base_url=target.url, api_key=target.api_key, max_retries=0, timeout=workload.timeout_s
-    )
+    return openai.AsyncOpenAI(base_url=target.url, api_key=target.api_key, max_retries=0, timeout=workload.timeout_s)
 
 
 def streamed_request(client: openai.AsyncOpenAI, target: Target, workload: Workload) -> Send:
@@ -160,4 +158,3 @@ async def warm_up(send: Send, n: int) -> None:
     start = time.perf_counter()
     for index in range(n):
         await send(index, start)
-

@@ -77,8 +77,16 @@ def print_sweep(report: dict[str, Any], workload: Workload) -> None:
     from rich.table import Table
 
     table = Table(
-        "target", "level", "ok", "503", "err", "out tok/s", "req/s",
-        "TTFT ms p50/p95/p99", "latency ms p50/p95/p99", "peak RSS MiB",
+        "target",
+        "level",
+        "ok",
+        "503",
+        "err",
+        "out tok/s",
+        "req/s",
+        "TTFT ms p50/p95/p99",
+        "latency ms p50/p95/p99",
+        "peak RSS MiB",
         title=f"tierroute bench sweep: {workload.api}, max_tokens {workload.max_tokens}",
     )
     for t in report["targets"]:
@@ -86,9 +94,16 @@ def print_sweep(report: dict[str, Any], workload: Workload) -> None:
             level = Level("concurrency" if "concurrency" in row else "rate", row.get("concurrency", row.get("rate")))
             memory = row["memory"] or {}
             table.add_row(
-                t["label"], level.name, str(row["ok"]), str(row["refused_503"]), str(sum(row["errors"].values())),
-                fmt(row["output_tok_s"]), fmt(row["requests_s"], 2), triple(row["ttft_ms"]),
-                triple(row["latency_ms"]), fmt(memory.get("peak_rss_mib")),
+                t["label"],
+                level.name,
+                str(row["ok"]),
+                str(row["refused_503"]),
+                str(sum(row["errors"].values())),
+                fmt(row["output_tok_s"]),
+                fmt(row["requests_s"], 2),
+                triple(row["ttft_ms"]),
+                triple(row["latency_ms"]),
+                fmt(memory.get("peak_rss_mib")),
             )
     console = make_console()
     console.print(table)
@@ -97,8 +112,11 @@ def print_sweep(report: dict[str, Any], workload: Workload) -> None:
         for c in report["comparison"]:
             key = "concurrency" if "concurrency" in c else "rate"
             ratios.add_row(
-                Level(key, c[key]).name, f"{c['of']} / {c['to']}", fmt(c["output_tok_s_ratio"], 2),
-                fmt(c["ttft_p95_ratio"], 2), fmt(c["latency_p95_ratio"], 2),
+                Level(key, c[key]).name,
+                f"{c['of']} / {c['to']}",
+                fmt(c["output_tok_s_ratio"], 2),
+                fmt(c["ttft_p95_ratio"], 2),
+                fmt(c["latency_p95_ratio"], 2),
             )
         console.print(ratios)
 
@@ -108,15 +126,28 @@ def print_burst(result: dict[str, Any], *, title: str) -> None:
     from rich.table import Table
 
     table = Table(
-        "round", "requests", "answered", "refused 503", "other errors", "latency ms p50/p95/p99",
-        "RSS MiB before", "after", "settled",
+        "round",
+        "requests",
+        "answered",
+        "refused 503",
+        "other errors",
+        "latency ms p50/p95/p99",
+        "RSS MiB before",
+        "after",
+        "settled",
         title=title,
     )
     for row in result["rounds"]:
         table.add_row(
-            str(row["round"]), str(row["requests"]), str(row["ok"]), str(row["refused_503"]),
-            ", ".join(f"{k}: {v}" for k, v in row["errors"].items()) or "0", triple(row["latency_ms"]),
-            fmt(row["rss_before_mib"]), fmt(row["rss_after_mib"]), fmt(row["rss_settled_mib"]),
+            str(row["round"]),
+            str(row["requests"]),
+            str(row["ok"]),
+            str(row["refused_503"]),
+            ", ".join(f"{k}: {v}" for k, v in row["errors"].items()) or "0",
+            triple(row["latency_ms"]),
+            fmt(row["rss_before_mib"]),
+            fmt(row["rss_after_mib"]),
+            fmt(row["rss_settled_mib"]),
         )
     console = make_console()
     console.print(table)
@@ -133,7 +164,11 @@ def print_overhead(result: dict[str, Any], *, title: str) -> None:
     from rich.table import Table
 
     table = Table(
-        "measure", "p50 ms", "p95 ms", "p99 ms", "max ms",
+        "measure",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "max ms",
         title=title,
     )
     rows = [

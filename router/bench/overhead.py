@@ -154,13 +154,19 @@ def run_overhead(
     with instant_service(config, verifiers=verifiers) as (url, pid):
         result = asyncio.run(
             drive_overhead(
-                url, rate=rate, seconds=seconds, kind=kind, model=model, max_tokens=max_tokens,
-                seed=seed, warmup=warmup, floor=floor, pid=pid,
+                url,
+                rate=rate,
+                seconds=seconds,
+                kind=kind,
+                model=model,
+                max_tokens=max_tokens,
+                seed=seed,
+                warmup=warmup,
+                floor=floor,
+                pid=pid,
             )
         )
-    result["verifiers"] = {
-        t.name: [] if verifiers == "none" else [v.name for v in t.verifiers] for t in settings.tiers
-    }
+    result["verifiers"] = {t.name: [] if verifiers == "none" else [v.name for v in t.verifiers] for t in settings.tiers}
     result["verifiers_mode"] = verifiers
     result["config"] = str(config) if config is not None else "(bundled config.toml)"
     return result

@@ -35,9 +35,7 @@ async def sweep_target(
         for level in levels:
             async with MemoryWatch(target.pid) as memory:
                 if level.kind == "concurrency":
-                    outcomes, wall = await closed_loop(
-                        send, int(level.value), requests=requests, duration_s=duration_s
-                    )
+                    outcomes, wall = await closed_loop(send, int(level.value), requests=requests, duration_s=duration_s)
                     extra: dict[str, Any] = {}
                 else:
                     n = requests if requests is not None else max(1, round(level.value * (duration_s or 0)))

@@ -26,10 +26,22 @@ from typing import Any, Literal
 
 TOKENS = ("Hello", ",", " world", "!")
 PROMPT_TOKENS = 7
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-            408: "Request Timeout", 409: "Conflict", 413: "Payload Too Large",
-            422: "Unprocessable Entity", 429: "Too Many Requests", 500: "Internal Server Error",
-            502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    408: "Request Timeout",
+    409: "Conflict",
+    413: "Payload Too Large",
+    422: "Unprocessable Entity",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
 
 
 @dataclass(frozen=True)
@@ -62,10 +74,10 @@ class _Conn:
         lines += [f"{k}: {v}" for k, v in headers.items()]
         await self.send(("\r\n".join(lines) + "\r\n\r\n").encode())
 
-    async def reply(self, status: int, body: bytes, headers: dict[str, str] | None = None,
-                    content_type: str = "application/json") -> None:
-        await self.head(status, {"Content-Type": content_type, "Content-Length": str(len(body)),
-                                 **(headers or {})})
+    async def reply(
+        self, status: int, body: bytes, headers: dict[str, str] | None = None, content_type: str = "application/json"
+    ) -> None:
+        await self.head(status, {"Content-Type": content_type, "Content-Length": str(len(body)), **(headers or {})})
         await self.send(body)
 
     def reset(self) -> None:
@@ -88,13 +100,21 @@ def _logprob(i: int) -> float:
 
 
 def _chat_logprobs(tokens: tuple[str, ...], start: int = 0) -> dict[str, Any]:
-    return {"content": [{"token": t, "logprob": _logprob(start + i), "bytes": None, "top_logprobs": []}
-                        for i, t in enumerate(tokens)]}
+    return {
+        "content": [
+            {"token": t, "logprob": _logprob(start + i), "bytes": None, "top_logprobs": []}
+            for i, t in enumerate(tokens)
+        ]
+    }
 
 
 def _completion_logprobs(tokens: tuple[str, ...], start: int = 0) -> dict[str, Any]:
-    return {"tokens": list(tokens), "token_logprobs": [_logprob(start + i) for i in range(len(tokens))],
-            "top_logprobs": None, "text_offset": None}
+    return {
+        "tokens": list(tokens),
+        "token_logprobs": [_logprob(start + i) for i in range(len(tokens))],
+        "top_logprobs": None,
+        "text_offset": None,
+    }
 
 
 def expected_logprobs(tokens: tuple[str, ...] = TOKENS) -> tuple[float, ...]:
@@ -102,44 +122,72 @@ def expected_logprobs(tokens: tuple[str, ...] = TOKENS) -> tuple[float, ...]:
 
 
 def _usage(tokens: tuple[str, ...]) -> dict[str, int]:
-    return {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": len(tokens),
-            "total_tokens": PROMPT_TOKENS + len(tokens)}
+    return {
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": len(tokens),
+        "total_tokens": PROMPT_TOKENS + len(tokens),
+    }
 
 
-def _full_body(req: Received, tokens: tuple[str, ...], *, logprobs: bool, usage: bool,
-               finish: str, model: str) -> dict[str, Any]:
+def _full_body(
+    req: Received, tokens: tuple[str, ...], *, logprobs: bool, usage: bool, finish: str, model: str
+) -> dict[str, Any]:
     text = "".join(tokens)
     want_lp = logprobs and bool(req.body.get("logprobs"))
     if req.is_chat:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "finish_reason": finish,
-                                  "logprobs": _chat_logprobs(tokens) if want_lp else None}
-        body = {"id": "chatcmpl-fault", "object": "chat.completion", "created": 0, "model": model,
-                "choices": [choice]}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": finish,
+            "logprobs": _chat_logprobs(tokens) if want_lp else None,
+        }
+        body = {"id": "chatcmpl-fault", "object": "chat.completion", "created": 0, "model": model, "choices": [choice]}
     else:
-        choice = {"index": 0, "text": text, "finish_reason": finish,
-                  "logprobs": _completion_logprobs(tokens) if want_lp else None}
-        body = {"id": "cmpl-fault", "object": "text_completion", "created": 0, "model": model,
-                "choices": [choice]}
+        choice = {
+            "index": 0,
+            "text": text,
+            "finish_reason": finish,
+            "logprobs": _completion_logprobs(tokens) if want_lp else None,
+        }
+        body = {"id": "cmpl-fault", "object": "text_completion", "created": 0, "model": model, "choices": [choice]}
     if usage:
         body["usage"] = _usage(tokens)
     return body
 
 
-def _chunks(req: Received, tokens: tuple[str, ...], *, logprobs: bool, usage: bool, finish: str,
-            model: str, upto: int | None = None) -> list[dict[str, Any]]:
+def _chunks(
+    req: Received,
+    tokens: tuple[str, ...],
+    *,
+    logprobs: bool,
+    usage: bool,
+    finish: str,
+    model: str,
+    upto: int | None = None,
+) -> list[dict[str, Any]]:
     """The SSE events of a streamed answer; with `upto`, only the role chunk and that many tokens."""
     want_lp = logprobs and bool(req.body.get("logprobs"))
     base: dict[str, Any] = {"id": "fault", "created": 0, "model": model}
     out: list[dict[str, Any]] = []
     if req.is_chat:
         base["object"] = "chat.completion.chunk"
-        out.append({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                         "finish_reason": None}]})
+        out.append(
+            {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+        )
         for i, t in enumerate(tokens):
-            out.append({**base, "choices": [{"index": 0, "delta": {"content": t},
-                                             "logprobs": _chat_logprobs((t,), i) if want_lp else None,
-                                             "finish_reason": None}]})
+            out.append(
+                {
+                    **base,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"content": t},
+                            "logprobs": _chat_logprobs((t,), i) if want_lp else None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            )
         final = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
     else:
         base["object"] = "text_completion"
@@ -170,8 +218,14 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"
 # -- actions -------------------------------------------------------------------------------------
 
 
-def ok(tokens: tuple[str, ...] = TOKENS, *, logprobs: bool = True, usage: bool = True,
-       finish: str = "stop", model: str = "fake-large") -> Action:
+def ok(
+    tokens: tuple[str, ...] = TOKENS,
+    *,
+    logprobs: bool = True,
+    usage: bool = True,
+    finish: str = "stop",
+    model: str = "fake-large",
+) -> Action:
     """A correct answer, shaped after the request (chat or completions, streamed or not).
 
     Logprobs are sent only when the request asked for them and `logprobs` is true.
@@ -192,21 +246,32 @@ def ok(tokens: tuple[str, ...] = TOKENS, *, logprobs: bool = True, usage: bool =
     return act
 
 
-def status(code: int, message: str = "scripted failure", *, headers: dict[str, str] | None = None,
-           code_name: str | None = None, param: str | None = None) -> Action:
+def status(
+    code: int,
+    message: str = "scripted failure",
+    *,
+    headers: dict[str, str] | None = None,
+    code_name: str | None = None,
+    param: str | None = None,
+) -> Action:
     """An OpenAI-shaped error response."""
 
     async def act(conn: _Conn, req: Received) -> bool:
-        error = {"message": message, "type": "invalid_request_error" if code < 500 else "server_error",
-                 "param": param, "code": code_name}
+        error = {
+            "message": message,
+            "type": "invalid_request_error" if code < 500 else "server_error",
+            "param": param,
+            "code": code_name,
+        }
         await conn.reply(code, json.dumps({"error": error}).encode(), headers)
         return True
 
     return act
 
 
-def raw(code: int, body: bytes, *, content_type: str = "application/json",
-        headers: dict[str, str] | None = None) -> Action:
+def raw(
+    code: int, body: bytes, *, content_type: str = "application/json", headers: dict[str, str] | None = None
+) -> Action:
     """Any bytes with any status and headers: malformed JSON, HTML from a proxy, a wrong shape."""
 
     async def act(conn: _Conn, req: Received) -> bool:
@@ -216,13 +281,13 @@ def raw(code: int, body: bytes, *, content_type: str = "application/json",
     return act
 
 
-def chat_chunk(content: str | None = None, *, finish: str | None = None, index: int = 0,
-               **extra: Any) -> dict[str, Any]:
+def chat_chunk(
+    content: str | None = None, *, finish: str | None = None, index: int = 0, **extra: Any
+) -> dict[str, Any]:
     """One chat stream chunk, for `sse` scripts."""
     delta = {} if content is None else {"content": content}
     choice = {"index": index, "delta": delta, "finish_reason": finish, **extra}
-    return {"id": "fault", "object": "chat.completion.chunk", "created": 0, "model": "fake-large",
-            "choices": [choice]}
+    return {"id": "fault", "object": "chat.completion.chunk", "created": 0, "model": "fake-large", "choices": [choice]}
 
 
 def sse(*events: dict[str, Any] | str | bytes, done: bool = True, newline: bytes = b"\n") -> Action:
@@ -302,9 +367,17 @@ class Endless:
 
     async def __call__(self, conn: _Conn, req: Received) -> bool:
         await conn.head(200, {**_SSE_HEADERS, "Transfer-Encoding": "chunked"})
-        event = _event(chat_chunk(self.token) if req.is_chat else
-                       {"id": "fault", "object": "text_completion", "created": 0, "model": "fake-large",
-                        "choices": [{"index": 0, "text": self.token, "finish_reason": None}]})
+        event = _event(
+            chat_chunk(self.token)
+            if req.is_chat
+            else {
+                "id": "fault",
+                "object": "text_completion",
+                "created": 0,
+                "model": "fake-large",
+                "choices": [{"index": 0, "text": self.token, "finish_reason": None}],
+            }
+        )
         piece = (f"{len(event * 64):x}\r\n").encode() + event * 64 + b"\r\n"
         while True:
             await conn.send(piece)
@@ -343,8 +416,9 @@ def delayed(seconds: float, action: Action) -> Action:
     return act
 
 
-def broken_stream(after: int, end: Literal["cut", "reset", "eof", "hang", "error"], *,
-                  tokens: tuple[str, ...] = TOKENS) -> Action:
+def broken_stream(
+    after: int, end: Literal["cut", "reset", "eof", "hang", "error"], *, tokens: tuple[str, ...] = TOKENS
+) -> Action:
     """Start a stream, send `after` tokens, then break it.
 
     cut:   close the connection (FIN) in the middle of the chunked body: the HTTP client sees an
@@ -361,8 +435,7 @@ def broken_stream(after: int, end: Literal["cut", "reset", "eof", "hang", "error
         chunked = end != "eof"
         head = {**_SSE_HEADERS, **({"Transfer-Encoding": "chunked"} if chunked else {"Connection": "close"})}
         await conn.head(200, head)
-        for chunk in _chunks(req, tokens, logprobs=True, usage=True, finish="stop", model="fake-large",
-                             upto=after):
+        for chunk in _chunks(req, tokens, logprobs=True, usage=True, finish="stop", model="fake-large", upto=after):
             if chunked:
                 await _send_chunked(conn, _event(chunk))
             else:

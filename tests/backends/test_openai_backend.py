@@ -18,7 +18,6 @@ import pytest
 from router.backends.openai import OpenAIBackend
 from router.breaker import CircuitBreaker
 from router.config import OpenAIBackendSettings, PriceSettings, Settings, TierSettings
-from router.plugins import BackendRegistry
 from router.errors import (
     CircuitOpenError,
     ConfigError,
@@ -28,6 +27,7 @@ from router.errors import (
     UpstreamError,
 )
 from router.generation import Delta, Generation, GenerationRequest, Message
+from router.plugins import BackendRegistry
 from tests.backends.fault_upstream import (
     PROMPT_TOKENS,
     TOKENS,
@@ -88,9 +88,7 @@ async def collect(backend: OpenAIBackend, request: GenerationRequest) -> tuple[l
     return pieces, result
 
 
-async def collect_until_error(
-    backend: OpenAIBackend, request: GenerationRequest
-) -> tuple[list[str], BaseException]:
+async def collect_until_error(backend: OpenAIBackend, request: GenerationRequest) -> tuple[list[str], BaseException]:
     pieces: list[str] = []
     with pytest.raises(Exception) as info:
         async for item in backend.stream(request):
@@ -209,8 +207,18 @@ async def test_concurrent_requests_each_get_exactly_one_answer(upstream: FaultUp
 
 @pytest.mark.parametrize(
     "failure",
-    [status(500), status(502), status(503), status(408), status(409), status(429), reset(), malformed(),
-     raw(200, b"<html>bad gateway</html>", content_type="text/html"), raw(200, b'{"object": "list"}')],
+    [
+        status(500),
+        status(502),
+        status(503),
+        status(408),
+        status(409),
+        status(429),
+        reset(),
+        malformed(),
+        raw(200, b"<html>bad gateway</html>", content_type="text/html"),
+        raw(200, b'{"object": "list"}'),
+    ],
     ids=["500", "502", "503", "408", "409", "429", "reset", "malformed-json", "html", "wrong-shape"],
 )
 async def test_retryable_failure_is_retried_once(upstream: FaultUpstream, failure: Any) -> None:
@@ -224,8 +232,7 @@ async def test_retryable_failure_is_retried_once(upstream: FaultUpstream, failur
 
 @pytest.mark.parametrize(
     ("code", "error"),
-    [(400, RequestError), (422, RequestError),
-     (401, UpstreamError), (403, UpstreamError), (404, UpstreamError)],
+    [(400, RequestError), (422, RequestError), (401, UpstreamError), (403, UpstreamError), (404, UpstreamError)],
 )
 async def test_non_retryable_status_is_not_retried(
     upstream: FaultUpstream, code: int, error: type, caplog: pytest.LogCaptureFixture
@@ -235,7 +242,7 @@ async def test_non_retryable_status_is_not_retried(
         with pytest.raises(error) as info:
             await backend.generate(CHAT)
         assert backend.breaker.consecutive_failures == 0  # the upstream answered deliberately
-    assert str(info.value).startswith(f"tier large: the upstream") and f"HTTP {code}" in str(info.value)
+    assert str(info.value).startswith("tier large: the upstream") and f"HTTP {code}" in str(info.value)
     assert "no such thing" not in str(info.value)  # the upstream's words stay in the log
     assert f"HTTP {code}: no such thing" in caplog.text
     assert len(upstream.requests) == 1
@@ -243,8 +250,7 @@ async def test_non_retryable_status_is_not_retried(
 
 async def test_context_too_long_maps_to_context_length_error(upstream: FaultUpstream) -> None:
     upstream.script(
-        status(400, "This model's maximum context length is 2048 tokens.",
-               code_name="context_length_exceeded"),
+        status(400, "This model's maximum context length is 2048 tokens.", code_name="context_length_exceeded"),
         status(400, "the request exceeds the available context size, try increasing it"),
     )
     async with backend_for(upstream) as backend:
@@ -256,8 +262,15 @@ async def test_context_too_long_maps_to_context_length_error(upstream: FaultUpst
 
 async def test_validation_error_echoing_our_body_does_not_drop_logprobs(upstream: FaultUpstream) -> None:
     # FastAPI-style 422s echo the request, logprobs included; only the failing field counts.
-    detail = {"detail": [{"loc": ["body", "messages", 0, "role"], "msg": "Input should be 'user'",
-                          "input": {"logprobs": True, "top_logprobs": 0}}]}
+    detail = {
+        "detail": [
+            {
+                "loc": ["body", "messages", 0, "role"],
+                "msg": "Input should be 'user'",
+                "input": {"logprobs": True, "top_logprobs": 0},
+            }
+        ]
+    }
     upstream.script(raw(422, json.dumps(detail).encode()))
     async with backend_for(upstream) as backend:
         with pytest.raises(RequestError, match=r"rejected the request \(HTTP 422\)"):

@@ -54,15 +54,27 @@ def upstream() -> Iterator[FaultUpstream]:
 
 @contextlib.asynccontextmanager
 async def backend_for(
-    upstream: FaultUpstream, *, timeout_s: float = 10.0, retry_after_s: float = 30.0,
-    breaker: CircuitBreaker | None = None, **config: Any,
+    upstream: FaultUpstream,
+    *,
+    timeout_s: float = 10.0,
+    retry_after_s: float = 30.0,
+    breaker: CircuitBreaker | None = None,
+    **config: Any,
 ) -> AsyncIterator[OpenAIBackend]:
     settings = {
-        "base_url": upstream.base_url, "model": "fake-large", "max_attempts": 3,
-        "backoff_initial_s": 0.01, "backoff_max_s": 0.05, "breaker_failures": 100, **config,
+        "base_url": upstream.base_url,
+        "model": "fake-large",
+        "max_attempts": 3,
+        "backoff_initial_s": 0.01,
+        "backoff_max_s": 0.05,
+        "breaker_failures": 100,
+        **config,
     }
     backend = OpenAIBackend(
-        "large", OpenAIBackendSettings(**settings), timeout_s=timeout_s, retry_after_s=retry_after_s,
+        "large",
+        OpenAIBackendSettings(**settings),
+        timeout_s=timeout_s,
+        retry_after_s=retry_after_s,
         breaker=breaker,
     )
     await backend.start()
@@ -98,7 +110,10 @@ async def fail_stream(backend: OpenAIBackend) -> UnavailableError:
 
 def chat_body(content: Any = TEXT, **changes: Any) -> bytes:
     body: dict[str, Any] = {
-        "id": "x", "object": "chat.completion", "created": 0, "model": "fake-large",
+        "id": "x",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "fake-large",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": len(TOKENS)},
     }
@@ -111,8 +126,18 @@ def chat_body(content: Any = TEXT, **changes: Any) -> bytes:
 
 @pytest.mark.parametrize(
     "value",
-    ["inf", "-inf", "nan", "-5", "1e9", "1e400", "soon", "", "Thu, 01 Jan 1970 00:00:00 GMT",
-     "Fri, 31 Dec 9999 23:59:59 GMT"],
+    [
+        "inf",
+        "-inf",
+        "nan",
+        "-5",
+        "1e9",
+        "1e400",
+        "soon",
+        "",
+        "Thu, 01 Jan 1970 00:00:00 GMT",
+        "Fri, 31 Dec 9999 23:59:59 GMT",
+    ],
 )
 @pytest.mark.parametrize("way", ["plain", "stream"])
 async def test_hostile_retry_after_gives_a_bounded_retry_after_quickly(
@@ -167,8 +192,11 @@ async def test_plain_then_stream_against_a_dead_upstream_agree_with_the_default_
     upstream.default = status(503, "down")
     defaults = OpenAIBackendSettings(base_url=upstream.base_url, model="m")
     async with backend_for(
-        upstream, backoff_initial_s=0.01, backoff_max_s=0.05,
-        breaker_failures=defaults.breaker_failures, breaker_cooldown_s=defaults.breaker_cooldown_s,
+        upstream,
+        backoff_initial_s=0.01,
+        backoff_max_s=0.05,
+        breaker_failures=defaults.breaker_failures,
+        breaker_cooldown_s=defaults.breaker_cooldown_s,
     ) as backend:
         plain = await fail_plain(backend)
         streamed = await fail_stream(backend)
@@ -178,8 +206,9 @@ async def test_plain_then_stream_against_a_dead_upstream_agree_with_the_default_
 
 async def test_retry_after_s_is_the_fallback_and_the_breaker_cool_down_the_floor(upstream: FaultUpstream) -> None:
     upstream.script(status(503), status(503))
-    async with backend_for(upstream, max_attempts=1, retry_after_s=12.0, breaker_failures=2,
-                           breaker_cooldown_s=45.0) as backend:
+    async with backend_for(
+        upstream, max_attempts=1, retry_after_s=12.0, breaker_failures=2, breaker_cooldown_s=45.0
+    ) as backend:
         first = await fail_plain(backend)  # breaker still closed, the upstream said nothing
         second = await fail_plain(backend)  # this failure opens it
     assert first.retry_after == 12.0
@@ -204,8 +233,19 @@ async def test_retry_after_s_is_the_fallback_and_the_breaker_cool_down_the_floor
         [7, 4],
         "lots",
     ],
-    ids=["negative-prompt", "negative-completion", "fraction", "string", "bool", "huge-prompt",
-         "beyond-max-tokens", "inf", "nan", "list", "text"],
+    ids=[
+        "negative-prompt",
+        "negative-completion",
+        "fraction",
+        "string",
+        "bool",
+        "huge-prompt",
+        "beyond-max-tokens",
+        "inf",
+        "nan",
+        "list",
+        "text",
+    ],
 )
 @pytest.mark.parametrize("way", ["plain", "stream"])
 async def test_impossible_usage_falls_back_to_the_estimate_with_a_warning(
@@ -215,8 +255,13 @@ async def test_impossible_usage_falls_back_to_the_estimate_with_a_warning(
         upstream.script(raw(200, chat_body(usage=usage)))
     else:
         events = [chat_chunk(t) for t in TOKENS]
-        upstream.script(sse(*events, chat_chunk(finish="stop"),
-                            {"id": "u", "object": "chat.completion.chunk", "choices": [], "usage": usage}))
+        upstream.script(
+            sse(
+                *events,
+                chat_chunk(finish="stop"),
+                {"id": "u", "object": "chat.completion.chunk", "choices": [], "usage": usage},
+            )
+        )
     caplog.set_level(logging.WARNING, "router.backends.openai")
     async with backend_for(upstream, logprobs=False) as backend:
         gen = await backend.generate(CHAT) if way == "plain" else (await collect(backend, CHAT))[1]
@@ -250,8 +295,12 @@ LIMIT = 64 * 1024
 
 @pytest.mark.parametrize(
     "answer",
-    [oversized(LIMIT * 4, declare=True), oversized(LIMIT * 4, declare=False),
-     oversized(LIMIT * 4, declare=False, code=500), oversized(LIMIT * 4, declare=True, code=400)],
+    [
+        oversized(LIMIT * 4, declare=True),
+        oversized(LIMIT * 4, declare=False),
+        oversized(LIMIT * 4, declare=False, code=500),
+        oversized(LIMIT * 4, declare=True, code=400),
+    ],
     ids=["declared", "chunked", "error-body-500", "error-body-400"],
 )
 @pytest.mark.parametrize("way", ["plain", "stream"])
@@ -354,8 +403,9 @@ async def test_a_redirect_is_not_followed(upstream: FaultUpstream) -> None:
 async def test_upstream_error_text_stays_in_the_log(
     upstream: FaultUpstream, code: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    upstream.default = status(code, LEAKY, param=f"messages; see http://10.0.7.12/{SECRET}",
-                              code_name="internal error at 10.0.7.12")
+    upstream.default = status(
+        code, LEAKY, param=f"messages; see http://10.0.7.12/{SECRET}", code_name="internal error at 10.0.7.12"
+    )
     caplog.set_level(logging.WARNING, "router.backends.openai")
     async with backend_for(upstream) as backend:
         with pytest.raises((UnavailableError, RequestError)) as info:
@@ -441,9 +491,23 @@ async def test_done_alone_is_no_answer_and_is_retried(upstream: FaultUpstream) -
         b"\xff\xfe" + "{}".encode("utf-16-le"),
         b'{"error": {"message": "served as 200"}}',
     ],
-    ids=["list", "string", "null", "choices-string", "no-choices", "choice-string", "only-choice-1",
-         "content-number", "content-parts", "message-string", "finish-number", "deep-nesting",
-         "truncated", "utf16", "error-as-200"],
+    ids=[
+        "list",
+        "string",
+        "null",
+        "choices-string",
+        "no-choices",
+        "choice-string",
+        "only-choice-1",
+        "content-number",
+        "content-parts",
+        "message-string",
+        "finish-number",
+        "deep-nesting",
+        "truncated",
+        "utf16",
+        "error-as-200",
+    ],
 )
 async def test_a_malformed_answer_is_retried_then_the_good_one_read(upstream: FaultUpstream, body: bytes) -> None:
     upstream.script(raw(200, body))
@@ -496,9 +560,11 @@ async def test_impossible_logprobs_are_dropped_and_the_text_kept(upstream: Fault
 async def test_text_that_is_not_unicode_is_replaced_not_fatal(upstream: FaultUpstream) -> None:
     upstream.script(
         raw(200, chat_body("ok \ud800 then").replace(b"then", b"th\xffen")),
-        sse(b"data: " + json.dumps(chat_chunk("caf\udce9")).encode() + b"\n\n",
+        sse(
+            b"data: " + json.dumps(chat_chunk("caf\udce9")).encode() + b"\n\n",
             b'data: {"id": "x", "choices": [{"index": 0, "delta": {"content": "\xe9t\xc3\xa9"}}]}\n\n',
-            chat_chunk(finish="stop")),
+            chat_chunk(finish="stop"),
+        ),
     )
     async with backend_for(upstream, logprobs=False) as backend:
         plain = await backend.generate(CHAT)
@@ -518,8 +584,13 @@ async def test_a_hostile_model_name_is_not_passed_on(upstream: FaultUpstream) ->
 
 @pytest.mark.parametrize(
     "event",
-    ["not json", "[1, 2]", json.dumps({"choices": "x"}), json.dumps({"choices": [{"index": 0, "delta": "x"}]}),
-     json.dumps({"error": {"message": LEAKY}})],
+    [
+        "not json",
+        "[1, 2]",
+        json.dumps({"choices": "x"}),
+        json.dumps({"choices": [{"index": 0, "delta": "x"}]}),
+        json.dumps({"error": {"message": LEAKY}}),
+    ],
     ids=["not-json", "list", "choices-string", "delta-string", "error-event"],
 )
 async def test_a_bad_stream_event_before_text_is_retried_and_after_text_fails(
@@ -559,8 +630,9 @@ async def test_an_environment_proxy_is_used_and_its_answers_are_capped_too(
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{upstream.port}")
     monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{upstream.port}")
     upstream.script(ok(), oversized(LIMIT * 2, declare=False))
-    settings = OpenAIBackendSettings(base_url="http://upstream.invalid/v1", model="fake-large", max_attempts=1,
-                                     max_response_bytes=LIMIT)
+    settings = OpenAIBackendSettings(
+        base_url="http://upstream.invalid/v1", model="fake-large", max_attempts=1, max_response_bytes=LIMIT
+    )
     backend = OpenAIBackend("large", settings, timeout_s=5)
     await backend.start()
     try:

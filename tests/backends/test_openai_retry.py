@@ -31,8 +31,9 @@ class Clock:
         self.now += seconds
 
 
-async def run(policy: RetryPolicy, clock: Clock, outcomes: list[BaseException | str], *,
-              deadline: float = 100.0) -> tuple[str, int]:
+async def run(
+    policy: RetryPolicy, clock: Clock, outcomes: list[BaseException | str], *, deadline: float = 100.0
+) -> tuple[str, int]:
     calls = 0
     async for attempt in policy.retrying(
         deadline=deadline,
@@ -134,8 +135,25 @@ def test_parse_retry_after_forms() -> None:
         ({"Retry-After": "Wed, 01 Jan 2025 12:00:10"}, 10.0),  # no zone: GMT, as HTTP dates are
         ({"Retry-After": "Mon, 99 Foo 2025 99:99:99 GMT"}, None),
     ],
-    ids=["negative", "-inf", "inf", "Infinity", "1e9", "400-digits", "nan", "word", "empty", "underscore",
-         "bad-ms", "negative-ms", "huge-ms", "past-date", "future-date", "date-no-zone", "bad-date"],
+    ids=[
+        "negative",
+        "-inf",
+        "inf",
+        "Infinity",
+        "1e9",
+        "400-digits",
+        "nan",
+        "word",
+        "empty",
+        "underscore",
+        "bad-ms",
+        "negative-ms",
+        "huge-ms",
+        "past-date",
+        "future-date",
+        "date-no-zone",
+        "bad-date",
+    ],
 )
 def test_hostile_retry_after_is_clamped_to_the_limit_or_ignored(
     headers: dict[str, str], expected: float | None

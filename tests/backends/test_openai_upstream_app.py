@@ -30,7 +30,7 @@ allow_unauthenticated = true
 [cascade]
 retry_after_s = 20
 [ledger]
-path = "{tmp / 'ledger.sqlite3'}"
+path = "{tmp / "ledger.sqlite3"}"
 [[tiers]]
 name = "large"
 backend = "openai"
@@ -109,12 +109,16 @@ def test_a_leaky_rejection_is_400_without_the_upstream_words(client: openai.Open
 def test_negative_usage_never_reaches_the_ledger(
     client: openai.OpenAI, upstream: FaultUpstream, service: tuple[UvicornThread, Path], stream: bool
 ) -> None:
-    usage = {"prompt_tokens": -10**9, "completion_tokens": -5}
+    usage = {"prompt_tokens": -(10**9), "completion_tokens": -5}
     if stream:
-        upstream.default = sse(*[chat_chunk(t) for t in TOKENS], chat_chunk(finish="stop"),
-                               {"id": "u", "choices": [], "usage": usage})
-        chunks = list(client.chat.completions.create(model="large", messages=ASK, stream=True,
-                                                     stream_options={"include_usage": True}))
+        upstream.default = sse(
+            *[chat_chunk(t) for t in TOKENS], chat_chunk(finish="stop"), {"id": "u", "choices": [], "usage": usage}
+        )
+        chunks = list(
+            client.chat.completions.create(
+                model="large", messages=ASK, stream=True, stream_options={"include_usage": True}
+            )
+        )
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         final = chunks[-1]
         extension = final.model_extra["tierroute"]
@@ -137,8 +141,9 @@ def test_negative_usage_never_reaches_the_ledger(
     assert row is not None and row[0] > 0 and row[1] >= 0 and row[2] >= 0
 
 
-def test_after_hostile_answers_the_service_still_answers(client: openai.OpenAI, upstream: FaultUpstream,
-                                                        service: tuple[UvicornThread, Path]) -> None:
+def test_after_hostile_answers_the_service_still_answers(
+    client: openai.OpenAI, upstream: FaultUpstream, service: tuple[UvicornThread, Path]
+) -> None:
     upstream.script(raw(200, b"[" * 200_000), raw(200, b"[" * 200_000), raw(500, b"x" * (5 * 1024 * 1024)))
     refused(client, stream=False)
     refused(client, stream=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,12 +52,18 @@ stands_for = "test: $0.001 per input token, $0.002 per output token"
 
 
 def write_config(
-    tmp: Path, extra_tier: str = "", *, models: tuple[str, str] = (SMOL, SMOL), n_parallel: int = 2,
+    tmp: Path,
+    extra_tier: str = "",
+    *,
+    models: tuple[str, str] = (SMOL, SMOL),
+    n_parallel: int = 2,
     verifier: str = 'name = "keyword"',
 ) -> Path:
     """The two-tier test config: a time-priced small tier with one verifier, a token-priced large one."""
     path = tmp / "config.toml"
-    path.write_text(CONFIG.format(small=models[0], large=models[1], n_parallel=n_parallel, verifier=verifier) + extra_tier)
+    path.write_text(
+        CONFIG.format(small=models[0], large=models[1], n_parallel=n_parallel, verifier=verifier) + extra_tier
+    )
     return path
 
 
@@ -67,8 +72,18 @@ def write_suite(tmp: Path, n: int = 8) -> Path:
     path = tmp / "sums.jsonl"
     with open(path, "w") as f:
         for i in range(n):
-            f.write(json.dumps({"id": f"q{i}", "prompt": f"What is {i} + 100?", "reference": i + 100,
-                                "grader": "numeric", "group": "even" if i % 2 == 0 else "odd"}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": f"q{i}",
+                        "prompt": f"What is {i} + 100?",
+                        "reference": i + 100,
+                        "grader": "numeric",
+                        "group": "even" if i % 2 == 0 else "odd",
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -82,9 +97,14 @@ class ScriptedBackend(Backend):
     """Answers `reply(request)` at once. Token counts are word counts; the busy time is fixed so
     costs are exact. `fail_on` items raise (to simulate a crash mid-run)."""
 
-
-    def __init__(self, name: str, reply: Callable[[GenerationRequest], str], *, busy_s: float = 1.0,
-                 fail_on: Callable[[GenerationRequest], BaseException | None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        reply: Callable[[GenerationRequest], str],
+        *,
+        busy_s: float = 1.0,
+        fail_on: Callable[[GenerationRequest], BaseException | None] | None = None,
+    ) -> None:
         super().__init__(name)
         self.reply = reply
         self.busy_s = busy_s
@@ -102,8 +122,16 @@ class ScriptedBackend(Backend):
         text = self.reply(request)
         words = len(text.split())
         yield Delta(text)
-        yield Generation(text=text, finish_reason="stop", prompt_tokens=10, completion_tokens=words,
-                         token_logprobs=(-0.1,) * words, latency_s=0.5, busy_s=self.busy_s, model=f"scripted-{self.name}")
+        yield Generation(
+            text=text,
+            finish_reason="stop",
+            prompt_tokens=10,
+            completion_tokens=words,
+            token_logprobs=(-0.1,) * words,
+            latency_s=0.5,
+            busy_s=self.busy_s,
+            model=f"scripted-{self.name}",
+        )
 
 
 def small_reply(request: GenerationRequest) -> str:
@@ -190,7 +218,7 @@ def registry(calls: Calls | None = None) -> Registry:
 
 
 def scripted(busy_small: float = 1.0, **kw: Any) -> dict[str, ScriptedBackend]:
-    return {"small": ScriptedBackend("small", small_reply, busy_s=busy_small, **kw),
-            "large": ScriptedBackend("large", large_reply, busy_s=2.0)}
-
-
+    return {
+        "small": ScriptedBackend("small", small_reply, busy_s=busy_small, **kw),
+        "large": ScriptedBackend("large", large_reply, busy_s=2.0),
+    }

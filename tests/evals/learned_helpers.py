@@ -36,8 +36,17 @@ def write_suite(tmp: Path, n: int, name: str = "marked") -> Path:
     with open(path, "w") as f:
         for i in range(n):
             kind = "Easy" if random.Random(f"kind{i}").random() < 0.5 else "Hard"
-            f.write(json.dumps({"id": f"{name}/{i}", "prompt": f"{kind}: what is {i} + 100?", "reference": i + 100,
-                                "grader": "numeric"}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": f"{name}/{i}",
+                        "prompt": f"{kind}: what is {i} + 100?",
+                        "reference": i + 100,
+                        "grader": "numeric",
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -49,7 +58,6 @@ def parse(request: GenerationRequest) -> tuple[bool, int]:
 
 class TierBackend(Backend):
     """Answers at once; right with probability `p_easy` / `p_hard`, drawn per item."""
-
 
     def __init__(self, name: str, p_easy: float, p_hard: float, sep: float) -> None:
         super().__init__(name)
@@ -63,8 +71,16 @@ class TierBackend(Backend):
         level = -0.05 if right else -0.05 - self.sep
         lps = tuple(min(0.0, rng.gauss(level, 0.8)) for _ in range(6))
         yield Delta(text)
-        yield Generation(text=text, finish_reason="stop", prompt_tokens=10, completion_tokens=len(lps),
-                         token_logprobs=lps, latency_s=0.5, busy_s=1.0, model=f"scripted-{self.name}")
+        yield Generation(
+            text=text,
+            finish_reason="stop",
+            prompt_tokens=10,
+            completion_tokens=len(lps),
+            token_logprobs=lps,
+            latency_s=0.5,
+            busy_s=1.0,
+            model=f"scripted-{self.name}",
+        )
 
 
 def backends() -> dict[str, Backend]:
@@ -74,12 +90,23 @@ def backends() -> dict[str, Backend]:
 async def make_run(tmp: Path, n: int = 160, name: str = "marked", verifiers: list[VerifierSpec] | None = None) -> Path:
     """Run the scripted tiers over `n` items of suite `name` into tmp/runs/<name>, scored with
     `verifiers` (default: EVAL_VERIFIERS); return the run directory."""
-    settings = load_settings(write_config(tmp, models=("scripted-small.gguf", "scripted-large.gguf"), n_parallel=8,
-                                          verifier='name = "confidence"\nparams = { stat = "mean" }'))
+    settings = load_settings(
+        write_config(
+            tmp,
+            models=("scripted-small.gguf", "scripted-large.gguf"),
+            n_parallel=8,
+            verifier='name = "confidence"\nparams = { stat = "mean" }',
+        )
+    )
     suite = get_suite(str(write_suite(tmp, n, name)))
     items = suite.select(suite.load(), None, 0)
-    plan = EvalPlan(suite=suite, items=items, settings=settings, tiers=["small", "large"],
-                    verifiers=list(EVAL_VERIFIERS if verifiers is None else verifiers))
+    plan = EvalPlan(
+        suite=suite,
+        items=items,
+        settings=settings,
+        tiers=["small", "large"],
+        verifiers=list(EVAL_VERIFIERS if verifiers is None else verifiers),
+    )
     root = tmp / "runs" / name
     with RunStore(root) as store:
         summary = await run_eval(plan, store, registry=Registry.from_entry_points(), backends=backends())

@@ -17,8 +17,17 @@ from router.errors import ConfigError
 
 
 def outcome(correct: bool, score: float, cost: float) -> TierOutcome:
-    return TierOutcome(correct=correct, cost_usd=cost, latency_s=1.0, busy_s=1.0, prompt_tokens=1,
-                       completion_tokens=1, scores={"v": score, CONFIG: score}, verify_cost_usd={}, verify_s={})
+    return TierOutcome(
+        correct=correct,
+        cost_usd=cost,
+        latency_s=1.0,
+        busy_s=1.0,
+        prompt_tokens=1,
+        completion_tokens=1,
+        scores={"v": score, CONFIG: score},
+        verify_cost_usd={},
+        verify_s={},
+    )
 
 
 def synthetic(n: int = 200, seed: int = 1) -> ResultTable:
@@ -27,8 +36,9 @@ def synthetic(n: int = 200, seed: int = 1) -> ResultTable:
     items = []
     for i in range(n):
         s = rng.random()
-        items.append(ItemOutcome(f"item/{i}", "", (outcome(rng.random() < s, s, 0.001),
-                                                   outcome(rng.random() < 0.9, 1.0, 0.01))))
+        items.append(
+            ItemOutcome(f"item/{i}", "", (outcome(rng.random() < s, s, 0.001), outcome(rng.random() < 0.9, 1.0, 0.01)))
+        )
     price = PriceSettings(usd_per_hour=1.0)
     tiers = [TierInfo("small", "m", price, "", 0.5, True), TierInfo("large", "M", price, "", 0.5, True)]
     return ResultTable(run="syn", suite="syn", source="", tiers=tiers, items=items, verifiers=[CONFIG, "v"])
@@ -57,8 +67,13 @@ def test_held_out_items_never_influence_the_thresholds() -> None:
     # scramble everything about the held-out items: outcomes and scores
     rng = random.Random(99)
     scrambled = [
-        ItemOutcome(it.id, it.group, tuple(replace(t, correct=rng.random() < 0.5, scores={"v": rng.random(), CONFIG: 0.0})
-                                           for t in it.tiers)) if it.id in held_ids else it
+        ItemOutcome(
+            it.id,
+            it.group,
+            tuple(replace(t, correct=rng.random() < 0.5, scores={"v": rng.random(), CONFIG: 0.0}) for t in it.tiers),
+        )
+        if it.id in held_ids
+        else it
         for it in table.items
     ]
     after = calibrate(replace(table, items=scrambled), "v", target, seed=0)

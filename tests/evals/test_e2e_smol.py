@@ -18,13 +18,30 @@ pytestmark = pytest.mark.slow
 
 def test_eval_run_on_smollm2(tmp_path: Path, smol_path: Path, capsys) -> None:
     suite = tmp_path / "tiny.jsonl"
-    rows = [{"id": f"t{i}", "prompt": f"What is {a} plus {b}? Answer with the number only.", "reference": a + b,
-             "grader": "numeric"} for i, (a, b) in enumerate([(2, 3), (10, 5), (7, 1)])]
+    rows = [
+        {
+            "id": f"t{i}",
+            "prompt": f"What is {a} plus {b}? Answer with the number only.",
+            "reference": a + b,
+            "grader": "numeric",
+        }
+        for i, (a, b) in enumerate([(2, 3), (10, 5), (7, 1)])
+    ]
     suite.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     config = smol_config(tmp_path, verifiers='[[tiers.verifiers]]\nname = "confidence"')
     runs = tmp_path / "runs"
-    args = ["--config", str(config), "eval", "run", "--suite", str(suite), "--runs-dir", str(runs),
-            "--verifier", "math_answer"]
+    args = [
+        "--config",
+        str(config),
+        "eval",
+        "run",
+        "--suite",
+        str(suite),
+        "--runs-dir",
+        str(runs),
+        "--verifier",
+        "math_answer",
+    ]
     assert main(args) == 0
     store = RunStore(runs / "tiny")
     assert len(store.generations.records) == 6 and len(store.grades.records) == 6

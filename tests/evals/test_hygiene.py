@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evals.data import HUMANEVAL, GSM8K_TEST, fetch, read_jsonl
+from evals.data import GSM8K_TEST, HUMANEVAL, fetch, read_jsonl
 from evals.runner import EvalPlan, run_eval
 from evals.store import RunStore
 from evals.suites import get_suite
@@ -25,8 +25,13 @@ def everything_in(request: GenerationRequest) -> str:
 async def spy_run(tmp_path: Path, suite_name: str, reply, n: int) -> tuple[Calls, dict[str, ScriptedBackend], list]:
     suite = get_suite(suite_name)
     items = suite.select(suite.load(), n, 0)
-    plan = EvalPlan(suite=suite, items=items, settings=load_settings(write_config(tmp_path)),
-                    tiers=["small", "large"], verifiers=[VerifierSpec(name="spy")])
+    plan = EvalPlan(
+        suite=suite,
+        items=items,
+        settings=load_settings(write_config(tmp_path)),
+        tiers=["small", "large"],
+        verifiers=[VerifierSpec(name="spy")],
+    )
     calls = Calls()
     backends = {"small": ScriptedBackend("small", reply), "large": ScriptedBackend("large", reply)}
     with RunStore(tmp_path / "runs" / suite.name) as store:
@@ -71,8 +76,13 @@ async def test_gsm8k_solutions_never_reach_a_verifier(tmp_path: Path) -> None:
 
 async def test_jsonl_reference_never_reaches_a_verifier(tmp_path: Path) -> None:
     path = tmp_path / "secret.jsonl"
-    path.write_text("\n".join(json.dumps({"id": f"s{i}", "prompt": f"Say hi {i}", "reference": f"SECRET-{i}",
-                                          "grader": "exact"}) for i in range(3)) + "\n")
+    path.write_text(
+        "\n".join(
+            json.dumps({"id": f"s{i}", "prompt": f"Say hi {i}", "reference": f"SECRET-{i}", "grader": "exact"})
+            for i in range(3)
+        )
+        + "\n"
+    )
     calls, backends, _ = await spy_run(tmp_path, str(path), lambda r: "hi", 3)
     seen = [req for spy in calls.spies for req, _ in spy.seen]
     assert len(seen) == 6

@@ -22,9 +22,9 @@ from evals.training_data import feature_verifiers, load_run
 from router.cli import main
 from router.config import VerifierSpec
 from router.errors import ConfigError
+from router.estimators import PreRouter
 from tests.evals.learned_helpers import make_run
 from verifiers.base import Registry, VerifierContext
-from router.estimators import PreRouter
 from verifiers.learned import LearnedVerifier
 
 BUCKETS = 64
@@ -45,17 +45,31 @@ def artifact(result: TrainResult, kind: str) -> tuple[Path, str]:
 def test_training_writes_artifacts_predictions_and_report(trained) -> None:
     root, result = trained
     names = {p.name for p in result.out.iterdir()}
-    assert {"learned.json", "prerouter.json", "predictions.jsonl", "estimators.json", "README.md", "training.json"} <= names
+    assert {
+        "learned.json",
+        "prerouter.json",
+        "predictions.jsonl",
+        "estimators.json",
+        "README.md",
+        "training.json",
+    } <= names
     manifest = json.loads((result.out / "estimators.json").read_text())
     assert manifest["seed"] == 0 and manifest["fraction"] == 0.5
-    assert manifest["feature_verifiers"]["marked"] == ["confidence[stat=\"mean\"]", "confidence_min", "math_answer"]
+    assert manifest["feature_verifiers"]["marked"] == ['confidence[stat="mean"]', "confidence_min", "math_answer"]
     rows = [json.loads(line) for line in (result.out / "predictions.jsonl").read_text().splitlines()]
     assert len(rows) == 160 * 2
     assert all(r["split"] == ("calibration" if in_calibration(r["item"], 0, 0.5) else "held-out") for r in rows)
     md = (result.out / "README.md").read_text()
     _, sha = artifact(result, "verifier")
-    for phrase in ("Held-out quality", "pre-route then verify[learned]", "verify only[learned]", "Targets",
-                   'name = "learned"', f'sha256 = "{sha}"', "[tiers.prerouter]"):
+    for phrase in (
+        "Held-out quality",
+        "pre-route then verify[learned]",
+        "verify only[learned]",
+        "Targets",
+        'name = "learned"',
+        f'sha256 = "{sha}"',
+        "[tiers.prerouter]",
+    ):
         assert phrase in md, phrase
 
 
@@ -134,8 +148,13 @@ def test_verifiers_that_generate_are_not_features_by_default(trained) -> None:
     root, _ = trained
     run = load_run(root)
     table = run.table.with_scores("self_consistency", {it.id: [0.5, 0.5] for it in run.table.items})
-    manifest = {**table.manifest, "verifiers": [*table.manifest["verifiers"],
-                                                {"name": "self_consistency", "params": {}, "label": "self_consistency"}]}
+    manifest = {
+        **table.manifest,
+        "verifiers": [
+            *table.manifest["verifiers"],
+            {"name": "self_consistency", "params": {}, "label": "self_consistency"},
+        ],
+    }
     run = replace(run, table=replace(table, manifest=manifest))
     assert "self_consistency" not in [v.label for v in feature_verifiers([run])]
     assert "self_consistency" in [v.label for v in feature_verifiers([run], include_costly=True)]
@@ -153,7 +172,7 @@ def test_the_learned_column_pays_for_its_feature_verifiers(trained) -> None:
     table = attach(load_run(root).table, load_predictions(result.out), seed=0, fraction=0.5)
     assert LEARNED in table.verifiers and PREROUTER not in table.verifiers
     t = table.items[0].tiers[0]
-    members = ("confidence[stat=\"mean\"]", "confidence_min", "math_answer")
+    members = ('confidence[stat="mean"]', "confidence_min", "math_answer")
     assert t.verify_s[LEARNED] == pytest.approx(max(t.verify_s[m] for m in members))
     assert PREROUTER in t.scores
 
@@ -161,7 +180,9 @@ def test_the_learned_column_pays_for_its_feature_verifiers(trained) -> None:
 async def test_cli_train_then_sweep_calibrate_and_report(trained, tmp_path: Path, capsys) -> None:
     root, _ = trained
     est = tmp_path / "est"
-    assert main(["eval", "train", "--run", str(root), "--out", str(est), "--buckets", str(BUCKETS), "--splits", "2"]) == 0
+    assert (
+        main(["eval", "train", "--run", str(root), "--out", str(est), "--buckets", str(BUCKETS), "--splits", "2"]) == 0
+    )
     out = capsys.readouterr().out
     assert "verifier@" in out and "prerouter@" in out and "[tiers.prerouter]" in out
     readme = (est / "README.md").read_text()
@@ -170,14 +191,35 @@ async def test_cli_train_then_sweep_calibrate_and_report(trained, tmp_path: Path
     assert main(["eval", "sweep", str(root), "--estimators", str(est), "--verifier", LEARNED]) == 0
     out = capsys.readouterr().out
     assert "marked / learned" in out and "pre-route only" in out
-    assert main(["eval", "calibrate", "--run", str(root), "--target", "min-pgr=0.8", "--verifier", LEARNED,
-                 "--estimators", str(est)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "calibrate",
+                "--run",
+                str(root),
+                "--target",
+                "min-pgr=0.8",
+                "--verifier",
+                LEARNED,
+                "--estimators",
+                str(est),
+            ]
+        )
+        == 0
+    )
     assert "held-out" in capsys.readouterr().out
     report = tmp_path / "report"
     assert main(["eval", "report", str(root), "--out", str(report), "--estimators", str(est)]) == 0
     md = (report / "README.md").read_text()
-    for phrase in ("learned estimators", "pre-route only", "pre-route then verify[learned]", "Held-out quality",
-                   "--estimators", "| learned |"):
+    for phrase in (
+        "learned estimators",
+        "pre-route only",
+        "pre-route then verify[learned]",
+        "Held-out quality",
+        "--estimators",
+        "| learned |",
+    ):
         assert phrase in md, phrase
     assert "learned estimators" in (report / "report.html").read_text()
     assert main(["eval", "report", str(root), "--out", str(report), "--estimators", str(est), "--seed", "3"]) == 1
@@ -199,12 +241,23 @@ def test_a_run_whose_prompts_changed_is_refused(trained, tmp_path: Path) -> None
 async def test_pooled_suites_share_their_pure_verifiers(tmp_path: Path) -> None:
     """Two suites scored with different verifiers: pooled, the estimator reads both pure ones,
     computed at training for the suite that lacks it, as the service computes it for any prompt."""
-    a = await make_run(tmp_path, 60, "alpha", [VerifierSpec(name="confidence", params={"stat": "mean"}),
-                                                 VerifierSpec(name="math_answer")])
-    b = await make_run(tmp_path, 60, "beta", [VerifierSpec(name="confidence", params={"stat": "mean"}),
-                                                VerifierSpec(name="format", params={"regex": "answer", "name": "says_answer"})])
+    a = await make_run(
+        tmp_path,
+        60,
+        "alpha",
+        [VerifierSpec(name="confidence", params={"stat": "mean"}), VerifierSpec(name="math_answer")],
+    )
+    b = await make_run(
+        tmp_path,
+        60,
+        "beta",
+        [
+            VerifierSpec(name="confidence", params={"stat": "mean"}),
+            VerifierSpec(name="format", params={"regex": "answer", "name": "says_answer"}),
+        ],
+    )
     runs = [load_run(a), load_run(b)]
-    assert [v.label for v in feature_verifiers(runs)] == ["confidence[stat=\"mean\"]", "math_answer", "says_answer"]
+    assert [v.label for v in feature_verifiers(runs)] == ['confidence[stat="mean"]', "math_answer", "says_answer"]
     result = train(runs, tmp_path / "est", n_buckets=16)
     assert result.pooled is not None and len(result.artifacts) == 2
     preds = load_predictions(result.out)

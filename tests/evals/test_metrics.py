@@ -36,7 +36,9 @@ def test_apgr_by_hand() -> None:
     # over a partial x range it is normalised by the range (RouteLLM's definition)
     assert metrics.apgr([(0, 0.4), (0.5, 0.8)], 0.4, 0.8) == pytest.approx(0.5)
     # above the strong model: PGR above 1 counts
-    assert metrics.apgr([(0, 0.4), (0.5, 1.0), (1, 0.8)], 0.4, 0.8) == pytest.approx((0.5 * 1.5 / 2) + 0.5 * (1.5 + 1) / 2)
+    assert metrics.apgr([(0, 0.4), (0.5, 1.0), (1, 0.8)], 0.4, 0.8) == pytest.approx(
+        (0.5 * 1.5 / 2) + 0.5 * (1.5 + 1) / 2
+    )
 
 
 def test_cpt_interpolates_along_the_curve() -> None:

@@ -45,7 +45,9 @@ async def test_replayed_cascade_decides_as_the_simulator(run: str) -> None:
                 cost, _, correct = route_cost(item, route)
                 where = f"{run} {item.id} {label}@{th}"
                 assert live.final.tier == names[route.answered], where
-                assert [a.tier for a in live.attempts if a.generation is not None] == [names[t] for t in route.ran], where
+                assert [a.tier for a in live.attempts if a.generation is not None] == [names[t] for t in route.ran], (
+                    where
+                )
                 assert live.escalated == (route.answered != 0), where
                 assert math.isclose(live.cost_usd, cost, rel_tol=1e-12, abs_tol=1e-15), (where, live.cost_usd, cost)
                 checked += 1

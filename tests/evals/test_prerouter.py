@@ -16,19 +16,28 @@ from evals.sweep import CONFIG, CascadePolicy, ItemOutcome, PreRoutePolicy, Resu
 from router.cascade import Cascade
 from router.config import CascadeSettings, PriceSettings, TierSettings
 from router.errors import ConfigError
+from router.estimators import LinearModel, dump_estimator
+from router.features import FeatureSpec, gram_bucket
 from router.generation import GenerationRequest, Message
 from router.ledger import LedgerEntry
 from router.wheels import sha256_file
 from tests.verifiers.scripted import ScriptedBackend, tier
-from router.estimators import LinearModel, dump_estimator
-from router.features import FeatureSpec, gram_bucket
 
 PRICE = PriceSettings(usd_per_hour=3.6)
 
 
 def outcome(correct: bool, v: float, pre: float, cost: float) -> TierOutcome:
-    return TierOutcome(correct=correct, cost_usd=cost, latency_s=1.0, busy_s=1.0, prompt_tokens=1, completion_tokens=1,
-                       scores={"v": v, CONFIG: v, "pre": pre}, verify_cost_usd={"v": 0.0001}, verify_s={"v": 0.1})
+    return TierOutcome(
+        correct=correct,
+        cost_usd=cost,
+        latency_s=1.0,
+        busy_s=1.0,
+        prompt_tokens=1,
+        completion_tokens=1,
+        scores={"v": v, CONFIG: v, "pre": pre},
+        verify_cost_usd={"v": 0.0001},
+        verify_s={"v": 0.1},
+    )
 
 
 def table(items: list[ItemOutcome]) -> ResultTable:
@@ -86,7 +95,9 @@ def synthetic(n: int = 300, seed: int = 2, small_cost: float = 0.01) -> ResultTa
         pre = rng.random()
         right = rng.random() < pre
         v = min(1.0, max(0.0, (0.7 if right else 0.3) + rng.gauss(0, 0.25)))
-        items.append(ItemOutcome(f"i{i}", "", (outcome(right, v, pre, small_cost), outcome(rng.random() < 0.9, 1.0, 1.0, 0.02))))
+        items.append(
+            ItemOutcome(f"i{i}", "", (outcome(right, v, pre, small_cost), outcome(rng.random() < 0.9, 1.0, 1.0, 0.02)))
+        )
     return table(items)
 
 
@@ -113,8 +124,16 @@ def test_held_out_items_never_influence_the_preroute_thresholds() -> None:
     held = {i.id for i in split(t, seed=0)[1].items}
     rng = random.Random(5)
     scrambled = [
-        ItemOutcome(it.id, "", tuple(replace(o, correct=rng.random() < 0.5, scores={"v": rng.random(), CONFIG: 0.0, "pre": rng.random()})
-                                     for o in it.tiers)) if it.id in held else it
+        ItemOutcome(
+            it.id,
+            "",
+            tuple(
+                replace(o, correct=rng.random() < 0.5, scores={"v": rng.random(), CONFIG: 0.0, "pre": rng.random()})
+                for o in it.tiers
+            ),
+        )
+        if it.id in held
+        else it
         for it in t.items
     ]
     after = calibrate_preroute(replace(t, items=scrambled), "pre", target, verifier="v", seed=0)
@@ -145,8 +164,13 @@ def pre_routed(tmp: Path) -> tuple[Cascade, ScriptedBackend, ScriptedBackend, st
     """small (pre-routed at 0.5, verified by a digit check) then large; both answer "42"."""
     path, sha = prerouter_file(tmp)
     small, large = ScriptedBackend("small", lambda r: "42"), ScriptedBackend("large", lambda r: "42")
-    cascade = Cascade([tier("small", small, prerouter={"artifact": path, "sha256": sha, "threshold": 0.5}, regex=r"\d"),
-                       tier("large", large)], CascadeSettings())
+    cascade = Cascade(
+        [
+            tier("small", small, prerouter={"artifact": path, "sha256": sha, "threshold": 0.5}, regex=r"\d"),
+            tier("large", large),
+        ],
+        CascadeSettings(),
+    )
     return cascade, small, large, sha
 
 
@@ -160,8 +184,11 @@ async def test_a_tier_predicted_to_fail_is_skipped(tmp_path: Path) -> None:
     assert first.reason.startswith("skipped by pre-router p=0.007 < 0.5 (prerouter@")
     d = first.to_dict()
     assert d["skipped"] is True
-    assert d["prerouter"] == {"version": f"prerouter@{sha[:12]}", "probability": pytest.approx(0.006693, abs=1e-6),
-                              "threshold": 0.5}
+    assert d["prerouter"] == {
+        "version": f"prerouter@{sha[:12]}",
+        "probability": pytest.approx(0.006693, abs=1e-6),
+        "threshold": 0.5,
+    }
     assert result.cost_usd == pytest.approx(result.attempts[1].cost_usd)
     json.dumps(result.summary())  # the tierroute object stays JSON
     entry = LedgerEntry.from_result("r1", "k", result, latency_s=0.1)
@@ -196,14 +223,29 @@ def test_a_tampered_prerouter_stops_start_up(tmp_path: Path) -> None:
 
 def test_prerouter_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="sha256"):
-        TierSettings(name="s", backend="llamacpp", llamacpp={"model": "x.gguf"}, price=PRICE,
-                     prerouter={"artifact": "p.json", "sha256": "abc", "threshold": 0.5})
+        TierSettings(
+            name="s",
+            backend="llamacpp",
+            llamacpp={"model": "x.gguf"},
+            price=PRICE,
+            prerouter={"artifact": "p.json", "sha256": "abc", "threshold": 0.5},
+        )
     with pytest.raises(ValueError, match="threshold"):
-        TierSettings(name="s", backend="llamacpp", llamacpp={"model": "x.gguf"}, price=PRICE,
-                     prerouter={"artifact": "p.json", "sha256": "0" * 64, "threshold": 1.5})
+        TierSettings(
+            name="s",
+            backend="llamacpp",
+            llamacpp={"model": "x.gguf"},
+            price=PRICE,
+            prerouter={"artifact": "p.json", "sha256": "0" * 64, "threshold": 1.5},
+        )
     with pytest.raises(ValueError, match="extra"):
-        TierSettings(name="s", backend="llamacpp", llamacpp={"model": "x.gguf"}, price=PRICE,
-                     prerouter={"artifact": "p.json", "sha256": "0" * 64, "threshold": 0.5, "typo": 1})
+        TierSettings(
+            name="s",
+            backend="llamacpp",
+            llamacpp={"model": "x.gguf"},
+            price=PRICE,
+            prerouter={"artifact": "p.json", "sha256": "0" * 64, "threshold": 0.5, "typo": 1},
+        )
 
 
 # ---- the matched comparison -----------------------------------------------------------------------------------
@@ -220,12 +262,28 @@ def test_the_learned_cascade_is_also_compared_at_the_single_verifiers_accuracy()
     for i in range(80):
         right = rng.random() < 0.6
         noisy = min(1.0, max(0.0, (0.7 if right else 0.4) + rng.uniform(-0.35, 0.35)))
-        small = TierOutcome(correct=right, cost_usd=0.001, latency_s=1.0, busy_s=1.0, prompt_tokens=1, completion_tokens=1,
-                            scores={"v": noisy, CONFIG: noisy, LEARNED: 0.9 if right else 0.1, PREROUTER: 0.5},
-                            verify_cost_usd={}, verify_s={})
-        large = TierOutcome(correct=True, cost_usd=0.01, latency_s=1.0, busy_s=1.0, prompt_tokens=1, completion_tokens=1,
-                            scores={"v": 1.0, CONFIG: 1.0, LEARNED: 1.0, PREROUTER: 1.0},
-                            verify_cost_usd={}, verify_s={})
+        small = TierOutcome(
+            correct=right,
+            cost_usd=0.001,
+            latency_s=1.0,
+            busy_s=1.0,
+            prompt_tokens=1,
+            completion_tokens=1,
+            scores={"v": noisy, CONFIG: noisy, LEARNED: 0.9 if right else 0.1, PREROUTER: 0.5},
+            verify_cost_usd={},
+            verify_s={},
+        )
+        large = TierOutcome(
+            correct=True,
+            cost_usd=0.01,
+            latency_s=1.0,
+            busy_s=1.0,
+            prompt_tokens=1,
+            completion_tokens=1,
+            scores={"v": 1.0, CONFIG: 1.0, LEARNED: 1.0, PREROUTER: 1.0},
+            verify_cost_usd={},
+            verify_s={},
+        )
         items.append(ItemOutcome(f"i{i}", "", (small, large)))
     tiers = [TierInfo("small", "m", PRICE, "", 0.5, True), TierInfo("large", "M", PRICE, "", 0.5, True)]
     t = ResultTable(run="t", suite="t", source="", tiers=tiers, items=items, verifiers=[CONFIG, "v", LEARNED])
@@ -237,8 +295,12 @@ def test_the_learned_cascade_is_also_compared_at_the_single_verifiers_accuracy()
     check = next(c for c in cmp.checks() if c[0].startswith("learned cascade cheaper"))
     assert check[1] is True and "matched" in check[2]
     # held-out verdicts turned around: the level and the matched thresholds stay as they were
-    flipped = [it if in_cal(it.id) else ItemOutcome(it.id, "", (replace(it.tiers[0], correct=not it.tiers[0].correct),
-                                                                it.tiers[1])) for it in items]
+    flipped = [
+        it
+        if in_cal(it.id)
+        else ItemOutcome(it.id, "", (replace(it.tiers[0], correct=not it.tiers[0].correct), it.tiers[1]))
+        for it in items
+    ]
     again = compare(replace(t, items=flipped), Target("min-pgr", 0.8), seed=0, fraction=0.5)
     assert again.matched is not None
     assert (again.matched.target, again.matched.thresholds) == (cmp.matched.target, cmp.matched.thresholds)

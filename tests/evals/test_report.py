@@ -17,8 +17,13 @@ from tests.evals.helpers import registry, scripted, write_config, write_suite
 
 async def make_run(tmp_path: Path, n: int = 40) -> Path:
     suite = get_suite(str(write_suite(tmp_path, n)))
-    plan = EvalPlan(suite=suite, items=suite.select(suite.load(), None, 0), settings=load_settings(write_config(tmp_path)),
-                    tiers=["small", "large"], verifiers=[VerifierSpec(name="length")])
+    plan = EvalPlan(
+        suite=suite,
+        items=suite.select(suite.load(), None, 0),
+        settings=load_settings(write_config(tmp_path)),
+        tiers=["small", "large"],
+        verifiers=[VerifierSpec(name="length")],
+    )
     root = tmp_path / "runs" / "sums"
     with RunStore(root) as store:
         await run_eval(plan, store, registry=registry(), backends=scripted())
@@ -33,11 +38,31 @@ async def test_report_files(tmp_path: Path) -> None:
     out = tmp_path / "report"
     written = write([report], out, command="tierroute eval report sums")
     names = {p.name for p in written}
-    assert {"README.md", "report.html", "sweep.csv", "summary.csv", "sums-accuracy-cost.png",
-            "sums-escalation-threshold.png", "sums-latency.png", "sums-reliability.png"} <= names
+    assert {
+        "README.md",
+        "report.html",
+        "sweep.csv",
+        "summary.csv",
+        "sums-accuracy-cost.png",
+        "sums-escalation-threshold.png",
+        "sums-latency.png",
+        "sums-reliability.png",
+    } <= names
     md = (out / "README.md").read_text()
-    for phrase in ("## sums", "### Tiers", "Best verifier", "held-out", "AUROC", "APGR", "CPT(80%)", "AIQ",
-                   "oracle", "random escalation", "$3.6/hour", "per 1M input / output tokens"):
+    for phrase in (
+        "## sums",
+        "### Tiers",
+        "Best verifier",
+        "held-out",
+        "AUROC",
+        "APGR",
+        "CPT(80%)",
+        "AIQ",
+        "oracle",
+        "random escalation",
+        "$3.6/hour",
+        "per 1M input / output tokens",
+    ):
         assert phrase in md, phrase
     page = (out / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 4
@@ -64,9 +89,41 @@ async def test_sweep_and_calibrate_cli(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert "held-out" in out and '[[tiers]]\nname = "small"\nthreshold = ' in out
     # the config's small tier thresholds 'keyword' alone, so a threshold on it can be written
-    assert main(["--config", str(config), "eval", "calibrate", "--run", str(root), "--target", "min-pgr=0.5",
-                 "--verifier", "keyword", "--write"]) == 0
+    assert (
+        main(
+            [
+                "--config",
+                str(config),
+                "eval",
+                "calibrate",
+                "--run",
+                str(root),
+                "--target",
+                "min-pgr=0.5",
+                "--verifier",
+                "keyword",
+                "--write",
+            ]
+        )
+        == 0
+    )
     assert "wrote thresholds" in capsys.readouterr().out
     # 'length' is not what the tier is configured with: refused, with the TOML to paste
-    assert main(["--config", str(config), "eval", "calibrate", "--run", str(root), "--target", "min-pgr=0.5",
-                 "--verifier", "length", "--write"]) == 1
+    assert (
+        main(
+            [
+                "--config",
+                str(config),
+                "eval",
+                "calibrate",
+                "--run",
+                str(root),
+                "--target",
+                "min-pgr=0.5",
+                "--verifier",
+                "length",
+                "--write",
+            ]
+        )
+        == 1
+    )

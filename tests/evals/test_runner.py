@@ -11,18 +11,39 @@ from evals.runner import EvalPlan, run_eval
 from evals.store import RunStore
 from evals.suites import get_suite
 from router.config import VerifierSpec, load_settings
-from tests.evals.helpers import Calls, ScriptedBackend, large_reply, question_number, registry, scripted, write_config, write_suite
+from tests.evals.helpers import (
+    Calls,
+    ScriptedBackend,
+    large_reply,
+    question_number,
+    registry,
+    scripted,
+    write_config,
+    write_suite,
+)
 
 N = 8
 
 
-def plan_for(tmp_path: Path, *, limit: int | None = None, verifiers: tuple[str, ...] = ("length",),
-             tiers: tuple[str, ...] = ("small", "large"), config: Path | None = None) -> EvalPlan:
+def plan_for(
+    tmp_path: Path,
+    *,
+    limit: int | None = None,
+    verifiers: tuple[str, ...] = ("length",),
+    tiers: tuple[str, ...] = ("small", "large"),
+    config: Path | None = None,
+) -> EvalPlan:
     settings = load_settings(config or write_config(tmp_path))
     suite = get_suite(str(write_suite(tmp_path, N)))
     items = suite.select(suite.load(), limit, 0)
-    return EvalPlan(suite=suite, items=items, settings=settings, tiers=list(tiers),
-                    verifiers=[VerifierSpec(name=v) for v in verifiers], limit=limit)
+    return EvalPlan(
+        suite=suite,
+        items=items,
+        settings=settings,
+        tiers=list(tiers),
+        verifiers=[VerifierSpec(name=v) for v in verifiers],
+        limit=limit,
+    )
 
 
 async def run(plan: EvalPlan, root: Path, backends: dict[str, ScriptedBackend], calls: Calls | None = None):
@@ -42,7 +63,12 @@ async def test_first_run_stores_every_tier_item_verifier_and_grade(tmp_path: Pat
     manifest = store.manifest()
     assert [t["name"] for t in manifest["tiers"]] == ["small", "large"]
     assert manifest["tiers"][0]["scored_with"] == ["keyword", "length"]
-    assert {g.item for g in store.grades.records.values() if g.correct and g.tier == "small"} == {"q0", "q2", "q4", "q6"}
+    assert {g.item for g in store.grades.records.values() if g.correct and g.tier == "small"} == {
+        "q0",
+        "q2",
+        "q4",
+        "q6",
+    }
 
 
 async def test_rerun_computes_nothing_and_loads_no_model(tmp_path: Path) -> None:
@@ -151,7 +177,9 @@ async def test_each_verifier_is_made_once_and_no_prerouter_is_read(tmp_path: Pat
     assert "[tiers.prerouter]" in text
     config.write_text(text)
     calls = Calls()
-    summary = await run(plan_for(tmp_path, verifiers=("spy",), config=config), tmp_path / "runs" / "sums", scripted(), calls)
+    summary = await run(
+        plan_for(tmp_path, verifiers=("spy",), config=config), tmp_path / "runs" / "sums", scripted(), calls
+    )
     assert summary.failed == [] and summary.generated == 2 * N
     # the small tier's own spy and the eval's are one label: one spy per tier
     assert len(calls.spies) == 2
@@ -163,7 +191,9 @@ async def test_a_tier_that_cannot_be_built_stops_the_run_before_any_model_loads(
 
     config = write_config(tmp_path, models=("smollm2-135m-instruct-q4_1", str(tmp_path / "absent.gguf")))
     backends = {"small": ScriptedBackend("small", large_reply)}
-    with pytest.raises(ConfigError, match=r"cannot start:\n  tiers\[1\] \(large\)\.llamacpp\.model: model file not found"):
+    with pytest.raises(
+        ConfigError, match=r"cannot start:\n  tiers\[1\] \(large\)\.llamacpp\.model: model file not found"
+    ):
         await run(plan_for(tmp_path, config=config), tmp_path / "runs" / "sums", backends)  # type: ignore[arg-type]
     assert backends["small"].started == 0 and not backends["small"].requests
 
@@ -188,9 +218,13 @@ def test_width_sets_every_local_tiers_batch_and_nothing_else(tmp_path: Path) -> 
 
     settings = load_settings(write_config(tmp_path))
     wide = _with_width(settings, 16)
-    assert [t.llamacpp.n_parallel for t in wide.tiers if t.llamacpp] == [16] * sum(1 for t in settings.tiers if t.llamacpp)
+    assert [t.llamacpp.n_parallel for t in wide.tiers if t.llamacpp] == [16] * sum(
+        1 for t in settings.tiers if t.llamacpp
+    )
     assert [t.name for t in wide.tiers] == [t.name for t in settings.tiers]
-    assert [t.llamacpp.model for t in wide.tiers if t.llamacpp] == [t.llamacpp.model for t in settings.tiers if t.llamacpp]
+    assert [t.llamacpp.model for t in wide.tiers if t.llamacpp] == [
+        t.llamacpp.model for t in settings.tiers if t.llamacpp
+    ]
     assert _with_width(settings, None) is settings
     with pytest.raises(ConfigError, match="1 to 64"):
         _with_width(settings, 0)

@@ -66,11 +66,21 @@ async def test_gsm8k_and_mmlu_graders() -> None:
 
 @pytest.mark.parametrize(
     ("text", "letter"),
-    [("B", "B"), ("(C)", "C"), ("**D**", "D"), ("The answer is A.", "A"), ("Answer: C", "C"),
-     ("I think B is right", "B"), ("I am not sure", None), ("A. Paris", "A"),
-     ("The answer is a bit unclear", None), ("Let's look at each option:\n\nA. Natural", None),
-     ("Options:\nA. one\nB. two\nSo B", "B"), ("Either A or B", None),
-     ("The correct answer is A. naturalness arguments", "A")],
+    [
+        ("B", "B"),
+        ("(C)", "C"),
+        ("**D**", "D"),
+        ("The answer is A.", "A"),
+        ("Answer: C", "C"),
+        ("I think B is right", "B"),
+        ("I am not sure", None),
+        ("A. Paris", "A"),
+        ("The answer is a bit unclear", None),
+        ("Let's look at each option:\n\nA. Natural", None),
+        ("Options:\nA. one\nB. two\nSo B", "B"),
+        ("Either A or B", None),
+        ("The correct answer is A. naturalness arguments", "A"),
+    ],
 )
 def test_extract_choice(text: str, letter: str | None) -> None:
     assert extract_choice(text) == letter
@@ -97,11 +107,13 @@ def test_jsonl_suite(tmp_path: Path) -> None:
     assert [i.id for i in items] == ["mine/1", "cap", "mine/3", "mine/4"]
     assert [m.role for m in items[1].messages] == ["system", "user"]
     assert items[2].group == "g"
-    for bad, why in [({"prompt": "x", "reference": "1", "grader": "fuzzy"}, "grader must be"),
-                     ({"prompt": "x", "grader": "exact"}, "missing 'reference'"),
-                     ({"reference": "1", "grader": "exact"}, "needs 'prompt'"),
-                     ({"prompt": "x", "reference": "seven", "grader": "numeric"}, "not a number"),
-                     ({"prompt": "x", "reference": "E", "grader": "choice"}, "choice reference")]:
+    for bad, why in [
+        ({"prompt": "x", "reference": "1", "grader": "fuzzy"}, "grader must be"),
+        ({"prompt": "x", "grader": "exact"}, "missing 'reference'"),
+        ({"reference": "1", "grader": "exact"}, "needs 'prompt'"),
+        ({"prompt": "x", "reference": "seven", "grader": "numeric"}, "not a number"),
+        ({"prompt": "x", "reference": "E", "grader": "choice"}, "choice reference"),
+    ]:
         path.write_text(json.dumps(bad) + "\n")
         with pytest.raises(ConfigError, match=why):
             get_suite(str(path)).load()
@@ -109,8 +121,9 @@ def test_jsonl_suite(tmp_path: Path) -> None:
 
 async def test_jsonl_code_tests_grader(tmp_path: Path) -> None:
     path = tmp_path / "code.jsonl"
-    path.write_text(json.dumps({"prompt": "Write f() returning 1", "reference": "assert f() == 1",
-                                "grader": "code_tests"}) + "\n")
+    path.write_text(
+        json.dumps({"prompt": "Write f() returning 1", "reference": "assert f() == 1", "grader": "code_tests"}) + "\n"
+    )
     suite = get_suite(f"jsonl:{path}")
     item = suite.load()[0]
     assert (await suite.grade(item, "```python\ndef f():\n    return 1\n```")).correct

@@ -23,8 +23,8 @@ from evals.sweep import (
     sweep,
 )
 from router.config import PriceSettings
-from tests.evals.test_runner import plan_for, run
 from tests.evals.helpers import scripted
+from tests.evals.test_runner import plan_for, run
 
 
 @pytest.fixture

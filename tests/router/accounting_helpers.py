@@ -34,7 +34,11 @@ class EscalateMarked:
 
     async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
         rejected = MARK in request.last_user_text()
-        return Score(0.0 if rejected else 1.0, "marked" if rejected else "unmarked", cost=VerifierCost(prompt_tokens=7, seconds=0.01))
+        return Score(
+            0.0 if rejected else 1.0,
+            "marked" if rejected else "unmarked",
+            cost=VerifierCost(prompt_tokens=7, seconds=0.01),
+        )
 
 
 def registry() -> Registry:
@@ -100,7 +104,7 @@ def tierroute_of(response_text: str, stream: bool) -> dict[str, Any] | None:
     for line in response_text.splitlines():
         if not line.startswith("data: "):
             continue
-        data = line[len("data: "):]
+        data = line[len("data: ") :]
         if data == "[DONE]":
             done = True
             continue
@@ -128,7 +132,7 @@ def assert_matches(entry: LedgerEntry, ext: dict[str, Any], key_id: str | None =
     assert entry.cost_usd == ext["cost_usd"]
     assert entry.counterfactual_usd == ext["counterfactual_top_tier_usd"]
     assert len(entry.attempts) == len(ext["attempts"])
-    for mine, theirs in zip(entry.attempts, ext["attempts"]):
+    for mine, theirs in zip(entry.attempts, ext["attempts"], strict=False):
         assert mine.tier == theirs["tier"]
         assert (mine.decision == "accepted") == theirs["accepted"]
         assert mine.prompt_tokens == theirs["prompt_tokens"]

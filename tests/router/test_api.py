@@ -208,7 +208,8 @@ def test_best_effort_returns_the_lower_tier_marked_unverified(tmp_path: Path, sm
 
 
 @pytest.mark.parametrize(
-    ("seconds", "header"), [(0.2, "1"), (-5, "1"), (7.1, "8"), (1e9, "3600"), (float("inf"), "3600"), (float("nan"), "3600")]
+    ("seconds", "header"),
+    [(0.2, "1"), (-5, "1"), (7.1, "8"), (1e9, "3600"), (float("inf"), "3600"), (float("nan"), "3600")],
 )
 def test_retry_after_is_whole_seconds_within_an_hour(seconds: float, header: str) -> None:
     from router.api.errors import error_response

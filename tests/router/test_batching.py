@@ -94,7 +94,9 @@ async def test_prefix_cache_reuses_a_shared_system_prompt(smol_path: Path) -> No
     b = _backend(smol_path, n_parallel=2, prefix_cache_slots=2)
     await b.start()
     try:
-        first = await b.generate(GenerationRequest(messages=(Message("system", SYSTEM), Message("user", "Hi")), max_tokens=4))
+        first = await b.generate(
+            GenerationRequest(messages=(Message("system", SYSTEM), Message("user", "Hi")), max_tokens=4)
+        )
         before = b.stats()["prefix_cache_tokens_saved"]
         second = await b.generate(
             GenerationRequest(messages=(Message("system", SYSTEM), Message("user", "Name a fruit.")), max_tokens=4)

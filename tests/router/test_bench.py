@@ -93,12 +93,34 @@ def test_sweep_against_our_service_and_llama_cpp_server(
         f"{sys.executable} -m llama_cpp.server --model {smol_path} --host 127.0.0.1 --port {port} "
         "--n_ctx 2048 --n_threads 1 --verbose false --interrupt_requests false"
     )
-    rc = main([
-        "bench", "sweep", "--concurrency", "1,2", "--requests", "2", "--max-tokens", "8", "--warmup", "1",
-        "--url", f"{service.url}/v1", "--label", "tierroute", "--pid", str(os.getpid()),
-        "--url", f"http://127.0.0.1:{port}/v1", "--label", "llama-cpp-python", "--launch", llama,
-        "--json", str(out),
-    ])
+    rc = main(
+        [
+            "bench",
+            "sweep",
+            "--concurrency",
+            "1,2",
+            "--requests",
+            "2",
+            "--max-tokens",
+            "8",
+            "--warmup",
+            "1",
+            "--url",
+            f"{service.url}/v1",
+            "--label",
+            "tierroute",
+            "--pid",
+            str(os.getpid()),
+            "--url",
+            f"http://127.0.0.1:{port}/v1",
+            "--label",
+            "llama-cpp-python",
+            "--launch",
+            llama,
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["tool"] == "tierroute bench sweep" and report["command"]
@@ -121,18 +143,38 @@ def test_sweep_against_our_service_and_llama_cpp_server(
             assert level["memory"]["peak_rss_mib"] > 50
     ratios = report["comparison"]
     assert [(r["concurrency"], r["of"], r["to"]) for r in ratios] == [
-        (1, "tierroute", "llama-cpp-python"), (2, "tierroute", "llama-cpp-python")
+        (1, "tierroute", "llama-cpp-python"),
+        (2, "tierroute", "llama-cpp-python"),
     ]
     assert all(r["output_tok_s_ratio"] > 0 for r in ratios)
 
 
 def test_burst_answers_or_refuses_and_watches_memory(service: UvicornThread, tmp_path: Path) -> None:
     out = tmp_path / "burst.json"
-    rc = main([
-        "bench", "burst", "--url", f"{service.url}/v1", "--pid", str(os.getpid()), "--requests", "4",
-        "--concurrency", "4", "--rounds", "2", "--settle", "0", "--max-tokens", "2", "--warmup", "0",
-        "--json", str(out),
-    ])
+    rc = main(
+        [
+            "bench",
+            "burst",
+            "--url",
+            f"{service.url}/v1",
+            "--pid",
+            str(os.getpid()),
+            "--requests",
+            "4",
+            "--concurrency",
+            "4",
+            "--rounds",
+            "2",
+            "--settle",
+            "0",
+            "--max-tokens",
+            "2",
+            "--warmup",
+            "0",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     target = json.loads(out.read_text())["target"]
     assert target["verdict"]["alive_after"] and target["verdict"]["every_request_answered_or_503"]
@@ -145,10 +187,24 @@ def test_burst_answers_or_refuses_and_watches_memory(service: UvicornThread, tmp
 def test_overhead_with_instant_backends(tmp_path: Path) -> None:
     out = tmp_path / "overhead.json"
     cfg = smol_config(tmp_path, verifiers='[[tiers.verifiers]]\nname = "confidence"\n')
-    rc = main([
-        "--config", str(cfg), "bench", "overhead", "--rate", "20", "--seconds", "1", "--warmup", "5",
-        "--verifiers", "none", "--json", str(out),
-    ])
+    rc = main(
+        [
+            "--config",
+            str(cfg),
+            "bench",
+            "overhead",
+            "--rate",
+            "20",
+            "--seconds",
+            "1",
+            "--warmup",
+            "5",
+            "--verifiers",
+            "none",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["requests"] == report["ok"] == 20 and report["errors"] == {}

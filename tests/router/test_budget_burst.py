@@ -72,7 +72,9 @@ def test_worst_case_covers_every_planned_tier(tmp_path: Path) -> None:
     small = 0.10 * 30 / 3600  # a time-priced tier: its whole timeout
     large = (bound * 0.60 + 100 * 2.40) / 1e6  # the request's max_tokens, under the tier's cap
     assert worst_case_usd(tiers, req) == pytest.approx(small + large)
-    assert worst_case_usd(tiers[1:], req.with_(max_tokens=10_000)) == pytest.approx((bound * 0.6 + MAX_TOKENS * 2.4) / 1e6)
+    assert worst_case_usd(tiers[1:], req.with_(max_tokens=10_000)) == pytest.approx(
+        (bound * 0.6 + MAX_TOKENS * 2.4) / 1e6
+    )
 
 
 def seed_spend(path: Path, key: str, usd: float) -> None:
@@ -115,7 +117,8 @@ async def test_a_burst_cannot_pass_a_nearly_spent_budget(tmp_path: Path) -> None
         rich = openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key=keys["rich"], max_retries=0)
         assert (await rich.chat.completions.create(model="large", messages=[{"role": "user", "content": "Hi"}])).choices
         gauge = [
-            line for line in httpx.get(f"{srv.url}/metrics", headers=auth(keys["k"])).text.splitlines()
+            line
+            for line in httpx.get(f"{srv.url}/metrics", headers=auth(keys["k"])).text.splitlines()
             if line.startswith("tierroute_requests_in_flight ")
         ]
     served = [o for o in outcomes if o[0] == "ok"]

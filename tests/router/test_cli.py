@@ -11,9 +11,7 @@ from tests.conftest import smol_config
 
 
 def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "router.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, "-m", "router.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_help_lists_every_command() -> None:

@@ -33,11 +33,15 @@ def test_keys_create_prints_the_key_once_and_a_config_block_holding_only_its_has
     keys = KEY_RE.findall(out)
     assert len(keys) == 1
     key = keys[0]
-    block = out[out.index("[[server.api_keys]]"):]
+    block = out[out.index("[[server.api_keys]]") :]
     assert key not in block
     entry = tomllib.loads(block)["server"]["api_keys"][0]
     assert entry == {
-        "name": "alice", "hash": entry["hash"], "usd_per_day": 2.5, "usd_per_month": 40.0, "requests_per_minute": 30,
+        "name": "alice",
+        "hash": entry["hash"],
+        "usd_per_day": 2.5,
+        "usd_per_month": 40.0,
+        "requests_per_minute": 30,
     }
     assert entry["hash"].startswith("sha256$")
 
@@ -56,13 +60,15 @@ def test_allow_tests_is_stored_with_the_key_and_grants_only_that_key(
     rc, out, _ = create(capsys, "ci", "--allow-tests")
     assert rc == 0
     key = KEY_RE.findall(out)[0]
-    entry = tomllib.loads(out[out.index("[[server.api_keys]]"):])["server"]["api_keys"][0]
+    entry = tomllib.loads(out[out.index("[[server.api_keys]]") :])["server"]["api_keys"][0]
     assert entry["allow_tests"] is True
     _, plain_out, _ = create(capsys, "plain")
     plain = KEY_RE.findall(plain_out)[0]
-    assert "allow_tests" not in plain_out[plain_out.index("[[server.api_keys]]"):]  # off unless asked
+    assert "allow_tests" not in plain_out[plain_out.index("[[server.api_keys]]") :]  # off unless asked
 
-    cfg = smol_config(tmp_path, server=out[out.index("[[server.api_keys]]"):] + plain_out[plain_out.index("[[server.api_keys]]"):])
+    cfg = smol_config(
+        tmp_path, server=out[out.index("[[server.api_keys]]") :] + plain_out[plain_out.index("[[server.api_keys]]") :]
+    )
     authn = Authenticator(load_settings(cfg).server)
     assert authn.authenticate(f"Bearer {key}").may_send_tests is True
     assert authn.authenticate(f"Bearer {plain}").may_send_tests is False

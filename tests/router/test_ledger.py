@@ -28,18 +28,40 @@ from tests.router.accounting_helpers import (
 
 def attempt(idx: int, tier: str, decision: str = "accepted", cost: float = 1e-6) -> AttemptEntry:
     return AttemptEntry(
-        idx=idx, tier=tier, decision=decision, reason="r", error=None, score=0.5, threshold=0.4,
-        scores={"v": 0.5}, prompt_tokens=10, completion_tokens=5, finish_reason="stop", latency_ms=12.5,
-        busy_ms=11.0, verify_ms=0.1, cost_usd=cost, verifier_cost_usd=cost / 10, verifier_tokens=3,
+        idx=idx,
+        tier=tier,
+        decision=decision,
+        reason="r",
+        error=None,
+        score=0.5,
+        threshold=0.4,
+        scores={"v": 0.5},
+        prompt_tokens=10,
+        completion_tokens=5,
+        finish_reason="stop",
+        latency_ms=12.5,
+        busy_ms=11.0,
+        verify_ms=0.1,
+        cost_usd=cost,
+        verifier_cost_usd=cost / 10,
+        verifier_tokens=3,
     )
 
 
 def entry(rid: str, ts: float, key: str = "alice", attempts: tuple[AttemptEntry, ...] | None = None) -> LedgerEntry:
     atts = attempts or (attempt(0, "small", "rejected", 1.25e-7), attempt(1, "large", "accepted", 3.3e-5))
     return LedgerEntry(
-        request_id=rid, ts=ts, key_id=key, model="auto", tier=atts[-1].tier, escalated=len(atts) > 1,
-        unverified=False, latency_ms=40.0, cost_usd=sum(a.cost_usd + a.verifier_cost_usd for a in atts),
-        counterfactual_usd=3.3e-5, attempts=atts,
+        request_id=rid,
+        ts=ts,
+        key_id=key,
+        model="auto",
+        tier=atts[-1].tier,
+        escalated=len(atts) > 1,
+        unverified=False,
+        latency_ms=40.0,
+        cost_usd=sum(a.cost_usd + a.verifier_cost_usd for a in atts),
+        counterfactual_usd=3.3e-5,
+        attempts=atts,
     )
 
 
@@ -116,15 +138,16 @@ def test_a_version_1_ledger_gains_the_pending_table(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite3"
     conn = sqlite3.connect(path)
     conn.executescript(
-        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-        "INSERT INTO meta VALUES ('schema_version', '1');"
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);INSERT INTO meta VALUES ('schema_version', '1');"
     )
     conn.close()
     s = SQLiteStore(path)
     s.open()
     try:
         s.begin(PendingEntry("r", 1.0, "k", "auto", 0.1))
-        assert s.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+        assert s.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(
+            SCHEMA_VERSION
+        )
     finally:
         s.close()
 
@@ -211,9 +234,7 @@ async def test_writes_run_on_the_ledger_thread_and_never_block_the_loop(tmp_path
 
 @pytest.mark.timeout(300)
 async def test_concurrent_burst_reconciles_exactly(tmp_path: Path, smol_path: Path) -> None:
-    cfg, keys = config_with_keys(
-        tmp_path, {"alice": {}, "bob": {}}, threshold=0.5, verifiers=ESCALATE_ON_MARK
-    )
+    cfg, keys = config_with_keys(tmp_path, {"alice": {}, "bob": {}}, threshold=0.5, verifiers=ESCALATE_ON_MARK)
     plan = [  # (key, model, prompt, stream)
         ("alice", "auto", "Name a color.", False),
         ("alice", "auto", f"Name a fruit. {MARK}", False),
@@ -227,17 +248,19 @@ async def test_concurrent_burst_reconciles_exactly(tmp_path: Path, smol_path: Pa
         ("bob", "large", "Name a day.", True),
     ]
     async with running(cfg) as client:
-        responses = await asyncio.gather(*(
-            client.post("/v1/chat/completions", json=chat(p, model=m, stream=s), headers=auth(keys[k]))
-            for k, m, p, s in plan
-        ))
+        responses = await asyncio.gather(
+            *(
+                client.post("/v1/chat/completions", json=chat(p, model=m, stream=s), headers=auth(keys[k]))
+                for k, m, p, s in plan
+            )
+        )
         assert [r.status_code for r in responses] == [200] * len(plan)
-        exts = [tierroute_of(r.text, s) for r, (_, _, _, s) in zip(responses, plan)]
+        exts = [tierroute_of(r.text, s) for r, (_, _, _, s) in zip(responses, plan, strict=False)]
     # the lifespan has closed the ledger: read it as a report would
     path = tmp_path / "ledger.sqlite3"
     ledger = read_ledger(path)
     assert len(ledger) == len(plan)
-    for ext, (key, model, prompt, _) in zip(exts, plan):
+    for ext, (key, model, prompt, _) in zip(exts, plan, strict=False):
         assert ext is not None
         got = ledger[ext["request_id"]]
         assert_matches(got, ext, key_id=key)
@@ -259,7 +282,11 @@ async def test_ledger_can_be_turned_off(tmp_path: Path, smol_path: Path) -> None
     cfg, keys = config_with_keys(tmp_path, {"kim": {"usd_per_day": 1.0}, "lee": {"usd_per_day": 1e-9}}, large="none")
     cfg.write_text(cfg.read_text().replace("[ledger]\n", "[ledger]\nenabled = false\n"))
     async with running(cfg) as client:
-        assert (await client.post("/v1/chat/completions", json=chat("Hi."), headers=auth(keys["kim"]))).status_code == 200
+        assert (
+            await client.post("/v1/chat/completions", json=chat("Hi."), headers=auth(keys["kim"]))
+        ).status_code == 200
         # budgets still hold within the process: a request whose worst case does not fit is refused
-        assert (await client.post("/v1/chat/completions", json=chat("Hi."), headers=auth(keys["lee"]))).status_code == 429
+        assert (
+            await client.post("/v1/chat/completions", json=chat("Hi."), headers=auth(keys["lee"]))
+        ).status_code == 429
     assert not list(tmp_path.glob("ledger.sqlite3*"))

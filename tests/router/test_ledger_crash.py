@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -105,8 +105,14 @@ async def one(client: httpx.AsyncClient, key: str, raw_key: str, model: str, str
         return Outcome(key, status, ext, False)
 
 
-async def burst(url: str, keys: dict[str, str], n: int, *, kill: subprocess.Popen[bytes] | None = None,
-                kill_after_escalated: int = 0) -> list[Outcome]:
+async def burst(
+    url: str,
+    keys: dict[str, str],
+    n: int,
+    *,
+    kill: subprocess.Popen[bytes] | None = None,
+    kill_after_escalated: int = 0,
+) -> list[Outcome]:
     """Fire n requests at once; with `kill`, kill -9 the server as soon as that many escalated
     (two-attempt) requests have been answered, while the rest are in flight."""
     escalated = 0
@@ -150,7 +156,10 @@ def open_ledger(path: Path) -> dict[str, LedgerEntry]:
 def report(cfg: Path, *args: str) -> dict[str, dict[str, str]]:
     out = subprocess.run(
         [TIERROUTE, "--config", str(cfg), "report", "costs", "--format", "csv", *args],
-        check=True, capture_output=True, text=True, timeout=120,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
     ).stdout
     reader = csv.DictReader(io.StringIO(out))
     group = reader.fieldnames[0]  # type: ignore[index]
@@ -195,7 +204,7 @@ def test_kill_9_mid_burst_then_restart_reconciles(tmp_path: Path, smol_path: Pat
         second = asyncio.run(burst(url, keys, 8))
         assert all(o.status == 200 and o.complete and o.ext is not None for o in second)
         # the report reads the ledger while the service is still writing it (WAL: no blocking)
-        since = datetime.fromtimestamp(t_restart, tz=timezone.utc).isoformat()  # after every pre-crash row
+        since = datetime.fromtimestamp(t_restart, tz=UTC).isoformat()  # after every pre-crash row
         by_key = report(cfg, "--by", "key", "--since", since)
         by_tier = report(cfg, "--by", "tier", "--since", since)
         by_day = report(cfg, "--by", "day", "--since", since)
@@ -214,7 +223,9 @@ def test_kill_9_mid_burst_then_restart_reconciles(tmp_path: Path, smol_path: Pat
     assert float(by_key["TOTAL"]["top_tier_usd"]) == math.fsum(e["counterfactual_top_tier_usd"] for e in exts)
     for tier in ("small", "large"):
         assert int(by_tier[tier]["answered"]) == sum(e["tier"] == tier for e in exts)
-        tokens = sum(a["prompt_tokens"] + a["completion_tokens"] for e in exts for a in e["attempts"] if a["tier"] == tier)
+        tokens = sum(
+            a["prompt_tokens"] + a["completion_tokens"] for e in exts for a in e["attempts"] if a["tier"] == tier
+        )
         assert int(by_tier[tier]["prompt_tokens"]) + int(by_tier[tier]["completion_tokens"]) == tokens
     assert int(by_day["TOTAL"]["requests"]) == 8
     assert float(by_day["TOTAL"]["cost_usd"]) == math.fsum(e["cost_usd"] for e in exts)

@@ -33,7 +33,16 @@ import openai
 import pytest
 
 from router.ledger import SQLiteStore
-from tests.backends.fault_upstream import _SSE_HEADERS, TOKENS, FaultUpstream, Received, _chunks, _Conn, _event, _send_chunked
+from tests.backends.fault_upstream import (
+    _SSE_HEADERS,
+    TOKENS,
+    FaultUpstream,
+    Received,
+    _chunks,
+    _Conn,
+    _event,
+    _send_chunked,
+)
 from tests.conftest import free_port, wait_until_up, write_config
 from tests.router.accounting_helpers import auth, keys_section
 
@@ -65,7 +74,7 @@ def config(tmp: Path, base_url: str, budget: float) -> tuple[Path, dict[str, str
     body = f"""[server]
 {keys}
 [ledger]
-path = "{tmp / 'ledger.sqlite3'}"
+path = "{tmp / "ledger.sqlite3"}"
 
 [[tiers]]
 name = "large"
@@ -125,7 +134,7 @@ def failing_disk(pid: int) -> Iterator[None]:
 
 def events(raw: str) -> list[Any]:
     return [
-        line[len("data: "):] if line == "data: [DONE]" else json.loads(line[len("data: "):])
+        line[len("data: ") :] if line == "data: [DONE]" else json.loads(line[len("data: ") :])
         for line in raw.splitlines()
         if line.startswith("data: ")
     ]
@@ -196,7 +205,9 @@ async def test_a_failing_disk_never_lets_an_answer_pass_unrecorded(tmp_path: Pat
                     assert error["type"] == "server_error" and error["code"] == "service_unavailable"
                     assert "ledger" in error["message"]
                     assert "[DONE]" not in got
-                    assert not any(e.get("tierroute") or (e.get("choices") or [{}])[0].get("finish_reason") for e in got[:-1])
+                    assert not any(
+                        e.get("tierroute") or (e.get("choices") or [{}])[0].get("finish_reason") for e in got[:-1]
+                    )
 
                     # while the ledger cannot write, no new work: 503 before the upstream is asked
                     before = chats(upstream)

@@ -209,9 +209,7 @@ async def test_openai_client_sees_the_openai_errors(tmp_path: Path, smol_path: P
     """What an existing OpenAI client does with our 429s: RateLimitError carrying the code."""
     cfg, keys = config_with_keys(tmp_path, {"k": {"usd_per_day": 0.0}}, large="none")
     async with running(cfg) as client:
-        oai = openai.AsyncOpenAI(
-            base_url="http://tierroute/v1", api_key=keys["k"], http_client=client, max_retries=0
-        )
+        oai = openai.AsyncOpenAI(base_url="http://tierroute/v1", api_key=keys["k"], http_client=client, max_retries=0)
         with pytest.raises(openai.RateLimitError) as err:
             await oai.chat.completions.create(model="auto", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
         assert err.value.code == "insufficient_quota"

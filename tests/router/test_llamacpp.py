@@ -20,7 +20,10 @@ QUESTION = GenerationRequest(messages=(Message("user", "What is 17 * 3?"),), max
 @pytest.fixture(scope="module")
 async def backend(smol_path: Path):
     b = LlamaCppBackend(
-        "small", smol_path, LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=2, n_parallel=4, max_queue=8), 512
+        "small",
+        smol_path,
+        LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=2, n_parallel=4, max_queue=8),
+        512,
     )
     await b.start()
     yield b
@@ -178,8 +181,10 @@ async def test_a_prompt_too_long_for_any_tokenizer_is_refused_untokenized(backen
     backend.engine.tokenize = lambda *a, **k: calls.append(1) or real(*a, **k)  # type: ignore[method-assign]
     try:
         huge = "a" * (backend.max_prompt_chars + 1)
-        for request in (GenerationRequest(prompt=huge, max_tokens=4),
-                        GenerationRequest(messages=(Message("user", huge),), max_tokens=4)):
+        for request in (
+            GenerationRequest(prompt=huge, max_tokens=4),
+            GenerationRequest(messages=(Message("user", huge),), max_tokens=4),
+        ):
             with pytest.raises(ContextLengthError):
                 await backend.generate(request)
         assert calls == []

@@ -46,7 +46,9 @@ async def test_metrics_need_a_key_and_agree_with_the_ledger(tmp_path: Path, smol
         for prompt, stream in (("Hi.", False), (f"Hi. {MARK}", False), ("Hello.", True), ("Yo.", False)):
             r = await client.post("/v1/chat/completions", json=chat(prompt, stream=stream), headers=auth(keys["gina"]))
             assert r.status_code == 200
-        assert (await client.post("/v1/chat/completions", json=chat("x"), headers=auth(keys["gina"]))).status_code == 200
+        assert (
+            await client.post("/v1/chat/completions", json=chat("x"), headers=auth(keys["gina"]))
+        ).status_code == 200
         limited = await client.post("/v1/chat/completions", json=chat("x"), headers=auth(keys["gina"]))
         assert limited.status_code == 429
         r = await client.get("/metrics", headers=auth(keys["gina"]))

@@ -26,24 +26,52 @@ DAY2 = DAY1 + 86400
 
 def att(idx: int, tier: str, decision: str, cost: float, latency_ms: float, tokens: tuple[int, int]) -> AttemptEntry:
     return AttemptEntry(
-        idx=idx, tier=tier, decision=decision, reason="", error=None, score=1.0, threshold=0.5, scores={},
-        prompt_tokens=tokens[0], completion_tokens=tokens[1], finish_reason="stop", latency_ms=latency_ms,
-        busy_ms=latency_ms / 2, verify_ms=0.0, cost_usd=cost, verifier_cost_usd=0.0, verifier_tokens=0,
+        idx=idx,
+        tier=tier,
+        decision=decision,
+        reason="",
+        error=None,
+        score=1.0,
+        threshold=0.5,
+        scores={},
+        prompt_tokens=tokens[0],
+        completion_tokens=tokens[1],
+        finish_reason="stop",
+        latency_ms=latency_ms,
+        busy_ms=latency_ms / 2,
+        verify_ms=0.0,
+        cost_usd=cost,
+        verifier_cost_usd=0.0,
+        verifier_tokens=0,
     )
 
 
 def req(rid: str, ts: float, key: str, attempts: list[AttemptEntry], cf: float, latency_ms: float) -> LedgerEntry:
     return LedgerEntry(
-        request_id=rid, ts=ts, key_id=key, model="auto", tier=attempts[-1].tier, escalated=len(attempts) > 1,
-        unverified=False, latency_ms=latency_ms, cost_usd=sum(a.cost_usd for a in attempts),
-        counterfactual_usd=cf, attempts=tuple(attempts),
+        request_id=rid,
+        ts=ts,
+        key_id=key,
+        model="auto",
+        tier=attempts[-1].tier,
+        escalated=len(attempts) > 1,
+        unverified=False,
+        latency_ms=latency_ms,
+        cost_usd=sum(a.cost_usd for a in attempts),
+        counterfactual_usd=cf,
+        attempts=tuple(attempts),
     )
 
 
 ENTRIES = [
     req("a", DAY1, "k1", [att(0, "small", "accepted", 0.001, 100, (10, 5))], cf=0.01, latency_ms=110),
-    req("b", DAY1 + 60, "k2", [att(0, "small", "rejected", 0.001, 100, (10, 5)),
-                               att(1, "large", "accepted", 0.02, 400, (10, 8))], cf=0.02, latency_ms=520),
+    req(
+        "b",
+        DAY1 + 60,
+        "k2",
+        [att(0, "small", "rejected", 0.001, 100, (10, 5)), att(1, "large", "accepted", 0.02, 400, (10, 8))],
+        cf=0.02,
+        latency_ms=520,
+    ),
     req("c", DAY2, "k1", [att(0, "small", "accepted", 0.002, 300, (20, 5))], cf=0.01, latency_ms=310),
     req("d", DAY2 + 60, "k1", [att(0, "small", "accepted", 0.001, 200, (10, 5))], cf=0.01, latency_ms=210),
 ]
@@ -137,14 +165,19 @@ async def test_report_of_live_traffic_matches_the_responses(
     tmp_path: Path, smol_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cfg, keys = config_with_keys(tmp_path, {"ann": {}, "ben": {}}, threshold=0.5, verifiers=ESCALATE_ON_MARK)
-    plan = [("ann", "Hi.", False), ("ann", f"Hi. {MARK}", True), ("ben", "Yes?", False),
-            ("ben", f"No? {MARK}", False), ("ben", "Maybe.", True)]
+    plan = [
+        ("ann", "Hi.", False),
+        ("ann", f"Hi. {MARK}", True),
+        ("ben", "Yes?", False),
+        ("ben", f"No? {MARK}", False),
+        ("ben", "Maybe.", True),
+    ]
     async with running(cfg) as client:
-        got = await asyncio.gather(*(
-            client.post("/v1/chat/completions", json=chat(p, stream=s), headers=auth(keys[k])) for k, p, s in plan
-        ))
+        got = await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=chat(p, stream=s), headers=auth(keys[k])) for k, p, s in plan)
+        )
     exts: list[tuple[str, dict[str, Any]]] = []
-    for r, (k, _, s) in zip(got, plan):
+    for r, (k, _, s) in zip(got, plan, strict=False):
         ext = tierroute_of(r.text, s)
         assert r.status_code == 200 and ext is not None
         exts.append((k, ext))
@@ -161,8 +194,9 @@ async def test_report_of_live_traffic_matches_the_responses(
     assert int(by_tier["small"]["requests"]) == 5 and int(by_tier["small"]["answered"]) == 3
     assert int(by_tier["large"]["answered"]) == 2
     assert float(by_tier["small"]["escalation_rate"]) == 0.4
-    small_spend = math.fsum(a["cost_usd"] + a["verifier_cost_usd"] for _, e in exts for a in e["attempts"]
-                            if a["tier"] == "small")
+    small_spend = math.fsum(
+        a["cost_usd"] + a["verifier_cost_usd"] for _, e in exts for a in e["attempts"] if a["tier"] == "small"
+    )
     assert float(by_tier["small"]["cost_usd"]) == pytest.approx(small_spend, rel=1e-12)
     tokens = sum(a["completion_tokens"] for _, e in exts for a in e["attempts"] if a["tier"] == "large")
     assert int(by_tier["large"]["completion_tokens"]) == tokens

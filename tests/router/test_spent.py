@@ -108,7 +108,9 @@ def test_a_client_gone_mid_stream_from_a_remote_tier_is_charged_too(tmp_path: Pa
         with UvicornThread(create_app(load_settings(cfg))) as srv:
             hang_up_after(srv.url, 5, {"model": "auto", "prompt": COUNTING, "max_tokens": 1500, "stream": True})
             entries = wait_for(lambda: ledger(tmp_path))
-            ok = httpx.post(f"{srv.url}/v1/completions", json={"model": "large", "prompt": "Hi", "max_tokens": 4}, timeout=60)
+            ok = httpx.post(
+                f"{srv.url}/v1/completions", json={"model": "large", "prompt": "Hi", "max_tokens": 4}, timeout=60
+            )
             assert ok.status_code == 200  # the upstream serves the next request
     assert len(entries) == 1
     small, large = entries[0].attempts

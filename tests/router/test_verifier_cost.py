@@ -18,7 +18,9 @@ SMALL = PriceSettings(usd_per_hour=3.6)  # $0.001 per busy second
 LARGE = PriceSettings(usd_per_1m_input_tokens=1000.0, usd_per_1m_output_tokens=2000.0)  # $0.001 / $0.002 a token
 
 
-def _tier(name: str, backend: ScriptedBackend, price: PriceSettings, verifiers: list[WeightedVerifier], threshold: float) -> Tier:
+def _tier(
+    name: str, backend: ScriptedBackend, price: PriceSettings, verifiers: list[WeightedVerifier], threshold: float
+) -> Tier:
     settings = TierSettings(name=name, backend="scripted", price=price, threshold=threshold)
     return Tier(settings, backend, VerifierSet(verifiers))
 
@@ -26,8 +28,11 @@ def _tier(name: str, backend: ScriptedBackend, price: PriceSettings, verifiers: 
 async def test_each_verifier_is_priced_at_its_own_tier() -> None:
     small = ScriptedBackend("small", lambda r: "The answer is 42.", prompt_tokens=10, completion_tokens=5, busy_s=0.25)
     large = ScriptedBackend(
-        "large", lambda r: "Looks right.\nSCORE: 9" if r.messages else "The answer is 42.",
-        prompt_tokens=30, completion_tokens=6, busy_s=None,
+        "large",
+        lambda r: "Looks right.\nSCORE: 9" if r.messages else "The answer is 42.",
+        prompt_tokens=30,
+        completion_tokens=6,
+        busy_s=None,
     )
     backends = {"small": small, "large": large}
     reg = VerifierRegistry.from_entry_points()
@@ -54,6 +59,9 @@ async def test_each_verifier_is_priced_at_its_own_tier() -> None:
 
 def test_costs_of_different_tiers_add_up_apart() -> None:
     a = VerifierCost(1, 2, 0.5, "small") + VerifierCost(3, 4, 1.0, "large") + VerifierCost(5, 6, 0.25, "small")
-    assert sorted(a.parts(), key=lambda p: str(p.tier)) == [VerifierCost(3, 4, 1.0, "large"), VerifierCost(6, 8, 0.75, "small")]
+    assert sorted(a.parts(), key=lambda p: str(p.tier)) == [
+        VerifierCost(3, 4, 1.0, "large"),
+        VerifierCost(6, 8, 0.75, "small"),
+    ]
     assert a.tokens == 21
     assert (VerifierCost() + VerifierCost()).parts() == ()

@@ -19,7 +19,6 @@ HOUR = PriceSettings(usd_per_hour=3.6)  # $0.001 per second of busy time
 
 
 class ScriptedBackend(Backend):
-
     def __init__(
         self,
         name: str,
@@ -74,12 +73,21 @@ def gen(text: str, logprobs: tuple[float, ...] | None = None, finish_reason: str
 
 
 def tier(
-    name: str, backend: Backend, *, threshold: float = 0.5, regex: str | None = None, price=HOUR,
+    name: str,
+    backend: Backend,
+    *,
+    threshold: float = 0.5,
+    regex: str | None = None,
+    price=HOUR,
     prerouter: dict | None = None,
 ) -> Tier:
     """A tier as Engine.from_settings builds one, with a format check as its verifier if `regex`."""
     settings = TierSettings(
-        name=name, backend="llamacpp", llamacpp={"model": "x.gguf"}, price=price, threshold=threshold,
+        name=name,
+        backend="llamacpp",
+        llamacpp={"model": "x.gguf"},
+        price=price,
+        threshold=threshold,
         prerouter=prerouter,
     )
     members = []

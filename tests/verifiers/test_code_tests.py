@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from router.errors import OverloadedError, UnavailableError
-
 from router.generation import GenerationRequest, Message
 from tests.verifiers.scripted import gen
 from verifiers.code_tests import (
@@ -34,7 +33,7 @@ def below_zero(operations: List[int]) -> bool:
     True
     """
 '''
-GOOD = '''Here is my solution:
+GOOD = """Here is my solution:
 
 ```python
 def below_zero(operations: List[int]) -> bool:
@@ -46,12 +45,14 @@ def below_zero(operations: List[int]) -> bool:
     return False
 ```
 
-It keeps a running balance.'''
+It keeps a running balance."""
 WRONG = GOOD.replace("balance < 0", "balance > 100")
 
 
 def chat(text: str, **metadata: object) -> GenerationRequest:
-    return GenerationRequest(messages=(Message("system", "You write Python."), Message("user", text)), metadata=metadata)
+    return GenerationRequest(
+        messages=(Message("system", "You write Python."), Message("user", text)), metadata=metadata
+    )
 
 
 def test_extract_code_prefers_fences_and_drops_prose() -> None:
@@ -99,7 +100,7 @@ def test_program_assembly() -> None:
     assert program.startswith("from typing import List\n")
     assert program.count("def below_zero") == 1
     # a helper the prompt defines comes along; the prompt's other statements do not
-    helper = "```python\nimport re\n\ndef is_pal(s):\n    return s == s[::-1]\n\nprint('side effect')\n\ndef longest(s):\n    \"\"\"stub\"\"\"\n```"
+    helper = '```python\nimport re\n\ndef is_pal(s):\n    return s == s[::-1]\n\nprint(\'side effect\')\n\ndef longest(s):\n    """stub"""\n```'
     answer = "```python\ndef longest(s):\n    return max((s[i:j] for i in range(len(s)) for j in range(i, len(s) + 1) if is_pal(s[i:j])), key=len)\n```"
     program = assemble_program(chat(helper), answer)
     assert "def is_pal" in program and "import re" in program
@@ -220,14 +221,21 @@ async def test_exceptions_in_doctests() -> None:
 
 
 async def test_metadata_tests_of_the_wrong_type_are_noted() -> None:
-    s = await CodeTestsVerifier().score(chat("Write f.", tests={"not": "code"}), gen("```python\ndef f():\n    return 1\n```"))
+    s = await CodeTestsVerifier().score(
+        chat("Write f.", tests={"not": "code"}), gen("```python\ndef f():\n    return 1\n```")
+    )
     assert s.value == 0.5
     assert "ignored" in " ".join(s.details["notes"])
 
 
 @pytest.mark.parametrize(
     ("params", "error"),
-    [({"timeout_s": 0}, ValueError), ({"doctest": "yes"}, TypeError), ({"memory_mb": 1.5}, TypeError), ({"tests": "x"}, TypeError)],
+    [
+        ({"timeout_s": 0}, ValueError),
+        ({"doctest": "yes"}, TypeError),
+        ({"memory_mb": 1.5}, TypeError),
+        ({"tests": "x"}, TypeError),
+    ],
 )
 def test_bad_params(params: dict, error: type[Exception]) -> None:
     with pytest.raises(error):
@@ -271,8 +279,9 @@ async def test_oversized_inputs_are_refused_without_blocking_the_loop() -> None:
         task.cancel()
     assert s.value == 0.0 and s.reason == "too_large"
     assert elapsed < 2
-    big_tests = await CodeTestsVerifier().score(chat("Write f.", tests="assert f(1) == 1\n" * 10_000),
-                                                gen("```python\ndef f(x):\n    return x\n```"))
+    big_tests = await CodeTestsVerifier().score(
+        chat("Write f.", tests="assert f(1) == 1\n" * 10_000), gen("```python\ndef f(x):\n    return x\n```")
+    )
     assert big_tests.reason == "too_large"
     # a big but allowed prompt is parsed off the loop: the ticker kept running meanwhile
     many = "Complete:\n" + (">>> f(1)\n1\n" * 400)
@@ -302,8 +311,14 @@ async def test_asserts_and_straight_test_functions_are_judged_outside() -> None:
     )
     steps = caller_test_steps(tests)
     judged = {s.label: s.in_process for s in steps if s.is_test}
-    assert judged == {"test_square()": False, "test_loop()": True, "assert f(2) in (4, 5)": False,
-                      "assert f(0) is not None": False, "assert 16 == f(4)": False, "assert f(1) == f(-1)": False}
+    assert judged == {
+        "test_square()": False,
+        "test_loop()": True,
+        "assert f(2) in (4, 5)": False,
+        "assert f(0) is not None": False,
+        "assert 16 == f(4)": False,
+        "assert f(1) == f(-1)": False,
+    }
     req = chat("Write f.", tests=tests)
     right = await CodeTestsVerifier().score(req, gen("```python\ndef f(x):\n    return x * x\n```"))
     assert right.value == 1.0, right
@@ -343,7 +358,9 @@ def test_judging_crafted_values_never_raises() -> None:
 
 async def test_a_value_too_big_to_report_fails_its_test_without_being_called_forged() -> None:
     req = chat("Write f.", tests="assert f() == [0]\nassert g() == 1\n")
-    s = await CodeTestsVerifier().score(req, gen("```python\ndef f():\n    return list(range(200_000))\ndef g():\n    return 1\n```"))
+    s = await CodeTestsVerifier().score(
+        req, gen("```python\ndef f():\n    return list(range(200_000))\ndef g():\n    return 1\n```")
+    )
     assert s.details["reason"] == "failed" and s.details["passed"] == 1
     assert s.details["failures"] == {"not_plain_data": 1}
 
@@ -362,8 +379,11 @@ def test_a_full_sandbox_queue_is_a_503_with_retry_after(tmp_path: Path) -> None:
     cfg = smol_config(tmp_path, threshold=0.9, verifiers=verifier, large="local")
     slow = "def f(): return __import__('time').sleep(1.5) or 1"
     backends = {"small": InstantBackend("small", slow), "large": InstantBackend("large", "def f(): return 1")}
-    body = {"model": "small", "messages": [{"role": "user", "content": "Write f."}],
-            "tierroute": {"tests": "assert f() == 1"}}
+    body = {
+        "model": "small",
+        "messages": [{"role": "user", "content": "Write f."}],
+        "tierroute": {"tests": "assert f() == 1"},
+    }
     with UvicornThread(create_app(load_settings(cfg), backends=backends)) as srv:
         with httpx.Client(base_url=srv.url, timeout=30) as client:
 

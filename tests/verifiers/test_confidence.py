@@ -70,7 +70,12 @@ def test_quantile() -> None:
 
 @pytest.mark.parametrize(
     ("params", "error"),
-    [({"stat": "median"}, ValueError), ({"q": 1.5}, ValueError), ({"missing": "0"}, TypeError), ({"bogus": 1}, TypeError)],
+    [
+        ({"stat": "median"}, ValueError),
+        ({"q": 1.5}, ValueError),
+        ({"missing": "0"}, TypeError),
+        ({"bogus": 1}, TypeError),
+    ],
 )
 def test_bad_params(params: dict, error: type[Exception]) -> None:
     with pytest.raises(error):

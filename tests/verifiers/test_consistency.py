@@ -109,7 +109,13 @@ async def test_cancellation_propagates() -> None:
 
 @pytest.mark.parametrize(
     ("params", "error"),
-    [({"k": 0}, ValueError), ({"k": 2.5}, TypeError), ({"extract": "code"}, ValueError), ({"temperature": -1}, ValueError), ({"tier": 3}, TypeError)],
+    [
+        ({"k": 0}, ValueError),
+        ({"k": 2.5}, TypeError),
+        ({"extract": "code"}, ValueError),
+        ({"temperature": -1}, ValueError),
+        ({"tier": 3}, TypeError),
+    ],
 )
 def test_bad_params(params: dict, error: type[Exception]) -> None:
     with pytest.raises(error):

@@ -34,7 +34,9 @@ MATHS = GenerationRequest(messages=(Message("user", "Mike reads 10 pages a day. 
 CHAT = GenerationRequest(messages=(Message("user", "Explain how a hash map works, please."),))
 
 
-async def signs(text: str, request: GenerationRequest = CHAT, finish_reason: str = "stop", **params: object) -> list[str]:
+async def signs(
+    text: str, request: GenerationRequest = CHAT, finish_reason: str = "stop", **params: object
+) -> list[str]:
     s = await DegenerationVerifier(**params).score(request, gen(text, finish_reason=finish_reason))  # type: ignore[arg-type]
     return list(s.details["signs"])
 
@@ -85,7 +87,10 @@ async def test_refusals(text: str) -> None:
 
 
 async def test_words_of_refusal_inside_reasoning_are_not_one() -> None:
-    text = " ".join(f"Apple {i} costs {i + 1} dollars." for i in range(20)) + " I cannot solve it this way, so let us try another."
+    text = (
+        " ".join(f"Apple {i} costs {i + 1} dollars." for i in range(20))
+        + " I cannot solve it this way, so let us try another."
+    )
     assert await signs(text) == []
     assert await signs("I can help with that: a hash map stores pairs.") == []
 
@@ -179,7 +184,10 @@ async def test_the_work_is_capped_on_a_huge_answer() -> None:
 @pytest.fixture(scope="module")
 async def smol(smol_path: Path):
     b = LlamaCppBackend(
-        "small", smol_path, LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=2, n_parallel=2, max_queue=8), 512
+        "small",
+        smol_path,
+        LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=2, n_parallel=2, max_queue=8),
+        512,
     )
     await b.start()
     yield b

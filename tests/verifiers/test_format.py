@@ -27,7 +27,7 @@ async def test_json_bare_or_fenced() -> None:
     v = FormatVerifier(json=True)
     assert (await v.score(REQ, gen('  {"a": [1, 2]}\n'))).value == 1.0
     assert (await v.score(REQ, gen('Sure! Here it is:\n```json\n{"a": 1}\n```\nAnything else?'))).value == 1.0
-    assert (await v.score(REQ, gen('```\n[1, 2, 3]\n```'))).value == 1.0
+    assert (await v.score(REQ, gen("```\n[1, 2, 3]\n```"))).value == 1.0
     bad = await v.score(REQ, gen('{"a": 1,}'))
     assert bad.value == 0.0
     assert bad.reason.startswith("not JSON")

@@ -15,22 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from router.generation import GenerationRequest, Message
-from router.wheels import sha256_file
-from tests.verifiers.scripted import gen
-from verifiers.base import (
-    Registry,
-    Score,
-    SharedRegistry,
-    Verifier,
-    VerifierContext,
-    VerifierCost,
-    VerifierError,
-    VerifierSet,
-    WeightedVerifier,
-)
 from router.estimators import EstimatorError, LinearModel, PreRouter, dump_estimator, load_estimator
-from verifiers.learned import LearnedVerifier, make_learned
 from router.features import (
     ANSWER_FEATURES,
     PROMPT_FEATURES,
@@ -40,8 +25,24 @@ from router.features import (
     hashed_grams,
     logprob_stats,
 )
+from router.generation import GenerationRequest, Message
+from router.wheels import sha256_file
+from tests.verifiers.scripted import gen
+from verifiers.base import (
+    Registry,
+    Score,
+    SharedRegistry,
+    VerifierContext,
+    VerifierCost,
+    VerifierError,
+    VerifierSet,
+    WeightedVerifier,
+)
+from verifiers.learned import LearnedVerifier, make_learned
 
-REQ = GenerationRequest(messages=(Message("system", "Be brief."), Message("user", "What is 6 * 7?\nReply 42")), max_tokens=32)
+REQ = GenerationRequest(
+    messages=(Message("system", "Be brief."), Message("user", "What is 6 * 7?\nReply 42")), max_tokens=32
+)
 CONF = VerifierRef("confidence", "confidence", {"stat": "mean"})
 
 
@@ -89,11 +90,19 @@ def test_prompt_only_features_read_no_answer() -> None:
 
 def test_gram_hashing_is_the_same_in_every_process() -> None:
     here = hashed_grams("the quick brown fox jumps", 64).tolist()
-    code = ("import json; from router.features import hashed_grams; "
-            "print(json.dumps(hashed_grams('the quick brown fox jumps', 64).tolist()))")
+    code = (
+        "import json; from router.features import hashed_grams; "
+        "print(json.dumps(hashed_grams('the quick brown fox jumps', 64).tolist()))"
+    )
     for seed in ("1", "12345"):  # Python's hash() would differ between these
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                             env={"PYTHONHASHSEED": seed, "PATH": ""}, cwd=Path(__file__).parents[2])
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": seed, "PATH": ""},
+            cwd=Path(__file__).parents[2],
+        )
         assert json.loads(out.stdout) == here
 
 
@@ -109,7 +118,9 @@ def model(spec: FeatureSpec, **weights: float) -> LinearModel:
     return LinearModel([0.0] * n, [1.0] * n, coef.tolist(), -1.0, 2.0, 0.5, {"kind": "test"})
 
 
-def write(tmp: Path, kind: str = "verifier", spec: FeatureSpec | None = None, tiers: tuple[str, ...] = ("small",)) -> tuple[Path, str]:
+def write(
+    tmp: Path, kind: str = "verifier", spec: FeatureSpec | None = None, tiers: tuple[str, ...] = ("small",)
+) -> tuple[Path, str]:
     spec = spec or FeatureSpec(answer=kind == "verifier", verifiers=(CONF,) if kind == "verifier" else (), n_buckets=8)
     weights = {"score__confidence": 3.0} if kind == "verifier" else {"prompt_digit_frac": 10.0}
     path = tmp / f"{kind}.json"
@@ -154,15 +165,18 @@ def test_a_pickle_is_never_unpickled(tmp_path: Path) -> None:
     assert not (tmp_path / "pwned").exists()
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (lambda d: d.update(kind="prerouter"), "'prerouter' estimator where a 'verifier'"),
-    (lambda d: d.update(format_version=2), "format_version"),
-    (lambda d: d["models"]["small"].update(coef=[1.0]), "coef must be"),
-    (lambda d: d["models"]["small"]["scale"].__setitem__(0, 0.0), "scale must be positive"),
-    (lambda d: d["models"]["small"].update(platt_a="1"), "platt_a must be a finite number"),
-    (lambda d: d.update(feature_names=["x"]), "feature_names"),
-    (lambda d: d.update(models={}), "no models"),
-])
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(kind="prerouter"), "'prerouter' estimator where a 'verifier'"),
+        (lambda d: d.update(format_version=2), "format_version"),
+        (lambda d: d["models"]["small"].update(coef=[1.0]), "coef must be"),
+        (lambda d: d["models"]["small"]["scale"].__setitem__(0, 0.0), "scale must be positive"),
+        (lambda d: d["models"]["small"].update(platt_a="1"), "platt_a must be a finite number"),
+        (lambda d: d.update(feature_names=["x"]), "feature_names"),
+        (lambda d: d.update(models={}), "no models"),
+    ],
+)
 def test_malformed_artifacts_are_refused(tmp_path: Path, edit, message: str) -> None:
     path, _ = write(tmp_path)
     doc = json.loads(path.read_text())
@@ -241,8 +255,10 @@ async def test_a_feature_verifier_the_tier_also_runs_is_scored_once(tmp_path: Pa
     base.register("learned", make_learned)
     shared = SharedRegistry(base)
     ctx = VerifierContext(tier="small", registry=shared)
-    members = [WeightedVerifier(shared.create("confidence", {"stat": "mean"}, ctx), 1.0),
-               WeightedVerifier(shared.create("learned", {"artifact": str(path), "sha256": sha}, ctx), 1.0)]
+    members = [
+        WeightedVerifier(shared.create("confidence", {"stat": "mean"}, ctx), 1.0),
+        WeightedVerifier(shared.create("learned", {"artifact": str(path), "sha256": sha}, ctx), 1.0),
+    ]
     verdict = await VerifierSet(members).score(REQ, gen("42", (-0.2,)))
     assert len(calls) == 1
     assert verdict.cost.seconds == 1.0
@@ -255,11 +271,14 @@ async def test_a_feature_verifier_the_tier_also_runs_is_scored_once(tmp_path: Pa
     assert len(calls) == 1  # another answer is scored anew
 
 
-@pytest.mark.parametrize(("params", "message"), [
-    ({"artifact": "x.json"}, "sha256 is required"),
-    ({"sha256": "0" * 64}, "artifact must be"),
-    ({"artifact": "x.json", "sha256": "0" * 64, "threshold": 0.5}, "unexpected param"),
-])
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"artifact": "x.json"}, "sha256 is required"),
+        ({"sha256": "0" * 64}, "artifact must be"),
+        ({"artifact": "x.json", "sha256": "0" * 64, "threshold": 0.5}, "unexpected param"),
+    ],
+)
 def test_learned_params_are_checked(params: dict, message: str) -> None:
     with pytest.raises(VerifierError, match=message):
         Registry.from_entry_points().create("learned", params, VerifierContext(tier="small"))
@@ -268,7 +287,9 @@ def test_learned_params_are_checked(params: dict, message: str) -> None:
 def test_a_tier_without_a_model_is_refused_at_start_up(tmp_path: Path) -> None:
     path, sha = write(tmp_path)
     with pytest.raises(VerifierError, match="no model for tier 'medium'; it was trained for small"):
-        Registry.from_entry_points().create("learned", {"artifact": str(path), "sha256": sha}, VerifierContext(tier="medium"))
+        Registry.from_entry_points().create(
+            "learned", {"artifact": str(path), "sha256": sha}, VerifierContext(tier="medium")
+        )
 
 
 def test_the_prerouter_reads_the_prompt_only(tmp_path: Path) -> None:

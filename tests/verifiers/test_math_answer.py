@@ -99,7 +99,18 @@ def test_parse_number_reads_numbers(s: str, value: float) -> None:
 @pytest.mark.parametrize(
     "s",
     [
-        "", "five", "blue", "3 apples and 4 pears", "1,23", "--5", "1/0", "n/a", "1.2.3", None, "inf", "nan",
+        "",
+        "five",
+        "blue",
+        "3 apples and 4 pears",
+        "1,23",
+        "--5",
+        "1/0",
+        "n/a",
+        "1.2.3",
+        None,
+        "inf",
+        "nan",
         # a sentence with two numbers, or a number inside an expression or a word, is not read
         "Each child got 5 books, so 15 in all.",
         "Each of the 3 children got 5 books",

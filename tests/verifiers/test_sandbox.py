@@ -83,7 +83,9 @@ async def test_the_code_runs_as_nobody_seen_from_inside_and_outside() -> None:
     # from outside: the processes of the box run as host uid 65534 when the service is root
     ns = None
     for _ in range(20):
-        mine = [p for p in _descendants(os.getpid()) if _readlink(f"/proc/{p}/ns/pid") != _readlink("/proc/self/ns/pid")]
+        mine = [
+            p for p in _descendants(os.getpid()) if _readlink(f"/proc/{p}/ns/pid") != _readlink("/proc/self/ns/pid")
+        ]
         if mine:
             ns = _readlink(f"/proc/{mine[-1]}/ns/pid")
             break
@@ -120,7 +122,9 @@ async def test_network_is_refused() -> None:
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.bind(("127.0.0.1", 0))
     udp.setblocking(False)
-    attempts["udp"] = f"import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('127.0.0.1', {udp.getsockname()[1]}))"
+    attempts["udp"] = (
+        f"import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('127.0.0.1', {udp.getsockname()[1]}))"
+    )
     try:
         for what, code in attempts.items():
             r = await run_python_async(code, timeout_s=10)
@@ -240,7 +244,10 @@ async def test_the_process_limit_holds_for_the_sandbox_user() -> None:
 async def test_an_endless_loop_is_killed_by_the_wall_timeout() -> None:
     # a busy loop burns CPU as fast as wall time, so the CPU limit (equal to the timeout by
     # default) may fire first: either way it is killed within the limit
-    for code, reasons in (("while True:\n    pass\n", {"timeout", "cpu"}), ("import time\ntime.sleep(60)\n", {"timeout"})):
+    for code, reasons in (
+        ("while True:\n    pass\n", {"timeout", "cpu"}),
+        ("import time\ntime.sleep(60)\n", {"timeout"}),
+    ):
         t0 = time.monotonic()
         r = await run_python_async(code, timeout_s=1.0)
         assert time.monotonic() - t0 < 4
@@ -307,7 +314,9 @@ async def test_cancelling_the_caller_kills_the_box() -> None:
     namespaces: set[str] = set()
     for _ in range(50):
         await asyncio.sleep(0.1)
-        namespaces = {_readlink(f"/proc/{p}/ns/pid") for p in _descendants(os.getpid())} - {_readlink("/proc/self/ns/pid")}
+        namespaces = {_readlink(f"/proc/{p}/ns/pid") for p in _descendants(os.getpid())} - {
+            _readlink("/proc/self/ns/pid")
+        }
         if namespaces and sum(len(box_processes(ns)) for ns in namespaces) >= 3:
             break
     assert namespaces, "the box did not start"
@@ -357,14 +366,23 @@ def test_config_check_and_serve_refuse_code_tests_without_bubblewrap(tmp_path: P
     empty.mkdir()
     env = {**os.environ, "PATH": str(empty)}  # no bwrap on the PATH
     for command in (["config", "check"], ["serve", "--port", "0"]):
-        out = subprocess.run([sys.executable, "-m", "router.cli", "--config", str(cfg), *command],
-                             capture_output=True, text=True, timeout=120, env=env)
+        out = subprocess.run(
+            [sys.executable, "-m", "router.cli", "--config", str(cfg), *command],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         assert out.returncode != 0, command
         assert "tiers[0] (small).verifiers[" in out.stderr and "(code_tests)" in out.stderr, out.stderr
         assert "bubblewrap" in out.stderr
         assert "Traceback" not in out.stderr
-    ok = subprocess.run([sys.executable, "-m", "router.cli", "--config", str(cfg), "config", "check"],
-                        capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        [sys.executable, "-m", "router.cli", "--config", str(cfg), "config", "check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "code_tests" not in ok.stderr, ok.stderr
 
 

@@ -234,7 +234,9 @@ async def test_a_setsid_child_dies_with_the_run() -> None:
 
 async def test_the_service_cannot_be_read_or_signalled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("UPSTREAM_API_KEY", "sk-must-not-leak")
-    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={"UPSTREAM_API_KEY": "sk-must-not-leak"})
+    victim = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env={"UPSTREAM_API_KEY": "sk-must-not-leak"}
+    )
     config = Path(__file__).resolve().parents[2] / "config.toml"
     try:
         code = textwrap.dedent(f"""
@@ -270,7 +272,9 @@ async def test_the_service_cannot_be_read_or_signalled(tmp_path: Path, monkeypat
         time.sleep(0.2)
         assert victim.poll() is None
         # kill(-1) signals everything the caller may: inside the box that is the box alone
-        r = await run_python_async("import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError as e:\n    print(e)")
+        r = await run_python_async(
+            "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError as e:\n    print(e)"
+        )
         time.sleep(0.2)
         assert victim.poll() is None
     finally:
