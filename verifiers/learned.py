@@ -9,14 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from router.estimators import (  # noqa: F401 - re-exported for the trainer
-    Estimator,
-    EstimatorError,
-    LinearModel,
-    dump_estimator,
-    load_estimator,
-    sigmoid,
-)
+from router.estimators import Estimator, EstimatorError, load_estimator
 from router.generation import Generation, GenerationRequest
 from verifiers.base import Score, Verifier, VerifierContext, VerifierCost, VerifierError
 

@@ -376,7 +376,8 @@ def test_a_full_sandbox_queue_is_a_503_with_retry_after(tmp_path: Path) -> None:
     from tests.conftest import UvicornThread, smol_config
 
     verifier = '[[tiers.verifiers]]\nname = "code_tests"\nparams = { max_concurrency = 1, max_queue = 1 }\n'
-    cfg = smol_config(tmp_path, threshold=0.9, verifiers=verifier, large="local")
+    server = "allow_unauthenticated = true\nallow_client_tests_without_keys = true"
+    cfg = smol_config(tmp_path, threshold=0.9, verifiers=verifier, large="local", server=server)
     slow = "def f(): return __import__('time').sleep(1.5) or 1"
     backends = {"small": InstantBackend("small", slow), "large": InstantBackend("large", "def f(): return 1")}
     body = {
