@@ -119,9 +119,10 @@ async def grade_code_tests(
     if entry_point:
         program += f"\ncheck({entry_point})\n"
     token = secrets.token_hex(16)
-    program += f"\nimport os as _os\n_os.write(1, b'\\n{token}\\n')\n"
+    # print() output sits in sys.stdout's buffer until exit; flush it so the token comes after it
+    program += f"\nimport os as _os, sys as _sys\n_sys.stdout.flush()\n_os.write(1, b'\\n{token}\\n')\n"
     result = await run_python_async(program, timeout_s=timeout_s)
-    if result.ok and result.stdout.rstrip().endswith(token):
+    if result.ok and token in result.stdout.split():
         return Grade(True, code[:2000])
     if result.ok:
         return Grade(False, code[:2000], "exited before the tests finished")

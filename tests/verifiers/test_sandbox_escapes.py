@@ -362,3 +362,6 @@ async def test_the_grader_does_not_take_an_early_exit_for_a_pass() -> None:
         assert not grade.correct, cheat
     right = await grade_code_tests("```python\ndef f(x):\n    return x * x\n```", tests, entry_point="f")
     assert right.correct, right
+    # an answer that prints its own examples (buffered until exit) is still graded on its tests
+    printing = "```python\ndef f(x):\n    return x * x\n\n# Test cases\nprint(f(2))  # 4\nprint(f(3))\n```"
+    assert (await grade_code_tests(printing, tests, entry_point="f")).correct
