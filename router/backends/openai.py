@@ -17,7 +17,7 @@ One logical request gives one `Generation` or one exception, never both and neve
 
 An upstream is not trusted any more than a client is (DESIGN.md, security boundary):
 
-- Size. Every response passes through `_CappedTransport`, the httpx transport under the SDK's
+- Size. Every response passes through `upstream_io.CappedTransport`, the httpx transport under the SDK's
   client. It asks for `Accept-Encoding: identity` and refuses a compressed body (its size on the
   wire says nothing of its size in memory), refuses a `Content-Length` over `max_response_bytes`,
   and stops reading at that many bytes. The transport is the one place every byte passes: a
@@ -74,14 +74,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
-import math
 import os
 import re
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -90,6 +86,23 @@ import httpx2
 import openai
 
 from router.backends.base import Backend
+from router.backends.upstream_io import (
+    LOG_TEXT_CHARS,
+    CappedTransport,
+    ErrorEvent,
+    Malformed,
+    SSEReader,
+    Unacceptable,
+    clean_text,
+    environment_proxy,
+    event_object,
+    first_choice,
+    json_object,
+    model_name,
+    token_count,
+    token_logprobs,
+    typed_field,
+)
 from router.breaker import CircuitBreaker, Permit
 from router.errors import (
     ConfigError,
@@ -124,9 +137,6 @@ _TEMPLATE_TOKENS_PER_MESSAGE = 64
 _TEMPLATE_TOKENS = 4096
 # OpenAI's `param` and `code` are identifiers; anything else is prose and stays in the log.
 _IDENTIFIER = re.compile(r"^[A-Za-z0-9_.\[\]-]{1,64}$")
-_MODEL_NAME = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,199}$")
-_SURROGATE = re.compile("[\ud800-\udfff]")
-_LOG_TEXT_CHARS = 4000
 
 _T = TypeVar("_T")
 
@@ -143,19 +153,6 @@ class _Retryable(Exception):
         self.detail = detail or summary
         self.retry_after = retry_after
         self.timed_out = timed_out
-
-
-class _Malformed(Exception):
-    """A 2xx answer that is not a well-formed completion."""
-
-
-class _ErrorEvent(Exception):
-    """An error event inside a stream."""
-
-
-class _Unacceptable(Exception):
-    """An answer refused whole: larger than the limits, or compressed. Raised inside the SDK's read,
-    so it may reach us wrapped in the SDK's connection error."""
 
 
 @dataclass
@@ -274,9 +271,9 @@ class OpenAIBackend(Backend):
             # environment: both are said here, as the SDK's own client would have them.
             inner = httpx2.AsyncHTTPTransport(
                 limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=100),
-                proxy=_environment_proxy(self.config.base_url),
+                proxy=environment_proxy(self.config.base_url),
             )
-            transport = _CappedTransport(
+            transport = CappedTransport(
                 inner,
                 max_bytes=self.config.max_response_bytes,
                 # a stream's events each arrive in a piece or two; a plain body in a few
@@ -386,7 +383,7 @@ class OpenAIBackend(Backend):
             finally:
                 await _close_quietly(response)
             # A JSON body is UTF-8 (RFC 8259); what is not becomes U+FFFD rather than a failure.
-            generation = self._read_response(_json_object(body.decode("utf-8", "replace")), call)
+            generation = self._read_response(json_object(body.decode("utf-8", "replace")), call)
         except BaseException as exc:
             mapped = self._settle(permit, exc, call)
             if mapped is exc:
@@ -402,11 +399,11 @@ class OpenAIBackend(Backend):
         response: Any = None
         try:
             response = await self._open(client, call, stream=True)
-            events = _SSEReader(response.http_response.aiter_raw(), max_events=self.config.max_stream_events)
+            events = SSEReader(response.http_response.aiter_raw(), max_events=self.config.max_stream_events)
             acc = _Accumulator(chat=call.request.is_chat, logprobs="logprobs" not in self._refused, tier=self.name)
             first = await self._next_piece(events, acc, call)
             if first is None and not acc.complete(events.done):
-                raise _Malformed("the stream ended before any output or finish_reason")
+                raise Malformed("the stream ended before any output or finish_reason")
         except BaseException as exc:
             if response is not None:
                 await _close_quietly(response)
@@ -436,14 +433,14 @@ class OpenAIBackend(Backend):
                 log.info("tier %s: the upstream refuses %s; no longer sent", self.name, refused)
                 self._refused.add(refused)
 
-    async def _next_piece(self, events: _SSEReader, acc: _Accumulator, call: _Call) -> str | None:
+    async def _next_piece(self, events: SSEReader, acc: _Accumulator, call: _Call) -> str | None:
         """The next non-empty piece of text, or None when the stream has ended."""
         while True:
             async with asyncio.timeout(call.remaining()):
                 data = await events.next()
             if data is None:
                 return None
-            piece = acc.add(_event_object(data), call)
+            piece = acc.add(event_object(data), call)
             if piece:
                 return piece
 
@@ -478,17 +475,17 @@ class OpenAIBackend(Backend):
         return params
 
     def _read_response(self, body: dict[str, Any], call: _Call) -> Generation:
-        choice = _first_choice(body.get("choices"), required=True)
+        choice = first_choice(body.get("choices"), required=True)
         assert choice is not None
         if call.request.is_chat:
-            message = _field(choice, "message", dict)
-            text = _field(message or {}, "content", str) or ""
+            message = typed_field(choice, "message", dict)
+            text = typed_field(message or {}, "content", str) or ""
         else:
-            text = _field(choice, "text", str) or ""
-        finish = _field(choice, "finish_reason", str)
+            text = typed_field(choice, "text", str) or ""
+        finish = typed_field(choice, "finish_reason", str)
         logprobs = None
         if "logprobs" not in self._refused:
-            logprobs = _token_logprobs(choice.get("logprobs"))
+            logprobs = token_logprobs(choice.get("logprobs"))
         prompt_tokens, completion_tokens = _checked_usage(body.get("usage"), call, self.name)
         if prompt_tokens is None:
             prompt_tokens = _estimate_tokens(_prompt_text(call.request))
@@ -496,13 +493,13 @@ class OpenAIBackend(Backend):
             counted = len(logprobs) if logprobs is not None else _estimate_tokens(text)
             completion_tokens = min(counted, call.max_tokens)
         return Generation(
-            text=_clean(text),
+            text=clean_text(text),
             finish_reason=_finish(finish),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             token_logprobs=logprobs,
             latency_s=time.monotonic() - call.started,
-            model=_model_name(body.get("model")) or self.model,
+            model=model_name(body.get("model")) or self.model,
         )
 
     # -- failures --------------------------------------------------------------------------------
@@ -533,7 +530,7 @@ class OpenAIBackend(Backend):
     def _classify(self, exc: BaseException) -> _Verdict | None:
         """What an attempt's exception means: what to raise, whether the upstream looked healthy,
         and the full story for the log."""
-        unacceptable = _cause(exc, _Unacceptable)
+        unacceptable = _cause(exc, Unacceptable)
         if unacceptable is not None:
             return _Verdict(
                 lambda: UpstreamError(
@@ -552,10 +549,10 @@ class OpenAIBackend(Backend):
             detail = f"connection failed: {type(cause).__name__}: {cause}"
             summary = f"connection failed ({type(cause).__name__})"
             return _Verdict(lambda: _Retryable(summary, detail), healthy=False, detail=detail)
-        if isinstance(exc, _Malformed):
+        if isinstance(exc, Malformed):
             detail = f"malformed response: {exc}"
             return _Verdict(lambda: _Retryable("malformed response", detail), healthy=False, detail=detail)
-        if isinstance(exc, _ErrorEvent):
+        if isinstance(exc, ErrorEvent):
             detail = f"error event in the stream: {exc}"
             return _Verdict(lambda: _Retryable("an error event in the stream", detail), healthy=False, detail=detail)
         return None
@@ -650,7 +647,7 @@ class _Verdict:
 @dataclass
 class _OpenStream:
     response: Any
-    events: _SSEReader
+    events: SSEReader
     acc: _Accumulator
     permit: Permit
     first: str | None
@@ -678,32 +675,32 @@ class _Accumulator:
     def add(self, chunk: dict[str, Any], call: _Call) -> str:
         if "usage" in chunk and chunk["usage"] is not None:
             self.usage = _checked_usage(chunk["usage"], call, self.tier)
-        model = _model_name(chunk.get("model"))
+        model = model_name(chunk.get("model"))
         if model:
             self.model = model
-        choice = _first_choice(chunk.get("choices"), required=False)
+        choice = first_choice(chunk.get("choices"), required=False)
         if choice is None:
             return ""
         self.chunks += 1
         if self.chat:
-            delta = _field(choice, "delta", dict) or {}
-            piece = _field(delta, "content", str) or ""
+            delta = typed_field(choice, "delta", dict) or {}
+            piece = typed_field(delta, "content", str) or ""
         else:
-            piece = _field(choice, "text", str) or ""
-        finish = _field(choice, "finish_reason", str)
+            piece = typed_field(choice, "text", str) or ""
+        finish = typed_field(choice, "finish_reason", str)
         if piece and self.token_logprobs is not None:
-            lps = _token_logprobs(choice.get("logprobs")) if self.logprobs else None
+            lps = token_logprobs(choice.get("logprobs")) if self.logprobs else None
             if lps is None:
                 self.token_logprobs = None  # one piece without them makes the set unusable
             else:
                 self.token_logprobs.extend(lps)
         if finish:
             self.finish_reason = finish
-        piece = _clean(piece)
+        piece = clean_text(piece)
         if piece:
             self.parts.append(piece)
             if len(self.parts) > call.piece_limit:
-                raise _Unacceptable(
+                raise Unacceptable(
                     f"a stream of more than {call.piece_limit} pieces of text for max_tokens={call.max_tokens}"
                 )
         return piece
@@ -755,203 +752,7 @@ class _Accumulator:
 # -- transport and stream framing ----------------------------------------------------------------
 
 
-class _CappedTransport(httpx2.AsyncBaseTransport):
-    """Every upstream response body, read through a byte limit (see the module docstring)."""
-
-    def __init__(self, inner: httpx2.AsyncBaseTransport, *, max_bytes: int, max_reads: int) -> None:
-        self._inner = inner
-        self._max_bytes = max_bytes
-        self._max_reads = max_reads
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        request.headers["Accept-Encoding"] = "identity"
-        response = await self._inner.handle_async_request(request)
-        encoding = response.headers.get("content-encoding", "identity").strip().lower()
-        declared = response.headers.get("content-length", "").strip()
-        refusal = None
-        if encoding not in ("", "identity"):
-            refusal = f"a compressed body ({encoding[:32]}) though identity was asked for"
-        elif declared.isdigit() and (len(declared) > 18 or int(declared) > self._max_bytes):
-            refusal = f"a declared body of {declared[:24]} bytes, over the limit of {self._max_bytes}"
-        if refusal is not None:
-            await response.aclose()
-            raise _Unacceptable(refusal)
-        assert isinstance(response.stream, httpx2.AsyncByteStream)
-        return httpx2.Response(
-            status_code=response.status_code,
-            headers=response.headers,
-            stream=_CappedStream(response.stream, self._max_bytes, self._max_reads),
-            extensions=response.extensions,
-        )
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-def _environment_proxy(url: str) -> str | None:
-    """The proxy HTTP_PROXY/HTTPS_PROXY/ALL_PROXY name for `url`, unless NO_PROXY exempts its host.
-    A backend talks to one base URL, so the choice is made once."""
-    parts = urllib.parse.urlsplit(url)
-    if not parts.hostname or urllib.request.proxy_bypass(parts.hostname):
-        return None
-    proxies = urllib.request.getproxies()
-    return proxies.get(parts.scheme) or proxies.get("all")
-
-
-class _CappedStream(httpx2.AsyncByteStream):
-    """A body read through two limits: its bytes, and the number of pieces it comes in (a body
-    dribbled a byte per chunk would cost a trip through the event loop per byte)."""
-
-    def __init__(self, inner: httpx2.AsyncByteStream, max_bytes: int, max_reads: int) -> None:
-        self._inner = inner
-        self._max_bytes = max_bytes
-        self._max_reads = max_reads
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        read = reads = 0
-        async for chunk in self._inner:
-            read += len(chunk)
-            reads += 1
-            if read > self._max_bytes:
-                raise _Unacceptable(f"a body over the limit of {self._max_bytes} bytes")
-            if reads > self._max_reads:
-                raise _Unacceptable(f"a body in more than {self._max_reads} pieces")
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-class _SSEReader:
-    """The `data` of each server-sent event, and whether the server said `[DONE]`.
-
-    Lines end with LF or CRLF (every OpenAI-compatible server's framing; a lone CR is not split on).
-    An event is UTF-8 by the SSE spec, so bytes that are not become U+FFFD. An event left without
-    its closing blank line when the body ends is incomplete and, as the spec says, dropped.
-    """
-
-    def __init__(self, chunks: AsyncIterator[bytes], *, max_events: int) -> None:
-        self._chunks = chunks
-        self._buffer = bytearray()
-        self._scanned = 0  # bytes of the buffer already searched for a line end
-        self._eof = False
-        self._max_events = max_events
-        self.events = 0
-        self.done = False
-
-    async def next(self) -> str | None:
-        """The next event's data, or None at the end ([DONE] or the end of the body)."""
-        if self.done:
-            return None
-        data: list[bytes] = []
-        while True:
-            line = await self._line()
-            if line is None:
-                return None
-            if not line:
-                if not data:
-                    continue
-                self.events += 1
-                if self.events > self._max_events:
-                    raise _Unacceptable(f"a stream of more than {self._max_events} events")
-                text = b"\n".join(data).decode("utf-8", "replace")
-                if text.strip() == "[DONE]":
-                    self.done = True
-                    return None
-                return text
-            name, _, value = line.partition(b":")
-            if name == b"data":
-                data.append(value[1:] if value.startswith(b" ") else value)
-            # other fields (event, id, retry) and comments carry nothing an OpenAI stream needs
-
-    async def _line(self) -> bytes | None:
-        while True:
-            # searched from where the last search stopped: a long line arriving in small pieces
-            # must not be rescanned from its start for each one
-            end = self._buffer.find(b"\n", self._scanned)
-            if end >= 0:
-                line = bytes(self._buffer[:end])
-                del self._buffer[: end + 1]
-                self._scanned = 0
-                return line[:-1] if line.endswith(b"\r") else line
-            self._scanned = len(self._buffer)
-            if self._eof:
-                return None
-            try:
-                self._buffer += await anext(self._chunks)
-            except StopAsyncIteration:
-                self._eof = True
-
-
 # -- response reading ----------------------------------------------------------------------------
-
-
-def _json_object(body: str) -> dict[str, Any]:
-    try:
-        value = json.loads(body)
-    except (ValueError, RecursionError) as exc:  # RecursionError: a body nested thousands deep
-        raise _Malformed(f"response body is not JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
-    if not isinstance(value, dict):
-        raise _Malformed(f"response body is a JSON {type(value).__name__}, not an object")
-    return value
-
-
-def _event_object(data: str) -> dict[str, Any]:
-    value = _json_object(data)
-    error = value.get("error")
-    if error is not None:
-        message = error.get("message") if isinstance(error, dict) else error
-        raise _ErrorEvent(str(message)[:_LOG_TEXT_CHARS])
-    return value
-
-
-def _first_choice(choices: Any, *, required: bool) -> dict[str, Any] | None:
-    """Choice 0: we ask for one, and a server sending more (or interleaving them in a stream) must
-    not mix another's text into it."""
-    if choices is None and not required:
-        return None
-    if not isinstance(choices, list):
-        raise _Malformed(f"choices is {type(choices).__name__}, not a list")
-    for choice in choices:
-        if not isinstance(choice, dict):
-            raise _Malformed(f"a choice is {type(choice).__name__}, not an object")
-        index = choice.get("index", 0)
-        if index == 0 and not isinstance(index, bool):
-            return choice
-    if required:
-        raise _Malformed("the response has no choice 0")
-    return None
-
-
-def _field(obj: dict[str, Any], name: str, kind: type[_T]) -> _T | None:
-    """`obj[name]` when it is a `kind` or null/absent; any other type makes the answer malformed."""
-    value = obj.get(name)
-    if value is None or isinstance(value, kind):
-        return value
-    raise _Malformed(f"{name} is {type(value).__name__}, not {kind.__name__}")
-
-
-def _token_logprobs(logprobs: Any) -> tuple[float, ...] | None:
-    """The sampled tokens' logprobs from a chat (`content`) or completions (`token_logprobs`)
-    shape; None unless every one is a finite number at most 0."""
-    if not isinstance(logprobs, dict):
-        return None
-    content = logprobs.get("content")
-    if isinstance(content, list):
-        values = [item.get("logprob") if isinstance(item, dict) else None for item in content]
-    elif isinstance(logprobs.get("token_logprobs"), list):
-        values = logprobs["token_logprobs"]
-    else:
-        return None
-    out: list[float] = []
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return None
-        number = float(value)
-        if not math.isfinite(number) or number > 1e-6:  # a probability above 1 is not one
-            return None
-        out.append(min(number, 0.0))
-    return tuple(out)
 
 
 def _checked_usage(usage: Any, call: _Call, tier: str) -> tuple[int | None, int | None]:
@@ -965,7 +766,7 @@ def _checked_usage(usage: Any, call: _Call, tier: str) -> tuple[int | None, int 
     counts = []
     for name, limit in (("prompt_tokens", call.prompt_limit), ("completion_tokens", call.completion_limit)):
         value = usage.get(name)
-        count = _count(value)
+        count = token_count(value)
         if value is not None and (count is None or count > limit):
             log.warning(
                 "tier %s: upstream usage refused (%s=%.100r, at most %d possible); estimating",
@@ -979,30 +780,8 @@ def _checked_usage(usage: Any, call: _Call, tier: str) -> tuple[int | None, int 
     return counts[0], counts[1]
 
 
-def _count(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        value = int(value)
-    if isinstance(value, int) and value >= 0:
-        return value
-    return None
-
-
 def _finish(reason: str | None) -> FinishReason:
     return "length" if reason == "length" else "stop"
-
-
-def _model_name(value: Any) -> str | None:
-    """The model the server says answered, if it is a sane name (it reaches logs and the ledger)."""
-    if isinstance(value, str) and _MODEL_NAME.match(value):
-        return value
-    return None
-
-
-def _clean(text: str) -> str:
-    # JSON can carry lone surrogates ("\ud800"): no encoder downstream would take them.
-    return _SURROGATE.sub("\ufffd", text)
 
 
 def _prompt_text(request: GenerationRequest) -> str:
@@ -1026,10 +805,10 @@ def _error_text(exc: openai.APIStatusError) -> str:
     if isinstance(body, dict):
         message = body.get("message")
         if isinstance(message, str) and message:
-            return message[:_LOG_TEXT_CHARS]
+            return message[:LOG_TEXT_CHARS]
         detail = body.get("detail")
         if isinstance(detail, str) and detail:
-            return detail[:_LOG_TEXT_CHARS]
+            return detail[:LOG_TEXT_CHARS]
         if isinstance(detail, list):
             parts = []
             for item in detail:
@@ -1038,10 +817,10 @@ def _error_text(exc: openai.APIStatusError) -> str:
                     where = ".".join(str(p) for p in loc) if isinstance(loc, list) else str(loc)
                     parts.append(f"{where}: {item.get('msg', '')}".strip(": "))
             if parts:
-                return "; ".join(parts)[:_LOG_TEXT_CHARS]
+                return "; ".join(parts)[:LOG_TEXT_CHARS]
     if isinstance(body, str) and body.strip():
-        return body.strip()[:_LOG_TEXT_CHARS]
-    return str(exc.message)[:_LOG_TEXT_CHARS]
+        return body.strip()[:LOG_TEXT_CHARS]
+    return str(exc.message)[:LOG_TEXT_CHARS]
 
 
 def _identifier(value: Any) -> str | None:
