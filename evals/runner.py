@@ -127,7 +127,7 @@ def build_request(suite: Suite, item: Item, tier: TierSettings, timeout_s: float
         temperature=TEMPERATURE,
         seed=SEED,
         deadline=time.monotonic() + (timeout_s if timeout_s is not None else tier.timeout_s),
-        metadata={"task": suite.task},
+        metadata={"task": suite.task, "client_code": True},  # the operator's own data
     )
 
 

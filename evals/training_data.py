@@ -61,7 +61,9 @@ def load_run(
                 "changed since); train on a run made with this version of the suite"
             )
         requests[item.id] = GenerationRequest(
-            messages=item.messages, max_tokens=suite_obj.max_tokens, metadata={"task": suite_obj.task}
+            messages=item.messages,
+            max_tokens=suite_obj.max_tokens,
+            metadata={"task": suite_obj.task, "client_code": True},
         )
         for i, info in enumerate(table.tiers):
             rec = store.generations.records[generation_key(snaps[info.name]["fingerprint"], entry["prompt_sha"])]

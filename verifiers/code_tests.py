@@ -183,8 +183,13 @@ def assemble_program(request: GenerationRequest, text: str) -> str:
     return "\n\n".join([*given, code]) if given else code
 
 
-def doctest_steps(text: str) -> list[Step]:
-    """The ``>>>`` examples in ``text``, leniently parsed (indentation need not be consistent)."""
+def doctest_steps(text: str, *, trusted: bool = True) -> list[Step]:
+    """The ``>>>`` examples in ``text``, leniently parsed (indentation need not be consistent).
+
+    A prompt is client text, so its examples are client code. Unless the caller may have code run
+    (`trusted`: a key with the tests permission, or the operator's own eval data), only examples
+    that call a function by name with literal arguments (``f(3, [1, 2], key="x")``) and state what
+    they should give are kept; setup lines and every other example are dropped unrun."""
     lines = text.splitlines()
     steps: list[Step] = []
     i = 0
@@ -215,6 +220,8 @@ def doctest_steps(text: str) -> list[Step]:
         src = "\n".join(source)
         if not src.strip() or not compiles(src):
             continue
+        if not trusted and (not want or not _literal_call(src)):
+            continue
         label = ">>> " + _short(src)
         expr = _is_expression(src)
         if want and want[0].startswith("Traceback (most recent call last)"):
@@ -225,6 +232,25 @@ def doctest_steps(text: str) -> list[Step]:
         else:
             steps.append(Step("setup", src, label, "doctest"))
     return steps
+
+
+def _literal_call(src: str) -> bool:
+    """Whether `src` is one call of a plain name with literal arguments only."""
+    try:
+        node = ast.parse(src, mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        return False
+    args = [*node.args, *(k.value for k in node.keywords if k.arg is not None)]
+    if len(args) != len(node.args) + len(node.keywords):
+        return False  # **kwargs
+    for arg in args:
+        try:
+            ast.literal_eval(arg)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return False
+    return True
 
 
 def _is_expression(src: str) -> bool:
@@ -352,6 +378,13 @@ class _BadReply(ValueError):
     pass
 
 
+# Rebuilding a set or dict hashes every item while the GIL is held: values crafted to collide
+# (ints equal modulo 2**61 - 1) make that quadratic and stall every thread, the event loop included;
+# with the reply size capped, 256 per container bounds the whole decode to a few million comparisons.
+MAX_HASHED_ITEMS = 256
+MAX_PROCS = 8  # processes one code_tests run may have: with memory_mb each, its memory bound
+
+
 def decode_value(tree: Any, depth: int = 0) -> Any:
     """Rebuild a tagged value sent by the worker; anything malformed raises _BadReply."""
     if depth > 100 or not isinstance(tree, dict):
@@ -373,9 +406,13 @@ def decode_value(tree: Any, depth: int = 0) -> Any:
         if tag == "b" and isinstance(v, str):
             return bytes.fromhex(v)
         if tag in ("l", "t", "S", "F") and isinstance(v, list):
+            if tag in ("S", "F") and len(v) > MAX_HASHED_ITEMS:
+                raise _BadReply("set too large")
             items = [decode_value(x, depth + 1) for x in v]
             return {"l": list, "t": tuple, "S": set, "F": frozenset}[tag](items)
         if tag == "d" and isinstance(v, list):
+            if len(v) > MAX_HASHED_ITEMS:
+                raise _BadReply("dict too large")
             out = {}
             for pair in v:
                 if not (isinstance(pair, list) and len(pair) == 2):
@@ -600,7 +637,8 @@ async def run_tests(
     request at a time, judging each reply here. Tests never answered in protocol count as failed."""
     start = time.monotonic()
     deadline = start + timeout_s
-    limits = Limits(timeout_s=timeout_s + 1.0, memory_mb=memory_mb)
+    # memory is capped per process, so the process count bounds what one run can hold
+    limits = Limits(timeout_s=timeout_s + 1.0, memory_mb=memory_mb, max_procs=MAX_PROCS)
     units: list[UnitResult] = []
     tests = [s for s in steps if s.is_test]
     loaded, load_kind, forged, notes = False, None, False, []
@@ -844,7 +882,7 @@ class CodeTestsVerifier:
             else:
                 notes.append("metadata tests ignored: not a string or a list of strings")
         if self.doctest:
-            steps += doctest_steps(prompt)
+            steps += doctest_steps(prompt, trusted=bool(request.metadata.get("client_code")))
         if sum(s.is_test for s in steps) > MAX_UNITS:
             return _Prepared(None, [], "too_large")
         return _Prepared(program, steps, None, tuple(notes))

@@ -27,7 +27,8 @@ What every run gets (a run that cannot have all of it does not run; see `availab
   capabilities. When the service is an ordinary user, bubblewrap makes a user namespace where the
   code is uid 65534; on the host it is then the service's uid, confined by the namespaces above;
 - a seccomp filter (a classic BPF program assembled here; other architectures are refused)
-  that denies memfd_create and SysV shared memory (RAM outside RLIMIT_AS), ptrace,
+  that denies memfd_create and SysV shared memory, message queues and semaphores (RAM outside
+  RLIMIT_AS), ptrace,
   process_vm_readv/writev, pidfd_open/getfd/send_signal, keyctl and friends, bpf,
   perf_event_open, userfaultfd, io_uring, mount and the new mount API, unshare, setns, clone
   with any namespace flag (clone3 reports ENOSYS so libc falls back to clone), module and kexec
@@ -132,6 +133,10 @@ _CLONE_NS_FLAGS = 0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000
 # x86_64 numbers (arch/x86/entry/syscalls/syscall_64.tbl)
 _DENIED_X86_64 = {
     "shmget": 29,
+    # SysV message queues and semaphores: kernel memory that RLIMIT_AS does not count
+    "semget": 64,
+    "msgget": 68,
+    "msgsnd": 69,
     "shmat": 30,
     "shmctl": 31,
     "ptrace": 101,

@@ -160,8 +160,11 @@ class _Common(_Lenient):
         """What the verifiers may use. Client tests are code the service runs on its host: only a
         caller the operator allowed may send them (403 otherwise, rather than dropping them, so a
         caller never mistakes an unchecked answer for a tested one)."""
+        # the verifiers learn whether this caller may have code run at all: without it, `code_tests`
+        # runs only the prompt's examples that call a function with literal arguments
+        allowed: dict[str, Any] = {"client_code": True} if may_send_tests else {}
         if self.tierroute is None or not self.tierroute.carries_tests():
-            return {}
+            return allowed
         if not may_send_tests:
             raise PermissionDenied(
                 "This caller may not send tierroute.tests (code the server would run). An operator allows "
@@ -170,7 +173,7 @@ class _Common(_Lenient):
                 param="tierroute.tests",
                 code="tests_not_allowed",
             )
-        return {"tests": self.tierroute.tests}
+        return {**allowed, "tests": self.tierroute.tests}
 
     @staticmethod
     def _check_text_size(total: int, param: str) -> None:

@@ -57,7 +57,7 @@ async def test_humaneval_tests_never_reach_a_verifier(tmp_path: Path) -> None:
         assert row["test"].strip() not in text
         assert "def check(candidate)" not in text
         assert row["canonical_solution"].strip() not in text
-        assert set(req.metadata) == {"task"} and "tests" not in req.metadata
+        assert set(req.metadata) == {"task", "client_code"} and "tests" not in req.metadata
     # the grader did see the tests: canonical solutions pass them
     store = RunStore(tmp_path / "runs" / "humaneval")
     assert all(g.correct for g in store.grades.records.values())

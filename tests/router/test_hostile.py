@@ -404,7 +404,10 @@ def test_the_permission_travels_from_the_key_to_the_generation_request(tmp_path:
     auth = Authenticator(load_settings(cfg).server)
     body = ChatCompletionRequest.model_validate(chat(tierroute={"tests": ["assert f(2) == 4"]}))
     allowed = auth.authenticate(f"Bearer {tester}")
-    assert body.to_generation(48, may_send_tests=allowed.may_send_tests).metadata == {"tests": ["assert f(2) == 4"]}
+    assert body.to_generation(48, may_send_tests=allowed.may_send_tests).metadata == {
+        "client_code": True,
+        "tests": ["assert f(2) == 4"],
+    }
     from router.api.errors import PermissionDenied
 
     with pytest.raises(PermissionDenied):

@@ -400,3 +400,41 @@ def test_a_full_sandbox_queue_is_a_503_with_retry_after(tmp_path: Path) -> None:
                 assert int(r.headers["Retry-After"]) >= 1
                 assert set(r.json()["error"]) == {"message", "type", "param", "code"}
             assert post().status_code == 200
+
+
+async def test_a_callers_prompt_examples_run_only_as_literal_calls_without_the_permission() -> None:
+    """A prompt is client text: without the tests permission only examples that call a function
+    with literal arguments and state a result run; setup lines and arbitrary expressions do not."""
+    from router.generation import Generation, GenerationRequest, Message
+    from verifiers.code_tests import CodeTestsVerifier
+
+    prompt = 'Write f.\n>>> f(2)\n4\n>>> __import__("os").getpid()\n1\n>>> x = 5\n'
+    answer = Generation(
+        text="```python\ndef f(x):\n    return 2 * x\n```",
+        finish_reason="stop",
+        prompt_tokens=1,
+        completion_tokens=1,
+        token_logprobs=None,
+        latency_s=0.1,
+    )
+    anonymous = await CodeTestsVerifier().score(GenerationRequest(messages=(Message("user", prompt),)), answer)
+    assert (anonymous.details["passed"], anonymous.details["total"]) == (1, 1)
+    allowed = GenerationRequest(messages=(Message("user", prompt),), metadata={"client_code": True})
+    trusted = await CodeTestsVerifier().score(allowed, answer)
+    assert trusted.details["total"] == 2
+
+
+def test_a_reply_built_to_collide_in_a_set_is_refused_not_hashed() -> None:
+    """Ints equal modulo 2**61 - 1 share a hash: a set of many is quadratic to build, with the GIL
+    held. The checker refuses large hashed containers instead of building them."""
+    import time
+
+    from verifiers.code_tests import MAX_HASHED_ITEMS, _BadReply, decode_value
+
+    evil = {"t": "S", "v": [{"t": "i", "v": str(i * (2**61 - 1) + 7)} for i in range(24_000)]}
+    started = time.monotonic()
+    with pytest.raises(_BadReply):
+        decode_value(evil)
+    assert time.monotonic() - started < 0.5
+    small = {"t": "S", "v": [{"t": "i", "v": str(i)} for i in range(MAX_HASHED_ITEMS)]}
+    assert decode_value(small) == set(range(MAX_HASHED_ITEMS))
