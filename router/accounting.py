@@ -189,7 +189,8 @@ class Accounting:
                     failed = exc
             # charged even when the write failed: the work was done, and this process's budgets
             # must see it (the pending row carries it, at its reservation, past a restart)
-            self.limits.charge(principal.key_id, entry.cost_usd, entry.ts)
+            # (less what an expired hold already charged for it)
+            self.limits.charge(principal.key_id, entry.cost_usd - hold.charged_usd, entry.ts)
         finally:
             hold.release()
         if failed is not None:

@@ -93,8 +93,9 @@ class Hold:
     key_id: str
     reserved_usd: float
     started: float  # monotonic
-    expires: float  # monotonic; a hold nobody released stops counting then
+    expires: float  # monotonic; a hold still open then is charged its reservation (see _expire)
     _limits: Limits | None = field(default=None, repr=False)
+    charged_usd: float = 0.0  # what its expiry charged; the settled cost replaces it
 
     def release(self) -> None:
         if self._limits is not None:
@@ -221,9 +222,16 @@ class Limits:
             hold = next(iter(self._holds.values()))
             if hold.expires > now:
                 return
+            # still running (a stalled stream, a slow verifier) or forgotten: either way it may have
+            # spent up to its reservation, so that is charged now; its record, if it ever settles,
+            # replaces the charge with the actual cost (Accounting.record)
             log.warning(
-                "request %s held its budget reservation past %.0f s; dropping it", hold.request_id, self.hold_ttl_s
+                "request %s held its budget reservation past %.0f s; charging the reservation",
+                hold.request_id,
+                self.hold_ttl_s,
             )
+            self.charge(hold.key_id, hold.reserved_usd, self.clock())
+            hold.charged_usd = hold.reserved_usd
             self._drop(hold)
 
     def _changed(self) -> None:

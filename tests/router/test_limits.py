@@ -132,16 +132,25 @@ def test_monthly_budget_outlives_the_day() -> None:
         lim.admit(p, "b")
 
 
-def test_a_forgotten_hold_expires() -> None:
+def test_a_hold_past_its_lifetime_is_charged_its_reservation_until_it_settles() -> None:
+    """A request that outlives its hold (a stalled stream, a forgotten hold) may have spent up to
+    its reservation: expiry charges that, so a burst admitted after it cannot spend it again; a
+    settle that comes later replaces the charge with the actual cost."""
     wall, mono = Clock(T0), Clock(0.0)
     p = principal(usd_per_day=1.0)
     lim = limits_for(p, wall, mono)
-    lim.admit(p, "lost", 0.6)  # never released: its 0.6 counts...
+    late = lim.admit(p, "late", 0.6)
     with pytest.raises(QuotaError):
         lim.admit(p, "x", 0.6)
-    mono.t += 301  # ...until the hold's lifetime has passed
-    lim.admit(p, "y", 0.6).release()
-    assert lim.in_flight == 0
+    mono.t += 301
+    with pytest.raises(QuotaError):  # expired: charged 0.6, so 0.6 more does not fit
+        lim.admit(p, "y", 0.6)
+    assert lim.in_flight == 0 and lim.spent("k")[0] == pytest.approx(0.6)
+    # the late request settles at its actual cost, as Accounting.record charges it
+    lim.charge("k", 0.1 - late.charged_usd, wall.t)
+    late.release()
+    assert lim.spent("k")[0] == pytest.approx(0.1)
+    lim.admit(p, "z", 0.6).release()
 
 
 def test_zero_budget_refuses_everything_and_budget_refusals_spend_no_rate() -> None:
