@@ -170,6 +170,25 @@ def cmd_complete(args: argparse.Namespace) -> int:
 # ---- serve ----------------------------------------------------------------------------------------
 
 
+def _return_large_blocks() -> None:
+    """Large allocations straight from mmap, given back when freed. glibc otherwise raises its
+    mmap threshold after the first large free, and the 1 MB request bodies, prompts and token
+    buffers of a burst then stay in the heap: measured +17% resident memory after one hostile burst
+    (tests/router/test_burst_hostile.py). The service's work is never bound on malloc speed."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD; setting it turns off its dynamic growth
+        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD: free memory at the heap's top goes back too
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        return
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -184,6 +203,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from router.auth import check_bind
 
     check_bind(settings.server)
+    _return_large_blocks()
     app = create_app(settings)
     uvicorn.run(app, host=settings.server.host, port=settings.server.port, log_level=args.log_level)
     return 0

@@ -9,6 +9,7 @@ leak per request, or per refused request, would show as growth across 200 more o
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import signal
@@ -111,6 +112,14 @@ def served(tmp_path: Path, smol_path: Path):  # type: ignore[no-untyped-def]
 def test_a_hostile_burst_of_200_clients(served) -> None:  # type: ignore[no-untyped-def]
     proc, url, log_path = served
     cold = rss_kib(proc.pid)
+    # the service as it is once it has served: valid requests at full width (the engine's compute
+    # buffers for a batch of sequences are allocated on first use)
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(
+            pool.map(lambda _: httpx.post(f"{url}/v1/chat/completions", json=chat(max_tokens=8), timeout=60), range(16))
+        )
+    time.sleep(1.0)
+    served_rss = rss_kib(proc.pid)
     # warm-up: the same burst once. The first one raises the allocator's high-water mark (a few
     # 1 MB bodies parsed at once; glibc keeps such freed memory for reuse), so "back within 10%"
     # is measured from there: a leak per request would still grow across the next 200.
@@ -138,7 +147,10 @@ def test_a_hostile_burst_of_200_clients(served) -> None:  # type: ignore[no-unty
     time.sleep(2.0)
     after = rss_kib(proc.pid)
     print(
-        f"burst: {dict(statuses)} in {took:.1f} s; RSS cold {cold / 1024:.0f}, "
+        f"burst: {dict(statuses)} in {took:.1f} s; RSS cold {cold / 1024:.0f}, served {served_rss / 1024:.0f}, "
         f"after warm-up {before / 1024:.0f}, after the burst {after / 1024:.0f} MiB"
     )
     assert after <= before * 1.10, f"RSS grew from {before} KiB to {after} KiB"
+    # from the service as it was after serving (not the stricter warm-up point): measured +12%
+    # after two hostile bursts, Python's own object arenas keeping part of their peak
+    assert after <= served_rss * 1.20, f"RSS grew from {served_rss} KiB (served) to {after} KiB"
