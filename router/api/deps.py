@@ -6,17 +6,14 @@ other.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import Depends, Request
 
-from router.accounting import Accounting, Ticket
+from router.accounting import Accounting
 from router.auth import Authenticator, Principal
-from router.cascade import CascadeResult, Tier
 from router.config import Settings
 from router.engine import Engine
-from router.generation import GenerationRequest
 
 
 class Services:
@@ -27,23 +24,6 @@ class Services:
         self.engine = engine
         self.auth = Authenticator(settings.server)
         self.accounting = Accounting(settings, engine)
-
-    def admit(
-        self,
-        principal: Principal,
-        request_id: str,
-        request: GenerationRequest,
-        plan: Sequence[Tier],
-        model: str,
-        *,
-        stream: bool,
-    ) -> Ticket:
-        """Budget and rate checks before any generation; returns a ticket to release at the end."""
-        return self.accounting.admit(principal, request_id, request, plan, model, stream=stream)
-
-    async def record(self, principal: Principal, ticket: Ticket, result: CascadeResult) -> None:
-        """Commit a settled request to the ledger, charge its key, count its metrics."""
-        await self.accounting.record(principal, ticket, result)
 
 
 def get_services(request: Request) -> Services:

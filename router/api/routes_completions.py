@@ -50,7 +50,7 @@ async def _record_spent(services: Services, principal: Principal, ticket: Ticket
     if result is None:
         return
     try:
-        await services.record(principal, ticket, result)
+        await services.accounting.record(principal, ticket, result)
     except Exception as exc:  # noqa: BLE001 - the request is already failing; say so, keep its own error
         log.error("could not record the spent work of %s: %s", ticket.request_id, exc)
 
@@ -79,7 +79,8 @@ async def _respond(
     chunk: Callable[[str, str, str | None, bool], dict[str, Any]],
 ) -> Any:
     request, plan = _prepare(services, body, principal)
-    ticket = services.admit(principal, rid, request, plan, body.model, stream=bool(body.stream))  # 429 before any work
+    # 429 before any work
+    ticket = services.accounting.admit(principal, rid, request, plan, body.model, stream=bool(body.stream))
     accounting = services.accounting
     cascade = services.engine.cascade
     spent = Spent()  # what a request that ends without an answer has cost: recorded all the same
@@ -87,7 +88,7 @@ async def _respond(
         try:
             await accounting.ready(ticket)  # a failing ledger: 503 before any work
             result = await cascade.run(request, body.model, spent=spent)
-            await services.record(principal, ticket, result)  # committed before the client sees it
+            await services.accounting.record(principal, ticket, result)  # committed before the client sees it
         except BaseException:
             await _record_spent(services, principal, ticket, spent)
             raise
@@ -141,7 +142,7 @@ async def _respond(
                         final["usage"] = ot.usage(result)
                     # committed before its finish_reason and cost are sent: a failed write ends the
                     # stream with an error event instead, and no [DONE]
-                    await services.record(principal, ticket, result)
+                    await services.accounting.record(principal, ticket, result)
                     yield _sse(final)
             yield _sse("[DONE]")
         except Exception as exc:  # output has begun: report in-band, the status is already sent
