@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -48,15 +48,14 @@ CHAT = GenerationRequest(messages=(Message("system", "Be brief."), Message("user
 PROMPT = GenerationRequest(prompt="Say hello.")
 
 
-@pytest.fixture
-def upstream() -> Iterator[FaultUpstream]:
-    with FaultUpstream() as server:
-        yield server
-
-
 @contextlib.asynccontextmanager
 async def backend_for(
-    upstream: FaultUpstream, *, timeout_s: float = 10.0, breaker: CircuitBreaker | None = None, **config: Any
+    upstream: FaultUpstream,
+    *,
+    timeout_s: float = 10.0,
+    retry_after_s: float = 30.0,
+    breaker: CircuitBreaker | None = None,
+    **config: Any,
 ) -> AsyncIterator[OpenAIBackend]:
     settings = {
         "base_url": upstream.base_url,
@@ -67,7 +66,9 @@ async def backend_for(
         "breaker_failures": 100,
         **config,
     }
-    backend = OpenAIBackend("large", OpenAIBackendSettings(**settings), timeout_s=timeout_s, breaker=breaker)
+    backend = OpenAIBackend(
+        "large", OpenAIBackendSettings(**settings), timeout_s=timeout_s, retry_after_s=retry_after_s, breaker=breaker
+    )
     await backend.start()
     try:
         yield backend

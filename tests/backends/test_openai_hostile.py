@@ -7,21 +7,18 @@ the real one with its real SDK client and transport.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
 from router.backends.openai import OpenAIBackend
-from router.breaker import CircuitBreaker
 from router.config import OpenAIBackendSettings
 from router.errors import CircuitOpenError, DeadlineError, RequestError, UnavailableError, UpstreamError
-from router.generation import Delta, Generation, GenerationRequest, Message
+from router.generation import Delta, GenerationRequest, Message
 from tests.backends.fault_upstream import (
     PROMPT_TOKENS,
     TOKENS,
@@ -36,6 +33,7 @@ from tests.backends.fault_upstream import (
     stalled_body,
     status,
 )
+from tests.backends.test_openai_backend import backend_for, collect
 
 TEXT = "".join(TOKENS)
 CHAT = GenerationRequest(messages=(Message("user", "Say hello."),), max_tokens=32)
@@ -44,56 +42,6 @@ LEAKY = (
     f"upstream pool exhausted; Authorization: Bearer {SECRET} at http://10.0.7.12:9000/internal/v1 "
     'Traceback (most recent call last):\n  File "/srv/vllm/engine.py", line 12, in step'
 )
-
-
-@pytest.fixture
-def upstream() -> Iterator[FaultUpstream]:
-    with FaultUpstream() as server:
-        yield server
-
-
-@contextlib.asynccontextmanager
-async def backend_for(
-    upstream: FaultUpstream,
-    *,
-    timeout_s: float = 10.0,
-    retry_after_s: float = 30.0,
-    breaker: CircuitBreaker | None = None,
-    **config: Any,
-) -> AsyncIterator[OpenAIBackend]:
-    settings = {
-        "base_url": upstream.base_url,
-        "model": "fake-large",
-        "max_attempts": 3,
-        "backoff_initial_s": 0.01,
-        "backoff_max_s": 0.05,
-        "breaker_failures": 100,
-        **config,
-    }
-    backend = OpenAIBackend(
-        "large",
-        OpenAIBackendSettings(**settings),
-        timeout_s=timeout_s,
-        retry_after_s=retry_after_s,
-        breaker=breaker,
-    )
-    await backend.start()
-    try:
-        yield backend
-    finally:
-        await backend.close()
-
-
-async def collect(backend: OpenAIBackend, request: GenerationRequest) -> tuple[list[str], Generation]:
-    pieces: list[str] = []
-    result: Generation | None = None
-    async for item in backend.stream(request):
-        if isinstance(item, Delta):
-            pieces.append(item.text)
-        else:
-            result = item
-    assert result is not None
-    return pieces, result
 
 
 async def fail_plain(backend: OpenAIBackend) -> UnavailableError:
