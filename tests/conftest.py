@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -154,6 +155,55 @@ def wait_until_up(proc: subprocess.Popen[bytes], url: str, *, timeout: float, wh
         if time.monotonic() > deadline:
             raise RuntimeError(f"{url} did not come up within {timeout:.0f} s")
         time.sleep(0.2)
+
+
+TIERROUTE = str(Path(sys.executable).parent / "tierroute")
+
+
+@contextlib.contextmanager
+def serve_process(
+    cfg: Path, *, log_path: Path | None = None, log_level: str = "info"
+) -> Iterator[tuple[subprocess.Popen[bytes], str, Callable[[], str]]]:
+    """`tierroute serve` in a child process on a free loopback port, ready when it is yielded with
+    its URL and a function that returns its output so far; stopped gracefully (SIGTERM: drain, close
+    the ledger), killed after 60 s. The output goes to `log_path`, or, without one, through a pipe
+    (for tests that fail the disk, where a log file would fail too)."""
+    port = free_port()
+    command = [TIERROUTE, "--config", str(cfg), "serve", "--port", str(port), "--log-level", log_level]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    lines: list[str] = []
+    reader: threading.Thread | None = None
+    if log_path is not None:
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+        def output() -> str:
+            return log_path.read_text(errors="replace")
+
+    else:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        pipe = proc.stdout
+        assert pipe is not None
+        reader = threading.Thread(target=lambda: lines.extend(x.decode(errors="replace") for x in pipe), daemon=True)
+        reader.start()
+
+        def output() -> str:
+            return "".join(lines)
+
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(proc, f"{url}/readyz", timeout=180, why_exited=lambda: output()[-3000:])
+        yield proc, url, output
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if reader is not None:
+            reader.join(5)
 
 
 @contextlib.contextmanager

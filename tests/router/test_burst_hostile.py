@@ -11,10 +11,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,10 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port, smol_config, wait_until_up
+from tests.conftest import serve_process, smol_config
 from tests.router.test_hostile import CASES, Case, chat
 
-TIERROUTE = str(Path(sys.executable).parent / "tierroute")
 CLIENTS = 200
 HOSTILE = [
     "seed -1 sampled",
@@ -86,27 +81,9 @@ async def burst(url: str, n: int) -> list[tuple[str, int, bool]]:
 def served(tmp_path: Path, smol_path: Path):  # type: ignore[no-untyped-def]
     cfg = smol_config(tmp_path, large="none")
     cfg.write_text(cfg.read_text().replace("n_threads = 2", "n_threads = 1"))
-    port = free_port()
     log_path = tmp_path / "serve.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [TIERROUTE, "--config", str(cfg), "serve", "--port", str(port), "--log-level", "warning"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_up(proc, f"{url}/readyz", timeout=180, why_exited=lambda: log_path.read_text()[-3000:])
+    with serve_process(cfg, log_path=log_path, log_level="warning") as (proc, url, _):
         yield proc, url, log_path
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def test_a_hostile_burst_of_200_clients(served) -> None:  # type: ignore[no-untyped-def]

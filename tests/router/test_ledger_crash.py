@@ -16,7 +16,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ import httpx
 import pytest
 
 from router.ledger import LedgerEntry, PendingEntry, SQLiteStore
-from tests.conftest import free_port, wait_until_up
+from tests.conftest import TIERROUTE, serve_process
 from tests.router.accounting_helpers import (
     assert_matches,
     assert_no_partial_requests,
@@ -38,33 +37,14 @@ from tests.router.accounting_helpers import (
     tierroute_of,
 )
 
-TIERROUTE = str(Path(sys.executable).parent / "tierroute")
 # the small tier's answers never pass: 'auto' requests escalate, so rows have two attempts
 REJECT_ALL = '[[tiers.verifiers]]\nname = "format"\nparams = { regex = "^NEVER-MATCHES$" }\n'
 
 
 @contextlib.contextmanager
 def serve(cfg: Path, log_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    port = free_port()
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            [TIERROUTE, "--config", str(cfg), "serve", "--port", str(port), "--log-level", "info"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_up(proc, f"{url}/readyz", timeout=180, why_exited=lambda: log_path.read_text()[-3000:])
+    with serve_process(cfg, log_path=log_path) as (proc, url, _):
         yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # graceful: drain, then close the ledger
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 @dataclass

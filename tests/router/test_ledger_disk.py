@@ -21,7 +21,6 @@ import json
 import os
 import resource
 import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -43,10 +42,9 @@ from tests.backends.fault_upstream import (
     _event,
     _send_chunked,
 )
-from tests.conftest import free_port, wait_until_up, write_config
+from tests.conftest import serve_process, write_config
 from tests.router.accounting_helpers import auth, keys_section
 
-TIERROUTE = str(Path(sys.executable).parent / "tierroute")
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prlimit on another process is Linux's")
 
 
@@ -90,34 +88,6 @@ usd_per_1m_input_tokens = 0.60
 usd_per_1m_output_tokens = 2.40
 """
     return write_config(tmp / "config.toml", body), raw
-
-
-@contextlib.contextmanager
-def serve(cfg: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, list[str]]]:
-    """`tierroute serve`, its output read through a pipe (a log file would fail with the disk)."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [TIERROUTE, "--config", str(cfg), "serve", "--port", str(port), "--log-level", "info"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(x.decode(errors="replace") for x in proc.stdout), daemon=True)  # type: ignore[union-attr]
-    reader.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_up(proc, f"{url}/readyz", timeout=120, why_exited=lambda: "".join(lines)[-3000:])
-        yield proc, url, lines
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        reader.join(5)
 
 
 @contextlib.contextmanager
@@ -184,7 +154,7 @@ async def test_a_failing_disk_never_lets_an_answer_pass_unrecorded(tmp_path: Pat
     gate = threading.Event()
     with FaultUpstream() as upstream:
         cfg, keys = config(tmp_path, upstream.base_url, budget=100.0)
-        with serve(cfg) as (proc, url, log):
+        with serve_process(cfg) as (proc, url, log):
             async with httpx.AsyncClient(base_url=url, timeout=60) as client:
                 ok = await client.post("/v1/chat/completions", json=chat_body(), headers=auth(keys["k"]))
                 assert ok.status_code == 200
@@ -232,7 +202,7 @@ async def test_a_failing_disk_never_lets_an_answer_pass_unrecorded(tmp_path: Pat
                 assert chats(upstream) == before + 1
                 last = await client.post("/v1/chat/completions", json=chat_body(), headers=auth(keys["k"]))
                 assert last.status_code == 200
-    assert any("ledger write failed" in line for line in log)
+    assert "ledger write failed" in log()
     rows, pending = ledger(tmp_path / "ledger.sqlite3")
     assert not pending  # every request that did work settled into a full row
     # ok, the failed stream, again, the failed plain request, last; the refused ones did nothing
@@ -248,7 +218,7 @@ async def test_a_crash_while_the_disk_fails_leaves_the_pending_row_and_it_counts
     gate = threading.Event()
     with FaultUpstream() as upstream:
         cfg, keys = config(tmp_path, upstream.base_url, budget=100.0)
-        with serve(cfg) as (proc, url, _):
+        with serve_process(cfg) as (proc, url, _):
             upstream.script(paused_stream(gate))
             oai = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=keys["k"], max_retries=0)
             stream = await oai.chat.completions.create(stream=True, **chat_body())
@@ -271,7 +241,7 @@ async def test_a_crash_while_the_disk_fails_leaves_the_pending_row_and_it_counts
         # restarted with a budget that holds that reservation and half another: the pending row
         # counts as spent, so the next request does not fit
         cfg, keys2 = config(tmp_path, upstream.base_url, budget=row.reserved_usd * 1.5)
-        with serve(cfg) as (proc, url, log):
-            assert any("never settled" in line for line in log)
+        with serve_process(cfg) as (proc, url, log):
+            assert "never settled" in log()
             r = httpx.post(f"{url}/v1/chat/completions", json=chat_body(), headers=auth(keys2["k"]), timeout=30)
             assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
