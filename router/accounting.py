@@ -31,6 +31,7 @@ from router.generation import GenerationRequest
 from router.ledger import Ledger, LedgerEntry, PendingEntry, open_store
 from router.limits import Hold, Limits, day_start, month_start
 from router.metrics import Metrics
+from router.pricing import Usage, cost_usd
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +56,10 @@ def worst_case_usd(plan: Sequence[Tier], request: GenerationRequest) -> float:
     (the request's, capped by the tier's) with the prompt at its token bound; a time-priced tier
     for its whole timeout. Verifier work (a judge, self-consistency samples) is not included."""
     prompt = prompt_token_bound(request)
-    total = 0.0
-    for tier in plan:
-        t = tier.settings
-        price = t.price
-        if price.usd_per_hour is not None:
-            total += price.usd_per_hour * t.timeout_s / 3600.0
-        else:
-            assert price.usd_per_1m_input_tokens is not None and price.usd_per_1m_output_tokens is not None
-            out = min(request.max_tokens, t.max_tokens)
-            total += (prompt * price.usd_per_1m_input_tokens + out * price.usd_per_1m_output_tokens) / 1_000_000
-    return total
+    return sum(
+        cost_usd(t.settings.price, Usage(prompt, min(request.max_tokens, t.settings.max_tokens), t.settings.timeout_s))
+        for t in plan
+    )
 
 
 @dataclass

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from router import policy
 from router.generation import Generation, GenerationRequest
 from verifiers.base import Score, VerifierContext, VerifierCost
 from verifiers.math_answer import answers_agree, extract_answer
@@ -29,7 +30,7 @@ def generation_cost(generations: Sequence[Generation], tier: str | None) -> Veri
     return VerifierCost(
         prompt_tokens=sum(g.prompt_tokens for g in generations),
         completion_tokens=sum(g.completion_tokens for g in generations),
-        seconds=sum(g.busy_s if g.busy_s is not None else g.latency_s for g in generations),
+        seconds=sum(policy.generation_seconds(g.busy_s, g.latency_s) for g in generations),
         tier=tier,
     )
 
