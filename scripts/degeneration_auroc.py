@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from evals.metrics import auroc
-from evals.store import GenerationRecord
+from evals.store import RunStore, generation_key, grade_key
 from evals.suites import get_suite
 from router.generation import GenerationRequest
 from verifiers.degeneration import DegenerationVerifier
@@ -26,23 +25,26 @@ from verifiers.degeneration import DegenerationVerifier
 RESULTS = Path("evals/results")
 
 
-def read_jsonl(path: Path) -> list[dict]:  # type: ignore[type-arg]
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 async def run(run_dir: Path) -> None:
-    manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
+    store = RunStore(run_dir)
+    manifest = store.manifest()
     suite = get_suite(manifest["suite"]["name"])
     items = {item.id: item for item in suite.load()}
-    gens = {g["key"]: GenerationRecord(**g) for g in read_jsonl(run_dir / "generations.jsonl")}
     verifier = DegenerationVerifier()
     by_tier: dict[str, list[tuple[bool, float, list[str]]]] = defaultdict(list)
-    for grade in read_jsonl(run_dir / "grades.jsonl"):
-        rec = gens[grade["gen"]]
-        request = GenerationRequest(messages=items[rec.item].messages)
-        score = await verifier.score(request, rec.to_generation())
-        by_tier[rec.tier].append((bool(grade["correct"]), score.value, score.details["signs"]))
+    # the run's own items and tiers, graded by the suite's current grader (a regraded run keeps the
+    # older grades in its log too)
+    for tier in manifest["tiers"]:
+        for entry in manifest["items"]:
+            gk = generation_key(tier["fingerprint"], entry["prompt_sha"])
+            rec = store.generations.records.get(gk)
+            grade = store.grades.records.get(grade_key(gk, manifest["suite"]["fingerprint"], entry["id"]))
+            if rec is None or grade is None:
+                continue
+            request = GenerationRequest(messages=items[entry["id"]].messages)
+            score = await verifier.score(request, rec.to_generation())
+            assert score.value is not None
+            by_tier[tier["name"]].append((grade.correct, score.value, score.details["signs"]))
     for tier in sorted(by_tier):
         rows = by_tier[tier]
         correct = [c for c, _, _ in rows]
@@ -63,7 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="*", type=Path)
     args = parser.parse_args()
-    runs = args.runs or sorted(p for p in RESULTS.iterdir() if (p / "grades.jsonl").is_file())
+    runs = args.runs or sorted(p for p in RESULTS.iterdir() if (p / "manifest.json").is_file())
     for run_dir in runs:
         asyncio.run(run(run_dir))
 
