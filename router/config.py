@@ -144,6 +144,8 @@ class TierSettings(_Strict):
                 raise ValueError(f"backend '{self.backend}' needs a [tiers.{self.backend}] section")
             if self.backend != section and getattr(self, section) is not None:
                 raise ValueError(f"backend is '{self.backend}' but a [tiers.{section}] section is set")
+        if self.backend in ("llamacpp", "openai") and self.options:
+            raise ValueError(f"options are for plugin backends; backend '{self.backend}' has its own section")
         return self
 
 

@@ -94,3 +94,20 @@ def test_duplicate_tier_names(tmp_path: Path) -> None:
     cfg.write_text(cfg.read_text().replace('name = "large"', 'name = "small"'))
     with pytest.raises(ConfigError, match="duplicate tier names: small"):
         load_settings(cfg)
+
+
+def test_an_unregistered_backend_is_reported_with_its_key(tmp_path: Path) -> None:
+    cfg = smol_config(tmp_path, large="none")
+    text = cfg.read_text()
+    i = text.index("[tiers.llamacpp]")
+    j = text.index("[", text.index("\n", i) + 1)  # the section after it
+    cfg.write_text(text[:i].replace('backend = "llamacpp"', 'backend = "llamacp"') + text[j:])
+    problems = check_resources(load_settings(cfg), Registry())
+    assert problems == ["tiers[0] (small).backend: unknown backend 'llamacp'; known: llamacpp, openai"]
+
+
+def test_options_belong_to_plugin_backends_only(tmp_path: Path) -> None:
+    cfg = smol_config(tmp_path, large="none")
+    cfg.write_text(cfg.read_text().replace("[tiers.price]", "[tiers.options]\nsize = 1\n[tiers.price]", 1))
+    with pytest.raises(ConfigError, match="options are for plugin backends"):
+        load_settings(cfg)
