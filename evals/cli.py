@@ -217,12 +217,12 @@ def default_verifiers(task: str) -> list[Any]:
     return [VerifierSpec(name=n, params=p) for n, p in wanted if n in known]
 
 
-def _load(args: argparse.Namespace, run: str) -> Any:
+def _load(args: argparse.Namespace, run: str, prices: Any = None) -> Any:
+    """`prices` (tier name -> PriceSettings) overrides the run's price sheet and `--reprice`."""
     from evals.store import RunStore
     from evals.sweep import load_table
 
-    prices = None
-    if getattr(args, "reprice", False):
+    if prices is None and getattr(args, "reprice", False):
         settings = _settings(args)
         prices = {t.name: t.price for t in settings.tiers}
     store = RunStore(_run_dir(args, run))
@@ -339,11 +339,17 @@ def _single_configured(table: Any, verifier: str) -> bool:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from evals.breakeven import scaled_top_prices
     from evals.calibrate import Target
     from evals.report import build, write
 
     target = Target.parse(args.target)
-    reports = [build(_load(args, run), target, seed=args.seed, fraction=args.fraction) for run in args.runs]
+    reports = []
+    for run in args.runs:
+        table = _load(args, run)
+        # the same run with the top tier free: the part of each cost that does not scale with its price
+        top_free = _load(args, run, scaled_top_prices(table, 0.0)) if len(table.tiers) > 1 else None
+        reports.append(build(table, target, seed=args.seed, fraction=args.fraction, top_free=top_free))
     if args.estimators:
         from evals.estimators import compare
 

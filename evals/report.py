@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from evals import metrics
+from evals.breakeven import RATIOS, BreakEvenReport, analyse, log_grid
 from evals.calibrate import Calibration, Target, calibrate, split
 from evals.estimators import PREROUTER, Comparison, comparison_html, comparison_markdown
 from evals.formatting import html_table, inline, md_table, num, pct, sec, th, usd
@@ -66,13 +67,24 @@ class SuiteReport:
     target: Target
     notes: list[str] = field(default_factory=list)
     learned: Comparison | None = None  # when the learned estimators are attached
+    breakeven: BreakEvenReport | None = None  # when built with the top tier's price zeroed too
 
     @property
     def best_calibration(self) -> Calibration | None:
         return next((c for c in self.calibrations if c.verifier == self.best), None)
 
 
-def build(table: ResultTable, target: Target = DEFAULT_TARGET, *, seed: int = 0, fraction: float = 0.5) -> SuiteReport:
+def build(
+    table: ResultTable,
+    target: Target = DEFAULT_TARGET,
+    *,
+    seed: int = 0,
+    fraction: float = 0.5,
+    top_free: ResultTable | None = None,
+) -> SuiteReport:
+    """The report of one run. `top_free` is the same run loaded with the top tier's price at zero
+    (`evals.breakeven.scaled_top_prices(table, 0)`): given, the report has the break-even price
+    ratios, which need each cost split into the top tier's part and the rest."""
     if not table.items:
         raise ValueError(f"run {table.run}: no complete items")
     rows = []
@@ -117,6 +129,9 @@ def build(table: ResultTable, target: Target = DEFAULT_TARGET, *, seed: int = 0,
             score, best = max(ranked, key=lambda x: (x[0], x[1] == CONFIG))
             best_cal = score if score >= 0 else None
             best_held = summarize(held, best, curve=[]).auroc[0]
+    breakeven = None
+    if len(table.tiers) < 2 or top_free is not None:
+        breakeven = analyse(table, top_free or table, calibrations)
     return SuiteReport(
         table=table,
         tiers=rows,
@@ -129,6 +144,7 @@ def build(table: ResultTable, target: Target = DEFAULT_TARGET, *, seed: int = 0,
         best_auroc_held_out=best_held,
         target=target,
         notes=notes,
+        breakeven=breakeven,
     )
 
 
@@ -263,6 +279,94 @@ def calibration_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
                 ]
             )
     return header, rows
+
+
+def breakeven_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
+    b = r.breakeven
+    assert b is not None and b.base_ratio is not None
+    top = r.tiers[-1].name
+    header = [
+        "verifier",
+        "thresholds",
+        "accuracy (held-out)",
+        "accuracy required",
+        f"cost / 1k: fixed + (r/r0) × {top}'s part",
+        "break-even r",
+        "cost alone breaks even at r",
+        f"savings at r0 = {b.base_ratio:.1f}",
+        *(f"savings at r = {x:g}" for x in RATIOS),
+    ]
+    rows = []
+    for e in b.rows:
+        if e.ratio is not None:
+            ratio = f"{e.ratio:.1f}"
+        elif e.never_because == "accuracy":
+            ratio = "never (accuracy)"
+        else:
+            ratio = "never (cost)"
+        rows.append(
+            [
+                e.verifier + (" **(best)**" if e.verifier == r.best else ""),
+                ", ".join(f"{n}={th(v)}" for n, v in e.thresholds.items()),
+                pct(e.accuracy),
+                pct(e.required) + ("" if e.accuracy_met else " (missed)"),
+                f"{usd(e.cascade.fixed)} + {usd(e.cascade.scaled)}",
+                ratio,
+                "never" if e.cost_scale is None else f"{e.cost_scale * b.base_ratio:.1f}",
+                pct(e.savings_at(b.base_ratio)),
+                *(pct(e.savings_at(x)) for x in RATIOS),
+            ]
+        )
+    if b.rows:
+        t = b.rows[0]
+        rows.append(
+            [
+                f"*always {top}*",
+                "–",
+                pct(t.top_accuracy),
+                "–",
+                f"{usd(t.top.fixed)} + {usd(t.top.scaled)}",
+                "–",
+                "–",
+                "0.0%",
+                *("0.0%" for _ in RATIOS),
+            ]
+        )
+    return header, rows
+
+
+def breakeven_intro(r: SuiteReport) -> str:
+    b = r.breakeven
+    assert b is not None
+    if b.base_ratio is None:
+        return f"No break-even ratio: {b.why_none}."
+    first, top = r.tiers[0].name, r.tiers[-1].name
+    return (
+        f"The recorded price sheet makes a {top} request r0 = {b.base_ratio:.1f}× a {first} one "
+        f"(mean priced cost per request, all items). Cascades at the thresholds calibrated for `{r.target}`, "
+        f"on the {b.n_held_out} held-out items, against always {top} on the same items."
+    )
+
+
+BREAKEVEN_TEXT = (
+    "**Break-even price ratio.** The price ratio r is the mean priced cost of one top-tier request "
+    "over that of one first-tier request (generation, all items of the run); the recorded price "
+    "sheet sits at r0. Ratio r multiplies the top tier's prices by r/r0 and keeps every other "
+    "tier's. Each cascade keeps the thresholds calibrated for the target at the recorded prices "
+    "and is priced on the held-out items: every cost is linear in the prices, so its cost per 1k is "
+    "fixed + (r/r0) × the top tier's part (work a verifier has another tier do is priced at that "
+    "tier), and so is always-top's. The break-even r is where the two are equal: above it the "
+    "cascade is cheaper. It is given only when the cascade's held-out accuracy meets the target as "
+    "stated (for min-pgr=G: at least first + G × (top − first) on the same items, i.e. at most "
+    "(1 − G) of the gap below always-top; for targets that set no accuracy: always-top's accuracy); "
+    "otherwise it is “never (accuracy)”: such a cascade is cheaper because it is worse. “never "
+    "(cost)” is a cascade that pays the top tier at least as much as always-top does. Equality with "
+    "always-top's accuracy is not asked: a cascade calibrated to recover G of the gap is by "
+    "construction a little less accurate, and would be “never” at every price. Savings at a ratio "
+    "are 1 − cascade / always-top there, shown whether or not the accuracy is met, and so is the ratio "
+    "where cost alone breaks even. In the figure, dots mark the break-even ratios and dashed lines "
+    "the cascades that miss the accuracy."
+)
 
 
 def headline(r: SuiteReport) -> list[str]:
@@ -407,6 +511,33 @@ def figures(r: SuiteReport) -> dict[str, bytes]:
     else:
         ax.text(0.5, 0.5, "undefined: all answers right, or all wrong", ha="center", transform=ax.transAxes)
     save(fig, f"{suite}-reliability.png")
+
+    b = r.breakeven
+    if b is not None and b.base_ratio is not None and b.rows:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        grid = log_grid(1.0, 1000.0)
+        lowest = 0.0
+        for e in b.rows:
+            ys = [e.savings_at(x) for x in grid]
+            lowest = min(lowest, *(y for y in ys if y is not None))
+            label = e.verifier + ("" if e.accuracy_met else " (misses the accuracy)")
+            (line,) = ax.plot(
+                grid, [math.nan if y is None else y for y in ys], "-" if e.accuracy_met else "--", label=label
+            )
+            if e.ratio is not None and 1 <= e.ratio <= 1000:
+                ax.plot([e.ratio], [0.0], "o", color=line.get_color(), markersize=5)
+        ax.axhline(0.0, color="k", linewidth=0.8)
+        ax.axvline(b.base_ratio, color="grey", linestyle=":", linewidth=1)
+        ax.text(b.base_ratio, 0.97, f" recorded prices, r0={b.base_ratio:.1f}", fontsize=7, va="top", color="grey")
+        ax.set_xscale("log")
+        ax.set_xlim(1, 1000)
+        ax.set_ylim(max(-1.0, lowest - 0.05), 1.0)
+        ax.set_xlabel(f"price ratio r ({r.tiers[-1].name} / {r.tiers[0].name} per request)")
+        ax.set_ylabel(f"savings vs always {r.tiers[-1].name} (held-out)")
+        ax.set_title(f"{suite}: savings of the calibrated cascades against price ratio")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7, loc="lower right")
+        save(fig, f"{suite}-breakeven.png")
     return out
 
 
@@ -447,6 +578,8 @@ def markdown(reports: Sequence[SuiteReport], *, command: str = "", images: bool 
     h, rows = _assumptions(reports)
     lines += ["## Prices and assumptions", "", *md_table(h, rows), ""]
     lines += [*(p + "\n" for p in PREAMBLE)]
+    if any(r.breakeven is not None for r in reports):
+        lines += [BREAKEVEN_TEXT + "\n"]
     for r in reports:
         t = r.table
         m = t.manifest
@@ -470,6 +603,12 @@ def markdown(reports: Sequence[SuiteReport], *, command: str = "", images: bool 
                 *md_table(*calibration_table(r)),
                 "",
             ]
+        if r.breakeven is not None:
+            lines += ["### When does a cascade pay? Break-even price ratio", "", breakeven_intro(r), ""]
+            if r.breakeven.base_ratio is not None and r.breakeven.rows:
+                lines += [*md_table(*breakeven_table(r)), ""]
+                if images:
+                    lines += [f"![{t.suite}-breakeven.png]({t.suite}-breakeven.png)", ""]
         if r.learned is not None:
             lines += [*comparison_markdown(r.learned, level=3), ""]
         if images:
@@ -498,6 +637,8 @@ def html_report(reports: Sequence[SuiteReport], figs: dict[str, bytes], *, comma
         parts.append(f"<p>Regenerate (no models needed):</p><pre>{html.escape(command)}</pre>")
     parts.append("<h2>Prices and assumptions</h2>" + html_table(*_assumptions(reports)))
     parts += [f"<p>{inline(p)}</p>" for p in PREAMBLE]
+    if any(r.breakeven is not None for r in reports):
+        parts.append(f"<p>{inline(BREAKEVEN_TEXT)}</p>")
     for r in reports:
         t = r.table
         parts.append(
@@ -509,6 +650,10 @@ def html_report(reports: Sequence[SuiteReport], figs: dict[str, bytes], *, comma
         parts.append("<h3>Verifiers (all items, whole threshold sweep)</h3>" + html_table(*verifier_table(r)))
         if r.calibrations:
             parts.append("<h3>Calibrated cascade (held-out items)</h3>" + html_table(*calibration_table(r)))
+        if r.breakeven is not None:
+            parts.append(f"<h3>When does a cascade pay? Break-even price ratio</h3><p>{inline(breakeven_intro(r))}</p>")
+            if r.breakeven.base_ratio is not None and r.breakeven.rows:
+                parts.append(html_table(*breakeven_table(r)))
         if r.learned is not None:
             parts.append(comparison_html(r.learned))
         for name, png in figs.items():
@@ -552,10 +697,24 @@ def sweep_rows(reports: Sequence[SuiteReport]) -> list[dict[str, Any]]:
     return rows
 
 
+def _breakeven_columns(r: SuiteReport, verifier: str) -> dict[str, Any]:
+    """The break-even columns of summary.csv (held-out, calibrated; repeated on each tier's row):
+    the ratio, "never" when there is none, empty where the report has no break-even."""
+    b = r.breakeven
+    e = next((e for e in b.rows if e.verifier == verifier), None) if b is not None else None
+    if e is None:
+        return {"breakeven_ratio": None, **{f"savings_r{x:g}": None for x in RATIOS}}
+    return {
+        "breakeven_ratio": "never" if e.ratio is None else e.ratio,
+        **{f"savings_r{x:g}": e.savings_at(x) for x in RATIOS},
+    }
+
+
 def summary_rows(reports: Sequence[SuiteReport]) -> list[dict[str, Any]]:
     rows = []
     for r in reports:
         for v in r.verifiers:
+            extra = _breakeven_columns(r, v.verifier)
             for i, t in enumerate(r.table.tiers):
                 rows.append(
                     {
@@ -570,6 +729,7 @@ def summary_rows(reports: Sequence[SuiteReport]) -> list[dict[str, Any]]:
                         "cpt80": v.cpt[0.8],
                         "cpt95": v.cpt[0.95],
                         "aiq": v.aiq,
+                        **extra,
                     }
                 )
     return rows
