@@ -170,3 +170,13 @@ def test_committed_runs_report_the_break_even(tmp_path: Path) -> None:
     assert all(r["breakeven_ratio"] == "never" or float(r["breakeven_ratio"]) >= 0 for r in rows)
     page = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
     assert page.count("Break-even price ratio</h3>") == 3
+
+
+async def test_two_tier_calibration_does_not_move_with_the_price(tmp_path: Path) -> None:
+    """Why fixing the thresholds at the recorded prices is exact for two tiers and an accuracy target."""
+    store = RunStore(await make_run(tmp_path))
+    table = load_table(store)
+    recorded = {c.verifier: c.thresholds for c in build(table, TARGET).calibrations}
+    for s in (0.05, 40.0):
+        repriced = build(load_table(store, prices=scaled_top_prices(table, s)), TARGET)
+        assert {c.verifier: c.thresholds for c in repriced.calibrations} == recorded
