@@ -286,15 +286,22 @@ _STATED_SEP = re.compile(
 )
 _DEF = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+(?P<name>[A-Za-z_]\w*)[ \t]*\(", re.MULTILINE)
 # "For lst = [1,2,3] the output should be 14", "For s = "abcde", c = "ae", the result should be ..."
-_FOR_STATED = re.compile(
-    r"^[ \t]*(?:[*\-•][ \t]*)?for[ \t]+(?P<args>[A-Za-z_].*?)[ \t,]*\bthe[ \t]+(?:output|result)[ \t]+"
-    r"(?:should[ \t]+be|will[ \t]+be|is)\b[ \t]*:?[ \t]*(?P<want>.*)$",
-    re.IGNORECASE | re.MULTILINE,
+_FOR_LEAD = re.compile(r"[ \t]*(?:[*\-•][ \t]*)?for[ \t]+(?=[A-Za-z_])", re.IGNORECASE)
+_FOR_OUTPUT = re.compile(
+    r"\bthe[ \t]+(?:output|result)[ \t]+(?:should[ \t]+be|will[ \t]+be|is)\b[ \t]*:?[ \t]*", re.IGNORECASE
 )
 _INPUT = re.compile(r"^[ \t]*Input[ \t]*:[ \t]*(?P<args>.*?)[ \t]*$", re.IGNORECASE)
 _OUTPUT = re.compile(r"^[ \t]*Output[ \t]*:[ \t]*(?P<want>.*?)[ \t]*$", re.IGNORECASE)
 _NAMED_LINE = re.compile(r"^[ \t]*(?P<name>[A-Za-z_]\w*)[ \t]*[:=][ \t]*(?P<value>.+?)[ \t]*$")
-_MAX_STATED_CHARS = 5_000  # one call's or one value's text; bounds the literal a set is built from
+# Bounds on what one prompt costs to read, whatever it holds (it is client text, read on a thread
+# that holds the GIL): one call's or value's text (and so the literal a set is built from), the
+# functions whose examples are looked for, the calls looked at, the parses tried for one value, and
+# the length of a line the "For ..." and "Input:" patterns are matched against.
+_MAX_STATED_CHARS = 2_000
+_MAX_NAMES = 32
+_MAX_CALLS = 1_000
+_MAX_VALUE_TRIES = 16
+_MAX_LINE = 1_000
 _TRUTH_WORDS = {"true": True, "false": False}
 STATED_FORMS = ("call", "for", "input_output")
 
@@ -353,11 +360,12 @@ def stated_steps(text: str) -> list[Step]:
 def _prompt_signatures(text: str) -> dict[str, list[str] | None]:
     """Each function the prompt defines, with its parameter names (None where they cannot be read),
     the last defined last."""
-    out: dict[str, list[str] | None] = {}
+    last: dict[str, int] = {}
     for m in _DEF.finditer(text):
-        out.pop(m.group("name"), None)
-        out[m.group("name")] = _param_names(text, m.end() - 1)
-    return out
+        last.pop(m.group("name"), None)
+        last[m.group("name")] = m.end() - 1
+    kept = list(last.items())[-_MAX_NAMES:]
+    return {name: _param_names(text, paren) for name, paren in kept}
 
 
 def _param_names(text: str, paren: int) -> list[str] | None:
@@ -451,6 +459,7 @@ def _stated_value(text: str) -> tuple[bool, Any]:
     equals = [i for i in cuts if text[i] == "=" and text[i - 1 : i] not in "=!<>" and text[i + 1 : i + 2] not in "=>"]
     if equals and equals[-1] > 0:
         return _literal_text(text[equals[-1] + 1 :])
+    tries = 0
     for i in reversed(cuts):
         rest = text[i:].strip()
         ends = not rest or rest[0] in "#(" or rest in (".", ",", ";") or (rest[0] in ".,;" and rest[1:2].isspace())
@@ -458,6 +467,9 @@ def _stated_value(text: str) -> tuple[bool, Any]:
             ok, value = _literal_text(text[:i])
             if ok:
                 return ok, value
+            tries += 1
+            if tries >= _MAX_VALUE_TRIES:
+                break
     return False, None
 
 
@@ -495,11 +507,15 @@ def _call_examples(text: str, params: dict[str, list[str] | None]) -> list[State
     found = []
     by_equation = _defined_by_equations(text, names)
     pattern = re.compile(r"\b(?P<name>" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)) + r")\(")
+    looked = 0
     for m in pattern.finditer(text):
         line_start = text.rfind("\n", 0, m.start()) + 1
         lead = text[line_start : m.start()]
-        if _STATED_LEAD.fullmatch(lead) is None:  # also skips ">>> f(x)": a doctest's
+        if len(lead) > 80 or _STATED_LEAD.fullmatch(lead) is None:  # also skips ">>> f(x)": a doctest's
             continue
+        looked += 1
+        if looked > _MAX_CALLS:
+            break
         end = _bracket_end(text, m.end() - 1)
         if end is None:
             continue
@@ -561,15 +577,19 @@ def _named_call(args: str, params: dict[str, list[str] | None]) -> str | None:
 
 def _for_examples(text: str, params: dict[str, list[str] | None]) -> list[StatedExample]:
     found = []
-    for m in _FOR_STATED.finditer(text):
-        args = m.group("args")
+    for line in text.splitlines():
+        lead = _FOR_LEAD.match(line) if len(line) <= _MAX_LINE else None
+        then = _FOR_OUTPUT.search(line, lead.end()) if lead is not None else None
+        if lead is None or then is None:
+            continue
+        args = line[lead.end() : then.start()].rstrip(" \t,")
         source = None
         # "For N = 1000, the sum of digits will be 1 the output ...": the arguments end at a comma
         for cut in [len(args), *reversed([i for i in _top_level(args) if args[i] == ","])]:
             source = _named_call(args[:cut], params)
             if source is not None:
                 break
-        ok, expected = _stated_value(m.group("want"))
+        ok, expected = _stated_value(line[then.end() :])
         if source is not None and ok:
             found.append(StatedExample(source, expected, "for"))
     return found
@@ -578,7 +598,7 @@ def _for_examples(text: str, params: dict[str, list[str] | None]) -> list[Stated
 def _input_output_examples(text: str, params: dict[str, list[str] | None]) -> list[StatedExample]:
     """Examples stated as ``Input: arr = [1, 2], k = 3`` (or the arguments one per line below it,
     ``grid : [[0, 1]]``) followed by ``Output: [2]``."""
-    lines = text.splitlines()
+    lines = [line if len(line) <= _MAX_LINE else "" for line in text.splitlines()]
     found = []
     for i, line in enumerate(lines):
         m = _INPUT.match(line)

@@ -8,6 +8,7 @@ refused whoever the caller is; committed model answers are scored against the ex
 from __future__ import annotations
 
 import json
+import time
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,14 @@ from evals.data import HUMANEVAL, fetch, read_jsonl
 from evals.grading import build_program
 from evals.suites import get_suite
 from router.generation import Generation, GenerationRequest, Message
-from verifiers.code_tests import CodeTestsVerifier, StatedExample, assemble_program, stated_examples, stated_steps
+from verifiers.code_tests import (
+    MAX_PROMPT_CHARS,
+    CodeTestsVerifier,
+    StatedExample,
+    assemble_program,
+    stated_examples,
+    stated_steps,
+)
 from verifiers.extract import compiles, extract_code
 
 pytestmark = pytest.mark.timeout(120)
@@ -247,6 +255,34 @@ def test_non_literal_examples_are_refused(line: str) -> None:
 )
 def test_non_literal_input_output_tables_are_refused(table: str) -> None:
     assert stated_examples(STUB.format(line=table)) == []
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "def f(x):\n" + ("f(" + "(" * 300 + "\n") * 600,  # calls that never close
+        "def f(x):\n" + ("for a" + " " * 990 + "\n") * 190,  # "For ..." lines that never say "the output"
+        "def f(x):\n" + ("Input: a" + " " * 990 + "\nOutput: 1\n") * 95,
+        "".join(f"def f{i}(x):\n    pass\n" for i in range(8000)),  # more functions than are looked at
+        "def f(x):\n" + ("f(1) == " + "1 (" * 600 + "\n") * 100,  # values with many places to end
+    ],
+    ids=["open calls", "for lines", "input lines", "many functions", "many cuts"],
+)
+def test_a_hostile_prompt_is_read_in_bounded_time(prompt: str) -> None:
+    """The prompt is client text read while holding the GIL: nothing in the reader may grow with
+    the square of a line (a lazy pattern did: 11 s on the second case before it was bounded)."""
+    assert len(prompt) <= MAX_PROMPT_CHARS
+    start = time.perf_counter()
+    stated_examples(prompt)
+    assert time.perf_counter() - start < 5.0
+
+
+def test_for_example_on_the_same_line_as_the_call() -> None:
+    """The lead may name the example; a call in the middle of a sentence is not one."""
+    prompt = (
+        'def f(x):\n    """Double x.\n    For example: f(2) returns 4. So f(3) == 6\n    E.g. f(5) == 10\n    """\n'
+    )
+    assert [(e.source, e.expected) for e in stated_examples(prompt)] == [("f(2)", 4), ("f(5)", 10)]
 
 
 async def test_only_the_literal_example_runs_even_for_a_caller_with_the_tests_permission() -> None:
