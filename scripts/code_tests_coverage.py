@@ -14,6 +14,11 @@ prompt has no ``>>>``, beside the scores stored in the run; and the whole-sweep 
 The verifier sees only the prompt. To check the examples it reads are right, this script also runs
 HumanEval's reference solution against them (``--no-audit`` skips it): a reference that fails an
 example means the reader got that example wrong. The reference reaches this script, never a verifier.
+
+On the committed run (evals/results/humaneval, graded by grader version 2) it printed, in short: 148 of 164
+prompts give examples (70 ``>>>``, 80 in prose; 78 of the 88 without ``>>>``), 263 prose examples,
+none failed by the reference; AUROC small 0.852 -> 0.963 (without ``>>>``: 0.577 -> 0.957), large
+0.785 -> 0.887 (0.514 -> 0.853); whole-sweep APGR 0.938 -> 1.081.
 """
 
 from __future__ import annotations
@@ -55,12 +60,14 @@ def coverage(items: dict[str, GenerationRequest]) -> None:
         for kind in kinds:
             prompts[kind] += 1
         prompts["any example"] += bool(examples or doctests)
-        prompts[">>>"] += bool(doctests)
+        prompts[">>> examples"] += bool(doctests)
+        prompts["prose examples"] += bool(examples)
         if item_id in without:
-            prompts["without >>>: prose examples"] += bool(examples)
+            prompts["prose examples, no >>>"] += bool(examples)
     print(f"{len(items)} prompts, {len(without)} without >>>")
-    for key in (">>>", *STATED_FORMS, "any example", "without >>>: prose examples"):
-        print(f"  prompts with {key:28s} {prompts[key]:4d}")
+    keys = (">>> examples", "prose examples", *(f"prose examples: {f}" for f in STATED_FORMS))
+    for key in (*keys, "prose examples, no >>>", "any example"):
+        print(f"  prompts with {key:34s} {prompts[key.removeprefix('prose examples: ')]:4d}")
     print("  prose examples by form and separator:")
     for form, n in forms.most_common():
         print(f"    {n:4d}  {form}")
