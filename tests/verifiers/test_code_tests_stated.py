@@ -362,3 +362,20 @@ async def test_an_answer_cut_off_in_a_trailing_example_is_tested_like_the_grader
     assert compiles(build_program(prompts()["HumanEval/94"], code, "skjkasdkd"))
     score = await CodeTestsVerifier().score(request, answer(text))
     assert (score.value, score.details["total"]) == (1.0, 6)
+
+
+def test_the_verifier_runs_the_code_the_grader_grades_on_every_committed_answer() -> None:
+    """Both read the answer with `extract_code` (a cut-off trailing line after a complete function
+    dropped); on each of the 328 committed answers the verifier's program parses exactly when the
+    grader's does, and holds the same extracted code."""
+    rows = {r["task_id"]: r for r in read_jsonl(fetch(HUMANEVAL))}
+    records = [json.loads(line) for line in GENERATIONS.read_text(encoding="utf-8").splitlines()]
+    assert len(records) == 328
+    for record in records:
+        row = rows[record["item"]]
+        code = extract_code(record["text"])
+        verifier_program = assemble_program(requests()[record["item"]], record["text"])
+        grader_program = build_program(row["prompt"], code, row["entry_point"])
+        assert compiles(verifier_program) == compiles(grader_program), record["key"]
+        if compiles(code):
+            assert code in verifier_program, record["key"]
