@@ -7,6 +7,7 @@ any part of the answer key."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from evals.data import GSM8K_TEST, HUMANEVAL, fetch, read_jsonl
@@ -14,28 +15,50 @@ from evals.runner import EvalPlan, run_eval
 from evals.store import RunStore
 from evals.suites import get_suite
 from router.config import VerifierSpec, load_settings
-from router.generation import GenerationRequest
+from router.generation import Generation, GenerationRequest
 from tests.evals.helpers import Calls, ScriptedBackend, registry, write_config
+from verifiers.base import Score
+from verifiers.code_tests import CodeTestsVerifier, stated_examples
 
 
 def everything_in(request: GenerationRequest) -> str:
     return repr(request) + json.dumps(request.metadata, default=str)
 
 
-async def spy_run(tmp_path: Path, suite_name: str, reply, n: int) -> tuple[Calls, dict[str, ScriptedBackend], list]:
+@dataclass
+class RecordingCodeTests:
+    """The real `code_tests`, keeping what it was given and what it scored."""
+
+    seen: list[tuple[GenerationRequest, Score]] = field(default_factory=list)
+    name: str = "code_tests"
+
+    async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
+        score = await CodeTestsVerifier().score(request, candidate)
+        self.seen.append((request, score))
+        return score
+
+
+async def spy_run(
+    tmp_path: Path, suite_name: str, reply, n: int, code_tests: RecordingCodeTests | None = None
+) -> tuple[Calls, dict[str, ScriptedBackend], list]:
     suite = get_suite(suite_name)
     items = suite.select(suite.load(), n, 0)
+    calls = Calls()
+    reg = registry(calls)
+    specs = [VerifierSpec(name="spy")]
+    if code_tests is not None:
+        reg.register("code_tests", lambda params, ctx: code_tests)
+        specs.append(VerifierSpec(name="code_tests"))
     plan = EvalPlan(
         suite=suite,
         items=items,
         settings=load_settings(write_config(tmp_path)),
         tiers=["small", "large"],
-        verifiers=[VerifierSpec(name="spy")],
+        verifiers=specs,
     )
-    calls = Calls()
     backends = {"small": ScriptedBackend("small", reply), "large": ScriptedBackend("large", reply)}
     with RunStore(tmp_path / "runs" / suite.name) as store:
-        summary = await run_eval(plan, store, registry=registry(calls), backends=backends)
+        summary = await run_eval(plan, store, registry=reg, backends=backends)
     assert summary.failed == []
     return calls, backends, items
 
@@ -47,10 +70,13 @@ async def test_humaneval_tests_never_reach_a_verifier(tmp_path: Path) -> None:
         prompt = next(r for r in rows.values() if r["prompt"] in request.last_user_text())
         return "```python\n" + prompt["prompt"] + prompt["canonical_solution"] + "```"
 
-    calls, backends, items = await spy_run(tmp_path, "humaneval", reply, 3)
+    # 8 items: HumanEval/149 and /121 have no >>>, /121 states its examples in prose
+    code_tests = RecordingCodeTests()
+    calls, backends, items = await spy_run(tmp_path, "humaneval", reply, 8, code_tests)
     seen = [(req, cand) for spy in calls.spies for req, cand in spy.seen]
-    requests = [req for req, _ in seen] + [r for b in backends.values() for r in b.requests]
-    assert len(seen) == 6
+    requests = [req for req, _ in seen] + [req for req, _ in code_tests.seen]
+    requests += [r for b in backends.values() for r in b.requests]
+    assert len(seen) == len(code_tests.seen) == 16
     for req in requests:
         text = everything_in(req)
         row = next(r for r in rows.values() if r["prompt"] in req.last_user_text())
@@ -58,6 +84,14 @@ async def test_humaneval_tests_never_reach_a_verifier(tmp_path: Path) -> None:
         assert "def check(candidate)" not in text
         assert row["canonical_solution"].strip() not in text
         assert set(req.metadata) == {"task", "client_code"} and "tests" not in req.metadata
+    # code_tests ran the examples it read from the prompt (in prose where there is no >>>), and the
+    # reference solutions pass them
+    for req, score in code_tests.seen:
+        row = next(r for r in rows.values() if r["prompt"] in req.last_user_text())
+        assert stated_examples(req.last_user_text()) == stated_examples(row["prompt"])
+        assert score.value == (0.5 if score.reason == "no_tests" else 1.0)  # HumanEval/149: none to read
+    prose = [s for req, s in code_tests.seen if ">>>" not in req.last_user_text() and s.reason != "no_tests"]
+    assert [s.details["total"] for s in prose] == [3, 3]  # HumanEval/121 on both tiers
     # the grader did see the tests: canonical solutions pass them
     store = RunStore(tmp_path / "runs" / "humaneval")
     assert all(g.correct for g in store.grades.records.values())
