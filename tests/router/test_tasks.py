@@ -234,3 +234,17 @@ def test_the_shipped_config_accepts_open_ended_answers_unless_degenerate() -> No
 def test_bench_prompts_cover_every_rule_task() -> None:
     tasks = Counter(detect_task(GenerationRequest(prompt=p)).task for p in PROMPTS)
     assert set(tasks) == {"code", "maths", "open_ended"}
+
+
+def test_the_readmes_escalate_all_policy_rejects_every_answer(tmp_path: Path, smol_path: Path) -> None:
+    import asyncio
+
+    from router.generation import Generation
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    snippet = readme.split("# escalate every open-ended request: a check no answer passes\n", 1)[1].split("```", 1)[0]
+    engine = Engine.from_settings(load_settings(config(tmp_path, snippet)))
+    judge = engine.cascade.tiers[0].judge("open_ended")
+    answer = Generation("A fine answer.", "stop", 5, 4, None, 0.1)
+    verdict = asyncio.run(judge.verifiers.score(chat("Tell me a story."), answer))
+    assert judge.threshold == 1.0 and not policy.accepts(verdict.score, judge.threshold)
