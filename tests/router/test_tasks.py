@@ -248,3 +248,10 @@ def test_the_readmes_escalate_all_policy_rejects_every_answer(tmp_path: Path, sm
     answer = Generation("A fine answer.", "stop", 5, 4, None, 0.1)
     verdict = asyncio.run(judge.verifiers.score(chat("Tell me a story."), answer))
     assert judge.threshold == 1.0 and not policy.accepts(verdict.score, judge.threshold)
+
+
+def test_the_overhead_bench_without_verifiers_drops_the_task_policies_too(tmp_path: Path) -> None:
+    from router.bench.instant_server import instant_settings
+
+    served = instant_settings(load_settings(), verifiers="none", ledger_path=tmp_path / "l.sqlite3")
+    assert all(not t.verifiers and not t.tasks for t in served.tiers)
