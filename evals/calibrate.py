@@ -277,13 +277,17 @@ def calibrate_preroute(
 # ---- writing the thresholds --------------------------------------------------------------------------------
 
 
-def toml_snippet(cal: Calibration) -> str:
+def toml_snippet(cal: Calibration, task: str | None = None) -> str:
+    """The thresholds as config lines: each tier's policy for `task`, or (None) the tier's own."""
     lines = [
         f"# calibrated for {cal.target} with verifier '{cal.verifier}' (seed {cal.seed}, "
         f"{cal.n_calibration} calibration items)"
     ]
     for name, th in cal.thresholds.items():
-        lines += ["[[tiers]]", f'name = "{name}"', f"threshold = {th:.6g}", ""]
+        lines += ["[[tiers]]", f'name = "{name}"']
+        if task is not None:
+            lines += [f"[tiers.tasks.{task}]"]
+        lines += [f"threshold = {th:.6g}", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -292,35 +296,53 @@ _NAME = re.compile(r'^\s*name\s*=\s*"([^"]*)"')
 _THRESHOLD = re.compile(r"^(\s*)threshold\s*=\s*[^#\n]*(#.*)?$")
 
 
-def write_thresholds(path: Path, thresholds: dict[str, float]) -> str:
-    """Set each named tier's `threshold` in a config.toml, keeping every other line (and comment)
-    as it is. The result is validated before it replaces the file; returns the new text."""
+def _set_threshold(lines: list[str], start: int, end: int, after: int, value: str) -> None:
+    """Set the `threshold` among lines[start:end] (one table's own keys), or insert it after line `after`."""
+    for j in range(start, end):
+        m = _THRESHOLD.match(lines[j])
+        if m:
+            comment = f"  {m.group(2)}" if m.group(2) else ""
+            lines[j] = f"{m.group(1)}threshold = {value}{comment}\n"
+            return
+    lines.insert(after + 1, f"threshold = {value}\n")
+
+
+def write_thresholds(path: Path, thresholds: dict[str, float], *, task: str | None = None) -> str:
+    """Set each named tier's threshold in a config.toml, keeping every other line (and comment)
+    as it is: the threshold of the tier's policy for `task` (`[tiers.tasks.<task>]`, added when
+    the tier has none), or with no task the tier's own `threshold`. The result is validated before
+    it replaces the file; returns the new text."""
     import os
     import tempfile
 
     from router.config import load_settings
 
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    blocks: list[tuple[int, int]] = []  # [start, end) of each [[tiers]] table's own keys
-    for i, line in enumerate(lines):
-        if line.strip() == "[[tiers]]":
-            end = next((j for j in range(i + 1, len(lines)) if _HEADER.match(lines[j])), len(lines))
-            blocks.append((i, end))
+    blocks: list[tuple[int, int, int]] = []  # per [[tiers]]: start, end of its own keys, end of its tables
+    tier_starts = [i for i, line in enumerate(lines) if line.strip() == "[[tiers]]"]
+    for k, i in enumerate(tier_starts):
+        end = next((j for j in range(i + 1, len(lines)) if _HEADER.match(lines[j])), len(lines))
+        blocks.append((i, end, tier_starts[k + 1] if k + 1 < len(tier_starts) else len(lines)))
     done: set[str] = set()
-    for start, end in reversed(blocks):
+    for start, end, region_end in reversed(blocks):
         name = next((m.group(1) for j in range(start + 1, end) if (m := _NAME.match(lines[j]))), None)
         if name not in thresholds:
             continue
         value = f"{thresholds[name]:.6g}"
-        for j in range(start + 1, end):
-            m = _THRESHOLD.match(lines[j])
-            if m:
-                comment = f"  {m.group(2)}" if m.group(2) else ""
-                lines[j] = f"{m.group(1)}threshold = {value}{comment}\n"
-                break
-        else:
+        if task is None:
             at = next(j for j in range(start + 1, end) if _NAME.match(lines[j]))
-            lines.insert(at + 1, f"threshold = {value}\n")
+            _set_threshold(lines, start + 1, end, at, value)
+        else:
+            header = f"[tiers.tasks.{task}]"
+            found = next((j for j in range(end, region_end) if lines[j].strip() == header), None)
+            if found is not None:
+                own_end = next((j for j in range(found + 1, len(lines)) if _HEADER.match(lines[j])), len(lines))
+                _set_threshold(lines, found + 1, own_end, found, value)
+            else:  # after the tier's last table, before the comments and blank lines that lead to the next
+                last = max(
+                    j for j in range(start, region_end) if lines[j].strip() and not lines[j].lstrip().startswith("#")
+                )
+                lines[last + 1 : last + 1] = ["\n", f"{header}\n", f"threshold = {value}\n"]
         done.add(name)
     missing = set(thresholds) - done
     if missing:
@@ -332,7 +354,10 @@ def write_thresholds(path: Path, thresholds: dict[str, float]) -> str:
             f.write(text)
         settings = load_settings(tmp)  # refuse to write a config that no longer loads
         for name, th in thresholds.items():
-            if abs(settings.tier(name).threshold - th) > 1e-6:
+            tier = settings.tier(name)
+            policy = tier.tasks.get(task) if task is not None else None  # type: ignore[call-overload]
+            written = tier.threshold if task is None else (policy.threshold if policy is not None else None)
+            if written is None or abs(written - th) > 1e-6:
                 raise ConfigError(f"{path}: writing the threshold of tier '{name}' did not take")
         os.replace(tmp, path)
     finally:

@@ -288,6 +288,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from evals.calibrate import Target, calibrate, toml_snippet, write_thresholds
     from evals.formatting import pct, th, usd
     from evals.sweep import CONFIG
+    from router.tasks import task_of_suite
 
     table = _load(args, args.run)
     target = Target.parse(args.target)
@@ -307,7 +308,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     for t in cal.held_out_tiers:
         print(f"  held-out, always {t.policy}: accuracy {pct(t.accuracy)}, {usd(t.cost_per_1k)} per 1k")
     print(f"  target met on held-out items: {'yes' if cal.held_out_met else 'no'}")
-    snippet = toml_snippet(cal)
+    # the thresholds belong to the policy of the suite's task, unless the tier's own is asked for
+    task = None if args.tier_threshold else task_of_suite(table.manifest.get("suite", {}).get("task", "text"))
+    snippet = toml_snippet(cal, task)
     configured = _single_configured(table, verifier)
     if args.write:
         if not configured:
@@ -318,8 +321,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         from router.config import DEFAULT_CONFIG
 
         path = Path(args.config) if args.config else DEFAULT_CONFIG
-        write_thresholds(path, cal.thresholds)
-        print(f"wrote thresholds into {path}")
+        write_thresholds(path, cal.thresholds, task=task)
+        where = "the tiers' own threshold" if task is None else f"the tiers' policy for task '{task}'"
+        print(f"wrote thresholds into {path} ({where})")
     else:
         print("\n# paste into config.toml (or rerun with --write):\n" + snippet)
     return 0
@@ -528,7 +532,17 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--fraction", type=float, default=0.5, help="share of items used to calibrate (default 0.5)")
     p.add_argument("--tiers", default=None, help="comma-separated subset of the run's tiers, cheapest first")
     p.add_argument("--reprice", action="store_true", help="price with the config's price sheet, not the run's")
-    p.add_argument("--write", action="store_true", help="write the thresholds into the config file")
+    p.add_argument(
+        "--write",
+        action="store_true",
+        help="write the thresholds into the config file: each tier's policy for the suite's task "
+        "(tiers[].tasks.<task>.threshold)",
+    )
+    p.add_argument(
+        "--tier-threshold",
+        action="store_true",
+        help="with --write: set the tiers' own threshold (every task without a policy) instead",
+    )
     p.add_argument("--estimators", default=None, metavar="DIR", help=_ESTIMATORS_HELP)
 
     p = add("report", "Markdown + self-contained HTML + CSV report from stored runs", cmd_report, esub)

@@ -8,7 +8,9 @@ answers, whether it escalated, what it cost. The parity test compares that with 
 apart unnoticed; live-traffic imports replay the same way.
 
 A replayed request names its item by id (`GenerationRequest.prompt`); nothing of the item's text is
-needed, so a run replays without its suite's data.
+needed, so a run replays without its suite's data. For the same reason the item's task is not
+detected from its text: it is the suite's (`Replay.task`), handed to the cascade, which picks each
+tier's policy for it exactly as it does for a detected task.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from evals.runner import verifier_fingerprint
 from evals.store import GenerationRecord, RunStore, ScoreRecord, generation_key, score_key
 from evals.sweep import CONFIG
 from router.backends.base import Backend
-from router.cascade import Cascade, Tier
+from router.cascade import Cascade, Judge, Tier
 from router.config import CascadeSettings, PriceSettings, TierSettings
 from router.errors import ConfigError
 from router.generation import Delta, Generation, GenerationRequest
+from router.tasks import TaskLabel, task_of_suite
 from router.verification import Score, VerifierCost, VerifierSet, WeightedVerifier
 
 
@@ -75,6 +78,9 @@ class Replay:
             labels = {v["label"]: (v["name"], v["params"]) for v in [*snap["verifiers"], *extra]}
             self._specs[snap["name"]] = labels
         self.item_ids = [entry["id"] for entry in self.manifest["items"]]
+        suite = self.manifest.get("suite", {})
+        # every item of a run is of its suite's task
+        self.task = TaskLabel(task_of_suite(suite.get("task", "text")), f"suite {suite.get('name', '?')}")
 
     def _gen_key(self, snap: Mapping[str, Any], entry: Mapping[str, Any]) -> str:
         return generation_key(snap["fingerprint"], entry["prompt_sha"])
@@ -110,11 +116,22 @@ class Replay:
         members = [WeightedVerifier(self.verifier(tier, v["label"]), v["weight"]) for v in snap["verifiers"]]
         return VerifierSet(members, snap.get("combine", "mean"))
 
-    def cascade(self, label: str, thresholds: Sequence[float], *, settings: CascadeSettings | None = None) -> Cascade:
+    def cascade(
+        self,
+        label: str,
+        thresholds: Sequence[float],
+        *,
+        settings: CascadeSettings | None = None,
+        tasks: Mapping[str, Sequence[float]] | None = None,
+    ) -> Cascade:
         """The run's tiers in order, each but the last verified by `label` at its threshold, the
-        last by its own configured verifiers (run on every answer it gives, as in the service)."""
+        last by its own configured verifiers (run on every answer it gives, as in the service).
+        `tasks` gives tiers policies per task: the same verifiers at other thresholds (one per
+        tier but the last), used for requests of that task."""
         if len(thresholds) != max(1, len(self.snapshots) - 1):
             raise ValueError("one threshold per tier but the last")
+        if any(len(ths) != len(thresholds) for ths in (tasks or {}).values()):
+            raise ValueError("one threshold per tier but the last, for every task")
         tiers = []
         last = len(self.snapshots) - 1
         for i, snap in enumerate(self.snapshots):
@@ -130,7 +147,11 @@ class Replay:
                 verify_timeout_s=1e9,
             )
             verifiers = self.verifier_set(name, label if i < last else CONFIG)
-            tiers.append(Tier(ts, self.backend(name), verifiers))
+            judges = {}
+            for task, ths in (tasks or {}).items():
+                at = ths[min(i, len(ths) - 1)] if i < last or last == 0 else 0.0
+                judges[task] = Judge(verifiers, at, task)
+            tiers.append(Tier(ts, self.backend(name), verifiers, tasks=judges))
         return Cascade(tiers, settings or CascadeSettings())
 
     def _snap(self, tier: str) -> dict[str, Any]:

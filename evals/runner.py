@@ -40,7 +40,9 @@ from evals.suites.base import Item, Suite
 from router.config import Settings, TierSettings, VerifierSpec
 from router.errors import ConfigError, ModelError, RequestError, UnavailableError
 from router.generation import GenerationRequest
+from router.policy import TaskPolicy, task_policy
 from router.pricing import describe
+from router.tasks import task_of_suite
 
 if TYPE_CHECKING:
     from router.backends.base import Backend
@@ -156,15 +158,23 @@ class EvalPlan:
             raise ConfigError(f"unknown tier(s): {', '.join(unknown)}; configured: {', '.join(sorted(known))}")
         return [t for t in self.settings.tiers if t.name in self.tiers]
 
+    def judging(self, tier: TierSettings) -> TaskPolicy:
+        """How the service judges this suite's items at `tier`: the tier's policy for the suite's task."""
+        return task_policy(tier, task_of_suite(self.suite.task))
+
     def verifier_specs(self, tier: TierSettings) -> dict[str, VerifierSpec]:
-        """Label -> spec: the tier's own verifiers, then the eval's."""
+        """Label -> spec: the verifiers of the tier's policy for the suite's task, then the eval's."""
         specs: dict[str, VerifierSpec] = {}
-        for spec in [*tier.verifiers, *self.verifiers]:
+        for spec in [*self.judging(tier).verifiers, *self.verifiers]:
             specs.setdefault(verifier_label(spec.name, spec.params), spec)
         return specs
 
 
 def _tier_snapshot(plan: EvalPlan, tier: TierSettings) -> dict[str, Any]:
+    """The tier as it judges this suite: `combine`, `threshold` and `verifiers` are its policy for
+    the suite's task (`task` names it; None: the tier's own settings), the 'config' verifier of
+    the sweep and the replay."""
+    judging = plan.judging(tier)
     return {
         "name": tier.name,
         "backend": tier.backend,
@@ -173,11 +183,12 @@ def _tier_snapshot(plan: EvalPlan, tier: TierSettings) -> dict[str, Any]:
         "max_tokens": effective_max_tokens(plan.suite, tier),
         "price": tier.price.model_dump(mode="json"),
         "price_text": describe(tier.price),
-        "combine": tier.combine,
-        "threshold": tier.threshold,
+        "task": judging.task,
+        "combine": judging.combine,
+        "threshold": judging.threshold,
         "verifiers": [
             {"name": s.name, "params": s.params, "weight": s.weight, "label": verifier_label(s.name, s.params)}
-            for s in tier.verifiers
+            for s in judging.verifiers
         ],
         "scored_with": sorted(plan.verifier_specs(tier)),
     }

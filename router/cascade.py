@@ -3,6 +3,10 @@
 For each tier in order (or only the tier the client named): generate, score with the tier's
 verifiers, accept when the combined score reaches the tier's threshold or the tier is the last.
 The decision is made here, once; verifiers only score and backends only generate.
+
+Which verifiers and threshold a tier uses depends on the request's task (`router.tasks`): it is
+detected once, before the first tier, and each tier judges by its policy for that task (built by
+the composition root from `tiers[].tasks`, falling back to the tier's own settings).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from router.config import CascadeSettings, TierSettings
 from router.errors import UnavailableError, UnknownModelError
 from router.generation import Delta, Generation, GenerationRequest
 from router.pricing import Usage
+from router.tasks import TaskClassifier, TaskLabel, detect_task
 from router.verification import Score, VerifierCost, VerifierSet
 
 
@@ -34,16 +39,31 @@ class PreRouter(Protocol):
     def probability(self, request: GenerationRequest) -> float: ...
 
 
+@dataclass(frozen=True)
+class Judge:
+    """A tier's verifiers and threshold for one task (`router.policy.task_policy`, built)."""
+
+    verifiers: VerifierSet
+    threshold: float
+    task: str | None = None  # the task whose own policy this is; None: the tier's own settings
+
+
 @dataclass
 class Tier:
     settings: TierSettings
     backend: Backend
     verifiers: VerifierSet
     prerouter: PreRouter | None = None  # loaded from settings.prerouter by router.engine.load_prerouter
+    tasks: Mapping[str, Judge] = field(default_factory=dict)  # the tier's policies per task
 
     @property
     def name(self) -> str:
         return self.settings.name
+
+    def judge(self, task: str | None) -> Judge:
+        """How this tier judges answers to `task`: its policy for the task, else its own settings."""
+        found = self.tasks.get(task) if task is not None else None
+        return found if found is not None else Judge(self.verifiers, self.settings.threshold)
 
     def cost_of(self, gen: Generation) -> float:
         """What generating `gen` cost on this tier."""
@@ -108,6 +128,7 @@ class CascadeResult:
     final: Attempt
     unverified: bool = False  # a lower tier's answer returned because the next tier was down
     counterfactual_usd: float = 0.0  # had the request gone straight to the top tier
+    task: TaskLabel | None = None  # the request's task and why, detected before the first tier
 
     @property
     def escalated(self) -> bool:
@@ -125,6 +146,8 @@ class CascadeResult:
     def summary(self) -> dict[str, Any]:
         return {
             "tier": self.final.tier,
+            "task": self.task.task if self.task else None,
+            "task_why": self.task.why if self.task else None,
             "escalated": self.escalated,
             "unverified": self.unverified,
             "cost_usd": self.cost_usd,
@@ -159,12 +182,18 @@ class Spent:
 
 
 class Cascade:
-    def __init__(self, tiers: Sequence[Tier], settings: CascadeSettings) -> None:
+    def __init__(
+        self, tiers: Sequence[Tier], settings: CascadeSettings, classifier: TaskClassifier | None = None
+    ) -> None:
         if not tiers:
             raise ValueError("a cascade needs at least one tier")
         self.tiers = list(tiers)
         self.by_name: Mapping[str, Tier] = {t.name: t for t in tiers}
         self.settings = settings
+        self.classifier = classifier  # None: tasks are detected by rules alone
+
+    def detect(self, request: GenerationRequest) -> TaskLabel:
+        return detect_task(request, self.classifier)
 
     def model_names(self) -> list[str]:
         return ["auto", *self.by_name]
@@ -177,22 +206,36 @@ class Cascade:
         raise UnknownModelError(model, self.model_names())
 
     async def run(
-        self, request: GenerationRequest, model: str = "auto", *, spent: Spent | None = None
+        self,
+        request: GenerationRequest,
+        model: str = "auto",
+        *,
+        spent: Spent | None = None,
+        task: TaskLabel | None = None,
     ) -> CascadeResult:
         result: CascadeResult | None = None
-        async for item in self.stream(request, model, live=False, spent=spent):
+        async for item in self.stream(request, model, live=False, spent=spent, task=task):
             if isinstance(item, Final):
                 result = item.result
         assert result is not None
         return result
 
     async def stream(
-        self, request: GenerationRequest, model: str = "auto", *, live: bool = True, spent: Spent | None = None
+        self,
+        request: GenerationRequest,
+        model: str = "auto",
+        *,
+        live: bool = True,
+        spent: Spent | None = None,
+        task: TaskLabel | None = None,
     ) -> AsyncIterator[Answering | Delta | Final]:
         """Yield the answer's text, then a Final. Only the last planned tier streams live: text of a
         tier that may still be rejected is held back until it is verified. When it ends without a
-        Final after work was done (a failure, or the consumer went away), `spent` gets what it cost."""
+        Final after work was done (a failure, or the consumer went away), `spent` gets what it cost.
+        `task` is the request's task when the caller knows it (a replayed eval item); else it is
+        detected here."""
         plan = self.plan(model)
+        label = task if task is not None else self.detect(request)
         attempts: list[Attempt] = []
         attempt: Attempt | None = None
         tier: Tier | None = None
@@ -202,7 +245,8 @@ class Cascade:
         try:
             for i, tier in enumerate(plan):
                 last = i == len(plan) - 1
-                attempt = Attempt(tier=tier.name, threshold=tier.settings.threshold)
+                judge = tier.judge(label.task)
+                attempt = Attempt(tier=tier.name, threshold=judge.threshold)
                 attempts.append(attempt)
                 if tier.prerouter is not None and not last and self._skip(tier.prerouter, request, attempt):
                     continue
@@ -236,17 +280,17 @@ class Cascade:
                     yield Answering(fallback.tier, escalated=True)
                     yield Delta(fallback.generation.text)  # type: ignore[union-attr]
                     finished = True
-                    yield Final(self._result(model, attempts, fallback, unverified=True))
+                    yield Final(self._result(model, attempts, fallback, label, unverified=True))
                     return
                 attempt.generation = gen
                 attempt.cost_usd = tier.cost_of(gen)
-                await self._verify(tier, tier_request, gen, attempt)
-                if policy.accepts(attempt.score, tier.settings.threshold):
+                await self._verify(tier, judge.verifiers, tier_request, gen, attempt)
+                if policy.accepts(attempt.score, judge.threshold):
                     attempt.accepted = True
                     attempt.reason = attempt.reason or "score reached the threshold"
                 elif last:
                     attempt.accepted = True
-                    attempt.reason = "last tier: accepted without passing" if tier.verifiers else "last tier"
+                    attempt.reason = "last tier: accepted without passing" if judge.verifiers else "last tier"
                 else:
                     attempt.reason = self._why_rejected(attempt)
                     continue
@@ -254,11 +298,11 @@ class Cascade:
                     yield Answering(tier.name, escalated=i > 0)
                     yield Delta(gen.text)
                 finished = True
-                yield Final(self._result(model, attempts, attempt))
+                yield Final(self._result(model, attempts, attempt, label))
                 return
         except BaseException as exc:  # a failure, or the consumer went away (GeneratorExit, cancelled)
             if not finished and attempt is not None and tier is not None:
-                self._spent(spent, model, attempts, attempt, tier, pieces, started, exc)
+                self._spent(spent, model, attempts, attempt, tier, pieces, started, exc, label)
             raise
 
     @staticmethod
@@ -281,6 +325,7 @@ class Cascade:
         pieces: list[Delta],
         started: float,
         exc: BaseException,
+        label: TaskLabel,
     ) -> None:
         """Fill `spent` when the cascade ends without an answer after work was done: the
         interrupted attempt is priced for what it streamed (tokens and compute as the backend
@@ -309,7 +354,7 @@ class Cascade:
             attempt.error = f"{type(exc).__name__}: {exc}"[:500]
             attempt.reason = "failed mid-answer" if pieces else "failed"
         if any(a.generation is not None for a in attempts):
-            spent.result = self._result(model, attempts, attempt)
+            spent.result = self._result(model, attempts, attempt, label)
 
     @staticmethod
     def _bound(request: GenerationRequest, tier: Tier) -> GenerationRequest:
@@ -318,8 +363,10 @@ class Cascade:
             deadline = min(deadline, request.deadline)
         return request.with_(max_tokens=min(request.max_tokens, tier.settings.max_tokens), deadline=deadline)
 
-    async def _verify(self, tier: Tier, request: GenerationRequest, gen: Generation, attempt: Attempt) -> None:
-        if not tier.verifiers:
+    async def _verify(
+        self, tier: Tier, verifiers: VerifierSet, request: GenerationRequest, gen: Generation, attempt: Attempt
+    ) -> None:
+        if not verifiers:
             attempt.score = policy.combine([])
             attempt.reason = "no verifiers"
             return
@@ -327,7 +374,7 @@ class Cascade:
         try:
             # a verifier that hangs (a sandbox queue, a judge tier) must not hold the request:
             # past the tier's verification deadline the answer counts as unverified and goes up
-            verdict = await asyncio.wait_for(tier.verifiers.score(request, gen), timeout=tier.settings.verify_timeout_s)
+            verdict = await asyncio.wait_for(verifiers.score(request, gen), timeout=tier.settings.verify_timeout_s)
         except TimeoutError:
             attempt.verify_s = time.monotonic() - t0
             attempt.score = None
@@ -372,9 +419,9 @@ class Cascade:
         return best
 
     def _result(
-        self, model: str, attempts: list[Attempt], final: Attempt, *, unverified: bool = False
+        self, model: str, attempts: list[Attempt], final: Attempt, task: TaskLabel, *, unverified: bool = False
     ) -> CascadeResult:
-        result = CascadeResult(model=model, attempts=attempts, final=final, unverified=unverified)
+        result = CascadeResult(model=model, attempts=attempts, final=final, unverified=unverified, task=task)
         result.counterfactual_usd = self._counterfactual(attempts, final)
         return result
 

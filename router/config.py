@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from router.errors import ConfigError
+from router.tasks import Task
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
 _TIER_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -62,6 +63,19 @@ class PrerouterSettings(_Strict):
         pattern=r"^[0-9a-fA-F]{64}$", description="The file's SHA-256: any other file is refused at start-up."
     )
     threshold: float = Field(ge=0, le=1, description="Skip the tier when P(right) from the prompt is below this.")
+
+
+class TaskPolicySettings(_Strict):
+    """How a tier judges answers to one task (`tiers[].tasks.<task>`). Every field left unset is
+    the tier's own (`verifiers`, `combine`, `threshold`)."""
+
+    verifiers: list[VerifierSpec] | None = Field(
+        None, description="The verifiers for this task; unset: the tier's own. An empty list accepts every answer."
+    )
+    combine: Literal["mean", "min"] | None = Field(None, description="How their scores combine; unset: the tier's.")
+    threshold: float | None = Field(
+        None, ge=0, le=1, description="Accept when the combined score >= this; unset: the tier's."
+    )
 
 
 class LlamaCppSettings(_Strict):
@@ -119,6 +133,11 @@ class TierSettings(_Strict):
     verifiers: list[VerifierSpec] = Field(default_factory=list)
     combine: Literal["mean", "min"] = Field("mean", description="How verifier scores are combined.")
     threshold: float = Field(0.5, ge=0, le=1, description="Accept when the combined score >= this.")
+    tasks: dict[Task, TaskPolicySettings] = Field(
+        default_factory=dict,
+        description="Policies per task (structured, choice, code, maths, open_ended): verifiers, combine and "
+        "threshold for requests of that task; what a policy leaves unset, and tasks without one, use the tier's own.",
+    )
     max_tokens: int = Field(512, ge=1, description="Cap on a request's max_tokens at this tier.")
     timeout_s: float = Field(120.0, gt=0, description="Deadline for one generation at this tier.")
     verify_timeout_s: float = Field(

@@ -1,4 +1,5 @@
-"""Wiring: settings -> backends, verifiers and the cascade, with one start/close for all of them.
+"""Wiring: settings -> backends, verifiers (each tier's own and its policies per task) and the
+cascade, with one start/close for all of them.
 
 The HTTP app, the CLI and the eval runner each build an `Engine` from settings; nothing here is a
 module-level global, so tests build as many as they like side by side.
@@ -11,11 +12,13 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from router import policy
 from router.backends.base import Backend
-from router.cascade import Cascade, Tier
-from router.config import Settings, TierSettings
+from router.cascade import Cascade, Judge, Tier
+from router.config import Settings, TierSettings, VerifierSpec
 from router.errors import ConfigError, ModelError
 from router.plugins import BackendRegistry, SharedRegistry, VerifierRegistry
+from router.tasks import TaskClassifier
 from router.verification import VerifierContext, VerifierError, VerifierSet, WeightedVerifier
 
 if TYPE_CHECKING:
@@ -60,13 +63,16 @@ def check_resources(
                 resolve_model(tier.llamacpp.model, settings.models.cache_dir)
             except ModelError as exc:
                 problems.append(f"{key}.llamacpp.model: {exc}")
-        for j, spec in enumerate(tier.verifiers):
-            if spec.name not in reg.names():
-                problems.append(
-                    f"{key}.verifiers[{j}].name: unknown verifier '{spec.name}'; known: {', '.join(reg.names())}"
-                )
-            elif (why := reg.unavailable(spec.name)) is not None:
-                problems.append(f"{key}.verifiers[{j}] ({spec.name}): cannot run here: {why}")
+        lists = [(f"{key}.verifiers", tier.verifiers)]
+        lists += [(f"{key}.tasks.{task}.verifiers", p.verifiers) for task, p in tier.tasks.items() if p.verifiers]
+        for where, specs in lists:
+            for j, spec in enumerate(specs):
+                if spec.name not in reg.names():
+                    problems.append(
+                        f"{where}[{j}].name: unknown verifier '{spec.name}'; known: {', '.join(reg.names())}"
+                    )
+                elif (why := reg.unavailable(spec.name)) is not None:
+                    problems.append(f"{where}[{j}] ({spec.name}): cannot run here: {why}")
         try:
             load_prerouter(tier)
         except ConfigError as exc:
@@ -89,9 +95,11 @@ class Engine:
         only: Sequence[str] | None = None,
         registry: VerifierRegistry | None = None,
         backends: Mapping[str, Backend] | None = None,
+        classifier: TaskClassifier | None = None,
     ) -> Engine:
         """Build every tier (or just those in `only`). `backends` replaces the configured backend of
-        the named tiers: the seam tests use to put an instant or faulty backend behind a tier."""
+        the named tiers: the seam tests use to put an instant or faulty backend behind a tier.
+        `classifier` labels the requests no task rule claims (None: rules alone)."""
         reg = registry or VerifierRegistry.from_entry_points()
         breg = BackendRegistry.from_entry_points()
         tier_settings = [t for t in settings.tiers if only is None or t.name in only]
@@ -109,14 +117,23 @@ class Engine:
         for t in tier_settings:
             shared = SharedRegistry(reg)  # a learned verifier's features reuse the tier's own scores
             ctx = VerifierContext(tier=t.name, backend=built[t.name], backends=built, registry=shared)
-            members = []
-            for spec in t.verifiers:
+            members = _members(t.verifiers, shared, ctx, f"tiers ({t.name}).verifiers")
+            tasks: dict[str, Judge] = {}
+            for task, own in t.tasks.items():
+                p = policy.task_policy(t, task)
+                # a policy that keeps the tier's verifiers shares their instances (and their scores)
+                mine = (
+                    members
+                    if own.verifiers is None
+                    else _members(p.verifiers, shared, ctx, f"tiers ({t.name}).tasks.{task}.verifiers")
+                )
                 try:
-                    members.append(WeightedVerifier(shared.create(spec.name, spec.params, ctx), spec.weight))
+                    tasks[task] = Judge(VerifierSet(mine, p.combine), p.threshold, task)
                 except VerifierError as exc:
-                    raise ConfigError(f"tiers ({t.name}).verifiers: {exc}") from None
-            tiers.append(Tier(t, built[t.name], VerifierSet(members, t.combine), load_prerouter(t)))
-        return cls(settings=settings, cascade=Cascade(tiers, settings.cascade), backends=built)
+                    raise ConfigError(f"tiers ({t.name}).tasks.{task}: {exc}") from None
+            tiers.append(Tier(t, built[t.name], VerifierSet(members, t.combine), load_prerouter(t), tasks))
+        cascade = Cascade(tiers, settings.cascade, classifier)
+        return cls(settings=settings, cascade=cascade, backends=built)
 
     async def start(self) -> None:
         # one at a time: two models loading at once only fight over memory bandwidth
@@ -131,3 +148,15 @@ class Engine:
     @property
     def ready(self) -> bool:
         return self.started and all(b.ready for b in self.backends.values())
+
+
+def _members(
+    specs: Sequence[VerifierSpec], shared: SharedRegistry, ctx: VerifierContext, where: str
+) -> list[WeightedVerifier]:
+    members = []
+    for spec in specs:
+        try:
+            members.append(WeightedVerifier(shared.create(spec.name, spec.params, ctx), spec.weight))
+        except VerifierError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    return members

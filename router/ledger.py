@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2  # 2: the pending table (write-ahead rows)
+SCHEMA_VERSION = 3  # 2: the pending table (write-ahead rows); 3: requests.task and task_why
 # settled entries whose write failed, kept for the next successful write; past this many the
 # oldest is logged and dropped (its pending row still stands for it at its worst-case cost)
 MAX_UNSETTLED = 10_000
@@ -130,6 +130,8 @@ class LedgerEntry:
     cost_usd: float  # every attempt's generation and verifier cost
     counterfactual_usd: float  # had the request gone straight to the top tier
     attempts: tuple[AttemptEntry, ...] = field(default_factory=tuple)
+    task: str | None = None  # the request's task (router.tasks); None in rows written before tasks existed
+    task_why: str | None = None  # why it was given that task
 
     @property
     def prompt_tokens(self) -> int:
@@ -159,6 +161,8 @@ class LedgerEntry:
             cost_usd=result.cost_usd,
             counterfactual_usd=result.counterfactual_usd,
             attempts=tuple(AttemptEntry.from_attempt(i, a) for i, a in enumerate(result.attempts)),
+            task=result.task.task if result.task else None,
+            task_why=result.task.why if result.task else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -222,7 +226,9 @@ CREATE TABLE IF NOT EXISTS requests (
     latency_ms         REAL NOT NULL,
     cost_usd           REAL NOT NULL,
     verifier_cost_usd  REAL NOT NULL,
-    counterfactual_usd REAL NOT NULL
+    counterfactual_usd REAL NOT NULL,
+    task               TEXT,
+    task_why           TEXT
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_key_ts ON requests (key_id, ts);
@@ -258,8 +264,11 @@ CREATE TABLE IF NOT EXISTS attempts (
 
 _REQUEST_COLUMNS = (
     "request_id, ts, key_id, model, tier, escalated, unverified, n_attempts, prompt_tokens, "
-    "completion_tokens, latency_ms, cost_usd, verifier_cost_usd, counterfactual_usd"
+    "completion_tokens, latency_ms, cost_usd, verifier_cost_usd, counterfactual_usd, task, task_why"
 )
+# Columns added to a table after its first release, with their type: a ledger file written by an
+# older version gets them on open (older rows hold NULL), so no file is ever rewritten or lost.
+_ADDED_COLUMNS = {"requests": (("task", "TEXT"), ("task_why", "TEXT"))}
 _ATTEMPT_COLUMNS = (
     "request_id, idx, tier, decision, reason, error, score, threshold, scores_json, prompt_tokens, "
     "completion_tokens, finish_reason, latency_ms, busy_ms, verify_ms, cost_usd, verifier_cost_usd, verifier_tokens"
@@ -294,6 +303,7 @@ class SQLiteStore:
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.executescript(_SCHEMA)
+            _migrate(conn)
             conn.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )
@@ -313,7 +323,7 @@ class SQLiteStore:
         try:
             conn.execute("DELETE FROM pending WHERE request_id = ?", (entry.request_id,))
             conn.execute(
-                f"INSERT INTO requests ({_REQUEST_COLUMNS}) VALUES ({', '.join('?' * 14)})",
+                f"INSERT INTO requests ({_REQUEST_COLUMNS}) VALUES ({', '.join('?' * 16)})",
                 (
                     entry.request_id,
                     entry.ts,
@@ -329,6 +339,8 @@ class SQLiteStore:
                     entry.cost_usd,
                     entry.verifier_cost_usd,
                     entry.counterfactual_usd,
+                    entry.task,
+                    entry.task_why,
                 ),
             )
             conn.executemany(
@@ -382,6 +394,17 @@ class SQLiteStore:
             yield PendingEntry(*row)
 
     def entries(self, since: float | None = None, until: float | None = None) -> Iterator[LedgerEntry]:
+        if self.read_only and not self._has_task:
+            # a ledger of an older version, opened read-only (a report), cannot be migrated
+            yield from self._entries(since, until, _REQUEST_COLUMNS.replace(", task, task_why", ", NULL, NULL"))
+            return
+        yield from self._entries(since, until, _REQUEST_COLUMNS)
+
+    @property
+    def _has_task(self) -> bool:
+        return "task" in _columns(self.conn, "requests")
+
+    def _entries(self, since: float | None, until: float | None, columns: str) -> Iterator[LedgerEntry]:
         where, params = _window("ts", since, until)
         r_where, _ = _window("r.ts", since, until)
         attempts: dict[str, list[AttemptEntry]] = {}
@@ -396,7 +419,7 @@ class SQLiteStore:
             ):
                 attempts.setdefault(row[0], []).append(_attempt_from_row(row))
             rows = self.conn.execute(
-                f"SELECT {_REQUEST_COLUMNS} FROM requests {where} ORDER BY ts, request_id", params
+                f"SELECT {columns} FROM requests {where} ORDER BY ts, request_id", params
             ).fetchall()
         finally:
             self.conn.execute("COMMIT")
@@ -413,6 +436,8 @@ class SQLiteStore:
                 cost_usd=row[11],
                 counterfactual_usd=row[13],
                 attempts=tuple(attempts.get(row[0], ())),
+                task=row[14],
+                task_why=row[15],
             )
 
     def close(self) -> None:
@@ -424,6 +449,19 @@ class SQLiteStore:
                     log.warning("ledger checkpoint failed: %s", exc)
             self._conn.close()
             self._conn = None
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring a ledger file of an older schema up to this one: add the columns it lacks."""
+    for table, added in _ADDED_COLUMNS.items():
+        have = _columns(conn, table)
+        for column, kind in added:
+            if column not in have:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
 def _window(column: str, since: float | None, until: float | None) -> tuple[str, tuple[float, ...]]:

@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.backends.base import Backend
 from router.ledger import LedgerEntry
+from router.tasks import TASKS
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 _SCORE_BUCKETS = tuple(round(0.1 * i, 1) for i in range(1, 11))
@@ -53,9 +54,10 @@ class Metrics:
         r.register(_BackendCollector(backends))
         self.requests = Counter(
             "tierroute_requests",
-            "Requests by final tier and outcome"
-            " (accepted, escalated, unverified; abandoned or failed: no answer, work spent).",
-            ["tier", "outcome"],
+            "Requests by final tier, outcome"
+            " (accepted, escalated, unverified; abandoned or failed: no answer, work spent)"
+            " and task (structured, choice, code, maths, open_ended).",
+            ["tier", "outcome", "task"],
             registry=r,
         )
         self.refused = Counter(
@@ -117,7 +119,9 @@ class Metrics:
             outcome = "abandoned" if end == "abandoned" else "failed"
         else:
             outcome = "unverified" if entry.unverified else "escalated" if entry.escalated else "accepted"
-        self.requests.labels(entry.tier, outcome).inc()
+        # the label takes only the five task names, so a series count never grows with traffic
+        task = entry.task if entry.task in TASKS else "open_ended"
+        self.requests.labels(entry.tier, outcome, task).inc()
         self.key_cost.labels(entry.key_id).inc(entry.cost_usd)
         self.counterfactual.inc(entry.counterfactual_usd)
         self.request_latency.labels(entry.tier).observe(entry.latency_ms / 1000)

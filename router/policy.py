@@ -2,6 +2,12 @@
 accepts its answer, when a pre-router skips a tier, and how the work of generating and verifying
 is priced.
 
+Which verifiers and threshold judge a request is chosen by its task (`router.tasks`): a tier's
+policy for that task (`tiers[].tasks.<task>`), each field it leaves unset falling back to the
+tier's own (`task_policy`). The service builds every tier's policies once from this function;
+the eval runner records the policy of its suite's task with each run, so the replay and the
+simulator judge a suite's items as the service judges requests of that task.
+
 The live cascade (`router.cascade`) and every offline simulation (`evals.sweep` and what builds on
 it: calibration, the estimators' policies, the reports) call these functions and nothing else, so a
 threshold calibrated offline means in the service exactly what it meant in the simulator. A replay
@@ -17,12 +23,37 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
-from router.config import PriceSettings
+from router.config import PriceSettings, TierSettings, VerifierSpec
 from router.pricing import Usage, cost_usd
 
 Combine = Literal["mean", "min"]
+
+
+@dataclass(frozen=True)
+class TaskPolicy:
+    """The verifiers, combination and threshold that judge one task's answers at one tier."""
+
+    verifiers: tuple[VerifierSpec, ...]
+    combine: Combine
+    threshold: float
+    task: str | None  # the task whose own policy this is; None: the tier's own settings
+
+
+def task_policy(tier: TierSettings, task: str | None) -> TaskPolicy:
+    """The tier's policy for `task`: its `tasks.<task>` entry, each unset field the tier's own;
+    the tier's own settings for a task without an entry (or no task)."""
+    own = tier.tasks.get(task) if task is not None else None  # type: ignore[call-overload]
+    if own is None:
+        return TaskPolicy(tuple(tier.verifiers), tier.combine, tier.threshold, None)
+    return TaskPolicy(
+        tuple(tier.verifiers if own.verifiers is None else own.verifiers),
+        tier.combine if own.combine is None else own.combine,
+        tier.threshold if own.threshold is None else own.threshold,
+        task,
+    )
 
 
 def combine(members: Sequence[tuple[float | None, float]], how: str = "mean") -> float | None:

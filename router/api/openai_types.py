@@ -96,6 +96,14 @@ class TierrouteOptions(_Lenient):
         return any(self.tests) if isinstance(self.tests, list) else bool(self.tests)
 
 
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+
+
+class Tool(_Lenient):
+    type: StrictStr = Field(max_length=64)
+
+
 class StreamOptions(_Lenient):
     include_usage: StrictBool | None = False
 
@@ -118,6 +126,10 @@ class _Common(_Lenient):
     user: StrictStr | None = Field(None, max_length=512)
     top_logprobs: StrictInt | None = None
     tierroute: TierrouteOptions | None = None
+    # Read only to tell the request's task (router.tasks): a structured answer is asked for.
+    # Not enforced on the answer yet; unchecked before, they were silently dropped.
+    response_format: ResponseFormat | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
 
     @field_validator("model")
     @classmethod
@@ -163,6 +175,10 @@ class _Common(_Lenient):
         # the verifiers learn whether this caller may have code run at all: without it, `code_tests`
         # runs only the prompt's examples that call a function with literal arguments
         allowed: dict[str, Any] = {"client_code": True} if may_send_tests else {}
+        if self.response_format is not None and self.response_format.type != "text":
+            allowed["response_format"] = self.response_format.type
+        if self.tools:
+            allowed["tools"] = len(self.tools)
         if self.tierroute is None or not self.tierroute.carries_tests():
             return allowed
         if not may_send_tests:

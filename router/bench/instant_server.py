@@ -49,8 +49,8 @@ class ServerTiming:
 
 def instant_settings(settings: Settings, *, verifiers: str, ledger_path: Path) -> Settings:
     """The config as the overhead mode serves it: on loopback without keys, with a scratch ledger,
-    and with the tiers' verifiers as configured or removed."""
-    tiers = [t.model_copy(update={"verifiers": []}) if verifiers == "none" else t for t in settings.tiers]
+    and with the tiers' verifiers (their own and their policies' per task) as configured or removed."""
+    tiers = [t.model_copy(update={"verifiers": [], "tasks": {}}) if verifiers == "none" else t for t in settings.tiers]
     server = settings.server.model_copy(update={"host": "127.0.0.1", "allow_unauthenticated": True, "api_keys": []})
     ledger = settings.ledger.model_copy(update={"path": ledger_path})
     return settings.model_copy(update={"tiers": tiers, "server": server, "ledger": ledger})

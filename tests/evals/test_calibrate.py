@@ -121,3 +121,30 @@ def test_write_thresholds_keeps_the_rest_of_the_config(tmp_path: Path) -> None:
     assert load_settings(path).tier("small").threshold == pytest.approx(0.62)
     with pytest.raises(ConfigError):
         write_thresholds(path, {"nope": 0.1})
+
+
+def test_write_thresholds_into_a_task_policy(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    shutil.copy(DEFAULT_CONFIG, path)
+    before = load_settings(path)
+    # the small tier has no maths policy yet: one is added, holding only the threshold
+    write_thresholds(path, {"small": 0.77}, task="maths")
+    after = load_settings(path)
+    small = after.tier("small")
+    assert small.tasks["maths"].threshold == pytest.approx(0.77)
+    assert small.tasks["maths"].verifiers is None and small.tasks["maths"].combine is None  # the tier's own
+    assert small.threshold == before.tier("small").threshold  # other tasks keep theirs
+    assert small.tasks["open_ended"] == before.tier("small").tasks["open_ended"]
+    assert after.tier("large") == before.tier("large")
+    # again: the policy's threshold line is replaced, nothing added
+    lines = path.read_text().count("\n")
+    write_thresholds(path, {"small": 0.66}, task="maths")
+    assert load_settings(path).tier("small").tasks["maths"].threshold == pytest.approx(0.66)
+    assert path.read_text().count("\n") == lines
+    # a policy that already has verifiers keeps them; the last tier gets a table of its own
+    write_thresholds(path, {"small": 0.3, "large": 0.2}, task="open_ended")
+    final = load_settings(path)
+    assert final.tier("small").tasks["open_ended"].threshold == pytest.approx(0.3)
+    assert [v.name for v in final.tier("small").tasks["open_ended"].verifiers or []] == ["degeneration"]
+    assert final.tier("large").tasks["open_ended"].threshold == pytest.approx(0.2)
+    assert final.tier("large").llamacpp == before.tier("large").llamacpp

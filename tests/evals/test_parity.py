@@ -13,6 +13,7 @@ import pytest
 from evals.replay import Replay, replay_request
 from evals.store import RunStore
 from evals.sweep import CONFIG, CascadePolicy, load_table, route_cost
+from router.tasks import TaskLabel
 
 RESULTS = Path(__file__).resolve().parents[2] / "evals" / "results"
 RUNS = ["gsm8k", "humaneval", "mmlu"]
@@ -52,3 +53,26 @@ async def test_replayed_cascade_decides_as_the_simulator(run: str) -> None:
                 assert math.isclose(live.cost_usd, cost, rel_tol=1e-12, abs_tol=1e-15), (where, live.cost_usd, cost)
                 checked += 1
     assert checked >= len(table.items) * len(labels) * 3
+
+
+@pytest.mark.parametrize("run", RUNS)
+async def test_the_replay_judges_each_item_by_its_suites_task_policy(run: str) -> None:
+    """A tier's policy for the suite's task decides the items of that suite, as the simulator
+    decides them at that policy's threshold; a request of another task gets the tier's own."""
+    store = RunStore(RESULTS / run)
+    table = load_table(store)
+    replay = Replay(store)
+    assert replay.task.task == {"gsm8k": "maths", "humaneval": "code", "mmlu": "choice"}[run]
+    names = [t.name for t in table.tiers]
+    scores = [it.tiers[0].scores[CONFIG] for it in table.items]
+    own, theirs = _thresholds(scores)[1], _thresholds(scores)[-2]
+    assert own != theirs
+    cascade = replay.cascade(CONFIG, [own], tasks={replay.task.task: [theirs]})
+    for task, threshold in ((replay.task, theirs), (TaskLabel("open_ended", "other"), own)):
+        simulated = CascadePolicy(CONFIG, (threshold,))
+        for item in table.items:
+            live = await cascade.run(replay_request(item.id), task=task)
+            route = simulated.route(item)
+            assert live.final.tier == names[route.answered], (run, item.id, task)
+            assert live.attempts[0].threshold == threshold and live.task == task
+            assert math.isclose(live.cost_usd, route_cost(item, route)[0], rel_tol=1e-12, abs_tol=1e-15)

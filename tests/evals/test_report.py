@@ -85,9 +85,10 @@ async def test_sweep_and_calibrate_cli(tmp_path: Path, capsys) -> None:
     assert main(["eval", "sweep", str(root), "--verifier", "keyword"]) == 0
     assert "APGR" in capsys.readouterr().out
     config = write_config(tmp_path)
+    before = load_settings(config).tier("small")
     assert main(["--config", str(config), "eval", "calibrate", "--run", str(root), "--target", "min-pgr=0.5"]) == 0
     out = capsys.readouterr().out
-    assert "held-out" in out and '[[tiers]]\nname = "small"\nthreshold = ' in out
+    assert "held-out" in out and '[[tiers]]\nname = "small"\n[tiers.tasks.open_ended]\nthreshold = ' in out
     # the config's small tier thresholds 'keyword' alone, so a threshold on it can be written
     assert (
         main(
@@ -108,6 +109,15 @@ async def test_sweep_and_calibrate_cli(tmp_path: Path, capsys) -> None:
         == 0
     )
     assert "wrote thresholds" in capsys.readouterr().out
+    # into the policy of the suite's task (a JSONL suite of free text: open-ended); the tier's own stays
+    written = load_settings(config).tier("small")
+    assert written.tasks["open_ended"].threshold is not None
+    assert written.threshold == before.threshold
+    # --tier-threshold: the tier's own threshold, as before tasks existed
+    args = ["--config", str(config), "eval", "calibrate", "--run", str(root), "--target", "min-pgr=0.5"]
+    assert main([*args, "--verifier", "keyword", "--write", "--tier-threshold"]) == 0
+    assert "the tiers' own threshold" in capsys.readouterr().out
+    assert load_settings(config).tier("small").threshold == written.tasks["open_ended"].threshold
     # 'length' is not what the tier is configured with: refused, with the TOML to paste
     assert (
         main(

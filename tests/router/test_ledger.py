@@ -6,6 +6,7 @@ import asyncio
 import sqlite3
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -150,6 +151,62 @@ def test_a_version_1_ledger_gains_the_pending_table(tmp_path: Path) -> None:
         )
     finally:
         s.close()
+
+
+# The requests table as version 2 wrote it, before requests had a task.
+_V2_REQUESTS = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO meta VALUES ('schema_version', '2');
+CREATE TABLE requests (
+    request_id TEXT PRIMARY KEY, ts REAL NOT NULL, key_id TEXT NOT NULL, model TEXT NOT NULL,
+    tier TEXT NOT NULL, escalated INTEGER NOT NULL, unverified INTEGER NOT NULL, n_attempts INTEGER NOT NULL,
+    prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, latency_ms REAL NOT NULL,
+    cost_usd REAL NOT NULL, verifier_cost_usd REAL NOT NULL, counterfactual_usd REAL NOT NULL
+);
+INSERT INTO requests VALUES ('old', 5.0, 'alice', 'auto', 'small', 0, 0, 0, 10, 5, 12.0, 0.001, 0.0, 0.002);
+CREATE TABLE pending (
+    request_id TEXT PRIMARY KEY, ts REAL NOT NULL, key_id TEXT NOT NULL, model TEXT NOT NULL, reserved_usd REAL NOT NULL
+);
+CREATE TABLE attempts (
+    request_id TEXT NOT NULL REFERENCES requests (request_id) ON DELETE CASCADE, idx INTEGER NOT NULL,
+    tier TEXT NOT NULL, decision TEXT NOT NULL, reason TEXT NOT NULL, error TEXT, score REAL, threshold REAL NOT NULL,
+    scores_json TEXT NOT NULL, prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, finish_reason TEXT,
+    latency_ms REAL, busy_ms REAL, verify_ms REAL NOT NULL, cost_usd REAL NOT NULL, verifier_cost_usd REAL NOT NULL,
+    verifier_tokens INTEGER NOT NULL, PRIMARY KEY (request_id, idx)
+);
+"""
+
+
+def test_a_version_2_ledger_gains_the_task_columns_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.executescript(_V2_REQUESTS)
+    conn.close()
+    # a report reads the old file as it is, read-only: old rows have no task
+    ro = SQLiteStore(path, read_only=True)
+    ro.open()
+    try:
+        assert [(e.request_id, e.task, e.task_why) for e in ro.entries()] == [("old", None, None)]
+    finally:
+        ro.close()
+    s = SQLiteStore(path)
+    s.open()
+    try:
+        new = replace(entry("new", 6.0), task="choice", task_why="option list A-D")
+        s.write(new)
+        assert [(e.request_id, e.task, e.task_why, e.cost_usd) for e in s.entries()] == [
+            ("old", None, None, 0.001),
+            ("new", "choice", "option list A-D", new.cost_usd),
+        ]
+        assert s.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "3"
+    finally:
+        s.close()
+    again = SQLiteStore(path)  # opening a migrated file again changes nothing
+    again.open()
+    try:
+        assert [e.task for e in again.entries()] == [None, "choice"]
+    finally:
+        again.close()
 
 
 class FlakyStore(SQLiteStore):

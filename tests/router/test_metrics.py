@@ -29,7 +29,9 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 
 def value(m: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
-    return m.get((name, frozenset(labels.items())), 0.0)
+    """The sum of the samples of `name` that carry these labels (and any others)."""
+    want = set(labels.items())
+    return math.fsum(v for (n, have), v in m.items() if n == name and want <= have)
 
 
 def total(m: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str) -> float:
@@ -59,6 +61,10 @@ async def test_metrics_need_a_key_and_agree_with_the_ledger(tmp_path: Path, smol
 
     assert value(m, "tierroute_requests_total", tier="small", outcome="accepted") == 4
     assert value(m, "tierroute_requests_total", tier="large", outcome="escalated") == 1
+    # every request here is chat without a rule's signs: open-ended, and the label has only task names
+    assert value(m, "tierroute_requests_total", task="open_ended") == 5
+    assert {dict(labels)["task"] for (n, labels) in m if n == "tierroute_requests_total"} == {"open_ended"}
+    assert [e.task for e in ledger] == ["open_ended"] * 5
     assert value(m, "tierroute_escalations_total", from_tier="small", to_tier="large") == 1
     assert value(m, "tierroute_attempts_total", tier="small", decision="rejected") == 1
     assert value(m, "tierroute_requests_refused_total", reason="rate_limited") == 1
