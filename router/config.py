@@ -231,6 +231,11 @@ class CascadeSettings(_Strict):
         description="Retry-After sent when an upstream tier fails and neither the upstream nor its "
         "breaker says how long to wait.",
     )
+    task_classifier: bool = Field(
+        True,
+        description="Label the requests no task rule claims with the committed learned classifier "
+        "(router/data/task_model.json); false: rules alone, the rest are open_ended.",
+    )
 
 
 class ModelsSettings(_Strict):

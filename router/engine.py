@@ -132,6 +132,10 @@ class Engine:
                 except VerifierError as exc:
                     raise ConfigError(f"tiers ({t.name}).tasks.{task}: {exc}") from None
             tiers.append(Tier(t, built[t.name], VerifierSet(members, t.combine), load_prerouter(t), tasks))
+        if classifier is None and settings.cascade.task_classifier:
+            from router.task_model import TaskClassifier  # numpy only; loaded once per engine
+
+            classifier = TaskClassifier.load()
         cascade = Cascade(tiers, settings.cascade, classifier)
         return cls(settings=settings, cascade=cascade, backends=built)
 

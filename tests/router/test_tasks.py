@@ -255,3 +255,17 @@ def test_the_overhead_bench_without_verifiers_drops_the_task_policies_too(tmp_pa
 
     served = instant_settings(load_settings(), verifiers="none", ledger_path=tmp_path / "l.sqlite3")
     assert all(not t.verifiers and not t.tasks for t in served.tiers)
+
+
+def test_the_engine_labels_what_no_rule_claims_with_the_committed_classifier(tmp_path: Path, smol_path: Path) -> None:
+    engine = Engine.from_settings(load_settings(config(tmp_path, "")))
+    asked = GenerationRequest(messages=(Message("user", "Tell me a joke about penguins"),))
+    assert engine.cascade.classifier is not None
+    assert engine.cascade.detect(asked).why.startswith("classifier")  # no rule claims it
+    (tmp_path / "off").mkdir()
+    path = write_config(
+        tmp_path / "off" / "config.toml", TIER.format(model=SMOL, tasks="") + "[cascade]\ntask_classifier = false\n"
+    )
+    off = Engine.from_settings(load_settings(path))
+    assert off.cascade.classifier is None
+    assert off.cascade.detect(asked) == TaskLabel("open_ended", "no rule applies")
