@@ -114,6 +114,8 @@ def tier_fingerprint(suite: Suite, tier: TierSettings) -> str:
         "temperature": TEMPERATURE,
         "seed": SEED,
     }
+    if suite.top_logprobs:  # only then: the fingerprints of runs made before it stay as they were
+        params["top_logprobs"] = suite.top_logprobs
     return digest("tier", canonical(params))
 
 
@@ -128,6 +130,7 @@ def build_request(suite: Suite, item: Item, tier: TierSettings, timeout_s: float
         max_tokens=effective_max_tokens(suite, tier),
         temperature=TEMPERATURE,
         seed=SEED,
+        top_logprobs=suite.top_logprobs,
         deadline=time.monotonic() + (timeout_s if timeout_s is not None else tier.timeout_s),
         metadata={"task": suite.task, "client_code": True},  # the operator's own data
     )

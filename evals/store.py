@@ -3,7 +3,8 @@
 A run is a directory::
 
     <runs>/<run>/manifest.json      what the run is: suite, items, tiers (with prices), verifiers
-                 generations.jsonl  one line per (tier, item): text, tokens, latency, logprobs
+                 generations.jsonl  one line per (tier, item): text, tokens, latency, logprobs,
+                                    and each token's top-k alternatives where the suite asks
                  scores.jsonl       one line per (tier, item, verifier): score, reason, cost
                  grades.jsonl       one line per (tier, item): correct or not, extracted answer
 
@@ -27,7 +28,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from router.generation import Generation
+from router.generation import Generation, TokenLogprob
 
 FORMAT = 1
 _LOGPROB_DIGITS = 4  # enough for every confidence statistic; keeps committed runs small
@@ -68,6 +69,8 @@ class GenerationRecord:
     ttft_s: float | None = None
     logprobs: list[float] | None = None
     error: str | None = None  # the request could not be served (too long, say); graded wrong
+    # per token [piece, logprob, [[piece, logprob], ...]]; absent from records written before it
+    top_logprobs: list[list[Any]] | None = None
 
     @classmethod
     def from_generation(cls, key: str, tier: str, item: str, gen: Generation) -> GenerationRecord:
@@ -85,6 +88,7 @@ class GenerationRecord:
             busy_s=None if gen.busy_s is None else round(gen.busy_s, 4),
             ttft_s=None if gen.ttft_s is None else round(gen.ttft_s, 4),
             logprobs=lps,
+            top_logprobs=None if gen.top_logprobs is None else [_top_row(t) for t in gen.top_logprobs],
         )
 
     def to_generation(self) -> Generation:
@@ -100,7 +104,17 @@ class GenerationRecord:
             ttft_s=self.ttft_s,
             busy_s=self.busy_s,
             model=self.model,
+            top_logprobs=None if self.top_logprobs is None else tuple(_top_entry(row) for row in self.top_logprobs),
         )
+
+
+def _top_row(t: TokenLogprob) -> list[Any]:
+    return [t.token, round(t.logprob, _LOGPROB_DIGITS), [[p, round(lp, _LOGPROB_DIGITS)] for p, lp in t.top]]
+
+
+def _top_entry(row: list[Any]) -> TokenLogprob:
+    token, logprob, top = row
+    return TokenLogprob(str(token), float(logprob), tuple((str(p), float(lp)) for p, lp in top))
 
 
 @dataclass(frozen=True)

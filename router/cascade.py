@@ -278,7 +278,7 @@ class Cascade:
                     if fallback is None:
                         raise
                     yield Answering(fallback.tier, escalated=True)
-                    yield Delta(fallback.generation.text)  # type: ignore[union-attr]
+                    yield Delta(fallback.generation.text, top_logprobs=fallback.generation.top_logprobs)  # type: ignore[union-attr]
                     finished = True
                     yield Final(self._result(model, attempts, fallback, label, unverified=True))
                     return
@@ -296,7 +296,7 @@ class Cascade:
                     continue
                 if not (last and live):
                     yield Answering(tier.name, escalated=i > 0)
-                    yield Delta(gen.text)
+                    yield Delta(gen.text, top_logprobs=gen.top_logprobs)
                 finished = True
                 yield Final(self._result(model, attempts, attempt, label))
                 return
@@ -361,7 +361,12 @@ class Cascade:
         deadline = time.monotonic() + tier.settings.timeout_s
         if request.deadline is not None:
             deadline = min(deadline, request.deadline)
-        return request.with_(max_tokens=min(request.max_tokens, tier.settings.max_tokens), deadline=deadline)
+        return request.with_(
+            max_tokens=min(request.max_tokens, tier.settings.max_tokens),
+            deadline=deadline,
+            # the client's own wish, or more where this tier's verifiers read the alternatives
+            top_logprobs=max(request.top_logprobs, tier.verifiers.top_logprobs),
+        )
 
     async def _verify(
         self, tier: Tier, verifiers: VerifierSet, request: GenerationRequest, gen: Generation, attempt: Attempt

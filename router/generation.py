@@ -13,6 +13,20 @@ class Message:
     content: str
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's own bound on top_logprobs
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token: its text piece, its logprob, and the most likely tokens at its
+    position (`top`: (piece, logprob) pairs, most likely first; empty when none were asked for).
+    A piece that is part of a multi-byte character reads as U+FFFD."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """One generation, chat (messages) or plain completion (prompt): exactly one is set."""
@@ -25,11 +39,14 @@ class GenerationRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     deadline: float | None = None  # time.monotonic() after which the work is abandoned
+    top_logprobs: int = 0  # alternatives wanted per generated token (0..MAX_TOP_LOGPROBS); 0: none
     metadata: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("exactly one of messages and prompt must be set")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
 
     @property
     def is_chat(self) -> bool:
@@ -70,6 +87,8 @@ class Generation:
     ttft_s: float | None = None
     busy_s: float | None = None  # compute time attributable to this request (for time pricing)
     model: str = ""
+    # per generated token, when the request asked for top_logprobs and the backend gives them
+    top_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -81,3 +100,4 @@ class Delta:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None  # generated so far, this piece included
     busy_s: float | None = None  # compute so far
+    top_logprobs: tuple[TokenLogprob, ...] | None = None  # this piece's tokens, when asked for

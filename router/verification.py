@@ -100,6 +100,14 @@ class Verifier(Protocol):
     async def score(self, request: GenerationRequest, candidate: Generation) -> Score: ...
 
 
+def wanted_top_logprobs(verifier: Verifier) -> int:
+    """How many top-k alternatives per token a verifier needs in the candidates it scores. A
+    verifier that reads them (`choice`) says so with an int attribute `top_logprobs`; the cascade
+    asks the tier's backend for the most any of the tier's verifiers wants. The others need none."""
+    wanted = getattr(verifier, "top_logprobs", 0)
+    return wanted if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted > 0 else 0
+
+
 class VerifierMaker(Protocol):
     """Builds verifiers by name (a tier's `router.plugins.SharedRegistry` in the service)."""
 
@@ -139,6 +147,7 @@ class SharedVerifier:
     def __init__(self, inner: Verifier) -> None:
         self.inner = inner
         self.name = inner.name
+        self.top_logprobs = wanted_top_logprobs(inner)
         self.users = 0  # members built on this instance; with one, there is nothing to share
 
     async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
@@ -189,6 +198,11 @@ class VerifierSet:
 
     def __bool__(self) -> bool:
         return bool(self.members)
+
+    @property
+    def top_logprobs(self) -> int:
+        """The top-k alternatives per token that the members need (0: none)."""
+        return max((wanted_top_logprobs(m.verifier) for m in self.members), default=0)
 
     async def score(self, request: GenerationRequest, candidate: Generation) -> Verdict:
         if not self.members:

@@ -25,11 +25,14 @@ import statistics
 import time
 import zlib
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from evals.suites import get_suite
-from router.task_model import DEFAULT_PATH, TaskClassifier, fit
+from router.generation import GenerationRequest, Message
+from router.task_model import DEFAULT_PATH, fit
+from router.tasks import detect_task
 
 PROMPTS = Path(__file__).resolve().parents[1] / "evals" / "data" / "open_ended_prompts.jsonl"
 SUITE_TASKS = {"gsm8k": "maths", "humaneval": "code", "mmlu": "choice"}
@@ -79,13 +82,13 @@ def load_examples(
     return train, test, mmlu_all
 
 
-def accuracy_table(model: TaskClassifier, test: list[Example]) -> tuple[str, float, list[tuple[Example, str]]]:
+def accuracy_table(predict: Callable[[str], str], test: list[Example]) -> tuple[str, float, list[tuple[Example, str]]]:
     right: Counter[str] = Counter()
     total: Counter[str] = Counter()
     by_source: dict[str, Counter[str]] = defaultdict(Counter)
     wrong = []
     for ex in test:
-        label, _ = model.predict(ex.text)
+        label = predict(ex.text)
         ok = label == ex.task
         total[ex.task] += 1
         right[ex.task] += ok
@@ -161,8 +164,14 @@ def main() -> None:
     print(f"C = {c:g}")
     model = fit([e.text for e in train], [e.task for e in train], n_features=args.n_features, c=c, meta=meta)
 
-    table, overall, wrong = accuracy_table(model, test)
+    table, overall, wrong = accuracy_table(lambda text: model.predict(text)[0], test)
     print("\n" + table + "\n")
+    # what the service does: the rules first, the classifier only for what no rule claims
+    detect, detected, _ = accuracy_table(
+        lambda text: detect_task(GenerationRequest(messages=(Message("user", text),)), model).task, test
+    )
+    print("the router's detection (router.tasks.detect_task: rules, then this classifier):\n" + detect + "\n")
+    print(f"detection overall on held-out prompts: {detected:.1%}")
     every = sum(model.predict(e.text)[0] == "choice" for e in mmlu_all) / max(len(mmlu_all), 1)
     print(f"every held-out MMLU item ({len(mmlu_all)}): {every:.1%} labelled choice")
     train_acc = sum(model.predict(e.text)[0] == e.task for e in train) / len(train)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from router.plugins import RegisterVerifier
 from verifiers import sandbox
 from verifiers.base import VerifierFactory
+from verifiers.choice import make_choice
 from verifiers.code_tests import make_code_tests
 from verifiers.confidence import make_confidence
 from verifiers.consistency import make_self_consistency
@@ -30,6 +31,7 @@ BUILTINS: dict[str, VerifierFactory] = {
     "judge": make_judge,
     "learned": make_learned,
     "degeneration": make_degeneration,
+    "choice": make_choice,
 }
 
 

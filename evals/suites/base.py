@@ -51,6 +51,7 @@ class Suite(abc.ABC):
     name: str
     task: str = "text"  # what kind of answer: math, code, choice or text (sent as a request hint)
     max_tokens: int = 512
+    top_logprobs: int = 0  # alternatives per token stored with each generation, for verifiers that read them
     version: str = "1"  # bump when the prompt format or the grader changes
     source: str = ""  # where the data comes from, for reports
 

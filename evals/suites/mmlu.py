@@ -43,6 +43,7 @@ class MMLU(Suite):
     name = "mmlu"
     task = "choice"
     max_tokens = 32
+    top_logprobs = 5  # the `choice` verifier reads the option letters' alternatives
     version = "2"
     source = f"MMLU test, 14,042 items in 57 subjects: {MMLU_TEST.describe()}"
 

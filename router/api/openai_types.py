@@ -5,13 +5,23 @@ OpenAI's ranges, before anything reaches a backend: a bad value is a 400 naming 
 (router.api.errors maps it), never a failure deep inside a model's engine thread. Types are strict
 (`"stream": "yes"` is not a boolean, `1.5` is not a token count, `NaN` is not a temperature), and
 counts and lengths are capped, so checking, templating and tokenizing one request stay cheap.
-Parameters a client sends and we would silently not honour (`logprobs`) are refused by name.
+Parameters a client sends and we would silently not honour (`top_logprobs` on the legacy
+completions endpoint, whose parameter is `logprobs`) are refused by name.
+
+Logprobs are served in OpenAI's two shapes: chat's `logprobs.content[]` (token, logprob, bytes,
+top_logprobs[]) and the legacy completions object (tokens, token_logprobs, top_logprobs as one
+dict per token, text_offset). The backend is always asked for at least one alternative, since
+that is how it returns each token's piece, and a client sees only the k it asked for (the
+cascade may have asked for more for its verifiers). Tokens past a stop sequence, whose text the
+client never gets, are left out. Where the answering tier gives no logprobs (an upstream that
+refuses them) the field is null.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -29,7 +39,7 @@ from pydantic import (
 from router.api.errors import PermissionDenied
 from router.cascade import CascadeResult
 from router.errors import RequestError
-from router.generation import GenerationRequest, Message
+from router.generation import MAX_TOP_LOGPROBS, GenerationRequest, Message, TokenLogprob
 
 Number = Annotated[float, Strict(), AllowInfNan(False)]  # a JSON number (an int is fine), finite
 
@@ -40,6 +50,7 @@ MAX_STOPS = 4
 MAX_STOP_CHARS = 256
 MAX_TOKENS_BOUND = 1 << 20  # beyond any context; each tier caps max_tokens further to its own
 MAX_TESTS_CHARS = 100_000
+MAX_LEGACY_LOGPROBS = 5  # the legacy completions API's bound on `logprobs`
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # OpenAI's seed is a signed 64-bit integer
 # Below this temperature sampling is greedy in all but exact ties (any logit gap of 0.01 leaves
 # the runner-up under e^-100 of the mass), and dividing logits by it can overflow to NaN; so it
@@ -124,7 +135,6 @@ class _Common(_Lenient):
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = Field(None, max_length=512)
-    top_logprobs: StrictInt | None = None
     tierroute: TierrouteOptions | None = None
     # Read only to tell the request's task (router.tasks): a structured answer is asked for.
     # Not enforced on the answer yet; unchecked before, they were silently dropped.
@@ -146,12 +156,14 @@ class _Common(_Lenient):
             raise ValueError("only n=1 is supported")
         return v
 
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_top_logprobs(cls, v: int | None) -> int | None:
-        if v is not None:
-            raise ValueError("top_logprobs is not supported yet")
-        return v
+    def logprobs_wanted(self) -> int | None:
+        """How many alternatives per token the client wants shown; None: no logprobs at all."""
+        raise NotImplementedError
+
+    def backend_top_logprobs(self) -> int:
+        """What the backend is asked for: one alternative at least, which brings each token's piece."""
+        wanted = self.logprobs_wanted()
+        return 0 if wanted is None else max(1, wanted)
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -201,13 +213,13 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
     logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: bool | None) -> bool | None:
-        if v:
-            raise ValueError("logprobs are not supported yet")
-        return v
+    def logprobs_wanted(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            # as OpenAI: alternatives without the tokens they are alternatives to mean nothing
+            raise RequestError("logprobs must be set to true if top_logprobs is used", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def to_generation(self, default_max_tokens: int, *, may_send_tests: bool = False) -> GenerationRequest:
         """The typed request. `may_send_tests` is the caller's permission (Principal.may_send_tests):
@@ -218,6 +230,7 @@ class ChatCompletionRequest(_Common):
             messages=messages,
             max_tokens=self.max_completion_tokens or self.max_tokens or default_max_tokens,
             stop=self.stops(),
+            top_logprobs=self.backend_top_logprobs(),
             metadata=self.metadata(may_send_tests),
             **self.sampling(),
         )
@@ -227,14 +240,17 @@ class CompletionRequest(_Common):
     prompt: StrictStr | list[StrictStr]
     echo: StrictBool | None = False
     suffix: StrictStr | None = None
-    logprobs: StrictInt | None = None  # the legacy API's count of top alternatives
+    # the legacy API's count of top alternatives; 0 gives the sampled tokens' logprobs alone
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LEGACY_LOGPROBS)
+    top_logprobs: Any = None  # chat's parameter: refused here by name rather than ignored
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: int | None) -> int | None:
-        if v is not None:
-            raise ValueError("logprobs are not supported yet")
-        return v
+    def logprobs_wanted(self) -> int | None:
+        if self.top_logprobs is not None:
+            raise RequestError(
+                f"top_logprobs is a chat parameter; on /v1/completions use logprobs (0 to {MAX_LEGACY_LOGPROBS})",
+                param="top_logprobs",
+            )
+        return self.logprobs
 
     def to_generation(self, default_max_tokens: int, *, may_send_tests: bool = False) -> GenerationRequest:
         """The typed request; `may_send_tests` as for chat."""
@@ -250,6 +266,7 @@ class CompletionRequest(_Common):
             prompt=prompt,
             max_tokens=self.max_tokens or default_max_tokens,
             stop=self.stops(),
+            top_logprobs=self.backend_top_logprobs(),
             metadata=self.metadata(may_send_tests),
             **self.sampling(),
         )
@@ -301,6 +318,48 @@ def completion_response(rid: str, result: CascadeResult, extension: dict[str, An
         "choices": [{"index": 0, "text": g.text, "finish_reason": g.finish_reason, "logprobs": None}],
         "usage": usage(result),
         "tierroute": extension,
+    }
+
+
+def shown_tokens(
+    tokens: Sequence[TokenLogprob], text_start: int, text_end: int
+) -> tuple[list[tuple[int, TokenLogprob]], list[TokenLogprob]]:
+    """Split `tokens`, the first beginning at character `text_start`, into those that begin
+    before `text_end` (the text the client has), each with its offset, and the rest: tokens past a
+    stop sequence, or whose text a stream still holds back."""
+    shown: list[tuple[int, TokenLogprob]] = []
+    at = text_start
+    for i, token in enumerate(tokens):
+        if at >= text_end and token.token:
+            return shown, list(tokens[i:])
+        shown.append((at, token))
+        at += len(token.token)
+    return shown, []
+
+
+def chat_logprobs(tokens: Sequence[tuple[int, TokenLogprob]], k: int) -> dict[str, Any]:
+    def entry(piece: str, logprob: float) -> dict[str, Any]:
+        return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
+
+    return {
+        "content": [
+            {**entry(t.token, t.logprob), "top_logprobs": [entry(p, lp) for p, lp in t.top[:k]]} for _, t in tokens
+        ],
+        "refusal": None,
+    }
+
+
+def completion_logprobs(tokens: Sequence[tuple[int, TokenLogprob]], k: int) -> dict[str, Any]:
+    tops: list[dict[str, float]] = []
+    for _, t in tokens:
+        top = dict(t.top[:k])
+        top.setdefault(t.token, t.logprob)  # as OpenAI: the sampled token's is always there (k+1 at most)
+        tops.append(top)
+    return {
+        "tokens": [t.token for _, t in tokens],
+        "token_logprobs": [t.logprob for _, t in tokens],
+        "top_logprobs": tops,
+        "text_offset": [at for at, _ in tokens],
     }
 
 

@@ -16,7 +16,7 @@ from router.api.deps import PrincipalDep, Services, ServicesDep
 from router.api.errors import error_response
 from router.auth import Principal
 from router.cascade import Answering, CascadeResult, Final, Spent, Tier
-from router.generation import Delta, GenerationRequest
+from router.generation import Delta, GenerationRequest, TokenLogprob
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1")
@@ -79,6 +79,7 @@ async def _respond(
     chunk: Callable[[str, str, str | None, bool], dict[str, Any]],
 ) -> Any:
     request, plan = _prepare(services, body, principal)
+    wanted = body.logprobs_wanted()  # checked by _prepare: None, or the alternatives to show
     # 429 before any work
     ticket = services.accounting.admit(principal, rid, request, plan, body.model, stream=bool(body.stream))
     accounting = services.accounting
@@ -94,9 +95,12 @@ async def _respond(
             raise
         finally:
             accounting.release(ticket)
-        return JSONResponse(
-            shape(rid, result, _extension(rid, result)), headers=_headers(result.final.tier, result.escalated)
-        )
+        payload = shape(rid, result, _extension(rid, result))
+        if wanted is not None:
+            g = result.generation
+            shown, _ = ot.shown_tokens(g.top_logprobs or (), 0, len(g.text))
+            payload["choices"][0]["logprobs"] = _logprobs(body, shown, wanted) if g.top_logprobs is not None else None
+        return JSONResponse(payload, headers=_headers(result.final.tier, result.escalated))
 
     events = cascade.stream(request, body.model, spent=spent).__aiter__()
     settled = False
@@ -128,10 +132,19 @@ async def _respond(
         tier = first.tier
         if body_is_chat:
             yield _sse(chunk(rid, tier, "", True))  # OpenAI's first chunk carries the role
+        sent = 0  # characters of text streamed so far
+        pending: list[TokenLogprob] = []  # tokens whose text has not been streamed yet
+        pending_at = 0  # where the first of them begins
         try:
             async for event in events:
                 if isinstance(event, Delta):
-                    yield _sse(chunk(rid, tier, event.text, False))
+                    piece = chunk(rid, tier, event.text, False)
+                    sent += len(event.text)
+                    if wanted is not None and event.top_logprobs is not None:
+                        shown, pending = ot.shown_tokens([*pending, *event.top_logprobs], pending_at, sent)
+                        pending_at += sum(len(t.token) for _, t in shown)
+                        piece["choices"][0]["logprobs"] = _logprobs(body, shown, wanted)
+                    yield _sse(piece)
                 elif isinstance(event, Final):
                     result = event.result
                     final = chunk(rid, tier, "", False)
@@ -157,6 +170,12 @@ async def _respond(
         media_type="text/event-stream",
         headers={**_headers(first.tier, first.escalated), "cache-control": "no-cache"},
     )
+
+
+def _logprobs(body: ot._Common, shown: list[tuple[int, TokenLogprob]], k: int) -> dict[str, Any]:
+    if isinstance(body, ot.ChatCompletionRequest):
+        return ot.chat_logprobs(shown, k)
+    return ot.completion_logprobs(shown, k)
 
 
 def _strip_delta(chunk: dict[str, Any]) -> None:

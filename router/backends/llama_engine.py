@@ -7,7 +7,9 @@ bounded queue and read events back on their own asyncio loop. Each decode step b
 from its own logits row with its own parameters.
 
 Logprobs come from the logits rows we already have: the log-softmax at the sampled token. This
-avoids `logits_all=True`, which computes vocabulary logits for every prompt token.
+avoids `logits_all=True`, which computes vocabulary logits for every prompt token. A job that asks
+for `top_logprobs` alternatives gets them from the same row and normaliser (one partial sort of
+the row per token); a job that does not pays nothing for it.
 
 Failure is contained at two levels. An error in one sequence's own work (its random generator,
 sampling, decoding its pieces, stop strings) fails that request and no other. An error in the
@@ -36,6 +38,7 @@ from typing import Any, Literal
 import numpy as np
 
 from router.errors import ContextLengthError, DeadlineError, ModelError, OverloadedError, UnavailableError
+from router.generation import TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +99,7 @@ class TokenEvent:
     text: str  # text safe to emit (never part of a pending stop string)
     completion_tokens: int = 0  # generated so far
     busy_s: float = 0.0  # this sequence's share of the steps so far
+    top_logprobs: tuple[TokenLogprob, ...] = ()  # the tokens generated since the last event, when asked for
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,7 @@ class DoneEvent:
     ttft_s: float | None
     busy_s: float
     queued_s: float
+    top_logprobs: tuple[TokenLogprob, ...] | None = None  # every generated token, when asked for
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue[Event]
     submitted: float = field(default_factory=time.monotonic)
+    top_logprobs: int = 0  # alternatives per generated token; 0: none computed
     cancelled: bool = False
     cancelled_by_caller: bool = False
 
@@ -155,6 +161,8 @@ class _Seq:
     n_prefilled: int = 0
     generated: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    tops: list[TokenLogprob] = field(default_factory=list)  # only when the job asks for top_logprobs
+    tops_sent: int = 0
     text: str = ""
     emitted: int = 0  # chars of text already sent
     first_token_at: float | None = None
@@ -657,15 +665,28 @@ class LlamaEngine:
             self._finish(seq, "stop")
             return
         seq.generated.append(token)
-        seq.logprobs.append(float(row[token] - lse))
+        logprob = float(row[token] - lse)
+        seq.logprobs.append(logprob)
         self.tokens_out += 1
-        seq.text += seq.decoder.decode(self._piece(token))
+        piece = self._piece(token)
+        seq.text += seq.decoder.decode(piece)
+        if job.top_logprobs:
+            seq.tops.append(self._top(row, lse, piece, logprob, job.top_logprobs))
         if self._check_stop(seq):
             return
         if len(seq.generated) >= job.max_tokens or seq.pos + 1 >= self.n_ctx:
             self._finish(seq, "length")
             return
         self._emit_safe(seq)
+
+    def _top(self, row: np.ndarray, lse: Any, piece: bytes, logprob: float, k: int) -> TokenLogprob:
+        """The sampled token and the k likeliest at its position, under the model's own
+        distribution (T=1, as the sampled token's logprob), most likely first."""
+        k = min(k, row.shape[0])
+        best = np.argpartition(row, -k)[-k:]
+        best = best[np.argsort(-row[best], kind="stable")]
+        alternatives = tuple((self._piece(int(t)).decode("utf-8", errors="replace"), float(row[t] - lse)) for t in best)
+        return TokenLogprob(piece.decode("utf-8", errors="replace"), logprob, alternatives)
 
     @staticmethod
     def _sample_row(row: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator | None) -> int:
@@ -701,8 +722,17 @@ class LlamaEngine:
         hold = max((len(s) for s in seq.job.stop), default=1) - 1
         safe = len(seq.text) - hold
         if safe > seq.emitted:
-            seq.job.emit(TokenEvent(seq.text[seq.emitted : safe], len(seq.generated), seq.busy_s))
+            seq.job.emit(TokenEvent(seq.text[seq.emitted : safe], len(seq.generated), seq.busy_s, self._unsent(seq)))
             seq.emitted = safe
+
+    @staticmethod
+    def _unsent(seq: _Seq) -> tuple[TokenLogprob, ...]:
+        """The tokens not yet sent with an event: a stream's pieces carry their own tokens."""
+        if seq.tops_sent == len(seq.tops):
+            return ()
+        unsent = tuple(seq.tops[seq.tops_sent :])
+        seq.tops_sent = len(seq.tops)
+        return unsent
 
     def _finish(self, seq: _Seq, reason: str) -> None:
         # mark the slot for release before the caller can hear of it: a caller that closes its
@@ -710,7 +740,7 @@ class LlamaEngine:
         seq.job.cancelled = True
         seq.text += seq.decoder.decode(b"", final=True)
         if len(seq.text) > seq.emitted:
-            seq.job.emit(TokenEvent(seq.text[seq.emitted :], len(seq.generated), seq.busy_s))
+            seq.job.emit(TokenEvent(seq.text[seq.emitted :], len(seq.generated), seq.busy_s, self._unsent(seq)))
             seq.emitted = len(seq.text)
         seq.job.emit(
             DoneEvent(
@@ -722,6 +752,7 @@ class LlamaEngine:
                 ttft_s=(seq.first_token_at - seq.job.submitted) if seq.first_token_at else None,
                 busy_s=seq.busy_s,
                 queued_s=seq.started - seq.job.submitted,
+                top_logprobs=tuple(seq.tops) if seq.job.top_logprobs else None,
             )
         )
 

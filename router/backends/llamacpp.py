@@ -136,6 +136,7 @@ class LlamaCppBackend(Backend):
             seed=request.seed,
             stop=tuple(s for s in request.stop if s),
             deadline=request.deadline,
+            top_logprobs=request.top_logprobs,
             loop=loop,
             events=asyncio.Queue(),
         )
@@ -148,7 +149,13 @@ class LlamaCppBackend(Backend):
                     raise DeadlineError(f"tier '{self.name}' did not finish before the deadline") from None
                 if isinstance(event, TokenEvent):
                     if event.text:
-                        yield Delta(event.text, len(job.prompt_tokens), event.completion_tokens, event.busy_s)
+                        yield Delta(
+                            event.text,
+                            len(job.prompt_tokens),
+                            event.completion_tokens,
+                            event.busy_s,
+                            top_logprobs=event.top_logprobs if job.top_logprobs else None,
+                        )
                 elif isinstance(event, DoneEvent):
                     yield Generation(
                         text=event.text,
@@ -160,6 +167,7 @@ class LlamaCppBackend(Backend):
                         ttft_s=event.ttft_s,
                         busy_s=event.busy_s,
                         model=self.model_name,
+                        top_logprobs=event.top_logprobs,
                     )
                     return
                 elif isinstance(event, ErrorEvent):

@@ -32,6 +32,10 @@ An upstream is not trusted any more than a client is (DESIGN.md, security bounda
   through. A field of the wrong type makes the answer malformed (retried like a 5xx); bytes that
   are not UTF-8 and lone surrogates become U+FFFD; only choice 0 is read, however many are sent.
   Logprobs must be finite and at most 0, or the tier's logprobs for that answer are dropped.
+  Top-k alternatives (asked for only when the request wants them) are clamped: at most the k
+  asked for, the likeliest kept; an alternative whose logprob is not a finite number at most 0 is
+  dropped; a piece is cut to `MAX_PIECE_CHARS`; more tokens than the answer could have, or a
+  malformed shape, drops the answer's top-k (its text stands).
 - Usage. Token counts must be whole numbers, at least 0; the prompt's at most its UTF-8 bytes plus
   an allowance per message for the chat template, the completion's at most the `max_tokens` we
   sent plus a small slack. Anything else and the whole usage is refused with a warning in the log,
@@ -75,6 +79,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import os
 import re
 import time
@@ -112,7 +117,7 @@ from router.errors import (
     UnavailableError,
     UpstreamError,
 )
-from router.generation import Delta, FinishReason, Generation, GenerationRequest
+from router.generation import Delta, FinishReason, Generation, GenerationRequest, TokenLogprob
 from router.retry import RetryPolicy, parse_retry_after
 
 if TYPE_CHECKING:
@@ -137,6 +142,9 @@ _TEMPLATE_TOKENS_PER_MESSAGE = 64
 _TEMPLATE_TOKENS = 4096
 # OpenAI's `param` and `code` are identifiers; anything else is prose and stays in the log.
 _IDENTIFIER = re.compile(r"^[A-Za-z0-9_.\[\]-]{1,64}$")
+
+# A token's text is a few characters; a longer "piece" is an upstream filling memory, cut here.
+MAX_PIECE_CHARS = 64
 
 _T = TypeVar("_T")
 
@@ -313,7 +321,7 @@ class OpenAIBackend(Backend):
             while piece is not None:
                 if ttft is None:
                     ttft = time.monotonic() - call.started
-                yield Delta(piece, *acc.so_far(call))
+                yield Delta(piece, *acc.so_far(call), top_logprobs=acc.take_tops())
                 try:
                     piece = await self._next_piece(events, acc, call)
                 except Exception as exc:
@@ -400,7 +408,12 @@ class OpenAIBackend(Backend):
         try:
             response = await self._open(client, call, stream=True)
             events = SSEReader(response.http_response.aiter_raw(), max_events=self.config.max_stream_events)
-            acc = _Accumulator(chat=call.request.is_chat, logprobs="logprobs" not in self._refused, tier=self.name)
+            acc = _Accumulator(
+                chat=call.request.is_chat,
+                logprobs="logprobs" not in self._refused,
+                tier=self.name,
+                top_k=call.request.top_logprobs if "logprobs" not in self._refused else 0,
+            )
             first = await self._next_piece(events, acc, call)
             if first is None and not acc.complete(events.done):
                 raise Malformed("the stream ended before any output or finish_reason")
@@ -465,9 +478,9 @@ class OpenAIBackend(Backend):
                 # top_logprobs=0 is OpenAI's "none of the alternatives"; llama-cpp-python's server
                 # returns no logprobs at all without it.
                 params["logprobs"] = True
-                params["top_logprobs"] = 0
+                params["top_logprobs"] = request.top_logprobs
             else:
-                params["logprobs"] = 1
+                params["logprobs"] = max(1, request.top_logprobs)
         if stream:
             params["stream"] = True
             if "stream_options" not in self._refused:
@@ -484,8 +497,11 @@ class OpenAIBackend(Backend):
             text = typed_field(choice, "text", str) or ""
         finish = typed_field(choice, "finish_reason", str)
         logprobs = None
+        tops = None
         if "logprobs" not in self._refused:
             logprobs = token_logprobs(choice.get("logprobs"))
+            if call.request.top_logprobs:
+                tops = top_logprobs(choice.get("logprobs"), call.request.top_logprobs, call.completion_limit)
         prompt_tokens, completion_tokens = _checked_usage(body.get("usage"), call, self.name)
         if prompt_tokens is None:
             prompt_tokens = _estimate_tokens(_prompt_text(call.request))
@@ -500,6 +516,7 @@ class OpenAIBackend(Backend):
             token_logprobs=logprobs,
             latency_s=time.monotonic() - call.started,
             model=model_name(body.get("model")) or self.model,
+            top_logprobs=tops,
         )
 
     # -- failures --------------------------------------------------------------------------------
@@ -660,8 +677,11 @@ class _Accumulator:
     chat: bool
     logprobs: bool
     tier: str
+    top_k: int = 0  # top-k alternatives asked for; 0: none read
     parts: list[str] = field(default_factory=list)
     token_logprobs: list[float] | None = field(default_factory=list)
+    tops: list[TokenLogprob] | None = field(default_factory=list)
+    unsent_tops: int = 0  # index of the first token not yet handed out with a piece
     finish_reason: str | None = None
     chunks: int = 0  # completion chunks seen, with or without text
     usage: tuple[int | None, int | None] = (None, None)
@@ -694,6 +714,12 @@ class _Accumulator:
                 self.token_logprobs = None  # one piece without them makes the set unusable
             else:
                 self.token_logprobs.extend(lps)
+        if piece and self.top_k and self.tops is not None:
+            tops = top_logprobs(choice.get("logprobs"), self.top_k, call.completion_limit - len(self.tops))
+            if tops is None:
+                self.tops = None  # as for the logprobs: a gap would misplace every later token
+            else:
+                self.tops.extend(tops)
         if finish:
             self.finish_reason = finish
         piece = clean_text(piece)
@@ -704,6 +730,14 @@ class _Accumulator:
                     f"a stream of more than {call.piece_limit} pieces of text for max_tokens={call.max_tokens}"
                 )
         return piece
+
+    def take_tops(self) -> tuple[TokenLogprob, ...] | None:
+        """The tokens that arrived since the last piece handed out (None when none are kept)."""
+        if not self.top_k or self.tops is None:
+            return None
+        taken = tuple(self.tops[self.unsent_tops :])
+        self.unsent_tops = len(self.tops)
+        return taken
 
     def complete(self, done: bool) -> bool:
         """Whether the upstream said the answer is whole: a finish_reason, or [DONE] after a chunk."""
@@ -733,6 +767,7 @@ class _Accumulator:
     def generation(self, call: _Call, default_model: str, *, ttft_s: float | None) -> Generation:
         text = self.text
         logprobs = tuple(self.token_logprobs) if self.token_logprobs is not None and text else None
+        tops = tuple(self.tops) if self.top_k and self.tops is not None and text else None
         completion_tokens = self.completion_count(call)
         reason = self.finish_reason
         if reason is None:  # [DONE] without a finish_reason: see the module docstring
@@ -746,6 +781,7 @@ class _Accumulator:
             latency_s=time.monotonic() - call.started,
             ttft_s=ttft_s,
             model=self.model or default_model,
+            top_logprobs=tops,
         )
 
 
@@ -778,6 +814,68 @@ def _checked_usage(usage: Any, call: _Call, tier: str) -> tuple[int | None, int 
             return None, None
         counts.append(count)
     return counts[0], counts[1]
+
+
+def top_logprobs(logprobs: Any, k: int, max_tokens: int) -> tuple[TokenLogprob, ...] | None:
+    """Each token's piece, logprob and at most k alternatives, from a chat (`content`) or legacy
+    completions (`tokens`, `token_logprobs`, `top_logprobs`) shape, clamped as the module
+    docstring says; None when the shape is wrong or there are more than `max_tokens` tokens."""
+    if not isinstance(logprobs, dict):
+        return None
+    rows: list[tuple[Any, Any, Any]] = []
+    content = logprobs.get("content")
+    if isinstance(content, list):
+        for item in content:
+            if not isinstance(item, dict):
+                return None
+            rows.append((item.get("token"), item.get("logprob"), item.get("top_logprobs")))
+    else:
+        tokens, values, tops = logprobs.get("tokens"), logprobs.get("token_logprobs"), logprobs.get("top_logprobs")
+        if not isinstance(tokens, list) or not isinstance(values, list) or len(tokens) != len(values):
+            return None
+        if not isinstance(tops, list) or len(tops) != len(tokens):
+            return None
+        rows = list(zip(tokens, values, tops, strict=True))
+    if len(rows) > max_tokens:
+        return None
+    out: list[TokenLogprob] = []
+    for token, value, alternatives in rows:
+        logprob = _logprob(value)
+        if not isinstance(token, str) or logprob is None:
+            return None
+        out.append(TokenLogprob(_piece(token), logprob, _alternatives(alternatives, k)))
+    return tuple(out)
+
+
+def _alternatives(raw: Any, k: int) -> tuple[tuple[str, float], ...]:
+    """At most k (piece, logprob) pairs, likeliest first, from a chat list of objects or a
+    completions object mapping piece to logprob; what is not a well-formed pair is left out."""
+    pairs: list[tuple[str, float]] = []
+    if isinstance(raw, dict):
+        items: list[tuple[Any, Any]] = list(raw.items())[: 4 * k]  # bound the work on a huge object
+    elif isinstance(raw, list):
+        items = [(a.get("token"), a.get("logprob")) for a in raw[: 4 * k] if isinstance(a, dict)]
+    else:
+        return ()
+    for token, value in items:
+        logprob = _logprob(value)
+        if isinstance(token, str) and logprob is not None:
+            pairs.append((_piece(token), logprob))
+    pairs.sort(key=lambda pair: -pair[1])
+    return tuple(pairs[:k])
+
+
+def _logprob(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value)
+    if not math.isfinite(number) or number > 1e-6:  # a probability above 1 is not one
+        return None
+    return min(number, 0.0)
+
+
+def _piece(token: str) -> str:
+    return clean_text(token[:MAX_PIECE_CHARS])
 
 
 def _finish(reason: str | None) -> FinishReason:

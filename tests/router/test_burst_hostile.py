@@ -38,7 +38,7 @@ HOSTILE = [
     "model with NUL",
     "prompt over the context",
     "prompt of 900k characters",
-    "logprobs true",
+    "top_logprobs 21",
     "tests without permission",
     "top_p 0",
     "max_tokens 0",

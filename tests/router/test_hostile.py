@@ -175,10 +175,22 @@ CASES: dict[str, Case] = {
     "tierroute string": bad(chat(tierroute="x"), "tierroute"),
     "tierroute.tests number": bad(chat(tierroute={"tests": 5}), "tierroute.tests"),
     # unsupported, refused by name rather than silently ignored
-    "logprobs true": bad(chat(logprobs=True), "logprobs"),
     "logprobs string": bad(chat(logprobs="yes"), "logprobs"),
-    "top_logprobs": bad(chat(top_logprobs=5), "top_logprobs"),
-    "completions logprobs": bad({"model": "small", "prompt": "x", "logprobs": 1}, "logprobs", path=COMPLETIONS),
+    # logprobs as OpenAI serves them, and refused as it refuses them
+    "logprobs true": fine(chat(logprobs=True, max_tokens=2)),
+    "top_logprobs 20": fine(chat(logprobs=True, top_logprobs=20, max_tokens=2)),
+    "top_logprobs without logprobs": bad(chat(top_logprobs=5), "top_logprobs"),
+    "top_logprobs with logprobs false": bad(chat(logprobs=False, top_logprobs=0), "top_logprobs"),
+    "top_logprobs 21": bad(chat(logprobs=True, top_logprobs=21), "top_logprobs"),
+    "top_logprobs -1": bad(chat(logprobs=True, top_logprobs=-1), "top_logprobs"),
+    "top_logprobs string": bad(chat(logprobs=True, top_logprobs="5"), "top_logprobs"),
+    "top_logprobs 2**64": bad(chat(logprobs=True, top_logprobs=2**64), "top_logprobs"),
+    "completions logprobs": fine({"model": "small", "prompt": "x", "logprobs": 5, "max_tokens": 2}, path=COMPLETIONS),
+    "completions logprobs 6": bad({"model": "small", "prompt": "x", "logprobs": 6}, "logprobs", path=COMPLETIONS),
+    "completions logprobs true": bad({"model": "small", "prompt": "x", "logprobs": True}, "logprobs", path=COMPLETIONS),
+    "completions top_logprobs": bad(
+        {"model": "small", "prompt": "x", "logprobs": 1, "top_logprobs": 1}, "top_logprobs", path=COMPLETIONS
+    ),
     "prompt token ids": bad({"model": "small", "prompt": [1, 2, 3]}, "prompt.0", path=COMPLETIONS),
     "prompt batch": bad({"model": "small", "prompt": ["a", "b"]}, "prompt", path=COMPLETIONS),
     "echo true": bad({"model": "small", "prompt": "a", "echo": True}, "echo", path=COMPLETIONS),
@@ -292,8 +304,10 @@ def test_errors_name_the_problem(server: UvicornThread) -> None:
         "tests_not_allowed",
     )
     assert "--allow-tests" in forbidden["message"]
-    logprobs = send(server.url, CASES["logprobs true"]).json()["error"]
-    assert "not supported" in logprobs["message"]
+    logprobs = send(server.url, CASES["top_logprobs without logprobs"]).json()["error"]
+    assert "logprobs must be set to true" in logprobs["message"]
+    legacy = send(server.url, CASES["completions top_logprobs"]).json()["error"]
+    assert "use logprobs" in legacy["message"]
     host = send(server.url, CASES["Host not allowed"]).json()["error"]
     assert host["code"] == "host_not_allowed"
 
