@@ -15,6 +15,7 @@ from verifiers.base import VerifierFactory
 from verifiers.code_tests import make_code_tests
 from verifiers.confidence import make_confidence
 from verifiers.consistency import make_self_consistency
+from verifiers.cross_tier import make_cross_tier
 from verifiers.degeneration import make_degeneration
 from verifiers.format import make_format
 from verifiers.judge import make_judge
@@ -30,6 +31,7 @@ BUILTINS: dict[str, VerifierFactory] = {
     "judge": make_judge,
     "learned": make_learned,
     "degeneration": make_degeneration,
+    "cross_tier": make_cross_tier,
 }
 
 
