@@ -105,6 +105,17 @@ class OpenAIBackendSettings(_Strict):
     breaker_failures: int = Field(5, ge=1, description="Consecutive failures that open the breaker.")
     breaker_cooldown_s: float = Field(30.0, gt=0, description="Open time before a half-open probe.")
     logprobs: bool = Field(True, description="Ask upstream for the sampled tokens' logprobs.")
+    prompt_logprobs: Literal["none", "echo", "vllm"] = Field(
+        "none",
+        description="How this tier scores another tier's answer by prefill (the cross_tier verifier): "
+        "'echo' (completions with echo and logprobs: llama.cpp servers, vLLM), 'vllm' (vLLM's "
+        "prompt_logprobs), or 'none' (it cannot).",
+    )
+    chat_template: Literal["chatml", "qwen2.5"] | None = Field(
+        None,
+        description="The model's chat template, for 'echo' scoring of chat requests (rendered here): "
+        "'chatml', or 'qwen2.5' (ChatML with Qwen's default system prompt).",
+    )
     max_response_bytes: int = Field(
         4 * 1024 * 1024,
         ge=1024,

@@ -77,6 +77,32 @@ def check_resources(
             load_prerouter(tier)
         except ConfigError as exc:
             problems.append(str(exc))
+    problems += _scoring_problems(settings, breg)
+    return problems
+
+
+def _scoring_problems(settings: Settings, breg: BackendRegistry) -> list[str]:
+    """A `cross_tier` verifier must name a tier that can score a given answer by prefill."""
+    by_name = {t.name: t for t in settings.tiers}
+    problems: list[str] = []
+    for i, tier in enumerate(settings.tiers):
+        for j, spec in enumerate(tier.verifiers):
+            if spec.name != "cross_tier":
+                continue
+            key = f"tiers[{i}] ({tier.name}).verifiers[{j}] (cross_tier).params.tier"
+            scorer = by_name.get(str(spec.params.get("tier")))
+            if scorer is None:
+                problems.append(f"{key}: no tier named {spec.params.get('tier')!r}; known: {', '.join(by_name)}")
+                continue
+            if scorer.backend not in breg:
+                continue  # reported above
+            try:
+                backend = breg.create(scorer, settings)
+            except Exception:  # noqa: BLE001 - a tier that cannot be built is reported above
+                continue
+            why = type(backend).scoring_support(scorer)
+            if why is not None:
+                problems.append(f"{key}: tier '{scorer.name}' cannot score a given answer: {why}")
     return problems
 
 

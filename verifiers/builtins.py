@@ -16,6 +16,7 @@ from verifiers.choice import make_choice
 from verifiers.code_tests import make_code_tests
 from verifiers.confidence import make_confidence
 from verifiers.consistency import make_self_consistency
+from verifiers.cross_tier import make_cross_tier
 from verifiers.degeneration import make_degeneration
 from verifiers.format import make_format
 from verifiers.judge import make_judge
@@ -32,6 +33,7 @@ BUILTINS: dict[str, VerifierFactory] = {
     "learned": make_learned,
     "degeneration": make_degeneration,
     "choice": make_choice,
+    "cross_tier": make_cross_tier,
 }
 
 

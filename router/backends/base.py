@@ -2,14 +2,51 @@
 
 A backend implements one method, `stream`, an async iterator of `Delta` pieces ending with the
 finished `Generation`. `generate` is derived from it. Capabilities are class attributes.
+
+One optional capability: `score_continuation`, reading a given answer (another tier's candidate)
+after the request in one prefill and reporting this model's logprob of each of its tokens and
+whether each was its own top choice (the `cross_tier` verifier's signal, and the pass speculative
+decoding verifies a draft with). Backends that cannot raise `ScoringUnsupportedError`;
+`scoring_support` says so from the tier's settings alone, for `config check`.
 """
 
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from router.errors import TierrouteError
 from router.generation import Delta, Generation, GenerationRequest
+
+if TYPE_CHECKING:
+    from router.config import TierSettings
+
+
+class ScoringUnsupportedError(TierrouteError):
+    """This tier cannot score a given continuation (its backend, or its settings, do not allow it)."""
+
+
+@dataclass(frozen=True)
+class ContinuationScore:
+    """A model's reading of a given continuation of a request: per continuation token, its logprob
+    under the model (finite, <= 0) and whether it was the model's own top choice there."""
+
+    token_logprobs: tuple[float, ...]
+    top1: tuple[bool, ...]
+    prompt_tokens: int  # tokens prefilled: the rendered request and the continuation
+    continuation_tokens: int  # tokens of the continuation scored (len(token_logprobs))
+    seconds: float  # compute attributable to the scoring (busy time; wall time for an upstream)
+
+    def __post_init__(self) -> None:
+        if len(self.top1) != len(self.token_logprobs) or self.continuation_tokens != len(self.token_logprobs):
+            raise ValueError("one logprob and one top-choice flag per continuation token")
+        if any(not (math.isfinite(v) and v <= 0.0) for v in self.token_logprobs):
+            raise ValueError("logprobs must be finite and at most 0")
+        if self.prompt_tokens < self.continuation_tokens or self.seconds < 0:
+            raise ValueError("prompt_tokens counts the continuation; seconds is not negative")
 
 
 class Backend(abc.ABC):
@@ -40,6 +77,15 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def stream(self, request: GenerationRequest) -> AsyncIterator[Delta | Generation]:
         """Yield text pieces as they are produced, then exactly one Generation."""
+
+    @classmethod
+    def scoring_support(cls, tier: TierSettings) -> str | None:
+        """None when a tier of this backend, so configured, can score continuations; else why not."""
+        return f"backend '{tier.backend}' cannot score a given answer"
+
+    async def score_continuation(self, request: GenerationRequest, continuation: str) -> ContinuationScore:
+        """Score `continuation` as this model's answer to `request`, by prefill only."""
+        raise ScoringUnsupportedError(f"tier '{self.name}' cannot score a given answer")
 
     async def generate(self, request: GenerationRequest) -> Generation:
         result: Generation | None = None

@@ -11,6 +11,13 @@ avoids `logits_all=True`, which computes vocabulary logits for every prompt toke
 for `top_logprobs` alternatives gets them from the same row and normaliser (one partial sort of
 the row per token); a job that does not pays nothing for it.
 
+A scoring job (`Job.score_from` set) is another tier's candidate answer read by this model: its
+prompt is the rendered request followed by the candidate's tokens, prefilled like any prompt but
+with logits asked for only where they predict a candidate token (at most `SCORE_ROWS_PER_STEP` rows
+a step, so one long answer never makes a step's output buffer vocabulary-times-hundreds wide). It
+reports each candidate token's log-softmax and whether it was the argmax, and ends without decoding
+(`ScoredEvent`): the verification pass of speculative decoding.
+
 Failure is contained at two levels. An error in one sequence's own work (its random generator,
 sampling, decoding its pieces, stop strings) fails that request and no other. An error in the
 shared work (a decode step, the KV cache) fails every request in flight with a 503, frees the
@@ -41,6 +48,9 @@ from router.errors import ContextLengthError, DeadlineError, ModelError, Overloa
 from router.generation import TokenLogprob
 
 log = logging.getLogger(__name__)
+
+# Logits rows a scoring job may ask for in one decode step (each is a vocabulary of floats).
+SCORE_ROWS_PER_STEP = 64
 
 
 def physical_cores() -> int:
@@ -116,11 +126,22 @@ class DoneEvent:
 
 
 @dataclass(frozen=True)
+class ScoredEvent:
+    """A scoring job's result: per candidate token, its logprob and whether it was the argmax."""
+
+    token_logprobs: tuple[float, ...]
+    top1: tuple[bool, ...]
+    prompt_tokens: int  # prefilled in all, the candidate's included
+    busy_s: float
+    queued_s: float
+
+
+@dataclass(frozen=True)
 class ErrorEvent:
     error: BaseException
 
 
-Event = TokenEvent | DoneEvent | ErrorEvent
+Event = TokenEvent | DoneEvent | ScoredEvent | ErrorEvent
 
 
 @dataclass
@@ -140,6 +161,8 @@ class Job:
     top_logprobs: int = 0  # alternatives per generated token; 0: none computed
     cancelled: bool = False
     cancelled_by_caller: bool = False
+    # set: score prompt_tokens[score_from:] given what precedes them, and decode nothing
+    score_from: int | None = None
 
     def cancel(self) -> None:
         if not self.cancelled:
@@ -170,6 +193,7 @@ class _Seq:
     rng: np.random.Generator | None = None
     decoder: Any = None
     reserved: int = 0
+    top1: list[bool] = field(default_factory=list)  # scoring jobs: each candidate token the argmax?
 
     @property
     def pos(self) -> int:
@@ -567,7 +591,8 @@ class LlamaEngine:
             n = _common_prefix(prompt, tokens)
             if n > best:
                 best_id, best = sid, n
-        best = min(best, len(prompt) - 1)  # at least one token must be decoded for logits
+        # at least one token must be decoded for logits: for a scoring job, the one before the candidate
+        best = min(best, (seq.job.score_from or len(prompt)) - 1)
         self.prefix.lookups += 1
         if best >= PrefixCache.MIN:
             lc.llama_memory_seq_cp(self._mem, best_id, seq.seq_id, 0, best)
@@ -580,7 +605,8 @@ class LlamaEngine:
         import llama_cpp as lc
 
         if not seq.prefilling and not seq.job.cancelled_by_caller:
-            self.prefix.store(self._mem, seq.seq_id, seq.job.prompt_tokens)
+            # a scored candidate is not kept: the prompt before it is what a later request shares
+            self.prefix.store(self._mem, seq.seq_id, seq.job.prompt_tokens[: seq.job.score_from])
         lc.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
         running.remove(seq)
         free_ids.append(seq.seq_id)
@@ -601,7 +627,7 @@ class LlamaEngine:
                 n += 1
         # then prompt chunks within what is left of the batch
         for seq in running:
-            if not seq.prefilling or n >= self.n_batch:
+            if not seq.prefilling or n >= self.n_batch or seq.job.score_from is not None:
                 continue
             prompt = seq.job.prompt_tokens
             take = min(len(prompt) - seq.n_prefilled, self.n_batch - n)
@@ -612,6 +638,14 @@ class LlamaEngine:
                 if last:
                     outputs.append(seq)
             seq.n_prefilled += take
+        # scoring jobs last, so that their logits rows follow every generating sequence's
+        scoring: list[tuple[_Seq, int, int]] = []  # (job, its first logits row, its rows)
+        first_row = len(outputs)
+        for seq in running:
+            if seq.prefilling and seq.job.score_from is not None and n < self.n_batch:
+                n, rows_taken = self._put_scoring(batch, n, seq)
+                scoring.append((seq, first_row, rows_taken))
+                first_row += rows_taken
         batch.n_tokens = n
         t0 = time.monotonic()
         rc = lc.llama_decode(self._ctx, batch)
@@ -620,14 +654,68 @@ class LlamaEngine:
             rc = lc.llama_decode(self._ctx, batch)
         if rc != 0:
             raise ModelError(f"llama_decode returned {rc}")
-        logits_ptr = lc.llama_get_logits(self._ctx)
-        rows = np.ctypeslib.as_array(logits_ptr, shape=(len(outputs), self.n_vocab))
-        self._sample(outputs, rows)
+        n_rows = len(outputs) + sum(k for _, _, k in scoring)
+        # a step that only prefills asks for no logits, and llama.cpp then has no rows to point to
+        rows = (
+            np.ctypeslib.as_array(lc.llama_get_logits(self._ctx), shape=(n_rows, self.n_vocab))
+            if n_rows
+            else np.zeros((0, self.n_vocab), dtype=np.float32)
+        )
+        # a scoring job's rows come after every generating sequence's (it is put last, below)
+        self._sample(outputs, rows[: len(outputs)])
         dt = time.monotonic() - t0
         self.steps += 1
         share = dt / max(1, len(running))
         for seq in running:
             seq.busy_s += share
+        self._score(scoring, rows)  # after the shares: a finished job reports this step too
+
+    def _put_scoring(self, batch: Any, n: int, seq: _Seq) -> tuple[int, int]:
+        """Put the next chunk of a scoring job into the batch, asking for logits only at the
+        positions that predict a candidate token, at most SCORE_ROWS_PER_STEP of them; return the
+        batch's new length and the rows asked for."""
+        tokens = seq.job.prompt_tokens
+        first = (seq.job.score_from or 1) - 1  # the position that predicts the first candidate token
+        last = len(tokens) - 2  # the one that predicts the last: the last token itself predicts nothing
+        start = seq.n_prefilled
+        take = min(len(tokens) - start, self.n_batch - n, max(first, start) + SCORE_ROWS_PER_STEP - start)
+        rows = 0
+        for pos in range(start, start + take):
+            want = first <= pos <= last
+            self._put(batch, n, tokens[pos], pos, seq.seq_id, want)
+            n += 1
+            rows += want
+        seq.n_prefilled += take
+        return n, rows
+
+    def _score(self, scoring: list[tuple[_Seq, int, int]], rows: np.ndarray) -> None:
+        """Read each scoring job's rows: the next token's log-softmax and whether it is the argmax;
+        a job whose candidate is all prefilled reports and leaves."""
+        for seq, first_row, count in scoring:
+            try:
+                if count:
+                    # rows are in position order; each predicts the next candidate token not yet scored
+                    done = (seq.job.score_from or 0) + len(seq.logprobs)
+                    targets = np.asarray(seq.job.prompt_tokens[done : done + count])
+                    block = rows[first_row : first_row + count]
+                    peak = block.max(axis=1)
+                    lse = peak + np.log(np.exp(block - peak[:, None]).sum(axis=1))
+                    picked = block[np.arange(count), targets]
+                    seq.logprobs.extend(float(v) for v in picked - lse)
+                    seq.top1.extend(bool(v) for v in block.argmax(axis=1) == targets)
+                if not seq.prefilling:
+                    seq.job.cancelled = True  # released by _serve after this step, its prompt cached
+                    seq.job.emit(
+                        ScoredEvent(
+                            token_logprobs=tuple(seq.logprobs),
+                            top1=tuple(seq.top1),
+                            prompt_tokens=len(seq.job.prompt_tokens),
+                            busy_s=seq.busy_s,
+                            queued_s=seq.started - seq.job.submitted,
+                        )
+                    )
+            except Exception as exc:  # noqa: BLE001 - this job's own work: fail it alone
+                self._fail_one(seq.job, exc)
 
     @staticmethod
     def _put(batch: Any, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:

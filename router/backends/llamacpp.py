@@ -5,6 +5,12 @@ template, tokenizes, submits a job and relays the engine's events on the caller'
 loop is never blocked: model loading, template rendering and tokenizing run in worker threads,
 decoding on the engine thread. A prompt too long to possibly fit the context is refused by its
 length in characters before any of that work: a megabyte of text costs the loop nothing.
+
+`score_continuation` reads another tier's answer in one batched prefill (an engine scoring job):
+the request rendered exactly as for generation (chat template with the generation prompt), then
+the answer tokenized as plain text. An answer that does not fit the context with the prompt is
+refused with `ContextLengthError`, not truncated: a score of part of an answer would be read as a
+score of all of it.
 """
 
 from __future__ import annotations
@@ -15,8 +21,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from router.backends.base import Backend
-from router.backends.llama_engine import DoneEvent, ErrorEvent, Job, LlamaEngine, TokenEvent
+from router.backends.base import Backend, ContinuationScore
+from router.backends.llama_engine import DoneEvent, ErrorEvent, Job, LlamaEngine, ScoredEvent, TokenEvent
 from router.catalog import resolve_model
 from router.errors import ContextLengthError, DeadlineError, ModelError, RequestError
 from router.generation import Delta, Generation, GenerationRequest
@@ -119,6 +125,65 @@ class LlamaCppBackend(Backend):
             raise RequestError(message, param="messages") from None
         added = bool(getattr(rendered, "added_special", False))
         return self.engine.tokenize(rendered.prompt, add_special=not added, parse_special=True)
+
+    @classmethod
+    def scoring_support(cls, tier: TierSettings) -> str | None:
+        return None
+
+    def scoring_tokens(self, request: GenerationRequest, continuation: str) -> tuple[list[int], int]:
+        """The prompt's tokens followed by the continuation's, and where the continuation starts.
+        Blocking: call it from a worker thread."""
+        if len(continuation) > self.max_prompt_chars:
+            raise ContextLengthError(f"the answer to score has {len(continuation)} characters, more than fit")
+        prompt = self.prompt_tokens(request)
+        answer = self.engine.tokenize(continuation, add_special=False, parse_special=False)
+        if not prompt or not answer:
+            raise RequestError("nothing to score: the prompt or the answer is empty after tokenization")
+        if len(prompt) + len(answer) + 1 > self.engine.n_ctx:
+            raise ContextLengthError(
+                f"This model's maximum context length is {self.engine.n_ctx} tokens; the prompt ({len(prompt)}) "
+                f"and the answer to score ({len(answer)}) do not fit together."
+            )
+        return prompt + answer, len(prompt)
+
+    async def score_continuation(self, request: GenerationRequest, continuation: str) -> ContinuationScore:
+        if not self.engine.started:
+            await self.start()
+        if not self.engine.ready:
+            raise self.engine.unavailable_error()
+        self.check_prompt_size(request)
+        tokens, score_from = await asyncio.to_thread(self.scoring_tokens, request, continuation)
+        job = Job(
+            prompt_tokens=tokens,
+            max_tokens=0,
+            temperature=0.0,
+            top_p=1.0,
+            seed=None,
+            stop=(),
+            deadline=request.deadline,
+            loop=asyncio.get_running_loop(),
+            events=asyncio.Queue(),
+            score_from=score_from,
+        )
+        self.engine.submit(job)
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(job.events.get(), timeout=request.remaining())
+                except TimeoutError:
+                    raise DeadlineError(f"tier '{self.name}' did not score the answer before the deadline") from None
+                if isinstance(event, ScoredEvent):
+                    return ContinuationScore(
+                        token_logprobs=event.token_logprobs,
+                        top1=event.top1,
+                        prompt_tokens=event.prompt_tokens,
+                        continuation_tokens=len(event.token_logprobs),
+                        seconds=event.busy_s,
+                    )
+                if isinstance(event, ErrorEvent):
+                    raise event.error
+        finally:
+            job.cancel()
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta | Generation]:
         if not self.engine.started:

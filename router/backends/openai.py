@@ -71,6 +71,10 @@ Errors raised (all from `router.errors`)::
 
 When the server refuses `logprobs` or `stream_options` with a 400 naming them, the call is
 repeated once without that parameter, and the tier stops sending it.
+
+`score_continuation` (for the `cross_tier` verifier) makes one non-streaming call per attempt
+under the same retries, breaker, deadline and size caps, in the way `tiers[].openai.prompt_logprobs`
+names; the answer is read, and clamped, by `router.backends.prompt_scoring`.
 """
 
 from __future__ import annotations
@@ -90,7 +94,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx2
 import openai
 
-from router.backends.base import Backend
+from router.backends.base import Backend, ContinuationScore, ScoringUnsupportedError
+from router.backends.prompt_scoring import ScoredTokens, read_echo, read_vllm, render_chat
 from router.backends.upstream_io import (
     LOG_TEXT_CHARS,
     CappedTransport,
@@ -347,6 +352,94 @@ class OpenAIBackend(Backend):
             permit.release()  # no-op when an outcome was reported; covers an abandoned stream
             await _close_quietly(opened.response)
         yield acc.generation(call, self.model, ttft_s=ttft)
+
+    # -- scoring a given answer (cross_tier) --------------------------------------------------------
+
+    @classmethod
+    def scoring_support(cls, tier: TierSettings) -> str | None:
+        config = tier.openai
+        if config is None or config.prompt_logprobs == "none":
+            return "its openai.prompt_logprobs is 'none' (set 'echo' or 'vllm' where the server supports it)"
+        if config.prompt_logprobs == "echo" and config.chat_template is None:
+            return "openai.prompt_logprobs 'echo' needs openai.chat_template to render chat requests"
+        return None
+
+    async def score_continuation(self, request: GenerationRequest, continuation: str) -> ContinuationScore:
+        mode = self.config.prompt_logprobs
+        if mode == "none":
+            raise ScoringUnsupportedError(f"tier '{self.name}' cannot score a given answer (prompt_logprobs = 'none')")
+        if not continuation:
+            raise RequestError("nothing to score: the answer is empty")
+        prompt: str | None = request.prompt
+        if mode == "echo" and request.messages is not None:
+            if self.config.chat_template is None:
+                raise ScoringUnsupportedError(f"tier '{self.name}' has no chat_template to render a chat request with")
+            prompt = render_chat(self.config.chat_template, request.messages)
+        call = self._new_call(request.with_(max_tokens=1, temperature=0.0, top_p=1.0, stop=()))
+        attempt = functools.partial(self._attempt_score, continuation=continuation, prompt=prompt)
+        scored, prompt_tokens = await self._with_retries(call, attempt)
+        return ContinuationScore(
+            token_logprobs=scored.logprobs,
+            top1=scored.top1,
+            prompt_tokens=max(prompt_tokens, len(scored.logprobs)),
+            continuation_tokens=len(scored.logprobs),
+            seconds=time.monotonic() - call.started,
+        )
+
+    async def _attempt_score(self, call: _Call, *, continuation: str, prompt: str | None) -> tuple[ScoredTokens, int]:
+        client = self._ensure_client()
+        permit = self._begin_attempt(call)
+        request = call.request
+        endpoint: Any
+        params: dict[str, Any] = {"model": self.model, "max_tokens": 1, "temperature": 0.0}
+        if self.config.prompt_logprobs == "echo":
+            assert prompt is not None
+            endpoint = client.completions
+            params.update(prompt=prompt + continuation, echo=True, logprobs=1)
+        elif request.messages is not None:
+            endpoint = client.chat.completions
+            messages = [{"role": m.role, "content": m.content} for m in request.messages]
+            params["messages"] = [*messages, {"role": "assistant", "content": continuation}]
+            params["extra_body"] = {
+                "prompt_logprobs": 1,
+                "add_generation_prompt": False,
+                "continue_final_message": True,
+            }
+        else:
+            assert prompt is not None
+            endpoint = client.completions
+            params.update(prompt=prompt + continuation, extra_body={"prompt_logprobs": 1})
+        try:
+            async with asyncio.timeout(call.remaining()):
+                response = await endpoint.with_streaming_response.create(
+                    **params, timeout=call.remaining()
+                ).__aenter__()
+            try:
+                async with asyncio.timeout(call.remaining()):
+                    body = await response.read()
+            finally:
+                await _close_quietly(response)
+            data = json_object(body.decode("utf-8", "replace"))
+            choice = first_choice(data.get("choices"), required=True)
+            assert choice is not None
+            if self.config.prompt_logprobs == "echo":
+                assert prompt is not None
+                scored = read_echo(choice, prompt + continuation, continuation)
+            else:
+                where = data if request.messages is not None else choice
+                scored = read_vllm(where.get("prompt_logprobs"), call.prompt_limit, continuation)
+            # the usage, when sane, counts the continuation too; else the tokens the server read
+            limit = call.prompt_limit + len(continuation.encode("utf-8", "replace"))
+            usage = data.get("usage")
+            counted = token_count(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
+            prompt_tokens = counted if counted is not None and counted <= limit else min(scored.echoed_tokens, limit)
+        except BaseException as exc:
+            mapped = self._settle(permit, exc, call)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        permit.success()
+        return scored, prompt_tokens
 
     # -- attempts --------------------------------------------------------------------------------
 

@@ -5,8 +5,8 @@ import pytest
 from verifiers.base import Registry, Verifier, VerifierContext, VerifierError
 from verifiers.builtins import BUILTINS, register_verifiers
 
-NAMES = {"confidence", "format", "math_answer", "code_tests", "self_consistency", "judge", "degeneration"}
-MINIMAL = {"format": {"json": True}, "judge": {"tier": "big"}}
+NAMES = {"confidence", "format", "math_answer", "code_tests", "self_consistency", "judge", "degeneration", "cross_tier"}
+MINIMAL = {"format": {"json": True}, "judge": {"tier": "big"}, "cross_tier": {"tier": "big"}}
 
 
 def test_the_entry_point_lists_every_builtin() -> None:
