@@ -208,7 +208,12 @@ def default_verifiers(task: str) -> list[Any]:
     wanted = {
         "math": [*confidence, ("format", {"regex": r"\\boxed\{", "name": "boxed"}), ("math_answer", {})],
         "code": [*confidence, ("format", {"regex": r"```(?:python|py)?\n", "name": "code_block"}), ("code_tests", {})],
-        "choice": [*confidence, ("format", {"regex": r"^\s*\(?[A-D]\)?[.)]?\s*$", "name": "letter_only"})],
+        "choice": [
+            *confidence,
+            ("format", {"regex": r"^\s*\(?[A-D]\)?[.)]?\s*$", "name": "letter_only"}),
+            ("choice", {}),
+            ("choice", {"stat": "margin", "name": "choice_margin"}),
+        ],
     }.get(task, confidence)
     try:
         known = set(Registry.from_entry_points().names())
