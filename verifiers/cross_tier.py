@@ -76,6 +76,10 @@ class CrossTierVerifier:
         text = candidate.text
         if not text.strip():
             return Score.abstain("empty answer: nothing to score", details=details)
+        if self.ctx.tier == self.tier:
+            # a model reading its own answer learns nothing a `confidence` verifier would not say,
+            # and the prefill would be paid for nothing (an eval scores every verifier on every tier)
+            return Score.abstain(f"the answer is tier {self.tier!r}'s own", details=details)
         backend = self.ctx.backends.get(self.tier)
         if backend is None:
             known = ", ".join(sorted(self.ctx.backends)) or "none"

@@ -96,6 +96,10 @@ async def test_abstains_when_it_cannot_speak() -> None:
     failing = await _verifier(_Scoring(TimeoutError("slow"))).score(ASK, _gen("51"))
     assert failing.abstained and "slow" in failing.reason
     assert (await _verifier(_Scoring(TimeoutError())).score(ASK, _gen("  \n"))).abstained  # empty
+    own = _Scoring(ContinuationScore((-0.1,), (True,), 5, 1, 0.1))
+    mine = make_cross_tier({"tier": "big"}, VerifierContext("big", own, {"big": own}))
+    score = await mine.score(ASK, _gen("51"))
+    assert score.abstained and "own" in score.reason and not own.seen  # nothing prefilled for nothing
 
 
 async def test_each_stat_and_the_clip() -> None:
