@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,8 @@ from router.generation import Delta, Generation, GenerationRequest
 # No tokenizer we serve averages more characters per token than this, even on runs of spaces or
 # repeated punctuation, so a longer prompt cannot fit the context and is refused untokenized.
 MAX_CHARS_PER_TOKEN = 32
+# scorings remembered per tier (a few answers' worth: the verifiers of one request run together)
+SCORE_MEMO = 32
 
 if TYPE_CHECKING:
     from router.config import LlamaCppSettings, Settings, TierSettings
@@ -53,6 +56,10 @@ class LlamaCppBackend(Backend):
         self.max_tokens_cap = max_tokens_cap
         self._formatter: Any = None
         self.model_name = settings.model
+        # recent scorings by their tokens: two cross_tier verifiers (say `mean` and `min`, or one
+        # inside `learned`) reading the same answer share one prefill; concurrent askers share the
+        # one in flight. Each still reports the full cost: it is what that score costs alone.
+        self._scored: OrderedDict[tuple[int, ...], asyncio.Future[ContinuationScore]] = OrderedDict()
 
     @classmethod
     def from_settings(cls, tier: TierSettings, settings: Settings) -> LlamaCppBackend:
@@ -153,6 +160,29 @@ class LlamaCppBackend(Backend):
             raise self.engine.unavailable_error()
         self.check_prompt_size(request)
         tokens, score_from = await asyncio.to_thread(self.scoring_tokens, request, continuation)
+        if request.remaining() == 0.0:
+            raise DeadlineError(f"tier '{self.name}' did not score the answer before the deadline")
+        key = (score_from, *tokens)
+        known = self._scored.get(key)
+        if known is not None and not (known.done() and known.exception() is not None):
+            self._scored.move_to_end(key)
+            return await asyncio.wait_for(asyncio.shield(known), timeout=request.remaining())
+        fut: asyncio.Future[ContinuationScore] = asyncio.get_running_loop().create_future()
+        self._scored[key] = fut
+        while len(self._scored) > SCORE_MEMO:
+            self._scored.popitem(last=False)
+        try:
+            score = await self._score_tokens(request, tokens, score_from)
+        except BaseException as exc:
+            self._scored.pop(key, None)
+            if not fut.done():
+                fut.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
+                fut.exception()  # retrieved: no "never retrieved" warning when nobody else waits
+            raise
+        fut.set_result(score)
+        return score
+
+    async def _score_tokens(self, request: GenerationRequest, tokens: list[int], score_from: int) -> ContinuationScore:
         job = Job(
             prompt_tokens=tokens,
             max_tokens=0,

@@ -129,5 +129,35 @@ async def test_deadline_and_cancellation(backend: LlamaCppBackend) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert (await backend.score_continuation(QUESTION, ANSWER)).continuation_tokens > 0
+    # a new answer (a remembered one would not reach the engine): the cancelled slot is free by then
+    assert (await backend.score_continuation(QUESTION, ANSWER + " Done.")).continuation_tokens > 0
+    for _ in range(100):  # the engine frees a finished or cancelled job's slot at its next step
+        if backend.engine.active == 0:
+            break
+        await asyncio.sleep(0.05)
     assert backend.engine.active == 0
+
+
+async def test_the_same_answer_scored_twice_is_prefilled_once(backend: LlamaCppBackend) -> None:
+    asked = GenerationRequest(messages=(Message("user", "Name a colour of the sky."),), deadline=time.monotonic() + 120)
+    jobs = 0
+    real = backend._score_tokens
+
+    async def counting(*args: object) -> ContinuationScore:
+        nonlocal jobs
+        jobs += 1
+        return await real(*args)  # type: ignore[arg-type]
+
+    backend._score_tokens = counting  # type: ignore[method-assign]
+    try:
+        a, b = await asyncio.gather(
+            backend.score_continuation(asked, "It is blue, mostly."),
+            backend.score_continuation(asked, "It is blue, mostly."),
+        )
+        c = await backend.score_continuation(asked, "It is blue, mostly.")
+        other = await backend.score_continuation(asked, "Grey, when it rains.")
+    finally:
+        del backend._score_tokens
+    assert jobs == 2  # one for the repeated answer (two at once, then again), one for the other
+    assert a == b == c and a.seconds > 0  # each asker is told the full cost of the score
+    assert other.token_logprobs != a.token_logprobs

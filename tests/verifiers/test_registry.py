@@ -5,7 +5,17 @@ import pytest
 from verifiers.base import Registry, Verifier, VerifierContext, VerifierError
 from verifiers.builtins import BUILTINS, register_verifiers
 
-NAMES = {"confidence", "format", "math_answer", "code_tests", "self_consistency", "judge", "degeneration", "cross_tier", "choice"}
+NAMES = {
+    "confidence",
+    "format",
+    "math_answer",
+    "code_tests",
+    "self_consistency",
+    "judge",
+    "degeneration",
+    "cross_tier",
+    "choice",
+}
 MINIMAL = {"format": {"json": True}, "judge": {"tier": "big"}, "cross_tier": {"tier": "big"}}
 
 
