@@ -16,6 +16,7 @@ from verifiers.code_tests import make_code_tests
 from verifiers.confidence import make_confidence
 from verifiers.consistency import make_self_consistency
 from verifiers.degeneration import make_degeneration
+from verifiers.execution import make_execution
 from verifiers.format import make_format
 from verifiers.judge import make_judge
 from verifiers.learned import make_learned
@@ -30,11 +31,12 @@ BUILTINS: dict[str, VerifierFactory] = {
     "judge": make_judge,
     "learned": make_learned,
     "degeneration": make_degeneration,
+    "execution": make_execution,
 }
 
 
 # what a verifier needs of the machine: the reason it cannot run here, or None
-CHECKS: dict[str, Callable[[], str | None]] = {"code_tests": sandbox.available}
+CHECKS: dict[str, Callable[[], str | None]] = {"code_tests": sandbox.available, "execution": sandbox.available}
 
 
 def register_verifiers(register: RegisterVerifier) -> None:
