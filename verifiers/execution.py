@@ -65,7 +65,7 @@ from router.generation import Generation, GenerationRequest, Message
 from verifiers.base import Score, VerifierContext, VerifierCost
 from verifiers.code_tests import MAX_ANSWER_CHARS, MAX_PROCS
 from verifiers.consistency import generation_cost
-from verifiers.extract import fenced_blocks
+from verifiers.extract import fenced_blocks, outside_fences
 from verifiers.math_answer import answers_agree, extract_answer, last_number, parse_number
 from verifiers.sandbox import SandboxUnavailableError, run_python_async
 
@@ -75,8 +75,6 @@ MAX_CODE_CHARS = 20_000  # a program behind an answer is a few dozen lines; beyo
 MAX_OUTPUT_BYTES = 64 << 10  # only the last number printed matters
 _CODE_LANGS = frozenset({"python", "python3", "py", "py3"})
 _DISPLAY = "__tierroute_display__"
-# a block or prose span between fences, fence lines included
-_FENCED = re.compile(r"^[ \t]*(`{3,}|~{3,})[^\n]*\n.*?(?:^[ \t]*\1[ \t]*$|\Z)", re.DOTALL | re.MULTILINE)
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
 _EXCEPTIONS = frozenset(
     name
@@ -138,11 +136,6 @@ def _looks_like_code(body: str) -> bool:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
             return True
     return False
-
-
-def prose(text: str) -> str:
-    """``text`` with every fenced block removed: what the answer says outside its code and output."""
-    return _FENCED.sub("\n", text)
 
 
 def runnable(program: str) -> str | None:
@@ -246,7 +239,7 @@ class ExecutionVerifier:
         if len(text) > MAX_ANSWER_CHARS:
             return Score.abstain("too_large: the answer is too large to check", details={"outcome": "too_large"})
         blocks = program_blocks(text)
-        stated = extract_answer(prose(text))
+        stated = extract_answer(outside_fences(text))
         details: dict[str, Any] = {"source": "answer", "blocks": len(blocks), "stated": _short(stated)}
         if not blocks:
             if self.second_opinion:

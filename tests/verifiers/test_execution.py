@@ -29,7 +29,8 @@ from tests.verifiers.scripted import ScriptedBackend as ReplyBackend
 from tests.verifiers.scripted import gen
 from verifiers.base import Registry, Score, VerifierContext, VerifierError
 from verifiers.builtins import CHECKS, register_verifiers
-from verifiers.execution import SECOND_OPINION_PROMPT, ExecutionVerifier, agrees, program_blocks, prose, runnable
+from verifiers.execution import SECOND_OPINION_PROMPT, ExecutionVerifier, agrees, program_blocks, runnable
+from verifiers.extract import outside_fences
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -135,10 +136,10 @@ async def test_oversized_programs_are_not_run() -> None:
 # ---- reading the program and its result ------------------------------------------------------
 
 
-def test_program_blocks_and_prose() -> None:
+def test_program_blocks_and_the_text_outside_them() -> None:
     text = "Intro.\n```python\na = 1\n```\n```output\n1\n```\n```\nprint(a + 1)\n```\n```\n2\n```\nSo \\boxed{2}."
     assert program_blocks(text) == ["a = 1\n", "print(a + 1)\n"]
-    assert "a = 1" not in prose(text) and "\\boxed{2}" in prose(text)
+    assert "a = 1" not in outside_fences(text) and "\\boxed{2}" in outside_fences(text)
 
 
 def test_a_trailing_expression_is_shown_as_a_notebook_shows_it() -> None:
@@ -289,6 +290,49 @@ async def test_second_opinion_is_not_asked_without_a_numeric_answer_or_when_off(
     s = await v.score(QUESTION, gen(program("print(42)")))
     assert s.value == 1.0 and s.details["source"] == "answer"
     assert backend.requests == []
+
+
+# ---- real SmolLM2 output --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+async def smol(smol_path: Path):
+    from router.backends.llamacpp import LlamaCppBackend
+    from router.config import LlamaCppSettings
+
+    b = LlamaCppBackend(
+        "small",
+        smol_path,
+        LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=2, n_parallel=2, max_queue=8),
+        512,
+    )
+    await b.start()
+    yield b
+    await b.close()
+
+
+@pytest.mark.timeout(900)
+async def test_second_opinion_from_smollm2(smol: Any) -> None:
+    """The test model writes the second program; whatever it writes, the verdict follows from
+    running it, and its generation is charged."""
+    # a generous deadline: on a shared two-core machine 64 tokens can take minutes
+    v = ExecutionVerifier(
+        second_opinion=True, max_tokens=64, generation_timeout_s=800, ctx=VerifierContext(tier="small", backend=smol)
+    )
+    s = await v.score(QUESTION, gen("He has \\boxed{7} apples."))
+    assert s.details["source"] == "second_opinion"
+    assert 0 < s.cost.completion_tokens <= 64 and s.cost.prompt_tokens > 20 and s.cost.seconds > 0
+    assert s.cost.tier == "small"
+    outcome = s.details["outcome"]
+    if outcome == "agree":
+        assert s.value == 1.0 and s.details["result"] == 7.0
+    elif outcome == "disagree":
+        assert s.value == 0.0 and s.details["result"] != 7.0
+    else:
+        assert s.abstained, s
+        assert outcome in ("no_second_program", "no_result", "exception", "syntax_error", "timeout", "crashed")
+    if outcome != "no_second_program":
+        assert s.details["blocks"] >= 1 and "exit_status" in s.details
 
 
 # ---- registration and params -----------------------------------------------------------------

@@ -5,7 +5,7 @@ import pytest
 from verifiers.base import Registry, Verifier, VerifierContext, VerifierError
 from verifiers.builtins import BUILTINS, register_verifiers
 
-NAMES = {"confidence", "format", "math_answer", "code_tests", "self_consistency", "judge", "degeneration"}
+NAMES = {"confidence", "format", "math_answer", "code_tests", "self_consistency", "judge", "degeneration", "execution"}
 MINIMAL = {"format": {"json": True}, "judge": {"tier": "big"}}
 
 
