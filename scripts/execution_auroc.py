@@ -51,8 +51,11 @@ async def run(run_dir: Path, concurrency: int) -> None:
             jobs.append((tier["name"], grade.correct, verifier.score(request, rec.to_generation())))
     scores = await asyncio.gather(*(job for _, _, job in jobs))
     by_tier: dict[str, list[tuple[bool, float | None, str, int]]] = defaultdict(list)
+    sandbox_s: dict[str, list[float]] = defaultdict(list)
     for (tier_name, correct, _), score in zip(jobs, scores, strict=True):
         by_tier[tier_name].append((correct, score.value, score.details["outcome"], score.details["blocks"]))
+        if "sandbox_s" in score.details:
+            sandbox_s[tier_name].append(score.details["sandbox_s"])
     for tier_name in sorted(by_tier):
         rows = by_tier[tier_name]
         correct = [c for c, _, _, _ in rows]
@@ -64,6 +67,9 @@ async def run(run_dir: Path, concurrency: int) -> None:
             f"AUROC abstain-as-0.5={_area(correct, [0.5 if v is None else v for _, v, _, _ in rows])} "
             f"scored-only={_area([c for c, _ in scored], [v for _, v in scored])}"
         )
+        if sandbox_s[tier_name]:
+            runs = sandbox_s[tier_name]
+            print(f"{'':18s}{len(runs)} sandboxed runs, {sum(runs) / len(runs):.2f} s each on average (wall)")
         groups: dict[str, list[bool]] = defaultdict(list)
         for c, _, outcome, _ in rows:
             groups[outcome].append(c)

@@ -11,11 +11,13 @@ What counts, decided from those runs:
 
 - The program: the answer's fenced blocks labelled Python (or unlabelled blocks that look like
   code: an assignment, import, definition or ``print`` call), joined in order as notebook cells
-  run top to bottom. An ``output`` block is the answer's claim, never code.
-- The program's result: the last number it printed. When its last statement is a bare expression
-  (not a ``print``), its value is shown after the run as a notebook would, so that counts too. No
-  name such as ``answer`` is guessed: no committed program needs it, and a guess could read an
-  intermediate value.
+  run top to bottom (an error in one ends the run). An ``output`` block is the answer's claim,
+  never code.
+- The program's result: the last number it printed. When its last statement is a bare
+  expression (not a ``print``), its value is shown after the run as a notebook would, so that
+  counts too. No name such as ``answer`` is guessed: no committed program needs it, and a guess
+  could read an intermediate value. A program that only imports and defines functions (most code
+  answers) would print nothing, so it is not run at all.
 - The stated answer: `verifiers.math_answer.extract_answer` over the text outside every fenced
   block (``\\boxed{}``, ``####``, ``Answer:``), so neither the code nor the invented output block
   is read as the claim. A stated answer written with decimals also agrees with a result that
@@ -163,6 +165,26 @@ def runnable(program: str) -> str | None:
     return shown_program
 
 
+def only_defines(program: str) -> bool:
+    """Whether ``program`` only imports and defines functions (a code answer with no example): run,
+    it would print nothing, so it is not run. Anything that executes at definition (a decorator,
+    a default that is not a constant, a class body) is run as usual."""
+    try:
+        tree = ast.parse(program)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            defaults = [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+            if node.decorator_list or not all(isinstance(d, ast.Constant) for d in defaults):
+                return False
+        elif not isinstance(node, ast.Import | ast.ImportFrom | ast.Pass) and not (
+            isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        ):
+            return False
+    return True
+
+
 def _is_print(node: ast.expr) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
 
@@ -254,6 +276,8 @@ class ExecutionVerifier:
     ) -> Score:
         if len(program) > MAX_CODE_CHARS:
             return _abstain("too_large", f"the program is over {MAX_CODE_CHARS} characters", details)
+        if await asyncio.to_thread(only_defines, program):
+            return _abstain("no_result", "the program only defines functions: it prints nothing", details)
         source = await asyncio.to_thread(runnable, program)
         if source is None and cut_off:
             return _abstain("cut_off", "the answer ran out of tokens inside its program", details)

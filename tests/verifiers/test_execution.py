@@ -29,7 +29,7 @@ from tests.verifiers.scripted import ScriptedBackend as ReplyBackend
 from tests.verifiers.scripted import gen
 from verifiers.base import Registry, Score, VerifierContext, VerifierError
 from verifiers.builtins import CHECKS, register_verifiers
-from verifiers.execution import SECOND_OPINION_PROMPT, ExecutionVerifier, agrees, program_blocks, runnable
+from verifiers.execution import SECOND_OPINION_PROMPT, ExecutionVerifier, agrees, only_defines, program_blocks, runnable
 from verifiers.extract import outside_fences
 
 pytestmark = pytest.mark.timeout(120)
@@ -111,6 +111,8 @@ async def test_a_module_the_sandbox_lacks_abstains() -> None:
         ),
         (program("print(42)", "The answer is \\boxed{forty-two}."), "stated_not_a_number"),
         (program("x = None\nx"), "no_result"),
+        # it runs, and prints no number
+        (program("def add(a, b):\n    return a + b\n\nadd(2, 3)\nprint('done')"), "no_result"),
     ],
 )
 async def test_abstains_where_it_does_not_apply(text: str, outcome: str) -> None:
@@ -140,6 +142,15 @@ def test_program_blocks_and_the_text_outside_them() -> None:
     text = "Intro.\n```python\na = 1\n```\n```output\n1\n```\n```\nprint(a + 1)\n```\n```\n2\n```\nSo \\boxed{2}."
     assert program_blocks(text) == ["a = 1\n", "print(a + 1)\n"]
     assert "a = 1" not in outside_fences(text) and "\\boxed{2}" in outside_fences(text)
+
+
+def test_only_definitions_are_not_run() -> None:
+    assert only_defines('from typing import List\n\ndef f(x: List[int], k=3) -> int:\n    """Doc."""\n    return k\n')
+    assert not only_defines("def f():\n    return 1\n\nprint(f())")
+    assert not only_defines("@decorate\ndef f():\n    return 1")
+    assert not only_defines("def f(x=print(1)):\n    return 1")
+    assert not only_defines("class A:\n    print(1)")
+    assert not only_defines("def f(:")
 
 
 def test_a_trailing_expression_is_shown_as_a_notebook_shows_it() -> None:
