@@ -9,6 +9,12 @@ show a program, the outcomes with the accuracy of each group, and the AUROC of t
 predicting a right answer (evals.metrics.auroc) two ways: over all answers with an abstention
 counted as 0.5, and over the answers it scored only. Needs the suites' data (from the pinned
 wheel, as `eval run` does) to rebuild each request, and bubblewrap; no model.
+
+What it printed on the committed runs (November 2026), AUROC with abstentions as 0.5 / scored only:
+GSM8K small 0.592 / 0.713 (57 answers show a program, 49 scored: agree 15, 7 right; disagree 33,
+3 right), GSM8K large 0.659 / 0.929 (62 programs, 43 scored: agree 19, 15 right; disagree 23,
+none right; 18 sympy programs abstain); HumanEval: 14 small answers whose example crashes score 0,
+all wrong, the rest abstain; MMLU: abstains on every answer.
 """
 
 from __future__ import annotations
