@@ -259,7 +259,8 @@ class ExecutionVerifier:
     async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
         text = candidate.text
         if len(text) > MAX_ANSWER_CHARS:
-            return Score.abstain("too_large: the answer is too large to check", details={"outcome": "too_large"})
+            refused = {"outcome": "too_large", "source": "answer", "blocks": 0}
+            return Score.abstain("too_large: the answer is too large to check", details=refused)
         blocks = program_blocks(text)
         stated = extract_answer(outside_fences(text))
         details: dict[str, Any] = {"source": "answer", "blocks": len(blocks), "stated": _short(stated)}

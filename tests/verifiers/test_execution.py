@@ -132,6 +132,8 @@ async def test_an_answer_cut_off_inside_its_program_abstains_but_a_broken_one_do
 
 async def test_oversized_programs_are_not_run() -> None:
     s = await verifier().score(ASKED, gen(program("x = 1\n" * 5000 + "print(42)")))
+    assert s.abstained and s.details["outcome"] == "too_large" and "exit_status" not in s.details
+    s = await verifier().score(ASKED, gen(program("print(42)") + " " * 100_000))
     assert s.abstained and s.details["outcome"] == "too_large"
 
 
