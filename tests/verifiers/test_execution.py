@@ -345,7 +345,9 @@ async def test_second_opinion_from_smollm2(smol: Any) -> None:
         assert s.abstained, s
         assert outcome in ("no_second_program", "no_result", "exception", "syntax_error", "timeout", "crashed")
     if outcome != "no_second_program":
-        assert s.details["blocks"] >= 1 and "exit_status" in s.details
+        assert s.details["blocks"] >= 1 and s.details["code_chars"] > 0
+        # it ran in the sandbox, unless it only defines functions (then it could print nothing)
+        assert "exit_status" in s.details or "only defines" in s.reason
 
 
 # ---- registration and params -----------------------------------------------------------------
