@@ -18,6 +18,7 @@ from verifiers.confidence import make_confidence
 from verifiers.consistency import make_self_consistency
 from verifiers.cross_tier import make_cross_tier
 from verifiers.degeneration import make_degeneration
+from verifiers.execution import make_execution
 from verifiers.format import make_format
 from verifiers.judge import make_judge
 from verifiers.learned import make_learned
@@ -34,11 +35,12 @@ BUILTINS: dict[str, VerifierFactory] = {
     "degeneration": make_degeneration,
     "choice": make_choice,
     "cross_tier": make_cross_tier,
+    "execution": make_execution,
 }
 
 
 # what a verifier needs of the machine: the reason it cannot run here, or None
-CHECKS: dict[str, Callable[[], str | None]] = {"code_tests": sandbox.available}
+CHECKS: dict[str, Callable[[], str | None]] = {"code_tests": sandbox.available, "execution": sandbox.available}
 
 
 def register_verifiers(register: RegisterVerifier) -> None:

@@ -39,6 +39,12 @@ def fenced_blocks(text: str) -> list[FencedBlock]:
     return blocks
 
 
+def outside_fences(text: str) -> str:
+    """``text`` with every fenced block (fences included) replaced by a line break: what an answer
+    says in prose, apart from its code and the output it shows."""
+    return _FENCE.sub("\n", text)
+
+
 def compiles(code: str) -> bool:
     """Whether ``code`` is syntactically valid Python (compiling does not run it)."""
     try:

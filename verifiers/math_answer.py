@@ -121,6 +121,14 @@ def _sentence_number(t: str) -> str | None:
     return m.group(0)
 
 
+def last_number(text: str) -> str | None:
+    """The last number written in ``text`` (as a string `parse_number` reads), or None: how a
+    lenient grader reads an answer without a marker, and how the `execution` verifier reads what
+    a program printed."""
+    numbers = _LAST_NUMBER.findall(text or "")
+    return _clean(numbers[-1]) if numbers else None
+
+
 def numbers_equal(a: float | None, b: float | None, *, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> bool:
     """Whether two parsed answers are the same number (None equals nothing)."""
     if a is None or b is None:
@@ -158,9 +166,9 @@ def _find_answer(text: str, fallback_last_number: bool) -> tuple[str, str] | Non
             if cleaned:
                 return cleaned, marker
     if fallback_last_number:
-        numbers = _LAST_NUMBER.findall(text)
-        if numbers:
-            return _clean(numbers[-1]), "last number"
+        number = last_number(text)
+        if number is not None:
+            return number, "last number"
     return None
 
 

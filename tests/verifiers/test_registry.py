@@ -15,6 +15,7 @@ NAMES = {
     "degeneration",
     "cross_tier",
     "choice",
+    "execution",
 }
 MINIMAL = {"format": {"json": True}, "judge": {"tier": "big"}, "cross_tier": {"tier": "big"}}
 
