@@ -206,7 +206,12 @@ def default_verifiers(task: str) -> list[Any]:
 
     confidence = [("confidence", {"stat": "mean"}), ("confidence", {"stat": "min", "name": "confidence_min"})]
     wanted = {
-        "math": [*confidence, ("format", {"regex": r"\\boxed\{", "name": "boxed"}), ("math_answer", {})],
+        "math": [
+            *confidence,
+            ("format", {"regex": r"\\boxed\{", "name": "boxed"}),
+            ("math_answer", {}),
+            ("execution", {}),
+        ],
         "code": [*confidence, ("format", {"regex": r"```(?:python|py)?\n", "name": "code_block"}), ("code_tests", {})],
         "choice": [
             *confidence,
