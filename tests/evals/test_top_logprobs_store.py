@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from evals.runner import build_request, tier_fingerprint
-from evals.store import GenerationRecord, RunStore
+from evals.store import GenerationRecord, RunStore, generation_key
 from evals.suites.base import AnswerKey, Item
 from evals.suites.gsm8k import GSM8K
 from evals.suites.humaneval import HumanEval
@@ -79,11 +79,18 @@ def test_committed_runs_without_top_k_keep_their_fingerprints(suite: GSM8K | Hum
     assert build_request(suite, _item(), settings.tiers[0]).top_logprobs == 0
 
 
-def test_mmlu_asks_for_five_alternatives_and_so_regenerates() -> None:
+def test_mmlu_asks_for_five_alternatives_and_its_committed_run_has_them() -> None:
     settings = load_settings(ROOT / "config.toml")
-    manifest = json.loads((ROOT / "evals" / "results" / "mmlu" / "manifest.json").read_text())
+    store = RunStore(ROOT / "evals" / "results" / "mmlu")
+    manifest = store.manifest()
     tiers = {t.name: t for t in settings.tiers}
     assert MMLU.top_logprobs == 5
     assert build_request(MMLU(), _item(), settings.tiers[0]).top_logprobs == 5
+    without = type("MMLUWithoutTopK", (MMLU,), {"top_logprobs": 0})()
     for tier in manifest["tiers"]:
-        assert tier_fingerprint(MMLU(), tiers[tier["name"]]) != tier["fingerprint"]
+        # the committed run was generated asking for them: its fingerprint is the top-k one
+        assert tier_fingerprint(MMLU(), tiers[tier["name"]]) == tier["fingerprint"]
+        assert tier_fingerprint(without, tiers[tier["name"]]) != tier["fingerprint"]
+        for entry in manifest["items"]:
+            rec = store.generations.records[generation_key(tier["fingerprint"], entry["prompt_sha"])]
+            assert rec.top_logprobs and len(rec.top_logprobs[0][2]) == 5
