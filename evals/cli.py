@@ -132,6 +132,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     runs: list[str] = []
     for name, limit in suites:
         suite = get_suite(name)
+        if name == "mixed":
+            status |= _run_mixed(args, suite, limit, settings, tiers, explicit, cache_dir)
+            continue
         store = RunStore(Path(args.runs_dir) / (args.run or suite.name))
         verifiers: list[VerifierSpec] = explicit
         if not verifiers and store.exists():
@@ -180,7 +183,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"{len(summary.failed)} failed (not stored; a rerun retries them):", file=sys.stderr)
             for line in summary.failed[:20]:
                 print(f"  {line}", file=sys.stderr)
-    if args.report and status == 0:
+    if args.report and status == 0 and runs:
         report_args = argparse.Namespace(
             runs=runs,
             runs_dir=args.runs_dir,
@@ -196,6 +199,94 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         cmd_report(report_args)
     return status
+
+
+def _mixed_command(args: argparse.Namespace, limit: int | None) -> str:
+    """The command that regenerates a mixed run and its report, spelled the same however it was typed."""
+    parts = ["tierroute", "eval", "run", "--suite", "mixed", "--runs-dir", args.runs_dir, "--seed", str(args.seed)]
+    if limit is not None:
+        parts += ["--limit", str(limit)]
+    parts += ["--open-ended", str(args.open_ended), "--open-ended-max-tokens", str(args.open_ended_max_tokens)]
+    if args.run:
+        parts += ["--run", args.run]
+    if args.tiers:
+        parts += ["--tiers", args.tiers]
+    for v in args.verifier:
+        parts += ["--verifier", v]
+    if args.report:
+        parts += ["--report", args.report]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _run_mixed(
+    args: argparse.Namespace,
+    suite: Any,
+    limit: int | None,
+    settings: Any,
+    tiers: list[str],
+    verifiers: list[Any],
+    cache_dir: Path | None,
+) -> int:
+    """`eval run --suite mixed`: see `evals.mixed`. Prints the per-task table; `--report DIR`
+    writes it as DIR/mixed.md."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from evals.mixed import HEADERS, default_classifier, markdown, plan_mixed, report_rows, run_mixed, table_rows
+    from evals.suites.mixed import Mixed, OpenEnded
+
+    assert isinstance(suite, Mixed)
+    suite.open_ended = OpenEnded(max_tokens=args.open_ended_max_tokens)
+    drawn = suite.draw(limit, args.open_ended, args.seed, cache_dir)
+    root = Path(args.runs_dir) / (args.run or suite.name)
+    mixed = plan_mixed(drawn, default_classifier(settings), root)
+    print(
+        f"mixed: {len(drawn)} items ({', '.join(f'{p.run} {len(p.items)}' for p in mixed.parts)}) x {len(tiers)} "
+        f"tiers; suite items seeded from the runs in {args.runs_dir}; results in {root}",
+        file=sys.stderr,
+    )
+    try:
+        with _RichProgress() as progress:
+            summaries = asyncio.run(
+                run_mixed(
+                    mixed,
+                    Path(args.runs_dir),
+                    settings,
+                    tiers,
+                    verifiers=verifiers,
+                    seed=args.seed,
+                    concurrency=args.concurrency,
+                    timeout_s=args.timeout_s,
+                    config_path=str(args.config) if args.config else None,
+                    progress=progress,
+                )
+            )
+    except KeyboardInterrupt:
+        print(
+            f"interrupted: every finished item is stored under {root}; run the same command to resume", file=sys.stderr
+        )
+        return 130
+    failed = [line for s in summaries.values() for line in s.failed]
+    computed = sum(s.generated for s in summaries.values())
+    print(f"mixed: generated {computed} answers (the rest reused)", file=sys.stderr)
+    if failed:
+        print(f"{len(failed)} failed (not stored; a rerun retries them):", file=sys.stderr)
+        for line in failed[:20]:
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    rows = asyncio.run(report_rows(root, settings))
+    table = Table(title=f"mixed traffic: {root}")
+    for h in HEADERS:
+        table.add_column(h)
+    for cells in table_rows(rows):
+        table.add_row(*cells)
+    Console().print(table)
+    if args.report:
+        out = Path(args.report) / "mixed.md"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(markdown(rows, command=_mixed_command(args, limit), tiers=tiers), encoding="utf-8")
+        print(f"wrote {out}", file=sys.stderr)
+    return 0
 
 
 def default_verifiers(task: str) -> list[Any]:
@@ -510,7 +601,26 @@ def register(sub: Any, add: Any) -> None:
         help="deadline of one generation in an eval (default 1800; the tiers' serving timeout_s "
         "does not apply: items are decoded in batches and take longer)",
     )
-    p.add_argument("--report", default=None, metavar="DIR", help="then write the report of these runs into DIR")
+    p.add_argument(
+        "--open-ended",
+        type=int,
+        default=40,
+        metavar="N",
+        help="suite mixed: open-ended prompts interleaved with --limit items of each suite (default 40)",
+    )
+    p.add_argument(
+        "--open-ended-max-tokens",
+        type=int,
+        default=128,
+        metavar="N",
+        help="suite mixed: max_tokens of the open-ended prompts (default 128)",
+    )
+    p.add_argument(
+        "--report",
+        default=None,
+        metavar="DIR",
+        help="then write the report of these runs into DIR (suite mixed: DIR/mixed.md)",
+    )
     p.add_argument("--target", default="min-pgr=0.8", help="calibration target of that report (default min-pgr=0.8)")
     p.add_argument("--estimators", default=None, metavar="DIR", help="that report: " + _ESTIMATORS_HELP)
 

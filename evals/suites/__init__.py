@@ -1,4 +1,5 @@
-"""Suites by name: the built-ins (gsm8k, humaneval, mmlu), plugins, and JSONL files.
+"""Suites by name: the built-ins (gsm8k, humaneval, mmlu, and mixed: their items among open-ended
+prompts), plugins, and JSONL files.
 
 Plugins register through the entry-point group ``tierroute.suites``: each entry point names a
 callable ``register_suites(register)``, and ``register(name, factory)`` adds a zero-argument
@@ -21,11 +22,13 @@ SuiteFactory = Callable[[], Suite]
 def register_builtin_suites(register: Callable[[str, SuiteFactory], None]) -> None:
     from evals.suites.gsm8k import GSM8K
     from evals.suites.humaneval import HumanEval
+    from evals.suites.mixed import Mixed
     from evals.suites.mmlu import MMLU
 
     register("gsm8k", GSM8K)
     register("humaneval", HumanEval)
     register("mmlu", MMLU)
+    register("mixed", Mixed)
 
 
 class SuiteRegistry(Registry[SuiteFactory]):
