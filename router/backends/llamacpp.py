@@ -55,6 +55,7 @@ class LlamaCppBackend(Backend):
         )
         self.max_tokens_cap = max_tokens_cap
         self._formatter: Any = None
+        self._starting: asyncio.Future[None] | None = None
         self.model_name = settings.model
         # recent scorings by their tokens: two cross_tier verifiers (say `mean` and `min`, or one
         # inside `learned`) reading the same answer share one prefill; concurrent askers share the
@@ -68,8 +69,19 @@ class LlamaCppBackend(Backend):
         return cls(tier.name, path, tier.llamacpp, tier.max_tokens)
 
     async def start(self) -> None:
-        if self.engine.started:
-            return
+        # callers that arrive while the model loads (an eval scoring many answers at once with a
+        # tier nobody started) wait for that one load instead of finding the tier "not ready"
+        if self._starting is None:
+            if self.engine.started:
+                return
+            self._starting = asyncio.ensure_future(self._start())
+        try:
+            await asyncio.shield(self._starting)
+        finally:
+            if self._starting is not None and self._starting.done():
+                self._starting = None
+
+    async def _start(self) -> None:
         await asyncio.to_thread(self.engine.start)
         template = self.engine.chat_template
         if template:

@@ -161,3 +161,15 @@ async def test_the_same_answer_scored_twice_is_prefilled_once(backend: LlamaCppB
     assert jobs == 2  # one for the repeated answer (two at once, then again), one for the other
     assert a == b == c and a.seconds > 0  # each asker is told the full cost of the score
     assert other.token_logprobs != a.token_logprobs
+
+
+async def test_answers_scored_before_anyone_started_the_tier_wait_for_its_one_load(smol_path: Path) -> None:
+    # an eval scoring a stored run: the scoring tier generated nothing, so nothing started it
+    cold = LlamaCppBackend(
+        "cold", smol_path, LlamaCppSettings(model=str(smol_path), n_ctx=512, n_threads=2, n_parallel=3), 256
+    )
+    try:
+        scores = await asyncio.gather(*(cold.score_continuation(QUESTION, f"{ANSWER} ({k})") for k in range(4)))
+    finally:
+        await cold.close()
+    assert all(s.continuation_tokens > 0 for s in scores)
