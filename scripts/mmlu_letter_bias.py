@@ -53,7 +53,7 @@ def offline(run_dir: Path) -> None:
     manifest = store.manifest()
     table = load_table(store)
     calibration, held = split(table, seed=0)
-    cal_ids, held_ids = set(calibration.items), set(held.items)
+    cal_ids, held_ids = {i.id for i in calibration.items}, {i.id for i in held.items}
     suite_fp = manifest["suite"]["fingerprint"]
     items = {i.id: i for i in get_suite("mmlu").load()}
     for tier in manifest["tiers"]:
