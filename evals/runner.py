@@ -69,7 +69,14 @@ def verifier_label(name: str, params: Mapping[str, Any]) -> str:
 
 
 def verifier_fingerprint(name: str, params: Mapping[str, Any]) -> str:
-    return digest("verifier", name, canonical(dict(params)))
+    """What a stored score is keyed by: the verifier, its params, and its version where it declares
+    one (`verifiers.builtins.VERSIONS`): a verifier whose scores changed is rescored by a rerun."""
+    from verifiers.builtins import VERSIONS
+
+    version = VERSIONS.get(name)
+    if version is None:
+        return digest("verifier", name, canonical(dict(params)))
+    return digest("verifier", name, canonical(dict(params)), f"v{version}")
 
 
 def parse_verifier_option(text: str) -> VerifierSpec:

@@ -85,10 +85,13 @@ class Mixed(Suite):
     version = "1"
 
     def __init__(self, origins: Sequence[Suite] | None = None, open_ended: Suite | None = None) -> None:
-        if origins is None:
-            from evals.suites import get_suite
+        if origins is None:  # the built-in suites themselves (not by name: the registry lists this one)
+            from evals.suites.gsm8k import GSM8K
+            from evals.suites.humaneval import HumanEval
+            from evals.suites.mmlu import MMLU
 
-            origins = [get_suite(n) for n in ORIGINS]
+            origins = [GSM8K(), HumanEval(), MMLU()]
+            assert [o.name for o in origins] == list(ORIGINS)
         self.origins = list(origins)
         self.open_ended = open_ended if open_ended is not None else OpenEnded()
         self.source = "interleaved: " + ", ".join(s.name for s in [*self.origins, self.open_ended])
