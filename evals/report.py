@@ -183,6 +183,7 @@ def verifier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
         *(f"AUROC ({n})" for n in names),
         f"ECE ({names[0]})",
         f"Brier ({names[0]})",
+        f"scored ({names[0]})",
         "APGR",
         "CPT(50%)",
         "CPT(80%)",
@@ -191,13 +192,20 @@ def verifier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
     ]
     rows = []
     for v in r.verifiers:
+        # a verifier that abstains escalates those answers at every threshold: its curve starts at
+        # the share it abstains on, and APGR (over the span the curve covers) is not comparable
+        # with a verifier that scores every answer; the span is shown with it
+        scored = [it.tiers[0].scores.get(v.verifier) is not None for it in r.table.items]
+        low = min((p.top_rate for p in v.curve), default=0.0)
+        apgr = num(v.apgr) if low <= 0.005 or v.apgr is None else f"{num(v.apgr)} (x ≥ {low:.0%})"
         rows.append(
             [
                 v.verifier,
                 *(num(a) for a in v.auroc),
                 num(v.ece[0]),
                 num(v.brier[0]),
-                num(v.apgr),
+                pct(sum(scored) / len(scored)) if scored else "–",
+                apgr,
                 *(pct(v.cpt[x]) for x in (0.5, 0.8, 0.95)),
                 num(v.aiq),
             ]
@@ -213,6 +221,7 @@ def verifier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
             *("0.500" if i == 0 else "–" for i in range(len(names))),
             "–",
             "–",
+            "–",
             num(metrics.apgr(rand_xy, weak, strong)),
             *(pct(metrics.cpt(rand_xy, weak, strong, x)) for x in (0.5, 0.8, 0.95)),
             num(metrics.aiq([(p.cost_per_1k, p.accuracy) for p in random_curve], min(singles), max(singles))),
@@ -223,6 +232,7 @@ def verifier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
         [
             "*oracle*",
             *("–" for _ in names),
+            "–",
             "–",
             "–",
             "–",
@@ -568,6 +578,12 @@ PREAMBLE = [
     "(acc − acc first tier) / (acc top tier − acc first tier)); AIQ follows RouterBench (area under the "
     "non-decreasing convex hull of (cost, accuracy), over the cost range between the cheapest and the "
     "dearest tier). ECE uses 10 equal-width bins.",
+    "A verifier abstains where it does not apply (`execution` on an answer without a program); the "
+    "cascade escalates those answers at every threshold. `scored` is the share of the first tier's "
+    "answers a verifier scored; its AUROC, ECE and Brier are over those answers, and when it "
+    "abstains on some, its curve cannot go below that share of escalations, so its APGR is over the "
+    "span it covers, shown as (x ≥ share): not comparable with a verifier that scores every answer. "
+    "Combined with one that does (a config's `mean` ignores an abstention), it covers the whole range.",
 ]
 
 
