@@ -59,7 +59,8 @@ def ask(client: openai.OpenAI, text: str, **extra: object) -> dict:
 
 def test_each_task_is_judged_by_its_own_policy(client: openai.OpenAI, served: tuple[UvicornThread, Path]) -> None:
     chat = ask(client, "Write a haiku about autumn rain.")
-    assert (chat["task"], chat["task_why"]) == ("open_ended", "no rule applies")
+    # no rule claims a haiku; the committed classifier (on by default) is sure it is open-ended
+    assert chat["task"] == "open_ended" and chat["task_why"].startswith("classifier ")
     assert chat["tier"] == "small" and not chat["escalated"]
     first = chat["attempts"][0]
     assert first["threshold"] == 0.0 and list(first["scores"]) == ["degeneration"]
