@@ -74,11 +74,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.errors import OverloadedError
 from router.generation import Generation, GenerationRequest
 from verifiers.base import Score, VerifierContext
 from verifiers.extract import compiles, defined_names, definitions, extract_code, fenced_blocks
-from verifiers.sandbox import Limits, SandboxUnavailableError, start_python
+from verifiers.sandbox import Limits, SandboxSlots, SandboxUnavailableError, start_python
 
 log = logging.getLogger(__name__)
 
@@ -1101,9 +1100,7 @@ class CodeTestsVerifier:
     max_concurrency: int = 0  # sandboxes at once per verifier; 0: the machine's CPU count
     max_queue: int = 0  # runs waiting for a sandbox; 0: four per sandbox slot; beyond it: 503
     name: str = "code_tests"
-    _limits: dict[Any, tuple[asyncio.Semaphore, list[int]]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
+    _sandboxes: SandboxSlots = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.doctest, bool) or not isinstance(self.stated, bool):
@@ -1124,19 +1121,11 @@ class CodeTestsVerifier:
             raise ValueError("memory_mb must be at least 64, max_concurrency and max_queue not negative")
         if not isinstance(self.name, str) or not self.name:
             raise TypeError("name must be a non-empty string")
+        object.__setattr__(self, "_sandboxes", SandboxSlots(self.name, self.slots, self.max_queue or 4 * self.slots))
 
     @property
     def slots(self) -> int:
         return self.max_concurrency or os.cpu_count() or 2
-
-    def _limit(self) -> tuple[asyncio.Semaphore, list[int]]:
-        # one semaphore per event loop: an asyncio primitive belongs to the loop that first used it
-        loop = asyncio.get_running_loop()
-        got = self._limits.get(loop)
-        if got is None:
-            self._limits.clear()
-            got = self._limits[loop] = (asyncio.Semaphore(self.slots), [0])
-        return got
 
     async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
         prepared = await asyncio.to_thread(self._prepare, request, candidate.text)
@@ -1145,27 +1134,18 @@ class CodeTestsVerifier:
             details = {"compiles": prepared.refusal != "syntax_error", "reason": prepared.refusal}
             return Score(0.0, prepared.refusal, details)
         assert prepared.program is not None
-        sem, waiting = self._limit()
-        if sem.locked() and waiting[0] >= (self.max_queue or 4 * self.slots):
-            raise OverloadedError(f"verifier '{self.name}': every sandbox is busy; retry later", retry_after=2.0)
-        waiting[0] += 1
         try:
-            await sem.acquire()
-        finally:
-            waiting[0] -= 1
-        try:
-            run = await run_tests(
-                prepared.program,
-                prepared.steps,
-                timeout_s=self.timeout_s,
-                unit_timeout_s=self.unit_timeout_s,
-                memory_mb=self.memory_mb,
-            )
+            async with self._sandboxes.hold():
+                run = await run_tests(
+                    prepared.program,
+                    prepared.steps,
+                    timeout_s=self.timeout_s,
+                    unit_timeout_s=self.unit_timeout_s,
+                    memory_mb=self.memory_mb,
+                )
         except SandboxUnavailableError as exc:
             log.error("code_tests: the sandbox is unavailable: %s", exc)
             return Score(0.0, "sandbox_unavailable", {"compiles": True, "reason": "sandbox_unavailable"})
-        finally:
-            sem.release()
         return self._verdict(run, prepared, notes)
 
     def _verdict(self, run: HarnessRun, prepared: _Prepared, notes: list[str]) -> Score:

@@ -62,14 +62,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.errors import OverloadedError
 from router.generation import Generation, GenerationRequest, Message
 from verifiers.base import Score, VerifierContext, VerifierCost
 from verifiers.code_tests import MAX_ANSWER_CHARS, MAX_PROCS
 from verifiers.consistency import generation_cost
 from verifiers.extract import fenced_blocks, outside_fences
 from verifiers.math_answer import answers_agree, extract_answer, last_number, parse_number
-from verifiers.sandbox import SandboxUnavailableError, run_python_async
+from verifiers.sandbox import SandboxSlots, SandboxUnavailableError, run_python_async
 
 log = logging.getLogger(__name__)
 
@@ -226,9 +225,7 @@ class ExecutionVerifier:
     generation_timeout_s: float = 120.0
     name: str = "execution"
     ctx: VerifierContext = field(default_factory=lambda: VerifierContext(tier=""), repr=False, compare=False)
-    _limits: dict[Any, tuple[asyncio.Semaphore, list[int]]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
+    _sandboxes: SandboxSlots = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.second_opinion, bool):
@@ -251,6 +248,7 @@ class ExecutionVerifier:
             raise ValueError("max_tokens must be at least 16 and temperature not negative")
         if not isinstance(self.name, str) or not self.name:
             raise TypeError("name must be a non-empty string")
+        object.__setattr__(self, "_sandboxes", SandboxSlots(self.name, self.slots, self.max_queue or 4 * self.slots))
 
     @property
     def slots(self) -> int:
@@ -313,25 +311,8 @@ class ExecutionVerifier:
         details["outcome"] = "disagree"
         return Score(0.0, f"disagree: {which} prints {run.result[:40]}, the answer states {stated[:40]}", details)
 
-    def _limit(self) -> tuple[asyncio.Semaphore, list[int]]:
-        # one semaphore per event loop: an asyncio primitive belongs to the loop that first used it
-        loop = asyncio.get_running_loop()
-        got = self._limits.get(loop)
-        if got is None:
-            self._limits.clear()
-            got = self._limits[loop] = (asyncio.Semaphore(self.slots), [0])
-        return got
-
     async def _run(self, source: str) -> Run:
-        sem, waiting = self._limit()
-        if sem.locked() and waiting[0] >= (self.max_queue or 4 * self.slots):
-            raise OverloadedError(f"verifier '{self.name}': every sandbox is busy; retry later", retry_after=2.0)
-        waiting[0] += 1
-        try:
-            await sem.acquire()
-        finally:
-            waiting[0] -= 1
-        try:
+        async with self._sandboxes.hold():
             done = await run_python_async(
                 source,
                 timeout_s=self.timeout_s,
@@ -339,8 +320,6 @@ class ExecutionVerifier:
                 max_procs=MAX_PROCS,
                 max_output_bytes=MAX_OUTPUT_BYTES,
             )
-        finally:
-            sem.release()
         log.debug(
             "execution run: exit %s killed=%s stderr tail %r", done.returncode, done.killed_reason, done.stderr[-500:]
         )
