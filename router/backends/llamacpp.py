@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from router.backends.base import Backend, ContinuationScore
-from router.backends.llama_engine import DoneEvent, ErrorEvent, Job, LlamaEngine, ScoredEvent, TokenEvent
+from router.backends.llama_engine import DoneEvent, ErrorEvent, Event, Job, LlamaEngine, ScoredEvent, TokenEvent
 from router.catalog import resolve_model
 from router.errors import ContextLengthError, DeadlineError, ModelError, RequestError
 from router.generation import Delta, Generation, GenerationRequest
@@ -165,11 +165,31 @@ class LlamaCppBackend(Backend):
             )
         return prompt + answer, len(prompt)
 
-    async def score_continuation(self, request: GenerationRequest, continuation: str) -> ContinuationScore:
+    async def _ready(self) -> None:
         if not self.engine.started:
             await self.start()
-        if not self.engine.ready:
+        if not self.engine.ready:  # restarting after a failure, or down for good
             raise self.engine.unavailable_error()
+
+    async def _events(self, job: Job, request: GenerationRequest, doing: str) -> AsyncGenerator[Event, None]:
+        """Submit `job` and yield its events until the caller stops; an ErrorEvent is raised, the
+        request's deadline is a DeadlineError, and a caller that stops listening frees the job's
+        slot within one engine step."""
+        self.engine.submit(job)
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(job.events.get(), timeout=request.remaining())
+                except TimeoutError:
+                    raise DeadlineError(f"tier '{self.name}' did not {doing} before the deadline") from None
+                if isinstance(event, ErrorEvent):
+                    raise event.error
+                yield event
+        finally:
+            job.cancel()
+
+    async def score_continuation(self, request: GenerationRequest, continuation: str) -> ContinuationScore:
+        await self._ready()
         self.check_prompt_size(request)
         tokens, score_from = await asyncio.to_thread(self.scoring_tokens, request, continuation)
         if request.remaining() == 0.0:
@@ -207,13 +227,9 @@ class LlamaCppBackend(Backend):
             events=asyncio.Queue(),
             score_from=score_from,
         )
-        self.engine.submit(job)
+        events = self._events(job, request, "score the answer")
         try:
-            while True:
-                try:
-                    event = await asyncio.wait_for(job.events.get(), timeout=request.remaining())
-                except TimeoutError:
-                    raise DeadlineError(f"tier '{self.name}' did not score the answer before the deadline") from None
+            async for event in events:
                 if isinstance(event, ScoredEvent):
                     return ContinuationScore(
                         token_logprobs=event.token_logprobs,
@@ -222,16 +238,12 @@ class LlamaCppBackend(Backend):
                         continuation_tokens=len(event.token_logprobs),
                         seconds=event.busy_s,
                     )
-                if isinstance(event, ErrorEvent):
-                    raise event.error
         finally:
-            job.cancel()
+            await events.aclose()
+        raise AssertionError("the engine's event stream ended without a result")  # pragma: no cover
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta | Generation]:
-        if not self.engine.started:
-            await self.start()
-        if not self.engine.ready:  # restarting after a failure, or down for good
-            raise self.engine.unavailable_error()
+        await self._ready()
         self.check_prompt_size(request)  # before handing megabytes to a thread
         started = time.monotonic()
         loop = asyncio.get_running_loop()
@@ -247,13 +259,9 @@ class LlamaCppBackend(Backend):
             loop=loop,
             events=asyncio.Queue(),
         )
-        self.engine.submit(job)
+        events = self._events(job, request, "finish")
         try:
-            while True:
-                try:
-                    event = await asyncio.wait_for(job.events.get(), timeout=request.remaining())
-                except TimeoutError:
-                    raise DeadlineError(f"tier '{self.name}' did not finish before the deadline") from None
+            async for event in events:
                 if isinstance(event, TokenEvent):
                     if event.text:
                         yield Delta(
@@ -277,7 +285,5 @@ class LlamaCppBackend(Backend):
                         top_logprobs=event.top_logprobs,
                     )
                     return
-                elif isinstance(event, ErrorEvent):
-                    raise event.error
         finally:
-            job.cancel()  # a caller that stops listening frees its slot within one step
+            await events.aclose()  # a caller that stops listening frees the slot within one step
