@@ -414,12 +414,7 @@ class OpenAIBackend(Backend):
                 response = await endpoint.with_streaming_response.create(
                     **params, timeout=call.remaining()
                 ).__aenter__()
-            try:
-                async with asyncio.timeout(call.remaining()):
-                    body = await response.read()
-            finally:
-                await _close_quietly(response)
-            data = json_object(body.decode("utf-8", "replace"))
+            data = await _json_body(response, call)
             choice = first_choice(data.get("choices"), required=True)
             assert choice is not None
             if self.config.prompt_logprobs == "echo":
@@ -478,13 +473,7 @@ class OpenAIBackend(Backend):
         permit = self._begin_attempt(call)
         try:
             response = await self._open(client, call, stream=False)
-            try:
-                async with asyncio.timeout(call.remaining()):
-                    body = await response.read()
-            finally:
-                await _close_quietly(response)
-            # A JSON body is UTF-8 (RFC 8259); what is not becomes U+FFFD rather than a failure.
-            generation = self._read_response(json_object(body.decode("utf-8", "replace")), call)
+            generation = self._read_response(await _json_body(response, call), call)
         except BaseException as exc:
             mapped = self._settle(permit, exc, call)
             if mapped is exc:
@@ -1048,6 +1037,18 @@ def _cause(exc: BaseException, kind: type[BaseException]) -> Any:
             return seen
         seen = seen.__cause__
     return None
+
+
+async def _json_body(response: Any, call: _Call) -> dict[str, Any]:
+    """The whole body of a response (through the capped transport, within the call's deadline),
+    closed after, as one JSON object. A JSON body is UTF-8 (RFC 8259); what is not becomes U+FFFD
+    rather than a failure."""
+    try:
+        async with asyncio.timeout(call.remaining()):
+            body = await response.read()
+    finally:
+        await _close_quietly(response)
+    return json_object(body.decode("utf-8", "replace"))
 
 
 async def _close_quietly(response: Any) -> None:
