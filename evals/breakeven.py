@@ -163,13 +163,9 @@ def linear_cost(policy: CascadePolicy | SingleTier, priced: ResultTable, top_fre
 
 def required_accuracy(cal: Calibration) -> float:
     """The held-out accuracy the cascade must reach (see the module's definitions)."""
-    kind, value = cal.target.kind, cal.target.value
-    first, top = cal.held_out_tiers[0].accuracy, cal.held_out_tiers[-1].accuracy
-    if kind == "min-pgr":
-        return first + value * (top - first)
-    if kind == "min-accuracy":
-        return value
-    return top
+    if cal.target.kind in ("min-pgr", "min-accuracy"):
+        return cal.held_out_goal
+    return cal.held_out_tiers[-1].accuracy  # a cost or escalation target: the top tier's accuracy
 
 
 def analyse(priced: ResultTable, top_free: ResultTable, calibrations: list[Calibration]) -> BreakEvenReport:

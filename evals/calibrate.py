@@ -98,13 +98,13 @@ class Calibration:
 
     @property
     def held_out_met(self) -> bool:
-        return _meets(self.held_out, self.target, self._held_out_goal())
+        return _meets(self.held_out, self.target, self.held_out_goal)
 
-    def _held_out_goal(self) -> float:
-        if self.target.kind != "min-pgr":
-            return self.target.value
-        weak, strong = self.held_out_tiers[0].accuracy, self.held_out_tiers[-1].accuracy
-        return weak + self.target.value * (strong - weak)
+    @property
+    def held_out_goal(self) -> float:
+        """What the target asks of the cascade on the held-out items (an accuracy for the accuracy
+        kinds, a cost or an escalation rate for the others)."""
+        return goal(self.target, self.held_out_tiers[0].accuracy, self.held_out_tiers[-1].accuracy)
 
 
 def _meets(r: PolicyResult, target: Target, goal: float) -> bool:
@@ -128,11 +128,16 @@ def choose(
     return _pick(table, results, target)
 
 
-def _goal(table: ResultTable, target: Target) -> float:
+def goal(target: Target, weak: float, strong: float) -> float:
+    """The bound a target sets, given the first and the top tier's accuracy on the same items:
+    `min-pgr=G` asks for weak + G * (strong - weak); every other kind states its bound itself."""
     if target.kind != "min-pgr":
         return target.value
-    weak, strong = accuracy_of(table, 0), accuracy_of(table, table.top)
     return weak + target.value * (strong - weak)
+
+
+def _goal(table: ResultTable, target: Target) -> float:
+    return goal(target, accuracy_of(table, 0), accuracy_of(table, table.top))
 
 
 def _pick(
