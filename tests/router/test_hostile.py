@@ -191,6 +191,15 @@ CASES: dict[str, Case] = {
     "completions top_logprobs": bad(
         {"model": "small", "prompt": "x", "logprobs": 1, "top_logprobs": 1}, "top_logprobs", path=COMPLETIONS
     ),
+    # response_format and tools are read only to tell the task: their shapes and counts are checked
+    "response_format json_object": fine(chat(response_format={"type": "json_object"}, max_tokens=2)),
+    "response_format xml": bad(chat(response_format={"type": "xml"}), "response_format.type"),
+    "response_format string": bad(chat(response_format="json"), "response_format"),
+    "tools 128": fine(chat(tools=[{"type": "function", "function": {"name": "f"}}] * 128, max_tokens=2)),
+    "tools 129": bad(chat(tools=[{"type": "function"}] * 129), "tools"),
+    "tools not a list": bad(chat(tools={"type": "function"}), "tools"),
+    "tool type a number": bad(chat(tools=[{"type": 1}]), "tools.0.type"),
+    "tool type 65 chars": bad(chat(tools=[{"type": "f" * 65}]), "tools.0.type"),
     "prompt token ids": bad({"model": "small", "prompt": [1, 2, 3]}, "prompt.0", path=COMPLETIONS),
     "prompt batch": bad({"model": "small", "prompt": ["a", "b"]}, "prompt", path=COMPLETIONS),
     "echo true": bad({"model": "small", "prompt": "a", "echo": True}, "echo", path=COMPLETIONS),
