@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -230,6 +231,20 @@ class RunStore:
 
     def exists(self) -> bool:
         return self.manifest_path.is_file()
+
+    def graded(self) -> Iterator[tuple[str, dict[str, Any], GenerationRecord, GradeRecord]]:
+        """(tier name, manifest item entry, generation, grade) for each of the run's own items and
+        tiers that has both, graded by the suite's current grader: a regraded run keeps the older
+        grades in its log too, and only the manifest's suite fingerprint names the current ones."""
+        manifest = self.manifest()
+        suite_fp = manifest["suite"]["fingerprint"]
+        for tier in manifest["tiers"]:
+            for entry in manifest["items"]:
+                gk = generation_key(tier["fingerprint"], entry["prompt_sha"])
+                rec = self.generations.records.get(gk)
+                grade = self.grades.records.get(grade_key(gk, suite_fp, entry["id"]))
+                if rec is not None and grade is not None:
+                    yield tier["name"], entry, rec, grade
 
     def manifest(self) -> dict[str, Any]:
         from router.errors import ConfigError

@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from evals.metrics import auroc
-from evals.store import RunStore, generation_key, grade_key
+from evals.store import RunStore
 from evals.suites import get_suite
 from router.generation import GenerationRequest
 from verifiers.degeneration import DegenerationVerifier
@@ -32,19 +32,11 @@ async def run(run_dir: Path) -> None:
     items = {item.id: item for item in suite.load()}
     verifier = DegenerationVerifier()
     by_tier: dict[str, list[tuple[bool, float, list[str]]]] = defaultdict(list)
-    # the run's own items and tiers, graded by the suite's current grader (a regraded run keeps the
-    # older grades in its log too)
-    for tier in manifest["tiers"]:
-        for entry in manifest["items"]:
-            gk = generation_key(tier["fingerprint"], entry["prompt_sha"])
-            rec = store.generations.records.get(gk)
-            grade = store.grades.records.get(grade_key(gk, manifest["suite"]["fingerprint"], entry["id"]))
-            if rec is None or grade is None:
-                continue
-            request = GenerationRequest(messages=items[entry["id"]].messages)
-            score = await verifier.score(request, rec.to_generation())
-            assert score.value is not None
-            by_tier[tier["name"]].append((grade.correct, score.value, score.details["signs"]))
+    for tier, entry, rec, grade in store.graded():
+        request = GenerationRequest(messages=items[entry["id"]].messages)
+        score = await verifier.score(request, rec.to_generation())
+        assert score.value is not None
+        by_tier[tier].append((grade.correct, score.value, score.details["signs"]))
     for tier in sorted(by_tier):
         rows = by_tier[tier]
         correct = [c for c, _, _ in rows]

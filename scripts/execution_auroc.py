@@ -25,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from evals.metrics import auroc
-from evals.store import RunStore, generation_key, grade_key
+from evals.store import RunStore
 from evals.suites import get_suite
 from router.generation import GenerationRequest
 from verifiers.execution import ExecutionVerifier
@@ -45,16 +45,9 @@ async def run(run_dir: Path, concurrency: int) -> None:
     items = {item.id: item for item in suite.load()}
     verifier = ExecutionVerifier(max_concurrency=concurrency, max_queue=100_000)
     jobs = []
-    # the run's own items and tiers, graded by the suite's current grader
-    for tier in manifest["tiers"]:
-        for entry in manifest["items"]:
-            gk = generation_key(tier["fingerprint"], entry["prompt_sha"])
-            rec = store.generations.records.get(gk)
-            grade = store.grades.records.get(grade_key(gk, manifest["suite"]["fingerprint"], entry["id"]))
-            if rec is None or grade is None:
-                continue
-            request = GenerationRequest(messages=items[entry["id"]].messages)
-            jobs.append((tier["name"], grade.correct, verifier.score(request, rec.to_generation())))
+    for tier, entry, rec, grade in store.graded():
+        request = GenerationRequest(messages=items[entry["id"]].messages)
+        jobs.append((tier, grade.correct, verifier.score(request, rec.to_generation())))
     scores = await asyncio.gather(*(job for _, _, job in jobs))
     by_tier: dict[str, list[tuple[bool, float | None, str, int]]] = defaultdict(list)
     sandbox_s: dict[str, list[float]] = defaultdict(list)

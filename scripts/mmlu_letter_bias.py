@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 from evals.calibrate import split
-from evals.store import RunStore, generation_key, grade_key
+from evals.store import RunStore
 from evals.suites import get_suite
 from evals.sweep import load_table
 
@@ -54,18 +54,14 @@ def offline(run_dir: Path) -> None:
     table = load_table(store)
     calibration, held = split(table, seed=0)
     cal_ids, held_ids = {i.id for i in calibration.items}, {i.id for i in held.items}
-    suite_fp = manifest["suite"]["fingerprint"]
     items = {i.id: i for i in get_suite("mmlu").load()}
+    by_tier: dict[str, list[tuple[str, str, list[float], bool]]] = {t["name"]: [] for t in manifest["tiers"]}
+    for tier_name, entry, rec, grade in store.graded():
+        probs = letter_probs(rec.top_logprobs)
+        if probs is not None:
+            by_tier[tier_name].append((entry["id"], items[entry["id"]].answer_key.reference, probs, grade.correct))
     for tier in manifest["tiers"]:
-        rows = []
-        for entry in manifest["items"]:
-            gk = generation_key(tier["fingerprint"], entry["prompt_sha"])
-            rec = store.generations.records.get(gk)
-            grade = store.grades.records.get(grade_key(gk, suite_fp, entry["id"]))
-            probs = letter_probs(rec.top_logprobs if rec else None)
-            if rec is None or grade is None or probs is None:
-                continue
-            rows.append((entry["id"], items[entry["id"]].answer_key.reference, probs, grade.correct))
+        rows = by_tier[tier["name"]]
         picks = Counter(LETTERS[max(range(4), key=lambda k: p[k])] for _, _, p, _ in rows)
         refs = Counter(ref for _, ref, _, _ in rows)
         prior = [sum(p[k] for _, _, p, _ in rows) / len(rows) for k in range(4)]

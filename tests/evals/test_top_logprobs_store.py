@@ -94,3 +94,14 @@ def test_mmlu_asks_for_five_alternatives_and_its_committed_run_has_them() -> Non
         for entry in manifest["items"]:
             rec = store.generations.records[generation_key(tier["fingerprint"], entry["prompt_sha"])]
             assert rec.top_logprobs and len(rec.top_logprobs[0][2]) == 5
+
+
+def test_graded_walks_the_runs_own_items_by_the_current_grader() -> None:
+    store = RunStore(ROOT / "evals" / "results" / "gsm8k")
+    manifest = store.manifest()
+    seen = list(store.graded())
+    # every tier answered and was graded on every item; a regraded run's older grades are not read
+    assert len(seen) == len(manifest["tiers"]) * len(manifest["items"])
+    assert {tier for tier, _, _, _ in seen} == {t["name"] for t in manifest["tiers"]}
+    assert all(grade.gen == rec.key for _, _, rec, grade in seen)
+    assert len({(tier, entry["id"]) for tier, entry, _, _ in seen}) == len(seen)
