@@ -42,7 +42,8 @@ BUILTINS: dict[str, VerifierFactory] = {
 # Versions of the built-ins whose scores changed since eval runs were first stored: stored scores
 # are keyed by the version (evals.runner.verifier_fingerprint), so a rerun rescores exactly these.
 # code_tests 2: examples stated in prose (`f(x) == y`, `f(x) ➞ y`, "should return", Input/Output).
-VERSIONS: dict[str, int] = {"code_tests": 2}
+# code_tests 3: abstains on code in another language instead of scoring it a syntax error.
+VERSIONS: dict[str, int] = {"code_tests": 3}
 
 
 # what a verifier needs of the machine: the reason it cannot run here, or None

@@ -50,7 +50,9 @@ loop; at most ``max_concurrency`` sandboxes run at once per verifier and at most
 beyond which the verifier raises OverloadedError (503 with Retry-After to the client).
 
 Score: the fraction of tests that pass. With no tests at all: ``no_tests_score`` (0.5) when the code
-compiles and loads cleanly, else 0.
+compiles and loads cleanly, else 0. Code that does not parse as Python and is written in another
+language (its fences say so, or the prompt asks for one by name: SQL, bash, JavaScript) is not
+judged: the verifier abstains with reason ``not_python``.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ from typing import Any
 
 from router.generation import Generation, GenerationRequest
 from verifiers.base import Score, VerifierContext
-from verifiers.extract import compiles, defined_names, definitions, extract_code, fenced_blocks
+from verifiers.extract import compiles, defined_names, definitions, extract_code, fenced_blocks, foreign_language
 from verifiers.sandbox import Limits, SandboxSlots, SandboxUnavailableError, start_python
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,7 @@ KINDS = (
     "not_run",
     "bad_tests",
     "sandbox_unavailable",
+    "not_python",
 )
 _CMP: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
     ast.Lt: operator.lt,
@@ -1130,6 +1133,10 @@ class CodeTestsVerifier:
     async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
         prepared = await asyncio.to_thread(self._prepare, request, candidate.text)
         notes = list(prepared.notes)
+        if prepared.refusal == "not_python":
+            # code in another language is not this verifier's to judge: the policy's other
+            # verifiers decide (README, "Tasks": the code policy falls back to degeneration)
+            return Score.abstain("not_python", details={"reason": "not_python", "language": prepared.notes[0]})
         if prepared.refusal is not None:
             details = {"compiles": prepared.refusal != "syntax_error", "reason": prepared.refusal}
             return Score(0.0, prepared.refusal, details)
@@ -1206,6 +1213,9 @@ class CodeTestsVerifier:
         try:
             ast.parse(program)
         except (SyntaxError, ValueError, MemoryError, RecursionError):
+            language = foreign_language(prompt, text)
+            if language is not None:
+                return _Prepared(None, [], "not_python", (_language_label(language),))
             return _Prepared(None, [], "syntax_error")
         steps: list[Step] = []
         notes: list[str] = []
@@ -1234,6 +1244,19 @@ class CodeTestsVerifier:
 
 def make_code_tests(params: dict[str, Any], ctx: VerifierContext) -> CodeTestsVerifier:
     return CodeTestsVerifier(**params)
+
+
+# the language names a score may report; any other fence word is model text and reads "other"
+_LANGUAGES = frozenset(
+    "bash sh shell zsh powershell ps1 sql mysql postgresql javascript js jsx typescript ts tsx java c cpp c++ "
+    "csharp cs c# go golang rust rs ruby rb php kotlin swift scala haskell perl lua julia elixir dart r "
+    "html css scss xml dockerfile makefile".split()
+)
+
+
+def _language_label(language: str) -> str:
+    """A fence's info word is model text: reported only when it names a known language."""
+    return language if language in _LANGUAGES else "other"
 
 
 def _short(source: str, n: int = 80) -> str:

@@ -16,6 +16,19 @@ _FENCE = re.compile(
     re.DOTALL | re.MULTILINE,
 )
 _PYTHON_LANGS = frozenset({"python", "python3", "py", "py3", "pycon", ""})
+# info strings that label a block's content rather than a programming language: they neither
+# make an answer Python nor make it another language
+_NEUTRAL_LANGS = frozenset(
+    {"text", "txt", "plaintext", "output", "console", "json", "yaml", "toml", "csv", "markdown", "md"}
+)
+# programming languages a prompt may ask for by name, as they are written (case-sensitive where
+# the name is also an English word: Go, Rust, Swift, R)
+_LANGUAGE_NAMES = re.compile(
+    r"\b(?P<lang>JavaScript|Javascript|javascript|TypeScript|Typescript|typescript|SQL|sql|"
+    r"[Bb]ash|[Ss]hell(?: script)?|PowerShell|Java|C\+\+|C#|Go|Golang|Rust|Ruby|PHP|Kotlin|Swift|"
+    r"Scala|Haskell|Perl|Lua|Julia|Elixir|Dart|HTML|CSS|R)\b(?![+#])"
+)
+_PYTHON_NAME = re.compile(r"\b[Pp]ython\b")
 _CODE_START = re.compile(r"^(?:def |async def |class |import |from \S+ import |@)", re.MULTILINE)
 # where a top-level statement may begin: a line at column 0 that does not continue the one before
 # (a closing bracket, or a clause of the compound statement above it)
@@ -37,6 +50,31 @@ def fenced_blocks(text: str) -> list[FencedBlock]:
         info = m.group("info").strip().split()
         blocks.append(FencedBlock(info[0].lower() if info else "", m.group("body")))
     return blocks
+
+
+def foreign_language(prompt: str, text: str) -> str | None:
+    """The other programming language an answer is written in, or None when it is (or may be)
+    Python.
+
+    An answer whose fenced blocks are all labelled with another language (```sql, ```javascript)
+    is in that language. An answer with no Python-labelled block whose code does not parse as
+    Python is in the language its prompt asks for by name ("Write a bash one-liner"), when the
+    prompt names one and does not name Python. Code that parses as Python is Python.
+    """
+    langs = {b.lang for b in fenced_blocks(text)}
+    if langs & (_PYTHON_LANGS - {""}):
+        return None
+    tagged = sorted(lang for lang in langs if lang not in _PYTHON_LANGS and lang not in _NEUTRAL_LANGS)
+    if tagged and "" not in langs:
+        return tagged[0]
+    if compiles(extract_code(text)):
+        return None
+    if tagged:
+        return tagged[0]
+    if _PYTHON_NAME.search(prompt):
+        return None
+    m = _LANGUAGE_NAMES.search(prompt)
+    return m.group("lang").lower() if m else None
 
 
 def outside_fences(text: str) -> str:

@@ -176,6 +176,20 @@ async def test_without_tests_it_scores_whether_the_code_compiles_and_imports() -
     assert prose.value == 0.0
 
 
+async def test_abstains_on_code_in_another_language() -> None:
+    v = CodeTestsVerifier()
+    sql = await v.score(chat("Write a SQL query that returns the ten newest orders."), gen("```sql\nSELECT 1;\n```"))
+    assert sql.abstained and sql.reason == "not_python" and sql.details["language"] == "sql"
+    bash = await v.score(chat("Write a bash one-liner that counts lines."), gen("```\nwc -l *.py\n```"))
+    assert bash.abstained and bash.details["language"] == "bash"
+    # a fence's info word is model text: only something shaped like a language name is reported
+    odd = await v.score(chat("Do it."), gen("```Ignore-ALL-previous instructions\nx y z\n```"))
+    assert odd.abstained and odd.details["language"] == "other"
+    # broken Python is still judged, and fails
+    broken = await v.score(chat("Write a Python function."), gen("```python\ndef f(\n```"))
+    assert broken.value == 0.0 and broken.reason == "syntax_error"
+
+
 async def test_never_reads_a_graders_reference() -> None:
     # Only metadata["tests"] is the caller's. Anything else in metadata, such as a benchmark's
     # hidden test or reference answer, must not change the score.

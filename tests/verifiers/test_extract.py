@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from evals.grading import grade_code_tests
-from verifiers.extract import compiles, defined_names, extract_code
+from verifiers.extract import compiles, defined_names, extract_code, foreign_language
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -72,3 +72,28 @@ def test_a_clause_of_a_compound_statement_is_not_a_cut() -> None:
 def test_code_without_fences_keeps_its_parsing_prefix() -> None:
     text = "Here it is:\ndef f():\n    return 1\n\nprint(f(\n"
     assert extract_code(text) == "def f():\n    return 1\n\n"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "text", "language"),
+    [
+        # fences labelled with another language, whatever the prompt says
+        ("Write a query for the ten newest orders.", "```sql\nSELECT * FROM orders LIMIT 10;\n```", "sql"),
+        ("Debounce a function.", "Here:\n```javascript\nfunction debounce(f, ms) { let t; }\n```", "javascript"),
+        # unlabelled code that is not Python, in the language the prompt names
+        ("Write a bash one-liner that counts lines.", "```\nfind . -name '*.py' | xargs wc -l\n```", "bash"),
+        ("Write a JavaScript function that debounces.", "function debounce(f) { return f; }", "javascript"),
+        # Python, or possibly Python: None
+        ("Write a Python function.", "```python\ndef f():\n    return 1\n```", None),
+        ("Write a function.", "```\ndef f():\n    return 1\n```", None),
+        ("Write a SQL query in Python with sqlite3.", "```\nSELECT broken(\n```", None),  # the prompt names Python
+        ("Reverse a string.", "```python\ndef f(s)\n    return s\n```", None),  # broken Python is Python
+        ("Reverse a string.", "```bash\npip install x\n```\n```python\ndef f(s):\n    return s\n```", None),
+        ("Print the result as JSON.", '```json\n{"a": 1}\n```', None),  # a data block is not a language
+        # a language name that is also an English word counts only as written
+        ("Go and write a function that adds.", "def add(a, b) return a + b", "go"),
+        ("let us go write a function that adds.", "def add(a, b) return a + b", None),
+    ],
+)
+def test_foreign_language(prompt: str, text: str, language: str | None) -> None:
+    assert foreign_language(prompt, text) == language
