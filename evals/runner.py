@@ -218,6 +218,11 @@ def write_manifest(plan: EvalPlan, store: RunStore) -> dict[str, Any]:
     previous = {t["name"]: t for t in old.get("tiers", [])}
     order = [t.name for t in plan.settings.tiers if t.name in now or t.name in previous]
     order += [n for n in previous if n not in order]
+    for name, snap in now.items():
+        before = previous.get(name)
+        if before is not None and before.get("fingerprint") == snap["fingerprint"]:
+            # the same tier scored by earlier invocations keeps what they scored it with
+            snap["scored_with"] = sorted({*before.get("scored_with", ()), *snap["scored_with"]})
     tiers = [now.get(n) or previous[n] for n in order]
     verifiers = {v["label"]: v for v in old.get("verifiers", [])}
     for spec in plan.verifiers:

@@ -98,6 +98,14 @@ async def test_a_new_verifier_computes_only_its_scores(tmp_path: Path) -> None:
     assert labels == {"length", "spy"}
 
 
+async def test_a_rerun_with_other_verifiers_keeps_what_the_tier_was_scored_with(tmp_path: Path) -> None:
+    root = tmp_path / "runs" / "sums"
+    await run(plan_for(tmp_path), root, scripted())
+    await run(plan_for(tmp_path, verifiers=("spy",)), root, scripted())
+    small = RunStore(root).manifest()["tiers"][0]
+    assert small["scored_with"] == ["keyword", "length", "spy"]
+
+
 async def test_a_new_tier_computes_only_that_tier(tmp_path: Path) -> None:
     root = tmp_path / "runs" / "sums"
     await run(plan_for(tmp_path), root, scripted())
