@@ -487,6 +487,9 @@ async def _process(
             )
             summary.scored += 1
             return
+        if s.is_unavailable:  # a timeout under load is not a verdict on the answer: retried next run
+            summary.failed.append(f"{tier} {item.id} verifier {label}: {s.reason}")
+            return
         store.add_score(
             ScoreRecord(
                 **common,

@@ -87,9 +87,20 @@ class Score:
         """Not applicable to this answer: the combination ignores it."""
         return cls(None, reason, **kwargs)
 
+    @classmethod
+    def unavailable(cls, reason: str, **kwargs: Any) -> Score:
+        """Could not be computed now (what the verifier needs timed out or failed): the service
+        treats it as an abstention; an eval run does not store it, so a rerun computes it."""
+        details = {**kwargs.pop("details", {}), "unavailable": True}
+        return cls(None, reason, details, **kwargs)
+
     @property
     def abstained(self) -> bool:
         return self.value is None
+
+    @property
+    def is_unavailable(self) -> bool:
+        return self.value is None and self.details.get("unavailable") is True
 
 
 @runtime_checkable

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.backends.base import ScoringUnsupportedError
 from router.generation import Generation, GenerationRequest
 from verifiers.base import Score, VerifierContext, VerifierCost
 from verifiers.confidence import quantile
@@ -93,8 +94,12 @@ class CrossTierVerifier:
         started = time.monotonic()
         try:
             scored = await backend.score_continuation(request.with_(deadline=deadline), text)
-        except Exception as exc:  # noqa: BLE001 - a scorer that cannot speak abstains, with its reason
+        except ScoringUnsupportedError as exc:  # a tier that never can: abstains for good
             return Score.abstain(
+                f"tier {self.tier!r} could not score: {type(exc).__name__}: {exc}"[:300], details=details
+            )
+        except Exception as exc:  # noqa: BLE001 - a scorer that cannot speak now abstains, with its reason
+            return Score.unavailable(
                 f"tier {self.tier!r} could not score: {type(exc).__name__}: {exc}"[:300], details=details
             )
         if not scored.token_logprobs:

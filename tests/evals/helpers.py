@@ -9,7 +9,7 @@ import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from router.backends.base import Backend
 from router.generation import Delta, Generation, GenerationRequest
@@ -178,6 +178,19 @@ class SpyVerifier:
         return Score(0.5, "spy")
 
 
+@dataclass
+class FlakyVerifier:
+    """Unavailable (its scorer timed out) on odd questions while the class's `outage` lasts."""
+
+    outage: ClassVar[bool] = True
+    name: str = "flaky"
+
+    async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
+        if FlakyVerifier.outage and question_number(request) % 2:
+            return Score.unavailable("scorer timed out: TimeoutError")
+        return Score(0.7, "flaky")
+
+
 class Calls:
     """Counts verifier constructions and scores across a run."""
 
@@ -214,6 +227,7 @@ def registry(calls: Calls | None = None) -> Registry:
     reg.register("keyword", counted("keyword", KeywordVerifier))
     reg.register("length", counted("length", LengthVerifier))
     reg.register("spy", spy)
+    reg.register("flaky", lambda params, ctx: FlakyVerifier())
     return reg
 
 

@@ -13,6 +13,7 @@ from evals.suites import get_suite
 from router.config import VerifierSpec, load_settings
 from tests.evals.helpers import (
     Calls,
+    FlakyVerifier,
     ScriptedBackend,
     large_reply,
     question_number,
@@ -104,6 +105,25 @@ async def test_a_rerun_with_other_verifiers_keeps_what_the_tier_was_scored_with(
     await run(plan_for(tmp_path, verifiers=("spy",)), root, scripted())
     small = RunStore(root).manifest()["tiers"][0]
     assert small["scored_with"] == ["keyword", "length", "spy"]
+
+
+async def test_an_unavailable_score_is_not_stored_and_a_rerun_computes_it(tmp_path: Path) -> None:
+    root = tmp_path / "runs" / "sums"
+    plan = plan_for(tmp_path, verifiers=("flaky",))
+    summary = await run(plan, root, scripted())
+    # odd questions timed out on the small and the large tier: reported, not stored as abstentions
+    assert len([f for f in summary.failed if "verifier flaky" in f]) == N
+    stored = [r for r in RunStore(root).scores.records.values() if r.verifier == "flaky"]
+    assert len(stored) == N and all(r.value == 0.7 for r in stored)
+    # once the scorer is back, the rerun computes exactly the missing ones
+    FlakyVerifier.outage = False
+    try:
+        again = await run(plan, root, scripted())
+    finally:
+        FlakyVerifier.outage = True
+    assert again.failed == [] and again.scored == N
+    stored = [r for r in RunStore(root).scores.records.values() if r.verifier == "flaky"]
+    assert len(stored) == 2 * N
 
 
 async def test_a_new_tier_computes_only_that_tier(tmp_path: Path) -> None:

@@ -93,8 +93,10 @@ async def test_abstains_when_it_cannot_speak() -> None:
     assert (await _verifier(None).score(ASK, _gen("51"))).abstained  # no such tier
     unsupported = await _verifier(_NoScoring("big")).score(ASK, _gen("51"))
     assert unsupported.abstained and "ScoringUnsupportedError" in unsupported.reason
+    assert not unsupported.is_unavailable  # for good: an eval stores it
     failing = await _verifier(_Scoring(TimeoutError("slow"))).score(ASK, _gen("51"))
     assert failing.abstained and "slow" in failing.reason
+    assert failing.is_unavailable  # for now: an eval run retries it rather than store it
     assert (await _verifier(_Scoring(TimeoutError())).score(ASK, _gen("  \n"))).abstained  # empty
     own = _Scoring(ContinuationScore((-0.1,), (True,), 5, 1, 0.1))
     mine = make_cross_tier({"tier": "big"}, VerifierContext("big", own, {"big": own}))
