@@ -1,5 +1,5 @@
-"""Suites by name: the built-ins (gsm8k, humaneval, mmlu, and mixed: their items among open-ended
-prompts), plugins, JSONL files, and the items of an imported run (`eval import`).
+"""Suites by name: the built-ins (gsm8k, humaneval, mmlu, structured, and mixed: their items among
+open-ended prompts), plugins, JSONL files, and the items of an imported run (`eval import`).
 
 Plugins register through the entry-point group ``tierroute.suites``: each entry point names a
 callable ``register_suites(register)``, and ``register(name, factory)`` adds a zero-argument
@@ -25,11 +25,13 @@ def register_builtin_suites(register: Callable[[str, SuiteFactory], None]) -> No
     from evals.suites.humaneval import HumanEval
     from evals.suites.mixed import Mixed
     from evals.suites.mmlu import MMLU
+    from evals.suites.structured import Structured
 
     register("gsm8k", GSM8K)
     register("humaneval", HumanEval)
     register("mmlu", MMLU)
     register("mixed", Mixed)
+    register("structured", Structured)
 
 
 class SuiteRegistry(Registry[SuiteFactory]):
