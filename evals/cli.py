@@ -320,13 +320,30 @@ def default_verifiers(task: str) -> list[Any]:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """`eval import FILE --run NAME`: logged answers as an eval run (see `evals.importer`)."""
-    from evals.importer import import_records, read_file
+    from evals.importer import import_records, read_file, read_ledger
     from evals.runner import parse_verifier_option
 
     settings = _settings(args)
-    path = Path(args.file)
-    records = read_file(path)
     tiers = args.tiers.split(",") if args.tiers else None
+    if (args.file is None) == (args.ledger is None):
+        raise ConfigError("eval import reads one source: a JSONL file, or --ledger PATH (its shadow pairs)")
+    if args.file is not None:
+        path = Path(args.file)
+        records = read_file(path)
+    else:
+        path = Path(args.ledger)
+        read = read_ledger(path, tiers=tiers)
+        print(
+            f"{path}: {read.pairs} shadow pairs; {read.other_tiers} of other tiers, {read.without_text} kept hashes "
+            f"and extracted answers only (ledger.store_prompts was off), {len(read.records)} importable",
+            file=sys.stderr,
+        )
+        if not read.records:
+            raise ConfigError(
+                f"{path}: no shadow pair kept its prompt and answers; pairs without them give agreement rates "
+                "(`tierroute report quality`) but no eval run. Turn on ledger.store_prompts to collect them."
+            )
+        records = read.records
     verifiers = [parse_verifier_option(v) for v in args.verifier]
     kinds = {r.task for r in records} if args.task is None else set()
     task = args.task or (kinds.pop() if len(kinds) == 1 else "text")
@@ -674,9 +691,20 @@ def register(sub: Any, add: Any) -> None:
         esub,
     )
     common(p)
-    p.add_argument("file", help="the JSONL file (format: docs/eval-import.md)")
+    p.add_argument("file", nargs="?", default=None, help="the JSONL file (format: docs/eval-import.md)")
+    p.add_argument(
+        "--ledger",
+        default=None,
+        metavar="PATH",
+        help="import the shadow pairs of this ledger instead of a file (those that kept their prompt and answers)",
+    )
     p.add_argument("--run", required=True, help="name of the new run (a directory under --runs-dir)")
-    p.add_argument("--tiers", default=None, help="comma-separated tiers, cheapest first (default: config order)")
+    p.add_argument(
+        "--tiers",
+        default=None,
+        help="comma-separated tiers, cheapest first (default: config order; --ledger: the accepting tier and the "
+        "shadow target, default the most frequent pair)",
+    )
     p.add_argument(
         "--task",
         default=None,

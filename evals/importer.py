@@ -77,6 +77,7 @@ _ANSWER_KEYS = {
     "prompt_tokens",
     "completion_tokens",
     "latency_s",
+    "busy_s",
     "logprobs",
     "cost_usd",
     "finish_reason",
@@ -95,6 +96,7 @@ class Answer:
     prompt_tokens: int
     completion_tokens: int
     latency_s: float = 0.0
+    busy_s: float | None = None  # compute time, where the source measured it (else latency prices a time-priced tier)
     logprobs: tuple[float, ...] | None = None
     cost_usd: float | None = None
     finish_reason: str = "stop"
@@ -267,6 +269,7 @@ def _answers(raw: Any, fail: Any) -> dict[str, Answer]:
             prompt_tokens=_count(a, "prompt_tokens", fail, where),
             completion_tokens=_count(a, "completion_tokens", fail, where),
             latency_s=_number(a, "latency_s", fail, where) or 0.0,
+            busy_s=_number(a, "busy_s", fail, where),
             logprobs=None if logprobs is None else tuple(float(x) for x in logprobs),
             cost_usd=_number(a, "cost_usd", fail, where),
             finish_reason=finish,
@@ -533,6 +536,7 @@ def _write(
                         prompt_tokens=a.prompt_tokens,
                         completion_tokens=a.completion_tokens,
                         latency_s=a.latency_s,
+                        busy_s=a.busy_s,
                         logprobs=None if a.logprobs is None else list(a.logprobs),
                     )
                 )
@@ -544,7 +548,9 @@ def _write(
             f"import of {source} failed: {len(summary.failed)} answers could not be scored or graded "
             "(an imported tier cannot generate; drop verifiers that do):\n  " + "\n  ".join(summary.failed[:10])
         )
-    grading = Counter((r.key or {"kind": "agreement"})["kind"] for r in records)
+    grading = Counter(
+        (r.key or {"kind": "agreement"}).get("source", (r.key or {"kind": "agreement"})["kind"]) for r in records
+    )
     prices = {t.name: how for t, how in made}
     tasks = Counter(r.task for r in records)
     manifest = RunStore(tmp).manifest()
@@ -555,9 +561,108 @@ def _write(
         "items": len(records),
         "grading": dict(grading),
         # graded by agreement: a cheaper tier is 'right' when it says what this tier says
-        "proxy_reference_tier": top if grading.get("agreement") else None,
+        "proxy_reference_tier": top if grading.get("agreement") or grading.get(SHADOW_AGREEMENT) else None,
         "prices": prices,
         "tasks": dict(tasks),
     }
     RunStore(tmp).write_manifest(manifest)
     return ImportResult(tmp, len(records), order, dict(grading), prices, dict(tasks))
+
+
+# ---- the ledger's shadow pairs ----------------------------------------------------------------------------
+
+SHADOW_AGREEMENT = "shadow_agreement"  # a per-tier label that is the live agreement rule's verdict
+
+
+@dataclass
+class LedgerRead:
+    records: list[Record]
+    pairs: int  # shadow pairs in the ledger (in the time window)
+    without_text: int  # kept hashes and extracted answers only (ledger.store_prompts off)
+    other_tiers: int  # pairs of another (tier, target) than the one imported
+
+
+def read_ledger(path: Path, *, tiers: Sequence[str] | None = None, since: float | None = None) -> LedgerRead:
+    """The ledger's shadow pairs (table `shadow_pairs`, see router/ledger.py) as records: the
+    accepted answer and the larger tier's, labelled by the agreement rule the pair was judged by
+    (the larger tier right, the accepted one right when they agreed). Only pairs that kept their
+    prompt and both answers (`ledger.store_prompts`) can become items; one (tier, target) pair of
+    tiers per run: `tiers` when given, else the most frequent."""
+    import sqlite3
+
+    if not path.is_file():
+        raise ConfigError(f"no ledger at {path}")
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise ConfigError(f"cannot open the ledger {path}: {exc}") from None
+    try:
+        conn.row_factory = sqlite3.Row
+        has = conn.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='shadow_pairs'").fetchone()
+        if has is None:
+            raise ConfigError(f"{path}: no shadow_pairs table (a ledger from before shadow escalation)")
+        where, args = ("WHERE ts >= ?", (since,)) if since is not None else ("", ())
+        rows = conn.execute(f"SELECT * FROM shadow_pairs {where} ORDER BY ts, request_id", args).fetchall()
+        combos = Counter((r["tier"], r["target"]) for r in rows)
+        if tiers is not None and len(tiers) != 2:
+            raise ConfigError("--tiers for shadow pairs names two tiers: the accepting tier, then the shadow target")
+        pair = tuple(tiers) if tiers else (combos.most_common(1)[0][0] if combos else ("", ""))
+        records: list[Record] = []
+        without_text = other = 0
+        for n, r in enumerate(rows, 1):
+            if (r["tier"], r["target"]) != pair:
+                other += 1
+                continue
+            if r["prompt_json"] is None or r["answer_text"] is None or r["shadow_text"] is None:
+                without_text += 1
+                continue
+            records.append(_pair_record(conn, r, n, str(path)))
+    except sqlite3.Error as exc:
+        raise ConfigError(f"cannot read the ledger {path}: {exc}") from None
+    finally:
+        conn.close()
+    return LedgerRead(records, len(rows), without_text, other)
+
+
+def _pair_record(conn: Any, row: Any, n: int, where: str) -> Record:
+    tier, target = row["tier"], row["target"]
+    try:
+        prompt = json.loads(row["prompt_json"])
+    except json.JSONDecodeError:
+        raise ImportFormatError(f"{where} shadow pair {row['request_id']}: prompt_json is not JSON") from None
+    line = {
+        "id": row["request_id"],
+        **({"messages": prompt["messages"]} if "messages" in prompt else {"prompt": prompt.get("prompt")}),
+        "answers": {
+            tier: {"text": row["answer_text"], **_attempt(conn, row["request_id"], tier)},
+            target: {"text": row["shadow_text"], **_attempt(conn, row["shadow_request_id"], target)},
+        },
+    }
+    if row["task"] is not None:
+        line["task"] = row["task"]
+    agree = bool(row["agree"]) or row["answer_text"] == row["shadow_text"]
+    line["label"] = {"correct": {tier: agree, target: True}}
+    rec = parse_line(json.dumps(line), n, where=f"{where} shadow pair")
+    assert rec.key is not None
+    return Record(
+        rec.line, rec.id, rec.messages, rec.task, rec.group, rec.answers, {**rec.key, "source": SHADOW_AGREEMENT}
+    )
+
+
+def _attempt(conn: Any, request_id: str, tier: str) -> dict[str, Any]:
+    """Tokens and time of the tier's (last) attempt at a request, from the ledger's `attempts`."""
+    a = conn.execute(
+        "SELECT prompt_tokens, completion_tokens, finish_reason, latency_ms, busy_ms FROM attempts "
+        "WHERE request_id = ? AND tier = ? ORDER BY idx DESC LIMIT 1",
+        (request_id, tier),
+    ).fetchone()
+    if a is None:
+        return {"prompt_tokens": 0, "completion_tokens": 0}
+    out: dict[str, Any] = {"prompt_tokens": a["prompt_tokens"], "completion_tokens": a["completion_tokens"]}
+    if a["finish_reason"] in ("stop", "length"):
+        out["finish_reason"] = a["finish_reason"]
+    if a["latency_ms"] is not None:
+        out["latency_s"] = a["latency_ms"] / 1000
+    if a["busy_ms"] is not None:
+        out["busy_s"] = a["busy_ms"] / 1000
+    return out

@@ -257,3 +257,107 @@ def test_a_failed_import_leaves_nothing_behind(
     assert main([*argv[:4], str(good), *argv[5:]]) != 0
     assert "exists" in capsys.readouterr().err
     assert list((runs / "r").iterdir()) == []
+
+
+# The shadow_pairs table as router/ledger.py (schema 4, branch h-shadow) defines it; requests and
+# attempts come from the ledger's own schema. INTEGRATOR: once merged, write the pairs with
+# SQLiteStore.write_pair instead of this DDL.
+SHADOW_PAIRS = """
+CREATE TABLE IF NOT EXISTS shadow_pairs (
+    request_id TEXT PRIMARY KEY, shadow_request_id TEXT NOT NULL, ts REAL NOT NULL, tier TEXT NOT NULL,
+    target TEXT NOT NULL, task TEXT, score REAL, threshold REAL NOT NULL, scores_json TEXT NOT NULL,
+    agree INTEGER NOT NULL, rule TEXT NOT NULL, detail TEXT NOT NULL, answer_extracted TEXT, shadow_extracted TEXT,
+    prompt_sha256 TEXT NOT NULL, answer_sha256 TEXT NOT NULL, shadow_sha256 TEXT NOT NULL,
+    shadow_cost_usd REAL NOT NULL, prompt_json TEXT, answer_text TEXT, shadow_text TEXT
+)"""
+
+
+def _ledger(path: Path, n: int) -> list[bool]:
+    import sqlite3
+
+    from router.ledger import SQLiteStore
+
+    store = SQLiteStore(path)
+    store.open()
+    store.close()
+    conn = sqlite3.connect(path)
+    conn.execute(SHADOW_PAIRS)
+    agree = []
+    for i in range(n):
+        stored = i % 4 != 3  # every fourth pair kept hashes only (store_prompts off)
+        ok = i % 3 != 0
+        agree.append(ok)
+        small, large = (f"\\boxed{{{i}}}", f"\\boxed{{{i}}}") if ok else (f"\\boxed{{{i + 1}}}", f"\\boxed{{{i}}}")
+        for rid, tier, text in ((f"r{i}", "small", small), (f"s{i}", "large", large)):
+            conn.execute(
+                "INSERT INTO attempts (request_id, idx, tier, decision, reason, threshold, scores_json, prompt_tokens, "
+                "completion_tokens, finish_reason, latency_ms, busy_ms, verify_ms, cost_usd, verifier_cost_usd, "
+                "verifier_tokens) VALUES (?, 0, ?, 'accepted', '', 0.5, '{}', ?, ?, 'stop', ?, ?, 0, 0, 0, 0)",
+                (rid, tier, 20 + i, len(text), 100.0 + i, 90.0 + i),
+            )
+        conn.execute(
+            "INSERT INTO shadow_pairs VALUES (?, ?, ?, 'small', 'large', 'maths', 0.9, 0.5, '{}', ?, 'number', '', "
+            "NULL, NULL, 'h', 'h', 'h', 0.001, ?, ?, ?)",
+            (
+                f"r{i}",
+                f"s{i}",
+                1000.0 + i,
+                int(ok),
+                json.dumps({"messages": [{"role": "user", "content": f"What is {i} + 0?"}]}) if stored else None,
+                small if stored else None,
+                large if stored else None,
+            ),
+        )
+    conn.commit()
+    conn.close()
+    return agree
+
+
+def test_shadow_pairs_from_the_ledger_become_a_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], setup: tuple[Path, Path, Path, Any]
+) -> None:
+    config, _, runs, _ = setup
+    ledger = tmp_path / "ledger.sqlite3"
+    agree = _ledger(ledger, 12)
+    argv = [
+        "--config",
+        str(config),
+        "eval",
+        "import",
+        "--ledger",
+        str(ledger),
+        "--run",
+        "live",
+        "--runs-dir",
+        str(runs),
+    ]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "12 shadow pairs; 0 of other tiers, 3 kept hashes and extracted answers only" in captured.err
+    assert "9 by shadow agreement" in captured.out
+    table = load_table(RunStore(runs / "live"))
+    kept = [ok for i, ok in enumerate(agree) if i % 4 != 3]
+    assert len(table.items) == 9
+    assert evaluate(SingleTier(0), table).accuracy == pytest.approx(sum(kept) / 9)
+    assert evaluate(SingleTier(1), table).accuracy == 1.0
+    first = table.items[0].tiers[0]
+    assert (first.prompt_tokens, first.busy_s) == (20, pytest.approx(0.09))
+    manifest = RunStore(runs / "live").manifest()
+    assert manifest["import"]["proxy_reference_tier"] == "large"
+    assert manifest["import"]["grading"] == {"shadow_agreement": 9}
+    assert (
+        main(
+            ["--config", str(config), "eval", "calibrate", "--run", str(runs / "live"), "--target", "min-accuracy=0.5"]
+        )
+        == 0
+    )
+    # a ledger whose pairs kept no text gives no run, and says why
+    bare = tmp_path / "bare.sqlite3"
+    _ledger(bare, 1)
+    import sqlite3
+
+    with sqlite3.connect(bare) as conn:
+        conn.execute("UPDATE shadow_pairs SET prompt_json = NULL")
+    assert main([*argv[:5], str(bare), "--run", "bare", "--runs-dir", str(runs)]) != 0
+    assert "Turn on ledger.store_prompts" in capsys.readouterr().err
+    assert not (runs / "bare").exists()
