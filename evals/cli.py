@@ -320,7 +320,7 @@ def default_verifiers(task: str) -> list[Any]:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """`eval import FILE --run NAME`: logged answers as an eval run (see `evals.importer`)."""
-    from evals.importer import import_records, read_file, read_ledger
+    from evals.importer import TASK_KINDS, import_records, read_file, read_ledger, tier_order
     from evals.runner import parse_verifier_option
 
     settings = _settings(args)
@@ -348,13 +348,12 @@ def cmd_import(args: argparse.Namespace) -> int:
     kinds = {r.task for r in records} if args.task is None else set()
     task = args.task or (kinds.pop() if len(kinds) == 1 else "text")
     if not verifiers and not args.no_default_verifiers:
-        verifiers = default_verifiers({"maths": "math", "open_ended": "text"}.get(task, task))
-        deciding = tiers[:-1] if tiers else None
-        has_logprobs = all(
-            a.logprobs is not None for r in records for t, a in r.answers.items() if deciding is None or t in deciding
-        )
-        if not has_logprobs:  # without them confidence scores every answer 0: a column of noise
-            verifiers = [v for v in verifiers if v.name != "confidence"]
+        # what an import cannot feed is left out: `choice` reads each token's alternatives (never
+        # imported), `confidence` the logprobs (without them it scores every answer 0)
+        deciding = tier_order(records, settings, tiers)[:-1]
+        has_logprobs = all(r.answers[t].logprobs is not None for r in records for t in deciding)
+        skip = {"choice"} if has_logprobs else {"choice", "confidence"}
+        verifiers = [v for v in default_verifiers(TASK_KINDS.get(task, task)) if v.name not in skip]
     result = import_records(
         records,
         settings=settings,

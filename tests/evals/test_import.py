@@ -119,6 +119,9 @@ def test_import_then_sweep_and_calibrate_through_the_cli(
     assert manifest["import"]["grading"] == {"agreement": 8, "per_tier": 8, "reference": 8}
     assert manifest["import"]["proxy_reference_tier"] == "large"
     assert manifest["suite"]["task"] == "math"
+    # small's answers carry logprobs: confidence is among the default verifiers; choice never is
+    names = {v["name"] for v in manifest["verifiers"]}
+    assert {"confidence", "format", "math_answer"} <= names and "choice" not in names
 
     assert main(["--config", str(config), "eval", "sweep", str(root), "--runs-dir", str(runs)]) == 0
     out = capsys.readouterr().out
@@ -345,6 +348,7 @@ def test_shadow_pairs_from_the_ledger_become_a_run(
     manifest = RunStore(runs / "live").manifest()
     assert manifest["import"]["proxy_reference_tier"] == "large"
     assert manifest["import"]["grading"] == {"shadow_agreement": 9}
+    assert "confidence" not in {v["name"] for v in manifest["verifiers"]}  # the ledger keeps no logprobs
     assert (
         main(
             ["--config", str(config), "eval", "calibrate", "--run", str(runs / "live"), "--target", "min-accuracy=0.5"]
@@ -361,3 +365,12 @@ def test_shadow_pairs_from_the_ledger_become_a_run(
     assert main([*argv[:5], str(bare), "--run", "bare", "--runs-dir", str(runs)]) != 0
     assert "Turn on ledger.store_prompts" in capsys.readouterr().err
     assert not (runs / "bare").exists()
+
+
+def test_the_documented_example_lines_import(tmp_path: Path) -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "eval-import.md").read_text(encoding="utf-8")
+    block = doc.split("```json\n", 1)[1].split("```", 1)[0]
+    records = read_file(write_jsonl(tmp_path / "doc.jsonl", block.strip().splitlines()))
+    assert [r.id for r in records] == ["r1", "r2"]
+    assert records[0].key == {"kind": "reference", "grader": "numeric", "value": 51, "letters": "ABCD"}
+    assert records[1].task == "text" and records[1].key is not None and records[1].key["kind"] == "per_tier"
