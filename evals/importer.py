@@ -6,8 +6,9 @@ router's logs, say it for the requests that actually arrive, and `eval sweep`, `
 tier's generation of that item (`evals.store`), and the existing runner (`evals.runner.run_eval`)
 does the rest on the stored answers, exactly as after `eval run`: it scores every answer with the
 tiers' configured verifiers and the eval's, and grades it. No model generates anything: each
-imported tier's backend refuses to (`_Imported`), so a verifier that would have to generate (a
-judge, self-consistency) fails the import with its name instead of silently scoring nothing.
+imported tier's backend refuses to (`_Imported`), and a verifier that would have to generate (a
+judge, self-consistency) is refused by name before anything is written, instead of scoring every
+answer 0.
 
 The input format (JSON Lines, one object per line) is defined and explained in
 docs/eval-import.md; `parse_line` is its reference. How an answer is graded (a reference answer,
@@ -86,6 +87,10 @@ _ANSWER_KEYS = {
 _LABEL_KEYS = {"reference", "grader", "letters", "correct"}
 
 
+GENERATING = frozenset({"self_consistency", "judge"})  # verifiers that ask a tier's model for more text
+SHADOW_AGREEMENT = "shadow_agreement"  # per-tier labels that are the live agreement rule's verdict
+
+
 class ImportFormatError(ConfigError):
     """A line of an import file is not in the import format (the message names the line)."""
 
@@ -114,6 +119,13 @@ class Record:
     group: str
     answers: Mapping[str, Answer]
     key: dict[str, Any] | None  # the grader's part of the label; None: graded by agreement
+
+
+def graded_by(record: Record) -> str:
+    """How the record's answers are graded: reference, per_tier, shadow_agreement or agreement."""
+    if record.key is None:
+        return "agreement"
+    return str(record.key.get("source", record.key["kind"]))
 
 
 # ---- reading ------------------------------------------------------------------------------------------
@@ -541,6 +553,13 @@ def _write(
                     )
                 )
         plan = EvalPlan(suite=suite, items=items, settings=run_settings, tiers=order, verifiers=list(verifiers))
+        for tier, _ in made:
+            generating = sorted({s.name for s in plan.verifier_specs(tier).values()} & GENERATING)
+            if generating:  # they would score every answer 0 ("all samples failed"): refuse, naming them
+                raise ConfigError(
+                    f"verifier(s) {', '.join(generating)} on tier {tier.name} generate with a model, and an imported "
+                    "tier has none: leave them out (--verifier, or the tier's verifiers for this task in the config)"
+                )
         backends = {t: _Imported(t) for t in order}
         summary = asyncio.run(run_eval(plan, store, backends=backends))
     if summary.failed:
@@ -548,9 +567,7 @@ def _write(
             f"import of {source} failed: {len(summary.failed)} answers could not be scored or graded "
             "(an imported tier cannot generate; drop verifiers that do):\n  " + "\n  ".join(summary.failed[:10])
         )
-    grading = Counter(
-        (r.key or {"kind": "agreement"}).get("source", (r.key or {"kind": "agreement"})["kind"]) for r in records
-    )
+    grading = Counter(graded_by(r) for r in records)
     prices = {t.name: how for t, how in made}
     tasks = Counter(r.task for r in records)
     manifest = RunStore(tmp).manifest()
@@ -570,8 +587,6 @@ def _write(
 
 
 # ---- the ledger's shadow pairs ----------------------------------------------------------------------------
-
-SHADOW_AGREEMENT = "shadow_agreement"  # a per-tier label that is the live agreement rule's verdict
 
 
 @dataclass

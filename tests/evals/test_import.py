@@ -254,9 +254,13 @@ def test_a_failed_import_leaves_nothing_behind(
     assert main([*argv[:4], str(data), *argv[5:]]) != 0
     assert "line 3: no answer from tier(s) large" in capsys.readouterr().err
     assert list(runs.iterdir()) == []
+    # a verifier that would have to generate is refused by name
+    good = write_jsonl(tmp_path / "good.jsonl", logged(3)[0])
+    assert main([*argv[:4], str(good), *argv[5:], "--verifier", "self_consistency"]) != 0
+    assert "self_consistency on tier small generate with a model" in capsys.readouterr().err
+    assert list(runs.iterdir()) == []
     # an existing run is never overwritten
     (runs / "r").mkdir()
-    good = write_jsonl(tmp_path / "good.jsonl", logged(3)[0])
     assert main([*argv[:4], str(good), *argv[5:]]) != 0
     assert "exists" in capsys.readouterr().err
     assert list((runs / "r").iterdir()) == []
