@@ -127,12 +127,13 @@ def tier_fingerprint(suite: Suite, tier: TierSettings) -> str:
 
 
 def build_request(suite: Suite, item: Item, tier: TierSettings, timeout_s: float | None = None) -> GenerationRequest:
-    """What a real caller would send: the item's messages and the kind of task, nothing else.
+    """What a real caller would send: the item's messages, the kind of task, and what the suite
+    adds as a caller would (a `response_format`), nothing else.
 
     The deadline is the eval's own (`timeout_s`), not the tier's serving `timeout_s`: an eval
     decodes many items at once, so a generation takes longer than it would serving one request,
     and an answer the tier would give must not be lost to that."""
-    return GenerationRequest(
+    request = GenerationRequest(
         messages=item.messages,
         max_tokens=effective_max_tokens(suite, tier),
         temperature=TEMPERATURE,
@@ -141,6 +142,7 @@ def build_request(suite: Suite, item: Item, tier: TierSettings, timeout_s: float
         deadline=time.monotonic() + (timeout_s if timeout_s is not None else tier.timeout_s),
         metadata={"task": suite.task, "client_code": True},  # the operator's own data
     )
+    return suite.request(item, request)
 
 
 # ---- the plan -----------------------------------------------------------------------------------------

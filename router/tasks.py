@@ -30,7 +30,13 @@ Task = Literal["structured", "choice", "code", "maths", "open_ended"]
 TASKS: tuple[Task, ...] = get_args(Task)
 
 # An eval suite's `task` attribute, named as requests are: what the offline replay uses for an item
-SUITE_TASKS: dict[str, Task] = {"math": "maths", "code": "code", "choice": "choice", "text": "open_ended"}
+SUITE_TASKS: dict[str, Task] = {
+    "math": "maths",
+    "code": "code",
+    "choice": "choice",
+    "text": "open_ended",
+    "structured": "structured",
+}
 
 # A classifier's label is taken only at or above this probability; below it the request is open-ended.
 CLASSIFIER_MIN_PROBABILITY = 0.8

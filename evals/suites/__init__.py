@@ -1,5 +1,5 @@
-"""Suites by name: the built-ins (gsm8k, humaneval, mmlu, and mixed: their items among open-ended
-prompts), plugins, and JSONL files.
+"""Suites by name: the built-ins (gsm8k, humaneval, mmlu, structured, and mixed: their items among
+open-ended prompts), plugins, JSONL files, and the items of an imported run (`eval import`).
 
 Plugins register through the entry-point group ``tierroute.suites``: each entry point names a
 callable ``register_suites(register)``, and ``register(name, factory)`` adds a zero-argument
@@ -10,6 +10,7 @@ factory. The built-ins register the same way. A name that ends in ``.jsonl`` (or
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from evals.suites.base import AnswerKey, Item, Suite
 from router.errors import ConfigError
@@ -24,11 +25,13 @@ def register_builtin_suites(register: Callable[[str, SuiteFactory], None]) -> No
     from evals.suites.humaneval import HumanEval
     from evals.suites.mixed import Mixed
     from evals.suites.mmlu import MMLU
+    from evals.suites.structured import Structured
 
     register("gsm8k", GSM8K)
     register("humaneval", HumanEval)
     register("mmlu", MMLU)
     register("mixed", Mixed)
+    register("structured", Structured)
 
 
 class SuiteRegistry(Registry[SuiteFactory]):
@@ -48,7 +51,12 @@ def suite_names() -> list[str]:
 def get_suite(name: str) -> Suite:
     """A suite by registered name, or a JSONL file by path."""
     if name.startswith("jsonl:") or name.endswith(".jsonl"):
+        from evals.suites.imported import ITEMS_FILE, ImportedSuite
         from evals.suites.jsonl import JsonlSuite
+
+        path = Path(name.removeprefix("jsonl:"))
+        if path.name == ITEMS_FILE and (path.parent / "manifest.json").is_file():
+            return ImportedSuite(path)  # an imported run's items (`eval import`), read back by `eval train`
 
         return JsonlSuite(name.removeprefix("jsonl:"))
     factories = _registry()

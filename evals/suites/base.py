@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from evals.grading import Grade
-from router.generation import Message
+from router.generation import GenerationRequest, Message
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,11 @@ class Suite(abc.ABC):
     @abc.abstractmethod
     async def grade(self, item: Item, text: str) -> Grade:
         """Whether `text` answers `item` correctly."""
+
+    def request(self, item: Item, request: GenerationRequest) -> GenerationRequest:
+        """The request for `item` with what a caller sends besides the messages (a structured-output
+        suite's `response_format`). Public fields only: never anything from the answer key."""
+        return request
 
     def select(self, items: Sequence[Item], limit: int | None, seed: int) -> list[Item]:
         """`limit` items drawn by `seed`. Prefix-stable: a larger limit keeps the smaller one's items,

@@ -122,3 +122,19 @@ async def test_jsonl_reference_never_reaches_a_verifier(tmp_path: Path) -> None:
     assert len(seen) == 6
     for req in seen + [r for b in backends.values() for r in b.requests]:
         assert "SECRET" not in everything_in(req)
+
+
+async def test_structured_reference_never_reaches_a_verifier(tmp_path: Path) -> None:
+    rows = {r["id"]: r for r in read_jsonl(Path(__file__).parents[2] / "evals" / "data" / "structured.jsonl")}
+    calls, backends, items = await spy_run(tmp_path, "structured", lambda r: "{}", 6)
+    seen = [req for spy in calls.spies for req, _ in spy.seen]
+    assert len(seen) == 12
+    for req in seen + [r for b in backends.values() for r in b.requests]:
+        text = everything_in(req)
+        row = next(r for r in rows.values() if r["text"] in req.last_user_text())
+        # the schema is the caller's (in the message and as the response_format); the object is not
+        assert req.metadata["json_schema"]["json_schema"]["schema"] == row["schema"]
+        assert set(req.metadata) == {"task", "client_code", "response_format", "json_schema"}
+        for form in (json.dumps(row["reference"]), json.dumps(row["reference"], ensure_ascii=False)):
+            assert form not in text
+        assert "reference" not in json.dumps(req.metadata)
