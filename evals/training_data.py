@@ -60,10 +60,14 @@ def load_run(
                 f"run {store.name}: item {entry['id']} is not what the run asked (the suite's data or prompt format "
                 "changed since); train on a run made with this version of the suite"
             )
-        requests[item.id] = GenerationRequest(
-            messages=item.messages,
-            max_tokens=suite_obj.max_tokens,
-            metadata={"task": suite_obj.task, "client_code": True},
+        # what the suite adds as a caller would (a response_format), as the runner sent it
+        requests[item.id] = suite_obj.request(
+            item,
+            GenerationRequest(
+                messages=item.messages,
+                max_tokens=suite_obj.max_tokens,
+                metadata={"task": suite_obj.task, "client_code": True},
+            ),
         )
         for i, info in enumerate(table.tiers):
             rec = store.generations.records[generation_key(snaps[info.name]["fingerprint"], entry["prompt_sha"])]
