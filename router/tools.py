@@ -47,6 +47,10 @@ OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
 # a block runs to its closing tag, or (a model that stopped without writing it) to the very end
 _BLOCK = re.compile(re.escape(OPEN_TAG) + r"(.*?)(?:" + re.escape(CLOSE_TAG) + r"|\Z)", re.S)
+# an answer that is one fenced JSON block, as chat models like to wrap JSON
+_FENCED = re.compile(r"\s*```(?:json)?[ \t]*\n?(.*?)\n?```\s*\Z", re.S)
+# how an answer of untagged calls begins (see _bare_calls); an answer that may still begin so is held
+_BARE_STARTS = ("{", "```json", "```\n{", "```{")
 MAX_CALLS = 128  # calls read from one answer; more is a model looping, not a plan
 ARGUMENT_FRAGMENT_CHARS = 32  # streamed arguments arrive in pieces about this long, as OpenAI's do
 
@@ -175,7 +179,8 @@ def parse_tool_calls(text: str) -> ToolAnswer:
         else:
             calls.append(call)
     if not calls and not malformed:
-        bare = _bare_calls(text)
+        fenced = _FENCED.match(text)
+        bare = _bare_calls(fenced.group(1) if fenced else text)
         if bare:
             return ToolAnswer(None, bare)
     if not calls:
@@ -187,8 +192,8 @@ def parse_tool_calls(text: str) -> ToolAnswer:
 
 def _bare_calls(text: str) -> tuple[ToolCall, ...]:
     """Calls written without their tags: an answer that is nothing but JSON objects each of the
-    form {"name": ..., "arguments": ...}. Qwen2.5's tags are special tokens, which the engine
-    does not spell out in the text, so its calls arrive this way."""
+    form {"name": ..., "arguments": ...} (possibly in one ```json fence). Qwen2.5's tags are
+    special tokens, which the engine does not spell out in the text, so its calls arrive this way."""
     decoder = json.JSONDecoder()
     calls: list[ToolCall] = []
     at = 0
@@ -250,8 +255,8 @@ def argument_fragments(arguments: str) -> list[str]:
 
 class ContentFilter:
     """Streamed text passed on as content up to where a `<tool_call>` tag may begin; the rest is
-    held for `answer` to read once the answer is complete. An answer that opens with `{` may be
-    calls without tags (see `_bare_calls`) and is held whole."""
+    held for `answer` to read once the answer is complete. An answer that opens with `{` or a
+    ```json fence may be calls without tags (see `_bare_calls`) and is held whole."""
 
     def __init__(self) -> None:
         self._held = ""
@@ -268,8 +273,11 @@ class ContentFilter:
             if not head:
                 self._held = buf  # nothing but space yet: what follows may be a call without tags
                 return ""
-            if head.startswith("{"):
+            if head.startswith(_BARE_STARTS):
                 self._in_call = True
+                return ""
+            if any(start.startswith(head) for start in _BARE_STARTS):
+                self._held = buf  # too short to tell yet
                 return ""
             self._sent = True
         found = buf.find(OPEN_TAG)

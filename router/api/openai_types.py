@@ -34,6 +34,7 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StrictStr,
+    ValidationError,
     field_validator,
 )
 
@@ -320,8 +321,24 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    # read by _tool_choice: a plain union's error would name the member pydantic tried, not the field
+    tool_choice: Any = None
     parallel_tool_calls: StrictBool | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v: Any) -> Literal["auto", "none", "required"] | NamedToolChoice | None:
+        if v is None or v in ("auto", "none", "required"):
+            return v  # type: ignore[no-any-return]
+        if isinstance(v, dict):
+            try:
+                return NamedToolChoice.model_validate(v)
+            except ValidationError as exc:
+                shape = "{'type': 'function', 'function': {'name': ...}}"
+                raise ValueError(f"a named tool_choice is {shape} ({exc.errors()[0]['msg']})") from None
+        raise ValueError(
+            "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}"
+        )
 
     def logprobs_wanted(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:

@@ -846,7 +846,8 @@ class _Accumulator:
             function = typed_field(raw, "function", dict) or {}
             entry = self.calls.setdefault(index, _StreamedCall())
             entry.id = entry.id or typed_field(raw, "id", str)
-            entry.name += typed_field(function, "name", str) or ""
+            # OpenAI sends the name once; llama-cpp-python's server repeats it in every fragment
+            entry.name = entry.name or typed_field(function, "name", str) or ""
             arguments = function.get("arguments")
             entry.arguments += arguments if isinstance(arguments, str) else _arguments_text(arguments)
             self.call_fragments += 1
