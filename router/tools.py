@@ -180,7 +180,7 @@ def parse_tool_calls(text: str) -> ToolAnswer:
             calls.append(call)
     if not calls and not malformed:
         fenced = _FENCED.match(text)
-        bare = _bare_calls(fenced.group(1) if fenced else text)
+        bare = _bare_calls(_undoubled(fenced.group(1) if fenced else text))
         if bare:
             return ToolAnswer(None, bare)
     if not calls:
@@ -214,9 +214,16 @@ def _bare_calls(text: str) -> tuple[ToolCall, ...]:
         calls.append(call)
 
 
+def _undoubled(text: str) -> str:
+    """`{{...}}` read as `{...}`: Qwen2.5-Coder-1.5B's template shows the call form with doubled
+    braces (a templating slip in the model's own file), and the model copies them."""
+    text = text.strip()
+    return text[1:-1] if text.startswith("{{") and text.endswith("}}") else text
+
+
 def _read_block(body: str) -> tuple[ToolCall | None, str]:
     try:
-        value = json.loads(body.strip())
+        value = json.loads(_undoubled(body))
     except ValueError as exc:
         return None, f"not JSON ({exc})"
     if not isinstance(value, dict):

@@ -58,6 +58,12 @@ def test_untagged_calls_are_read_when_the_answer_is_nothing_else() -> None:
     assert [c.name for c in found.calls] == ["get_weather", "get_time"] and found.calls[1].arguments == "{}"
     fenced = tools.parse_tool_calls('```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris"}\n}\n```')
     assert [c.name for c in fenced.calls] == ["get_weather"] and fenced.content is None
+    # doubled braces, copied from Qwen2.5-Coder-1.5B's own template
+    for doubled in (
+        '{{"name": "get_time", "arguments": {}}}',
+        '<tool_call>\n{{"name": "get_time", "arguments": {}}}\n</tool_call>',
+    ):
+        assert [c.name for c in tools.parse_tool_calls(doubled).calls] == ["get_time"]
     for text in (
         "```python\nprint(1)\n```",
         '{"city": "Paris"}',
