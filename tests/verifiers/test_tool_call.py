@@ -71,6 +71,21 @@ async def test_tool_choice_is_respected() -> None:
     assert await score("It is sunny.") is None  # auto: text is allowed, and judged by other verifiers
 
 
+async def test_looping_calls_fail() -> None:
+    one = call("get_weather", '{"city": "Oslo"}')
+    assert await score(one + one) == 0.0
+    history = (
+        Message("user", "Weather in Oslo?"),
+        Message("assistant", "", (ToolCall("c1", "get_weather", '{"city":"Oslo"}'),)),
+        Message("tool", "3 C", tool_call_id="c1"),
+    )
+    request = GenerationRequest(messages=history, tools=(WEATHER, PING))
+    again = await ToolCallVerifier().score(request, Generation(one, "stop", 1, 1, None, 0.0))
+    assert again.value == 0.0 and "already" in again.reason
+    other = call("get_weather", '{"city": "Rome"}')
+    assert (await ToolCallVerifier().score(request, Generation(other, "stop", 1, 1, None, 0.0))).value == 1.0
+
+
 async def test_it_abstains_without_tools() -> None:
     plain = GenerationRequest(messages=(Message("user", "Hi"),))
     assert (await ToolCallVerifier().score(plain, Generation(call("ping", "{}"), "stop", 1, 1, None, 0.0))).abstained
