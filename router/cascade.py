@@ -90,6 +90,13 @@ class Attempt:
     abandoned: bool = False  # the client went away while this tier's answer streamed
     prerouter: dict[str, Any] | None = None  # its version, probability and threshold
 
+    @property
+    def tool_check(self) -> bool | None:
+        """Whether the answer's tool calls passed the `tool_call` verifier (its scores say so in
+        `details["tool_call"]`); None when no such check ran or it abstained."""
+        found = [s.details["tool_call"] for s in self.scores.values() if not s.abstained and "tool_call" in s.details]
+        return all(found) if found else None
+
     def to_dict(self) -> dict[str, Any]:
         g = self.generation
         return {
@@ -110,6 +117,7 @@ class Attempt:
                 }
                 for name, s in self.scores.items()
             },
+            "tool_check": self.tool_check,
             "prompt_tokens": g.prompt_tokens if g else 0,
             "completion_tokens": g.completion_tokens if g else 0,
             "finish_reason": g.finish_reason if g else None,

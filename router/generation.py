@@ -2,15 +2,65 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """One function call, as OpenAI carries it: `arguments` is JSON text (the model wrote it, so
+    it may not parse; the `tool_call` verifier says whether it does)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A function the client offers. The parameters' JSON Schema is kept as canonical JSON text,
+    so a request stays hashable and comparable; `parameters` parses it (once)."""
+
+    name: str
+    description: str | None = None
+    parameters_json: str | None = None
+    strict: bool = False
+
+    @functools.cached_property
+    def parameters(self) -> dict[str, Any] | None:
+        return None if self.parameters_json is None else dict(json.loads(self.parameters_json))
+
+    def to_openai(self) -> dict[str, Any]:
+        """The tool as OpenAI's API (and chat templates written for it) spell it."""
+        function: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            function["description"] = self.description
+        if self.parameters is not None:
+            function["parameters"] = self.parameters
+        if self.strict:
+            function["strict"] = True
+        return {"type": "function", "function": function}
+
+
+@dataclass(frozen=True)
+class NamedTool:
+    """tool_choice naming one function: the answer must call it."""
+
+    name: str
+
+
+ToolChoice = Literal["auto", "none", "required"] | NamedTool
+
+
+@dataclass(frozen=True)
 class Message:
     role: str
-    content: str
+    content: str  # an assistant's null content (it only called tools) reads as ""
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls, in the history
+    tool_call_id: str | None = None  # a `tool` message: the call it answers
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's own bound on top_logprobs
@@ -40,6 +90,9 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     deadline: float | None = None  # time.monotonic() after which the work is abandoned
     top_logprobs: int = 0  # alternatives wanted per generated token (0..MAX_TOP_LOGPROBS); 0: none
+    tools: tuple[ToolSpec, ...] = ()  # functions the model may call (chat only)
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True  # False: at most one call per answer
     metadata: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -47,6 +100,13 @@ class GenerationRequest:
             raise ValueError("exactly one of messages and prompt must be set")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
+        if self.tools and self.messages is None:
+            raise ValueError("tools need a chat request (messages)")
+
+    @property
+    def offers_tools(self) -> bool:
+        """Whether the model is shown tools: some are given and tool_choice is not `none`."""
+        return bool(self.tools) and self.tool_choice != "none"
 
     @property
     def is_chat(self) -> bool:
@@ -89,6 +149,9 @@ class Generation:
     model: str = ""
     # per generated token, when the request asked for top_logprobs and the backend gives them
     top_logprobs: tuple[TokenLogprob, ...] | None = None
+    # calls a backend received as structured data (an upstream's `tool_calls`); None: the answer
+    # is all in `text`, where a local model writes its calls (`router.tools.answer` reads them)
+    tool_calls: tuple[ToolCall, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from verifiers.format import make_format
 from verifiers.judge import make_judge
 from verifiers.learned import make_learned
 from verifiers.math_answer import make_math_answer
+from verifiers.tool_call import make_tool_call
 
 BUILTINS: dict[str, VerifierFactory] = {
     "confidence": make_confidence,
@@ -36,6 +37,7 @@ BUILTINS: dict[str, VerifierFactory] = {
     "choice": make_choice,
     "cross_tier": make_cross_tier,
     "execution": make_execution,
+    "tool_call": make_tool_call,
 }
 
 

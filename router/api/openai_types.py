@@ -19,6 +19,7 @@ refuses them) the field is null.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Sequence
@@ -33,13 +34,24 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StrictStr,
+    ValidationError,
     field_validator,
 )
 
 from router.api.errors import PermissionDenied
 from router.cascade import CascadeResult
 from router.errors import RequestError
-from router.generation import MAX_TOP_LOGPROBS, GenerationRequest, Message, TokenLogprob
+from router.generation import (
+    MAX_TOP_LOGPROBS,
+    GenerationRequest,
+    Message,
+    NamedTool,
+    TokenLogprob,
+    ToolCall,
+    ToolChoice,
+    ToolSpec,
+)
+from router.tools import ToolAnswer, argument_fragments
 
 Number = Annotated[float, Strict(), AllowInfNan(False)]  # a JSON number (an int is fine), finite
 
@@ -75,10 +87,101 @@ class ContentPart(_Lenient):
         return v
 
 
+FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for a function's name
+MAX_TOOLS = 128  # OpenAI's own limit on tools per request
+MAX_DESCRIPTION_CHARS = 16_384
+MAX_SCHEMA_CHARS = 65_536  # one function's parameters, as compact JSON
+MAX_TOOLS_CHARS = 524_288  # all of a request's tools together, as compact JSON
+MAX_SCHEMA_DEPTH = 32  # nesting of a parameters schema: deeper is no real function's signature
+MAX_ARGUMENTS_CHARS = 100_000  # a call's arguments in the history
+MAX_CALL_ID_CHARS = 256
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value, without recursion (a hostile schema cannot exhaust the stack)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        node, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, dict):
+            todo.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            todo.extend((v, depth + 1) for v in node)
+    return deepest
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+class FunctionDefinition(_Lenient):
+    name: StrictStr = Field(pattern=FUNCTION_NAME)
+    description: StrictStr | None = Field(None, max_length=MAX_DESCRIPTION_CHARS)
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _bounded(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        # the schema is rendered into every prompt and walked by the tool_call verifier: bounded here
+        if v is None:
+            return v
+        if _depth(v) > MAX_SCHEMA_DEPTH:
+            raise ValueError(f"a parameters schema may nest at most {MAX_SCHEMA_DEPTH} levels deep")
+        if len(compact_json(v)) > MAX_SCHEMA_CHARS:
+            raise ValueError(f"a parameters schema may be at most {MAX_SCHEMA_CHARS} characters of JSON")
+        return v
+
+
+class Tool(_Lenient):
+    type: StrictStr = Field(max_length=64)
+    function: FunctionDefinition
+
+    @field_validator("type")
+    @classmethod
+    def _function_only(cls, v: str) -> str:
+        if v != "function":
+            raise ValueError(f"tools of type {v[:64]!r} are not supported; only 'function'")
+        return v
+
+    def spec(self) -> ToolSpec:
+        f = self.function
+        return ToolSpec(
+            name=f.name,
+            description=f.description,
+            parameters_json=None if f.parameters is None else compact_json(f.parameters),
+            strict=bool(f.strict),
+        )
+
+
+class CalledFunction(_Lenient):
+    name: StrictStr = Field(pattern=FUNCTION_NAME)
+    arguments: StrictStr = Field(max_length=MAX_ARGUMENTS_CHARS)
+
+
+class MessageToolCall(_Lenient):
+    """A call an assistant made earlier in the conversation."""
+
+    id: StrictStr = Field(min_length=1, max_length=MAX_CALL_ID_CHARS)
+    type: Literal["function"]
+    function: CalledFunction
+
+
+class ChosenFunction(_Lenient):
+    name: StrictStr = Field(pattern=FUNCTION_NAME)
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"]
+    function: ChosenFunction
+
+
 class ChatMessage(_Lenient):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: StrictStr | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: StrictStr | None = Field(None, max_length=256)
+    tool_calls: Annotated[list[MessageToolCall], Field(max_length=MAX_TOOLS)] | None = None
+    tool_call_id: StrictStr | None = Field(None, min_length=1, max_length=MAX_CALL_ID_CHARS)
 
     def text(self) -> str:
         if self.content is None:
@@ -111,10 +214,6 @@ class ResponseFormat(_Lenient):
     type: Literal["text", "json_object", "json_schema"]
 
 
-class Tool(_Lenient):
-    type: StrictStr = Field(max_length=64)
-
-
 class StreamOptions(_Lenient):
     include_usage: StrictBool | None = False
 
@@ -139,7 +238,15 @@ class _Common(_Lenient):
     # Read only to tell the request's task (router.tasks): a structured answer is asked for.
     # Not enforced on the answer yet; unchecked before, they were silently dropped.
     response_format: ResponseFormat | None = None
-    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _count_first(cls, v: Any) -> Any:
+        # counted before the items are read: 10,000 tools are refused for their number, unread
+        if isinstance(v, list) and len(v) > MAX_TOOLS:
+            raise ValueError(f"at most {MAX_TOOLS} tools")
+        return v
 
     @field_validator("model")
     @classmethod
@@ -214,6 +321,24 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    # read by _tool_choice: a plain union's error would name the member pydantic tried, not the field
+    tool_choice: Any = None
+    parallel_tool_calls: StrictBool | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v: Any) -> Literal["auto", "none", "required"] | NamedToolChoice | None:
+        if v is None or v in ("auto", "none", "required"):
+            return v  # type: ignore[no-any-return]
+        if isinstance(v, dict):
+            try:
+                return NamedToolChoice.model_validate(v)
+            except ValidationError as exc:
+                shape = "{'type': 'function', 'function': {'name': ...}}"
+                raise ValueError(f"a named tool_choice is {shape} ({exc.errors()[0]['msg']})") from None
+        raise ValueError(
+            "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}"
+        )
 
     def logprobs_wanted(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:
@@ -224,16 +349,72 @@ class ChatCompletionRequest(_Common):
     def to_generation(self, default_max_tokens: int, *, may_send_tests: bool = False) -> GenerationRequest:
         """The typed request. `may_send_tests` is the caller's permission (Principal.may_send_tests):
         without it a request carrying tierroute.tests is refused with 403."""
-        messages = tuple(Message(m.role, m.text()) for m in self.messages)
-        self._check_text_size(sum(len(m.content) for m in messages), "messages")
+        messages = self._messages()
+        self._check_text_size(
+            sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages), "messages"
+        )
+        tools, choice = self._tools()
         return GenerationRequest(
             messages=messages,
             max_tokens=self.max_completion_tokens or self.max_tokens or default_max_tokens,
             stop=self.stops(),
             top_logprobs=self.backend_top_logprobs(),
+            tools=tools,
+            tool_choice=choice,
+            parallel_tool_calls=self.parallel_tool_calls is not False,
             metadata=self.metadata(may_send_tests),
             **self.sampling(),
         )
+
+    def _messages(self) -> tuple[Message, ...]:
+        """The history, with its tool turns checked as OpenAI checks them: calls only from the
+        assistant, and every tool result answering a call made before it."""
+        out: list[Message] = []
+        called: set[str] = set()
+        for i, m in enumerate(self.messages):
+            calls: tuple[ToolCall, ...] = ()
+            if m.tool_calls:
+                if m.role != "assistant":
+                    raise RequestError("only assistant messages carry tool_calls", param=f"messages.{i}.tool_calls")
+                calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls)
+                called.update(c.id for c in calls)
+            if m.role == "tool":
+                if m.tool_call_id is None:
+                    raise RequestError(
+                        "a tool message needs the tool_call_id of the call it answers",
+                        param=f"messages.{i}.tool_call_id",
+                    )
+                if m.tool_call_id not in called:
+                    raise RequestError(
+                        "a tool message must answer a tool call of an earlier assistant message "
+                        f"(no call has id {m.tool_call_id[:64]!r})",
+                        param=f"messages.{i}.tool_call_id",
+                    )
+            elif m.tool_call_id is not None:
+                raise RequestError("only tool messages carry tool_call_id", param=f"messages.{i}.tool_call_id")
+            out.append(Message(m.role, m.text(), calls, m.tool_call_id if m.role == "tool" else None))
+        return tuple(out)
+
+    def _tools(self) -> tuple[tuple[ToolSpec, ...], ToolChoice]:
+        specs = tuple(t.spec() for t in self.tools or ())
+        if len(compact_json([t.to_openai() for t in specs])) > MAX_TOOLS_CHARS:
+            raise RequestError(f"at most {MAX_TOOLS_CHARS} characters of tools, as JSON", param="tools")
+        choice = self.tool_choice
+        if choice is None or choice == "auto":
+            return specs, "auto"
+        if choice == "none":
+            return specs, "none"
+        if not specs:
+            raise RequestError("tool_choice is only allowed when tools are specified", param="tool_choice")
+        if choice == "required":
+            return specs, "required"
+        assert isinstance(choice, NamedToolChoice)
+        if choice.function.name not in {t.name for t in specs}:
+            raise RequestError(
+                f"tool_choice names the function {choice.function.name!r}, which is not among the tools",
+                param="tool_choice",
+            )
+        return specs, NamedTool(choice.function.name)
 
 
 class CompletionRequest(_Common):
@@ -259,6 +440,8 @@ class CompletionRequest(_Common):
             if len(prompt) != 1:
                 raise RequestError("prompt must be one string (batches of prompts are not supported)", param="prompt")
             prompt = prompt[0]
+        if self.tools:
+            raise RequestError("tools are a chat parameter; use /v1/chat/completions", param="tools")
         if self.echo or self.suffix:
             raise RequestError("echo and suffix are not supported", param="echo" if self.echo else "suffix")
         self._check_text_size(len(prompt), "prompt")
@@ -306,6 +489,41 @@ def chat_response(rid: str, result: CascadeResult, extension: dict[str, Any]) ->
         "usage": usage(result),
         "tierroute": extension,
     }
+
+
+def tool_calls_json(calls: Sequence[ToolCall], *, start: int = 0) -> list[dict[str, Any]]:
+    return [
+        {"index": start + i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for i, c in enumerate(calls)
+    ]
+
+
+def apply_tool_answer(payload: dict[str, Any], found: ToolAnswer) -> None:
+    """Turn a chat response's message into what `found` says: content (null when the answer is
+    only calls) and `tool_calls`, and finish_reason `tool_calls` when the answer ended on its own."""
+    if not found.calls:
+        return
+    choice = payload["choices"][0]
+    calls = tool_calls_json(found.calls)
+    for call in calls:
+        del call["index"]  # a stream's field, not a message's
+    choice["message"] = {"role": "assistant", "content": found.content, "tool_calls": calls}
+    if choice["finish_reason"] == "stop":
+        choice["finish_reason"] = "tool_calls"
+
+
+def tool_call_chunks(rid: str, model: str, calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+    """Calls as OpenAI streams them: per call a chunk with its index, id, type and name (and empty
+    arguments), then its arguments in fragments under the same index."""
+    chunks = []
+    for i, c in enumerate(calls):
+        head = {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
+        chunks.append(chat_chunk(rid, model, {"tool_calls": [head]}))
+        for fragment in argument_fragments(c.arguments):
+            if fragment:
+                piece = {"index": i, "function": {"arguments": fragment}}
+                chunks.append(chat_chunk(rid, model, {"tool_calls": [piece]}))
+    return chunks
 
 
 def completion_response(rid: str, result: CascadeResult, extension: dict[str, Any]) -> dict[str, Any]:

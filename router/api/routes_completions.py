@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from router import tools
 from router.accounting import Ticket
 from router.api import openai_types as ot
 from router.api.deps import PrincipalDep, Services, ServicesDep
@@ -96,6 +97,8 @@ async def _respond(
         finally:
             accounting.release(ticket)
         payload = shape(rid, result, _extension(rid, result))
+        if request.offers_tools:
+            ot.apply_tool_answer(payload, tools.answer(request, result.generation))
         if wanted is not None:
             g = result.generation
             shown, _ = ot.shown_tokens(g.top_logprobs or (), 0, len(g.text))
@@ -135,20 +138,33 @@ async def _respond(
         sent = 0  # characters of text streamed so far
         pending: list[TokenLogprob] = []  # tokens whose text has not been streamed yet
         pending_at = 0  # where the first of them begins
+        # with tools offered, text that may be a call is held back and read whole at the end
+        # (router.tools: the calls a client gets are the ones that were verified)
+        content = tools.ContentFilter() if request.offers_tools else None
         try:
             async for event in events:
                 if isinstance(event, Delta):
-                    piece = chunk(rid, tier, event.text, False)
-                    sent += len(event.text)
+                    text = event.text if content is None else content.feed(event.text)
+                    piece = chunk(rid, tier, text, False)
+                    sent += len(text)
                     if wanted is not None and event.top_logprobs is not None:
+                        # tokens of held-back text wait in `pending` until their text is sent
                         shown, pending = ot.shown_tokens([*pending, *event.top_logprobs], pending_at, sent)
                         pending_at += sum(len(t.token) for _, t in shown)
                         piece["choices"][0]["logprobs"] = _logprobs(body, shown, wanted)
-                    yield _sse(piece)
+                    if text or not event.text:
+                        yield _sse(piece)
                 elif isinstance(event, Final):
                     result = event.result
+                    finish_reason: str = result.generation.finish_reason
+                    if content is not None:
+                        found = tools.answer(request, result.generation)
+                        for extra in _tool_chunks(rid, tier, found, result.generation.text, sent):
+                            yield _sse(extra)
+                        if found.calls and finish_reason == "stop":
+                            finish_reason = "tool_calls"
                     final = chunk(rid, tier, "", False)
-                    final["choices"][0]["finish_reason"] = result.generation.finish_reason
+                    final["choices"][0]["finish_reason"] = finish_reason
                     _strip_delta(final)
                     final["tierroute"] = _extension(rid, result)
                     if include_usage:
@@ -170,6 +186,15 @@ async def _respond(
         media_type="text/event-stream",
         headers={**_headers(first.tier, first.escalated), "cache-control": "no-cache"},
     )
+
+
+def _tool_chunks(rid: str, tier: str, found: tools.ToolAnswer, text: str, sent: int) -> list[dict[str, Any]]:
+    """The end of a streamed answer to a request with tools: its calls, or, when it made none, the
+    text held back in case it began one."""
+    if found.calls:
+        return ot.tool_call_chunks(rid, tier, found.calls)
+    rest = text[sent:]
+    return [ot.chat_chunk(rid, tier, {"content": rest})] if rest else []
 
 
 def _logprobs(body: ot._Common, shown: list[tuple[int, TokenLogprob]], k: int) -> dict[str, Any]:

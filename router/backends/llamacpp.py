@@ -27,6 +27,7 @@ from router.backends.llama_engine import DoneEvent, ErrorEvent, Event, Job, Llam
 from router.catalog import resolve_model
 from router.errors import ContextLengthError, DeadlineError, ModelError, RequestError
 from router.generation import Delta, Generation, GenerationRequest
+from router.tools import chat_inputs, template_renders_tools
 
 # No tokenizer we serve averages more characters per token than this, even on runs of spaces or
 # repeated punctuation, so a longer prompt cannot fit the context and is refused untokenized.
@@ -55,6 +56,7 @@ class LlamaCppBackend(Backend):
         )
         self.max_tokens_cap = max_tokens_cap
         self._formatter: Any = None
+        self._renders_tools = False  # the chat template has a tools section of its own
         self._starting: asyncio.Future[None] | None = None
         self.model_name = settings.model
         # recent scorings by their tokens: two cross_tier verifiers (say `mean` and `min`, or one
@@ -90,6 +92,7 @@ class LlamaCppBackend(Backend):
             self._formatter = Jinja2ChatFormatter(
                 template=template, eos_token=self.engine.eos_text, bos_token=self.engine.bos_text
             )
+            self._renders_tools = template_renders_tools(template)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.engine.stop)
@@ -120,6 +123,7 @@ class LlamaCppBackend(Backend):
     def check_prompt_size(self, request: GenerationRequest) -> None:
         """400 for a prompt that cannot fit the context whatever it tokenizes to."""
         chars = len(request.prompt or "") if request.messages is None else sum(len(m.content) for m in request.messages)
+        chars += sum(len(t.parameters_json or "") + len(t.description or "") for t in request.tools)
         if chars > self.max_prompt_chars:
             raise ContextLengthError(
                 f"This model's maximum context length is {self.engine.n_ctx} tokens, and the prompt has "
@@ -137,9 +141,11 @@ class LlamaCppBackend(Backend):
             raise ModelError(f"model {self.model_path.name} has no chat template; use /v1/completions")
         from jinja2 import TemplateError
 
+        # tools and tool turns through the template's own tools section, or router.tools' fallback
+        messages, tools = chat_inputs(request, native=self._renders_tools)
         try:
-            rendered = self._formatter(messages=[{"role": m.role, "content": m.content} for m in request.messages])
-        except TemplateError as exc:  # the template's own raise_exception: roles or order it refuses
+            rendered = self._formatter(messages=messages, tools=tools)
+        except (TemplateError, ValueError) as exc:  # the template's raise_exception: roles or order it refuses
             message = f"the model's chat template refused these messages: {exc}"[:500]
             raise RequestError(message, param="messages") from None
         added = bool(getattr(rendered, "added_special", False))

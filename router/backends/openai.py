@@ -82,6 +82,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import math
 import os
@@ -122,8 +123,18 @@ from router.errors import (
     UnavailableError,
     UpstreamError,
 )
-from router.generation import Delta, FinishReason, Generation, GenerationRequest, TokenLogprob
+from router.generation import (
+    Delta,
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    Message,
+    NamedTool,
+    TokenLogprob,
+    ToolCall,
+)
 from router.retry import RetryPolicy, parse_retry_after
+from router.tools import MAX_CALLS, new_call_id
 
 if TYPE_CHECKING:
     from router.config import OpenAIBackendSettings, Settings, TierSettings
@@ -495,6 +506,7 @@ class OpenAIBackend(Backend):
                 logprobs="logprobs" not in self._refused,
                 tier=self.name,
                 top_k=call.request.top_logprobs if "logprobs" not in self._refused else 0,
+                calls={} if call.request.offers_tools else None,
             )
             first = await self._next_piece(events, acc, call)
             if first is None and not acc.complete(events.done):
@@ -552,7 +564,8 @@ class OpenAIBackend(Backend):
         if request.stop:
             params["stop"] = list(request.stop)
         if request.messages is not None:
-            params["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
+            params["messages"] = [_upstream_message(m) for m in request.messages]
+            params.update(_tool_params(request))
         else:
             params["prompt"] = request.prompt
         if "logprobs" not in self._refused:
@@ -575,7 +588,9 @@ class OpenAIBackend(Backend):
         if call.request.is_chat:
             message = typed_field(choice, "message", dict)
             text = typed_field(message or {}, "content", str) or ""
+            calls = _tool_calls(message or {}) if call.request.offers_tools else None
         else:
+            calls = None
             text = typed_field(choice, "text", str) or ""
         finish = typed_field(choice, "finish_reason", str)
         logprobs = None
@@ -599,6 +614,7 @@ class OpenAIBackend(Backend):
             latency_s=time.monotonic() - call.started,
             model=model_name(body.get("model")) or self.model,
             top_logprobs=tops,
+            tool_calls=calls,
         )
 
     # -- failures --------------------------------------------------------------------------------
@@ -769,6 +785,8 @@ class _Accumulator:
     usage: tuple[int | None, int | None] = (None, None)
     model: str | None = None
     prompt_estimate: int | None = None  # when the server reports no usage
+    calls: dict[int, _StreamedCall] | None = None  # streamed tool calls by index; None: not read
+    call_fragments: int = 0
 
     @property
     def text(self) -> str:
@@ -787,6 +805,8 @@ class _Accumulator:
         if self.chat:
             delta = typed_field(choice, "delta", dict) or {}
             piece = typed_field(delta, "content", str) or ""
+            if self.calls is not None:
+                self._add_calls(delta, call)
         else:
             piece = typed_field(choice, "text", str) or ""
         finish = typed_field(choice, "finish_reason", str)
@@ -812,6 +832,35 @@ class _Accumulator:
                     f"a stream of more than {call.piece_limit} pieces of text for max_tokens={call.max_tokens}"
                 )
         return piece
+
+    def _add_calls(self, delta: dict[str, Any], call: _Call) -> None:
+        """Fragments of tool calls, as OpenAI streams them: by index, the id and name first, the
+        arguments in pieces. Each fragment counts as a piece against the stream's bound."""
+        assert self.calls is not None
+        for raw in typed_field(delta, "tool_calls", list) or ():
+            if not isinstance(raw, dict):
+                raise Malformed(f"a streamed tool call is {type(raw).__name__}, not an object")
+            index = raw.get("index", 0)
+            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_CALLS:
+                raise Malformed(f"a streamed tool call's index is {str(index)[:32]!r}")
+            function = typed_field(raw, "function", dict) or {}
+            entry = self.calls.setdefault(index, _StreamedCall())
+            entry.id = entry.id or typed_field(raw, "id", str)
+            # OpenAI sends the name once; llama-cpp-python's server repeats it in every fragment
+            entry.name = entry.name or typed_field(function, "name", str) or ""
+            arguments = function.get("arguments")
+            entry.arguments += arguments if isinstance(arguments, str) else _arguments_text(arguments)
+            self.call_fragments += 1
+            if self.call_fragments > call.piece_limit:
+                raise Unacceptable(
+                    f"a stream of more than {call.piece_limit} tool-call fragments for max_tokens={call.max_tokens}"
+                )
+
+    def tool_calls(self) -> tuple[ToolCall, ...] | None:
+        if self.calls is None:
+            return None
+        ordered = [self.calls[i] for i in sorted(self.calls)]
+        return tuple(_tool_call(c.id, c.name, c.arguments) for c in ordered)
 
     def take_tops(self) -> tuple[TokenLogprob, ...] | None:
         """The tokens that arrived since the last piece handed out (None when none are kept)."""
@@ -864,6 +913,7 @@ class _Accumulator:
             ttft_s=ttft_s,
             model=self.model or default_model,
             top_logprobs=tops,
+            tool_calls=self.tool_calls(),
         )
 
 
@@ -967,7 +1017,95 @@ def _finish(reason: str | None) -> FinishReason:
 def _prompt_text(request: GenerationRequest) -> str:
     if request.prompt is not None:
         return request.prompt
-    return "\n".join(m.content for m in request.messages or ())
+    # what the prompt holds: the messages, their calls, and the tools the template renders
+    parts = [m.content for m in request.messages or ()]
+    parts += [c.arguments for m in request.messages or () for c in m.tool_calls]
+    parts += [f"{t.name} {t.description or ''} {t.parameters_json or ''}" for t in request.tools]
+    return "\n".join(parts)
+
+
+# -- tool calls ----------------------------------------------------------------------------------
+
+# An upstream's call names and ids reach the client and the ledger: cut to a sane length.
+_MAX_CALL_NAME_CHARS = 256
+_MAX_CALL_ID_CHARS = 256
+
+
+@dataclass
+class _StreamedCall:
+    id: str | None = None
+    name: str = ""
+    arguments: str = ""
+
+
+def _upstream_message(m: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["content"] = m.content or None  # as OpenAI's own: an answer of calls alone has no content
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+def _tool_params(request: GenerationRequest) -> dict[str, Any]:
+    """tools, tool_choice and parallel_tool_calls as the client gave them (passed through)."""
+    if not request.tools:
+        return {}
+    params: dict[str, Any] = {"tools": [t.to_openai() for t in request.tools]}
+    choice = request.tool_choice
+    if isinstance(choice, NamedTool):
+        params["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    else:
+        params["tool_choice"] = choice
+    if not request.parallel_tool_calls:
+        params["parallel_tool_calls"] = False
+    return params
+
+
+def _tool_calls(message: dict[str, Any]) -> tuple[ToolCall, ...] | None:
+    """A response message's `tool_calls`, read as any upstream field is (see the module
+    docstring): a wrong type makes the answer malformed; names and ids are cut to a sane length
+    and at most `MAX_CALLS` calls are kept. None when there are none."""
+    raw = typed_field(message, "tool_calls", list)
+    if not raw:
+        return None
+    calls = []
+    for item in raw[:MAX_CALLS]:
+        if not isinstance(item, dict):
+            raise Malformed(f"a tool call is {type(item).__name__}, not an object")
+        function = typed_field(item, "function", dict)
+        if function is None:
+            raise Malformed("a tool call has no function")
+        name = typed_field(function, "name", str)
+        if not name:
+            raise Malformed("a tool call has no function name")
+        arguments = function.get("arguments")
+        text = arguments if isinstance(arguments, str) else _arguments_text(arguments)
+        calls.append(_tool_call(typed_field(item, "id", str), name, text))
+    return tuple(calls)
+
+
+def _arguments_text(arguments: Any) -> str:
+    # some servers send arguments as an object rather than its JSON text; anything else is wrong
+    if arguments is None:
+        return ""
+    if isinstance(arguments, dict):
+        return json.dumps(arguments, ensure_ascii=False)
+    raise Malformed(f"a tool call's arguments are {type(arguments).__name__}, not a string")
+
+
+def _tool_call(call_id: str | None, name: str, arguments: str) -> ToolCall:
+    if call_id is None or not 0 < len(call_id) <= _MAX_CALL_ID_CHARS or not call_id.isprintable():
+        call_id = new_call_id()  # the client echoes it back: ours rather than a malformed one
+    return ToolCall(
+        call_id,
+        clean_text(name[:_MAX_CALL_NAME_CHARS]),
+        clean_text(arguments),
+    )
 
 
 def _estimate_tokens(text: str) -> int:

@@ -16,6 +16,7 @@ NAMES = {
     "cross_tier",
     "choice",
     "execution",
+    "tool_call",
 }
 MINIMAL = {"format": {"json": True}, "judge": {"tier": "big"}, "cross_tier": {"tier": "big"}}
 
