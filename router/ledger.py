@@ -77,6 +77,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from router.config import SHADOW_KEY as SHADOW_KEY  # the operator key shadow rows are written under
 from router.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -87,7 +88,6 @@ T = TypeVar("T")
 
 # 2: the pending table (write-ahead rows); 3: requests.task and task_why; 4: the shadow_pairs table
 SCHEMA_VERSION = 4
-SHADOW_KEY = "_shadow"  # the operator account shadow work is charged to (never a client's key)
 # settled entries whose write failed, kept for the next successful write; past this many the
 # oldest is logged and dropped (its pending row still stands for it at its worst-case cost)
 MAX_UNSETTLED = 10_000

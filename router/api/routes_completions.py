@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 
 from router.accounting import Ticket
 from router.api import openai_types as ot
@@ -100,7 +101,9 @@ async def _respond(
             g = result.generation
             shown, _ = ot.shown_tokens(g.top_logprobs or (), 0, len(g.text))
             payload["choices"][0]["logprobs"] = _logprobs(body, shown, wanted) if g.top_logprobs is not None else None
-        return JSONResponse(payload, headers=_headers(result.final.tier, result.escalated))
+        # shadow escalation starts once the response is sent: never on the client's path
+        after = BackgroundTask(services.shadow.offer, rid, request, result)
+        return JSONResponse(payload, headers=_headers(result.final.tier, result.escalated), background=after)
 
     events = cascade.stream(request, body.model, spent=spent).__aiter__()
     settled = False
@@ -135,6 +138,7 @@ async def _respond(
         sent = 0  # characters of text streamed so far
         pending: list[TokenLogprob] = []  # tokens whose text has not been streamed yet
         pending_at = 0  # where the first of them begins
+        result: CascadeResult | None = None
         try:
             async for event in events:
                 if isinstance(event, Delta):
@@ -158,6 +162,8 @@ async def _respond(
                     await services.accounting.record(principal, ticket, result)
                     yield _sse(final)
             yield _sse("[DONE]")
+            if result is not None:  # resumed after [DONE] was sent: the client has it all
+                services.shadow.offer(rid, request, result)
         except Exception as exc:  # output has begun: report in-band, the status is already sent
             log.warning("stream %s failed mid-way: %s", rid, exc)
             yield _sse(json.loads(bytes(error_response(exc).body)))
