@@ -350,5 +350,5 @@ async def drain(service: ShadowService, timeout_s: float = 30.0) -> None:
     while time.monotonic() < deadline:
         if all(lane.queue.empty() and lane.idle == len(lane.workers) for lane in service.lanes.values()):
             return
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.001)
     raise TimeoutError("shadow work still running")
