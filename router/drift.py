@@ -35,9 +35,10 @@ simulated, 4 runs in 20 alarmed within 800 observations of a stable 0.9 tier. So
 starts from the baseline moved `GUARD` = 2 standard errors towards the side it watches (lower for
 a fall, higher for a rise). Simulated over 20 seeds of 20,000 stable observations, the runs with
 any false alarm fell from 10 to 2 at p0 = 0.9 (17 to 2 at 0.6, 6 to 0 at 0.97), while a fall from
-0.9 to 0.3 is still caught within 26 observations (median 17) and from 0.6 to 0.2 within 108. We chose a config value over storing it beside the thresholds that
-`eval calibrate --write` writes: that writer belongs to the eval package, and an operator can copy
-the calibration's figure into the config by hand; the learned baseline covers the rest.
+0.9 to 0.3 is still caught within 26 observations (median 17) and from 0.6 to 0.2 within 108.
+We chose a config value over storing the baseline beside the thresholds that `eval calibrate
+--write` writes: that writer belongs to the eval package, and an operator can copy the
+calibration's figure into the config by hand; the learned baseline covers the rest.
 
 An alarm stays raised until the sum falls back to 0 (the rate came back), so a lasting drift is
 one alarm, not one per request. The same detector runs live (`router.shadow`) and over the

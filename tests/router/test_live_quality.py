@@ -22,7 +22,7 @@ async def test_the_live_estimate_covers_a_known_accuracy_at_the_stated_rate(tmp_
     covered, pairs = 0, []
     for seed in range(RUNS):
         rng = random.Random(seed)  # the tier's errors; the sampler draws from its own seed
-        svc = service(s, lambda i: rng.random() >= ERROR_RATE, 10_000 + seed)
+        svc = service(s, lambda i, rng=rng: rng.random() >= ERROR_RATE, 10_000 + seed)
         await svc.start()
         try:
             await serve(svc, REQUESTS)
