@@ -15,6 +15,7 @@ from pathlib import Path
 from router.cascade import Cascade, Tier
 from router.config import CascadeSettings, Settings, load_settings
 from router.generation import GenerationRequest, Message
+from router.ledger import Ledger, LedgerEntry
 from router.metrics import Metrics
 from router.shadow import ShadowService, drain
 from router.verification import VerifierContext, VerifierSet, WeightedVerifier
@@ -57,7 +58,9 @@ usd_per_1m_output_tokens = 2.4
     return load_settings(write_config(tmp / "config.toml", body))
 
 
-def service(s: Settings, right: Callable[[int], bool], seed: int) -> ShadowService:
+def service(
+    s: Settings, right: Callable[[int], bool], seed: int, *, ledger: Ledger | None = None, clock: Clock | None = None
+) -> ShadowService:
     """`right(i)`: whether the small tier's i-th answer is right."""
     count = iter(range(10**9))
     small = ScriptedBackend("small", lambda r: "42" if right(next(count)) else "41", busy_s=0.001)
@@ -68,7 +71,17 @@ def service(s: Settings, right: Callable[[int], bool], seed: int) -> ShadowServi
         Tier(s.tier("large"), large, VerifierSet([])),
     ]
     cascade = Cascade(tiers, CascadeSettings(task_classifier=False))
-    return ShadowService(s, cascade, None, Metrics(lambda: {}), rng=random.Random(seed))
+    return ShadowService(s, cascade, ledger, Metrics(lambda: {}), rng=random.Random(seed), clock=clock or Clock())
+
+
+class Clock:
+    """Unix time that moves only when told: one request a minute, so a report has periods."""
+
+    def __init__(self, start: float = 1_790_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
 
 
 async def serve(svc: ShadowService, n: int, *, start: int = 0, each: Callable[[int], None] | None = None) -> None:
@@ -76,6 +89,10 @@ async def serve(svc: ShadowService, n: int, *, start: int = 0, each: Callable[[i
     shadow work; `each(i)` runs after request i's shadow work settled (slower: one at a time)."""
     for i in range(start, start + n):
         result = await svc.cascade.run(QUESTION)
+        if isinstance(svc.clock, Clock):
+            svc.clock.now += 60.0
+        if svc.ledger is not None:  # what the API's accounting writes for the client's request
+            await svc.ledger.record(LedgerEntry.from_result(f"r{i}", "alice", result, latency_s=0.01, ts=svc.clock()))
         svc.offer(f"r{i}", QUESTION, result)
         if each is not None:
             await drain(svc)
