@@ -265,8 +265,9 @@ class LedgerStore(Protocol):
     def entries(self, since: float | None = None, until: float | None = None) -> Iterator[LedgerEntry]:
         """Entries with since <= ts < until, oldest first, each with its attempts."""
 
-    def write_pair(self, pair: ShadowPair) -> None:
-        """Store one shadow pair (a second write for the same request replaces it)."""
+    def write_pair(self, pair: ShadowPair, entry: LedgerEntry | None = None) -> None:
+        """Store one shadow pair (a second write for the same request replaces it); with `entry`
+        (the shadow generation's own request row), both in one transaction."""
 
     def pairs(self, since: float | None = None, until: float | None = None) -> Iterator[ShadowPair]:
         """Shadow pairs with since <= ts < until, oldest first."""
@@ -415,57 +416,13 @@ class SQLiteStore:
         )
 
     def write(self, entry: LedgerEntry) -> None:
+        self._transaction(lambda: self._insert(entry))
+
+    def _transaction(self, work: Callable[[], None]) -> None:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute("DELETE FROM pending WHERE request_id = ?", (entry.request_id,))
-            conn.execute(
-                f"INSERT INTO requests ({_REQUEST_COLUMNS}) VALUES ({', '.join('?' * 16)})",
-                (
-                    entry.request_id,
-                    entry.ts,
-                    entry.key_id,
-                    entry.model,
-                    entry.tier,
-                    int(entry.escalated),
-                    int(entry.unverified),
-                    len(entry.attempts),
-                    entry.prompt_tokens,
-                    entry.completion_tokens,
-                    entry.latency_ms,
-                    entry.cost_usd,
-                    entry.verifier_cost_usd,
-                    entry.counterfactual_usd,
-                    entry.task,
-                    entry.task_why,
-                ),
-            )
-            conn.executemany(
-                f"INSERT INTO attempts ({_ATTEMPT_COLUMNS}) VALUES ({', '.join('?' * 18)})",
-                [
-                    (
-                        entry.request_id,
-                        a.idx,
-                        a.tier,
-                        a.decision,
-                        a.reason,
-                        a.error,
-                        a.score,
-                        a.threshold,
-                        json.dumps(a.scores, sort_keys=True),
-                        a.prompt_tokens,
-                        a.completion_tokens,
-                        a.finish_reason,
-                        a.latency_ms,
-                        a.busy_ms,
-                        a.verify_ms,
-                        a.cost_usd,
-                        a.verifier_cost_usd,
-                        a.verifier_tokens,
-                    )
-                    for a in entry.attempts
-                ],
-            )
+            work()
             conn.execute("COMMIT")
         except BaseException:
             # a failed COMMIT (disk full) may leave the transaction open, or SQLite may have rolled it back
@@ -473,6 +430,57 @@ class SQLiteStore:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             raise
+
+    def _insert(self, entry: LedgerEntry) -> None:
+        conn = self.conn
+        conn.execute("DELETE FROM pending WHERE request_id = ?", (entry.request_id,))
+        conn.execute(
+            f"INSERT INTO requests ({_REQUEST_COLUMNS}) VALUES ({', '.join('?' * 16)})",
+            (
+                entry.request_id,
+                entry.ts,
+                entry.key_id,
+                entry.model,
+                entry.tier,
+                int(entry.escalated),
+                int(entry.unverified),
+                len(entry.attempts),
+                entry.prompt_tokens,
+                entry.completion_tokens,
+                entry.latency_ms,
+                entry.cost_usd,
+                entry.verifier_cost_usd,
+                entry.counterfactual_usd,
+                entry.task,
+                entry.task_why,
+            ),
+        )
+        conn.executemany(
+            f"INSERT INTO attempts ({_ATTEMPT_COLUMNS}) VALUES ({', '.join('?' * 18)})",
+            [
+                (
+                    entry.request_id,
+                    a.idx,
+                    a.tier,
+                    a.decision,
+                    a.reason,
+                    a.error,
+                    a.score,
+                    a.threshold,
+                    json.dumps(a.scores, sort_keys=True),
+                    a.prompt_tokens,
+                    a.completion_tokens,
+                    a.finish_reason,
+                    a.latency_ms,
+                    a.busy_ms,
+                    a.verify_ms,
+                    a.cost_usd,
+                    a.verifier_cost_usd,
+                    a.verifier_tokens,
+                )
+                for a in entry.attempts
+            ],
+        )
 
     def spend_by_key(self, since: float) -> dict[str, float]:
         rows = self.conn.execute(
@@ -537,8 +545,19 @@ class SQLiteStore:
                 task_why=row[15],
             )
 
-    def write_pair(self, pair: ShadowPair) -> None:
-        self.conn.execute(  # one statement: its own transaction in autocommit mode
+    def write_pair(self, pair: ShadowPair, entry: LedgerEntry | None = None) -> None:
+        if entry is None:
+            self._insert_pair(pair)  # one statement: its own transaction in autocommit mode
+            return
+
+        def both() -> None:
+            self._insert(entry)
+            self._insert_pair(pair)
+
+        self._transaction(both)
+
+    def _insert_pair(self, pair: ShadowPair) -> None:
+        self.conn.execute(
             f"INSERT OR REPLACE INTO shadow_pairs ({_PAIR_COLUMNS}) VALUES ({', '.join('?' * 21)})",
             (
                 pair.request_id,
@@ -702,10 +721,12 @@ class Ledger:
     async def pending(self) -> list[PendingEntry]:
         return await self._call(lambda: list(self.store.pending()))
 
-    async def record_pair(self, pair: ShadowPair) -> None:
-        """Write a shadow pair. Best effort: a pair lost to a failing disk loses a sample, not a
-        client's record, so it is never kept for a retry nor marks the ledger unhealthy."""
-        await self._call(self.store.write_pair, pair)
+    async def record_pair(self, pair: ShadowPair, entry: LedgerEntry | None = None) -> None:
+        """Write a shadow pair, and with it the shadow generation's row (one write, so shadow work
+        takes one turn of the writer thread that clients' records wait on). Best effort: a pair
+        lost to a failing disk loses a sample and operator spend, not a client's record, so it is
+        never kept for a retry nor marks the ledger unhealthy."""
+        await self._call(self.store.write_pair, pair, entry)
 
     async def pairs(self, since: float | None = None, until: float | None = None) -> list[ShadowPair]:
         return await self._call(lambda: list(self.store.pairs(since, until)))

@@ -252,12 +252,21 @@ class ShadowService:
         shadow_result.counterfactual_usd = cost
         shadow_id = f"shadow-{job.request_id}"
         entry = LedgerEntry.from_result(shadow_id, SHADOW_KEY, shadow_result, latency_s=time.monotonic() - started)
-        if self.ledger is not None:
-            await self.ledger.record(entry)
         self.metrics.observe_shadow(entry)
-        await self._compare(lane, job, shadow_id, gen.text, cost)
+        try:
+            pair = await self._compare(lane, job, shadow_id, gen.text, cost)
+        except Exception:
+            if self.ledger is not None:  # no pair, but the money was spent: its row all the same
+                await self.ledger.record(entry)
+            raise
+        if self.ledger is not None:
+            try:
+                await self.ledger.record_pair(pair, entry)
+            except Exception as exc:  # noqa: BLE001 - a lost sample, not a client's record
+                log.warning("shadow: pair of %s not written: %s", job.request_id, exc)
+        self.observe_pair(pair)
 
-    async def _compare(self, lane: _Lane, job: _Job, shadow_id: str, shadow_text: str, cost: float) -> None:
+    async def _compare(self, lane: _Lane, job: _Job, shadow_id: str, shadow_text: str, cost: float) -> ShadowPair:
         assert self.rules is not None
         final = job.result.final
         answer = job.result.generation.text
@@ -265,7 +274,7 @@ class ShadowService:
         found = await self.rules.compare(task, job.request, answer, shadow_text)
         store = self.settings.ledger.store_prompts
         prompt = prompt_json(job.request)
-        pair = ShadowPair(
+        return ShadowPair(
             request_id=job.request_id,
             shadow_request_id=shadow_id,
             ts=self.clock(),
@@ -288,12 +297,6 @@ class ShadowService:
             answer_text=answer if store else None,
             shadow_text=shadow_text if store else None,
         )
-        if self.ledger is not None:
-            try:
-                await self.ledger.record_pair(pair)
-            except Exception as exc:  # noqa: BLE001 - a lost sample, not a lost record
-                log.warning("shadow: pair of %s not written: %s", job.request_id, exc)
-        self.observe_pair(pair)
 
     def observe_pair(self, pair: ShadowPair) -> None:
         """Count a compared pair in the live estimates and the agreement drift detector."""
