@@ -7,6 +7,8 @@ import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from router.ledger import SCHEMA_VERSION, Ledger, ShadowPair, SQLiteStore
 from tests.router.test_ledger import _V2_REQUESTS
 
@@ -75,3 +77,21 @@ def test_an_older_ledger_has_no_pairs_read_only_and_gains_the_table_on_open(tmp_
         assert version == str(SCHEMA_VERSION) == "4"
     finally:
         s.close()
+
+
+async def test_a_pair_and_its_shadow_row_are_written_together(tmp_path: Path) -> None:
+    from tests.router.test_ledger import entry
+
+    ledger = Ledger(SQLiteStore(tmp_path / "ledger.sqlite3"))
+    await ledger.open()
+    try:
+        row = replace(entry("shadow-r1", 1.0, key="_shadow"), model="large")
+        await ledger.record_pair(pair("r1", 1.0), row)
+        assert [(e.request_id, e.key_id) for e in await ledger.entries()] == [("shadow-r1", "_shadow")]
+        assert [p.shadow_request_id for p in await ledger.pairs()] == ["shadow-r1"]
+        # the same row again fails the whole write: no pair without its row, nor the reverse
+        with pytest.raises(sqlite3.IntegrityError):
+            await ledger.record_pair(pair("r2", 2.0), row)
+        assert [p.request_id for p in await ledger.pairs()] == ["r1"]
+    finally:
+        await ledger.close()
