@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ def config(
     max_queue: int = 2,
     store_prompts: bool = False,
     shadow_extra: str = "",
+    verifiers: str = ESCALATE_ON_MARK,
 ) -> Path:
     body = f"""
 [server]
@@ -64,7 +66,7 @@ usd_per_day = {usd_per_day}
 max_concurrency = {max_concurrency}
 max_queue = {max_queue}
 {shadow_extra}
-{ESCALATE_ON_MARK}
+{verifiers}
 [[tiers]]
 name = "large"
 backend = "llamacpp"
@@ -240,6 +242,14 @@ def test_an_unknown_shadow_target_is_refused_at_start(tmp_path: Path) -> None:
         load_settings(config(tmp_path, shadow_extra='target = "huge"'))
     with pytest.raises(ConfigError, match=r"baseline_agree"):
         load_settings(config(tmp_path, shadow_extra="baseline_agree = { maths = 1.5 }"))
+    with pytest.raises(ConfigError, match=r"_shadow"):
+        load_settings(config(tmp_path, shadow_extra='[[server.api_keys]]\nname = "_shadow"\nhash = "x"'))
+    # `config check` shows the section with its defaults filled in
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli_main(["--config", str(config(tmp_path, verifiers="")), "config", "check"]) == 0
+    shown = json.loads(out.getvalue())["tiers"][0]["shadow"]
+    assert shown["rate"] == 1.0 and shown["target"] is None and shown["baseline_n"] == 200
 
 
 @pytest.mark.timeout(300)
