@@ -345,13 +345,3 @@ class ShadowService:
             return self.settings.tier(tier).shadow
         except KeyError:
             return None
-
-
-async def drain(service: ShadowService, timeout_s: float = 30.0) -> None:
-    """Wait until every lane is empty and idle (for tests and the bench, which read the results)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if all(lane.queue.empty() and lane.idle == len(lane.workers) for lane in service.lanes.values()):
-            return
-        await asyncio.sleep(0.001)
-    raise TimeoutError("shadow work still running")

@@ -8,7 +8,9 @@ one. The large tier, the shadow target, is always right.
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from router.config import CascadeSettings, Settings, load_settings
 from router.generation import GenerationRequest, Message
 from router.ledger import Ledger, LedgerEntry
 from router.metrics import Metrics
-from router.shadow import ShadowService, drain
+from router.shadow import ShadowService
 from router.verification import VerifierContext, VerifierSet, WeightedVerifier
 from tests.conftest import SMOL, write_config
 from tests.verifiers.scripted import ScriptedBackend
@@ -72,6 +74,16 @@ def service(
     ]
     cascade = Cascade(tiers, CascadeSettings(task_classifier=False))
     return ShadowService(s, cascade, ledger, Metrics(lambda: {}), rng=random.Random(seed), clock=clock or Clock())
+
+
+async def drain(service: ShadowService, timeout_s: float = 30.0) -> None:
+    """Wait until every lane is empty and idle, so the test reads settled figures."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(lane.queue.empty() and lane.idle == len(lane.workers) for lane in service.lanes.values()):
+            return
+        await asyncio.sleep(0.001)
+    raise TimeoutError("shadow work still running")
 
 
 class Clock:
