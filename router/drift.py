@@ -109,7 +109,8 @@ class Alarm:
     direction: Direction
     ts: float  # when it was raised (unix seconds)
     n: int  # the stream's observation count at the alarm
-    baseline: float
+    baseline: float  # stated, or learned from the stream's first observations
+    watched_from: float  # the detector's p0: a learned baseline moved by its guard
     recent: float  # the rate over the observations since the sum was last 0
     recent_n: int
 
@@ -165,7 +166,8 @@ class DriftMonitor:
         for direction, cusum in st.detectors.items():
             if cusum.update(x):
                 yes, n = cusum.since_zero
-                raised.append(Alarm(tier, task, signal, direction, ts, st.n, cusum.p0, yes / n, n))
+                baseline = st.baseline if st.baseline is not None else cusum.p0
+                raised.append(Alarm(tier, task, signal, direction, ts, st.n, baseline, cusum.p0, yes / n, n))
         self.alarms += raised
         return raised
 
