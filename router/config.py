@@ -17,9 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from router.errors import ConfigError
-from router.tasks import Task
+from router.tasks import TASKS, Task
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
+SHADOW_KEY = "_shadow"  # the operator account shadow work is charged to (the ledger's key)
+_TASK_NAMES: tuple[str, ...] = tuple(TASKS)
 _TIER_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
 
@@ -130,6 +132,45 @@ class OpenAIBackendSettings(_Strict):
     )
 
 
+class ShadowSettings(_Strict):
+    """Shadow escalation (`tiers[].shadow`, router.shadow): a sampled share of the answers this
+    tier accepts is also asked of a larger tier in the background, after the client has its
+    answer, to estimate the tier's live accuracy and watch it for drift (router.drift)."""
+
+    rate: float = Field(ge=0, le=1, description="Share of this tier's accepted answers also sent to the target.")
+    target: str | None = Field(None, description="The tier asked in the shadow; unset: the next tier.")
+    usd_per_day: float = Field(
+        ge=0,
+        description="Most shadow work may cost per UTC day (estimated before, charged after); at it, "
+        "shadow work stops until the next day. Charged to the operator key '_shadow'.",
+    )
+    max_concurrency: int = Field(2, ge=1, le=256, description="Shadow requests of this tier running at once.")
+    max_queue: int = Field(
+        64, ge=0, le=100_000, description="Shadow requests waiting; past it new ones are dropped (and counted)."
+    )
+    baseline_accept: dict[str, float] = Field(
+        default_factory=dict,
+        description="The acceptance rate the drift alarm compares against, per task ('*': every task), "
+        "e.g. from the calibration; a task without one learns it from its first baseline_n requests.",
+    )
+    baseline_agree: dict[str, float] = Field(
+        default_factory=dict,
+        description="The shadow agreement rate the drift alarm compares against, per task ('*': every "
+        "task); a task without one learns it from its first baseline_n shadow pairs.",
+    )
+    baseline_n: int = Field(200, ge=20, description="Observations a learned baseline is estimated from.")
+
+    @field_validator("baseline_accept", "baseline_agree")
+    @classmethod
+    def _rates(cls, v: dict[str, float]) -> dict[str, float]:
+        for task, rate in v.items():
+            if task != "*" and task not in _TASK_NAMES:
+                raise ValueError(f"unknown task {task!r}; tasks: '*', {', '.join(_TASK_NAMES)}")
+            if not 0 < rate < 1:
+                raise ValueError(f"a baseline rate is strictly between 0 and 1 (got {rate} for {task!r})")
+        return v
+
+
 class TierSettings(_Strict):
     name: str
     backend: str = Field(
@@ -156,6 +197,10 @@ class TierSettings(_Strict):
     )
     prerouter: PrerouterSettings | None = Field(
         None, description="Optional: skip this tier (never the last) when a prompt-only estimator predicts failure."
+    )
+    shadow: ShadowSettings | None = Field(
+        None,
+        description="Optional: also send a sampled share of accepted answers to a larger tier (off the client's path).",
     )
 
     @field_validator("name")
@@ -256,6 +301,11 @@ class ModelsSettings(_Strict):
 class LedgerSettings(_Strict):
     path: Path = Field(Path("tierroute-ledger.sqlite3"), description="SQLite file of served requests.")
     enabled: bool = True
+    store_prompts: bool = Field(
+        False,
+        description="Keep the prompt and both answers of each shadow pair in the ledger (for `eval import`); "
+        "off: hashes and extracted answers only.",
+    )
 
 
 class Settings(BaseSettings):
@@ -286,7 +336,28 @@ class Settings(BaseSettings):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate tier names: {', '.join(dupes)}")
+        for i, t in enumerate(self.tiers):
+            if t.shadow is None:
+                continue
+            where = f"tiers[{i}] ({t.name}).shadow.target"
+            target = self.shadow_target(t)
+            if target is None:
+                raise ValueError(f"{where}: the last tier has no next tier; name a target tier")
+            if target not in names:
+                raise ValueError(f"{where}: no tier named {target!r}; known: {', '.join(names)}")
+            if target == t.name:
+                raise ValueError(f"{where}: a tier cannot shadow itself")
+        if any(k.name == SHADOW_KEY for k in self.server.api_keys):
+            raise ValueError(f"server.api_keys: the key name {SHADOW_KEY!r} is the operator's shadow account")
         return self
+
+    def shadow_target(self, tier: TierSettings) -> str | None:
+        """The tier `tier`'s shadow work goes to: its named target, else the next tier."""
+        if tier.shadow is not None and tier.shadow.target is not None:
+            return tier.shadow.target
+        names = [t.name for t in self.tiers]
+        i = names.index(tier.name)
+        return names[i + 1] if i + 1 < len(names) else None
 
     def tier(self, name: str) -> TierSettings:
         for t in self.tiers:

@@ -28,6 +28,38 @@ nothing while the disk is healthy (a first token takes longer than a commit). SQ
 mode with `synchronous=NORMAL`: a commit survives the process dying at any instant, with no fsync
 per request; a power cut of the whole machine may lose the last commits (use `FULL` for that, at
 an fsync per request).
+
+Shadow pairs (schema 4, `router.shadow`): a sampled share of accepted answers is also asked of a
+larger tier, off the client's path; the shadow generation is an ordinary request row charged to
+the operator key `_shadow` (so `report costs --by key` shows it), and the comparison of the two
+answers is one row of `shadow_pairs`, written through the same writer thread:
+
+    shadow_pairs
+    request_id        TEXT PK   the client's request (its row in `requests`)
+    shadow_request_id TEXT      the shadow generation's row in `requests` (key_id '_shadow')
+    ts                REAL      unix seconds (UTC) when the pair was compared
+    tier              TEXT      the tier that answered and was accepted
+    target            TEXT      the tier asked in the shadow
+    task              TEXT      the request's task (router.tasks), NULL if unknown
+    score             REAL      the tier's combined verifier score at the time (NULL: all abstained)
+    threshold         REAL      the threshold it was accepted at
+    scores_json       TEXT      each verifier's score then, {"name": value}
+    agree             INTEGER   1 when the agreement rule says the two answers agree, else 0
+    rule              TEXT      which rule decided: number | choice | code_tests | text
+    detail            TEXT      why, in words (e.g. "similarity 0.93 >= 0.80")
+    answer_extracted  TEXT      the accepted answer's extracted form (number, letter, normalised text)
+    shadow_extracted  TEXT      the shadow answer's extracted form
+    prompt_sha256     TEXT      SHA-256 of the prompt as canonical JSON (see `prompt_json`)
+    answer_sha256     TEXT      SHA-256 of the accepted answer's UTF-8 text
+    shadow_sha256     TEXT      SHA-256 of the shadow answer's UTF-8 text
+    shadow_cost_usd   REAL      what the shadow generation cost (charged to '_shadow')
+    prompt_json       TEXT      NULL unless ledger.store_prompts: {"messages": [{"role", "content"}]}
+                                or {"prompt": "..."}, canonical JSON (sorted keys, no spaces)
+    answer_text       TEXT      NULL unless ledger.store_prompts: the accepted answer in full
+    shadow_text       TEXT      NULL unless ledger.store_prompts: the shadow answer in full
+
+Without `store_prompts` a pair keeps hashes and extracted answers only: enough for agreement
+rates, drift and deduplication, not to replay the prompt to another model.
 """
 
 from __future__ import annotations
@@ -45,6 +77,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from router.config import SHADOW_KEY as SHADOW_KEY  # the operator key shadow rows are written under
 from router.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -53,7 +86,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-SCHEMA_VERSION = 3  # 2: the pending table (write-ahead rows); 3: requests.task and task_why
+# 2: the pending table (write-ahead rows); 3: requests.task and task_why; 4: the shadow_pairs table
+SCHEMA_VERSION = 4
 # settled entries whose write failed, kept for the next successful write; past this many the
 # oldest is logged and dropped (its pending row still stands for it at its worst-case cost)
 MAX_UNSETTLED = 10_000
@@ -181,6 +215,34 @@ class PendingEntry:
     reserved_usd: float
 
 
+@dataclass(frozen=True)
+class ShadowPair:
+    """An accepted answer and a larger tier's answer to the same request, compared (see the
+    `shadow_pairs` table in the module docstring, column for column)."""
+
+    request_id: str
+    shadow_request_id: str
+    ts: float
+    tier: str
+    target: str
+    task: str | None
+    score: float | None
+    threshold: float
+    scores: dict[str, float]
+    agree: bool
+    rule: str
+    detail: str
+    answer_extracted: str | None
+    shadow_extracted: str | None
+    prompt_sha256: str
+    answer_sha256: str
+    shadow_sha256: str
+    shadow_cost_usd: float
+    prompt_json: str | None = None
+    answer_text: str | None = None
+    shadow_text: str | None = None
+
+
 class LedgerStore(Protocol):
     """Storage for ledger entries. Methods are synchronous and called from one thread only."""
 
@@ -202,6 +264,13 @@ class LedgerStore(Protocol):
 
     def entries(self, since: float | None = None, until: float | None = None) -> Iterator[LedgerEntry]:
         """Entries with since <= ts < until, oldest first, each with its attempts."""
+
+    def write_pair(self, pair: ShadowPair, entry: LedgerEntry | None = None) -> None:
+        """Store one shadow pair (a second write for the same request replaces it); with `entry`
+        (the shadow generation's own request row), both in one transaction."""
+
+    def pairs(self, since: float | None = None, until: float | None = None) -> Iterator[ShadowPair]:
+        """Shadow pairs with since <= ts < until, oldest first."""
 
     def close(self) -> None:
         """Commit nothing further and release the connection."""
@@ -260,6 +329,30 @@ CREATE TABLE IF NOT EXISTS attempts (
     verifier_tokens   INTEGER NOT NULL,
     PRIMARY KEY (request_id, idx)
 );
+CREATE TABLE IF NOT EXISTS shadow_pairs (
+    request_id        TEXT PRIMARY KEY,
+    shadow_request_id TEXT NOT NULL,
+    ts                REAL NOT NULL,
+    tier              TEXT NOT NULL,
+    target            TEXT NOT NULL,
+    task              TEXT,
+    score             REAL,
+    threshold         REAL NOT NULL,
+    scores_json       TEXT NOT NULL,
+    agree             INTEGER NOT NULL,
+    rule              TEXT NOT NULL,
+    detail            TEXT NOT NULL,
+    answer_extracted  TEXT,
+    shadow_extracted  TEXT,
+    prompt_sha256     TEXT NOT NULL,
+    answer_sha256     TEXT NOT NULL,
+    shadow_sha256     TEXT NOT NULL,
+    shadow_cost_usd   REAL NOT NULL,
+    prompt_json       TEXT,
+    answer_text       TEXT,
+    shadow_text       TEXT
+);
+CREATE INDEX IF NOT EXISTS shadow_pairs_ts ON shadow_pairs (ts);
 """
 
 _REQUEST_COLUMNS = (
@@ -269,6 +362,11 @@ _REQUEST_COLUMNS = (
 # Columns added to a table after its first release, with their type: a ledger file written by an
 # older version gets them on open (older rows hold NULL), so no file is ever rewritten or lost.
 _ADDED_COLUMNS = {"requests": (("task", "TEXT"), ("task_why", "TEXT"))}
+_PAIR_COLUMNS = (
+    "request_id, shadow_request_id, ts, tier, target, task, score, threshold, scores_json, agree, rule, detail, "
+    "answer_extracted, shadow_extracted, prompt_sha256, answer_sha256, shadow_sha256, shadow_cost_usd, "
+    "prompt_json, answer_text, shadow_text"
+)
 _ATTEMPT_COLUMNS = (
     "request_id, idx, tier, decision, reason, error, score, threshold, scores_json, prompt_tokens, "
     "completion_tokens, finish_reason, latency_ms, busy_ms, verify_ms, cost_usd, verifier_cost_usd, verifier_tokens"
@@ -318,57 +416,13 @@ class SQLiteStore:
         )
 
     def write(self, entry: LedgerEntry) -> None:
+        self._transaction(lambda: self._insert(entry))
+
+    def _transaction(self, work: Callable[[], None]) -> None:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute("DELETE FROM pending WHERE request_id = ?", (entry.request_id,))
-            conn.execute(
-                f"INSERT INTO requests ({_REQUEST_COLUMNS}) VALUES ({', '.join('?' * 16)})",
-                (
-                    entry.request_id,
-                    entry.ts,
-                    entry.key_id,
-                    entry.model,
-                    entry.tier,
-                    int(entry.escalated),
-                    int(entry.unverified),
-                    len(entry.attempts),
-                    entry.prompt_tokens,
-                    entry.completion_tokens,
-                    entry.latency_ms,
-                    entry.cost_usd,
-                    entry.verifier_cost_usd,
-                    entry.counterfactual_usd,
-                    entry.task,
-                    entry.task_why,
-                ),
-            )
-            conn.executemany(
-                f"INSERT INTO attempts ({_ATTEMPT_COLUMNS}) VALUES ({', '.join('?' * 18)})",
-                [
-                    (
-                        entry.request_id,
-                        a.idx,
-                        a.tier,
-                        a.decision,
-                        a.reason,
-                        a.error,
-                        a.score,
-                        a.threshold,
-                        json.dumps(a.scores, sort_keys=True),
-                        a.prompt_tokens,
-                        a.completion_tokens,
-                        a.finish_reason,
-                        a.latency_ms,
-                        a.busy_ms,
-                        a.verify_ms,
-                        a.cost_usd,
-                        a.verifier_cost_usd,
-                        a.verifier_tokens,
-                    )
-                    for a in entry.attempts
-                ],
-            )
+            work()
             conn.execute("COMMIT")
         except BaseException:
             # a failed COMMIT (disk full) may leave the transaction open, or SQLite may have rolled it back
@@ -376,6 +430,57 @@ class SQLiteStore:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             raise
+
+    def _insert(self, entry: LedgerEntry) -> None:
+        conn = self.conn
+        conn.execute("DELETE FROM pending WHERE request_id = ?", (entry.request_id,))
+        conn.execute(
+            f"INSERT INTO requests ({_REQUEST_COLUMNS}) VALUES ({', '.join('?' * 16)})",
+            (
+                entry.request_id,
+                entry.ts,
+                entry.key_id,
+                entry.model,
+                entry.tier,
+                int(entry.escalated),
+                int(entry.unverified),
+                len(entry.attempts),
+                entry.prompt_tokens,
+                entry.completion_tokens,
+                entry.latency_ms,
+                entry.cost_usd,
+                entry.verifier_cost_usd,
+                entry.counterfactual_usd,
+                entry.task,
+                entry.task_why,
+            ),
+        )
+        conn.executemany(
+            f"INSERT INTO attempts ({_ATTEMPT_COLUMNS}) VALUES ({', '.join('?' * 18)})",
+            [
+                (
+                    entry.request_id,
+                    a.idx,
+                    a.tier,
+                    a.decision,
+                    a.reason,
+                    a.error,
+                    a.score,
+                    a.threshold,
+                    json.dumps(a.scores, sort_keys=True),
+                    a.prompt_tokens,
+                    a.completion_tokens,
+                    a.finish_reason,
+                    a.latency_ms,
+                    a.busy_ms,
+                    a.verify_ms,
+                    a.cost_usd,
+                    a.verifier_cost_usd,
+                    a.verifier_tokens,
+                )
+                for a in entry.attempts
+            ],
+        )
 
     def spend_by_key(self, since: float) -> dict[str, float]:
         rows = self.conn.execute(
@@ -438,6 +543,76 @@ class SQLiteStore:
                 attempts=tuple(attempts.get(row[0], ())),
                 task=row[14],
                 task_why=row[15],
+            )
+
+    def write_pair(self, pair: ShadowPair, entry: LedgerEntry | None = None) -> None:
+        if entry is None:
+            self._insert_pair(pair)  # one statement: its own transaction in autocommit mode
+            return
+
+        def both() -> None:
+            self._insert(entry)
+            self._insert_pair(pair)
+
+        self._transaction(both)
+
+    def _insert_pair(self, pair: ShadowPair) -> None:
+        self.conn.execute(
+            f"INSERT OR REPLACE INTO shadow_pairs ({_PAIR_COLUMNS}) VALUES ({', '.join('?' * 21)})",
+            (
+                pair.request_id,
+                pair.shadow_request_id,
+                pair.ts,
+                pair.tier,
+                pair.target,
+                pair.task,
+                pair.score,
+                pair.threshold,
+                json.dumps(pair.scores, sort_keys=True),
+                int(pair.agree),
+                pair.rule,
+                pair.detail,
+                pair.answer_extracted,
+                pair.shadow_extracted,
+                pair.prompt_sha256,
+                pair.answer_sha256,
+                pair.shadow_sha256,
+                pair.shadow_cost_usd,
+                pair.prompt_json,
+                pair.answer_text,
+                pair.shadow_text,
+            ),
+        )
+
+    def pairs(self, since: float | None = None, until: float | None = None) -> Iterator[ShadowPair]:
+        if not _columns(self.conn, "shadow_pairs"):
+            return  # a ledger older than shadow pairs, opened read-only: it has none
+        where, params = _window("ts", since, until)
+        for row in self.conn.execute(
+            f"SELECT {_PAIR_COLUMNS} FROM shadow_pairs {where} ORDER BY ts, request_id", params
+        ).fetchall():
+            yield ShadowPair(
+                request_id=row[0],
+                shadow_request_id=row[1],
+                ts=row[2],
+                tier=row[3],
+                target=row[4],
+                task=row[5],
+                score=row[6],
+                threshold=row[7],
+                scores=json.loads(row[8]),
+                agree=bool(row[9]),
+                rule=row[10],
+                detail=row[11],
+                answer_extracted=row[12],
+                shadow_extracted=row[13],
+                prompt_sha256=row[14],
+                answer_sha256=row[15],
+                shadow_sha256=row[16],
+                shadow_cost_usd=row[17],
+                prompt_json=row[18],
+                answer_text=row[19],
+                shadow_text=row[20],
             )
 
     def close(self) -> None:
@@ -545,6 +720,16 @@ class Ledger:
 
     async def pending(self) -> list[PendingEntry]:
         return await self._call(lambda: list(self.store.pending()))
+
+    async def record_pair(self, pair: ShadowPair, entry: LedgerEntry | None = None) -> None:
+        """Write a shadow pair, and with it the shadow generation's row (one write, so shadow work
+        takes one turn of the writer thread that clients' records wait on). Best effort: a pair
+        lost to a failing disk loses a sample and operator spend, not a client's record, so it is
+        never kept for a retry nor marks the ledger unhealthy."""
+        await self._call(self.store.write_pair, pair, entry)
+
+    async def pairs(self, since: float | None = None, until: float | None = None) -> list[ShadowPair]:
+        return await self._call(lambda: list(self.store.pairs(since, until)))
 
     async def close(self) -> None:
         """Finish every queued write (and retry the unsettled ones once), then close the store."""

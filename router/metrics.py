@@ -112,6 +112,7 @@ class Metrics:
         self.http = Counter(
             "tierroute_http_responses", "HTTP responses by route and status.", ["path", "status"], registry=r
         )
+        self.shadow = ShadowMetrics(r)
 
     def observe(self, entry: LedgerEntry) -> None:
         end = entry.attempts[-1].decision if entry.attempts else "accepted"
@@ -139,8 +140,80 @@ class Metrics:
             for name, value in a.scores.items():
                 self.scores.labels(a.tier, name).observe(value)
 
+    def observe_shadow(self, entry: LedgerEntry) -> None:
+        """A shadow generation (router.shadow): its money and tokens, under the operator key. It
+        is not a served request, so the request, attempt and escalation counts leave it out."""
+        self.key_cost.labels(entry.key_id).inc(entry.cost_usd)
+        for a in entry.attempts:
+            self.tokens.labels(a.tier, "prompt").inc(a.prompt_tokens)
+            self.tokens.labels(a.tier, "completion").inc(a.completion_tokens)
+            self.cost.labels(a.tier).inc(a.cost_usd + a.verifier_cost_usd)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ShadowMetrics:
+    """Shadow escalation and drift (router.shadow, router.drift). Rates are gauges set as pairs
+    arrive; `threshold` labels take only the configured thresholds, so series stay few."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.sampled = Counter(
+            "tierroute_shadow_sampled", "Accepted answers sampled for a shadow request, per tier.", ["tier"], registry=r
+        )
+        self.dropped = Counter(
+            "tierroute_shadow_dropped",
+            "Sampled shadow requests not run: queue_full, budget (the day's shadow budget is spent), "
+            "failed (the target tier failed), stopped (the service shut down).",
+            ["tier", "reason"],
+            registry=r,
+        )
+        self.pairs = Counter(
+            "tierroute_shadow_pairs", "Shadow pairs compared, by agreement.", ["tier", "target", "agree"], registry=r
+        )
+        self.spend = Gauge(
+            "tierroute_shadow_spend_today_usd", "Shadow spend of this UTC day, per sampled tier.", ["tier"], registry=r
+        )
+        self.queue = Gauge("tierroute_shadow_queue_depth", "Shadow requests waiting, per tier.", ["tier"], registry=r)
+        self.acceptance = Gauge(
+            "tierroute_shadow_acceptance_rate",
+            "Share of the tier's answers accepted, per threshold (requests routed 'auto').",
+            ["tier", "threshold"],
+            registry=r,
+        )
+        self.agreement = Gauge(
+            "tierroute_shadow_agreement_rate",
+            "Share of shadow pairs whose answers agree, per tier and threshold.",
+            ["tier", "threshold"],
+            registry=r,
+        )
+        self.agreement_low = Gauge(
+            "tierroute_shadow_agreement_wilson_low", "95% Wilson interval, low.", ["tier", "threshold"], registry=r
+        )
+        self.agreement_high = Gauge(
+            "tierroute_shadow_agreement_wilson_high", "95% Wilson interval, high.", ["tier", "threshold"], registry=r
+        )
+        self.accuracy = Gauge(
+            "tierroute_shadow_accuracy_estimate",
+            "Estimated accuracy of the tier's accepted answers: agreement with the larger tier as its proxy.",
+            ["tier", "threshold"],
+            registry=r,
+        )
+        self.alarm = Gauge(
+            "tierroute_shadow_drift_alarm",
+            "1 while a drift alarm is raised (router.drift), per tier, task, signal and direction.",
+            ["tier", "task", "signal", "direction"],
+            registry=r,
+        )
+        self.alarms = Counter(
+            "tierroute_drift_alarms", "Drift alarms raised.", ["tier", "task", "signal", "direction"], registry=r
+        )
+        self.statistic = Gauge(
+            "tierroute_drift_statistic",
+            "Each drift detector's CUSUM over its alarm level (an alarm at 1).",
+            ["tier", "task", "signal", "direction"],
+            registry=r,
+        )
 
 
 def _template_regex(template: str) -> re.Pattern[str]:

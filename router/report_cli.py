@@ -1,4 +1,5 @@
-"""`tierroute report costs`: cost, tokens, escalation, latency and savings from the live ledger."""
+"""`tierroute report costs`: cost, tokens, escalation, latency and savings from the live ledger;
+`tierroute report quality`: live acceptance, shadow agreement and drift alarms per tier."""
 
 from __future__ import annotations
 
@@ -49,6 +50,63 @@ def cmd_report_costs(args: argparse.Namespace) -> int:
         print(f"wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def cmd_report_quality(args: argparse.Namespace) -> int:
+    from router import quality_report, reports
+    from router.config import load_settings
+    from router.errors import TierrouteError
+    from router.ledger import open_store
+
+    try:
+        since = reports.parse_time(args.since) if args.since else None
+        until = reports.parse_time(args.until) if args.until else None
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    settings = None
+    try:
+        settings = load_settings(args.config)
+    except TierrouteError:
+        if not args.ledger:
+            raise
+    ledger_path = Path(args.ledger) if args.ledger else settings.ledger.path  # type: ignore[union-attr]
+    store = open_store(ledger_path, read_only=True)
+    store.open()
+    try:
+        entries = list(store.entries(since, until))
+        pairs = list(store.pairs(since, until))
+    finally:
+        store.close()
+    quality = quality_report.build(entries, pairs, settings)
+    window = _window_text(since, until)
+    if args.html:
+        last = settings.tiers[-1].name if settings is not None else None
+        page = quality_report.to_html(quality, title=f"tierroute quality: {ledger_path.name}", window=window, last=last)
+        Path(args.html).write_text(page, encoding="utf-8")
+        print(f"wrote {args.html}", file=sys.stderr)
+    if args.csv:
+        sys.stdout.write(quality_report.to_csv(quality))
+        return 0
+    if args.html:
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    header, body = quality_report.table(quality)
+    table = Table(*header, title=f"quality by tier and threshold, {window}", caption=str(ledger_path))
+    for col in table.columns[2:]:
+        col.justify = "right"
+    for cells in body:
+        table.add_row(*cells)
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    console.print(table)
+    console.print("est. accuracy: agreement with the larger tier, as a proxy for correctness; intervals: 95% Wilson")
+    lines = quality_report.alarm_lines(quality)
+    console.print("drift alarms:" if lines else "drift alarms: none")
+    for line in lines:
+        console.print(f"  {line}")
     return 0
 
 
@@ -112,3 +170,15 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--format", choices=("table", "csv", "html"), default="table")
     p.add_argument("--ledger", default=None, help="ledger file (default: ledger.path from the config)")
     p.add_argument("--output", "-o", default=None, help="write csv/html here instead of stdout")
+    q = add(
+        "quality",
+        "per tier and threshold: acceptance, shadow agreement with its Wilson interval, estimated accuracy of "
+        "accepted answers, and drift alarms",
+        cmd_report_quality,
+        rsub,
+    )
+    q.add_argument("--since", default=None, help="ISO date/datetime (UTC), 'today', or a span ago like 24h, 7d")
+    q.add_argument("--until", default=None, help="end of the window, exclusive; same forms as --since")
+    q.add_argument("--csv", action="store_true", help="print CSV instead of the table")
+    q.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML page with plots")
+    q.add_argument("--ledger", default=None, help="ledger file (default: ledger.path from the config)")

@@ -315,7 +315,7 @@ def time_series(entries: Sequence[LedgerEntry]) -> Series:
     return Series(labels, starts, cost, cf, esc, n)
 
 
-def _png(fig: object) -> str:
+def png_base64(fig: object) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")  # type: ignore[attr-defined]
     return base64.b64encode(buf.getvalue()).decode()
@@ -345,7 +345,7 @@ def plots(series: Series) -> list[tuple[str, str]]:
     ax.set_xticks(ticks, [series.labels[i] for i in ticks], rotation=30, ha="right", fontsize=8)
     ax.legend(fontsize=8)
     ax.set_title("Cost per period, by tier, against sending everything to the top tier", fontsize=10)
-    out.append(("Cost over time", _png(fig)))
+    out.append(("Cost over time", png_base64(fig)))
 
     fig = Figure(figsize=(8, 3.0))
     ax = fig.subplots()
@@ -354,7 +354,7 @@ def plots(series: Series) -> list[tuple[str, str]]:
     ax.set_ylabel("% of requests escalated")
     ax.set_xticks(ticks, [series.labels[i] for i in ticks], rotation=30, ha="right", fontsize=8)
     ax.set_title("Escalation rate per period", fontsize=10)
-    out.append(("Escalation rate over time", _png(fig)))
+    out.append(("Escalation rate over time", png_base64(fig)))
     return out
 
 

@@ -180,10 +180,13 @@ def create_app(settings: Settings, *, engine: Engine | None = None, **engine_kwa
         if owned or not eng.started:
             await eng.start()
         accounting = app.state.services.accounting
+        shadow = app.state.services.shadow
         try:
             await accounting.start()
+            await shadow.start()  # reads the day's shadow spend back from the ledger
             yield
         finally:
+            await shadow.close()  # before the ledger closes: running shadow work is still recorded
             await accounting.close()  # after the server has drained: every answered request is in
             if owned:
                 await eng.close()

@@ -14,6 +14,7 @@ from router.accounting import Accounting
 from router.auth import Authenticator, Principal
 from router.config import Settings
 from router.engine import Engine
+from router.shadow import ShadowService
 
 
 class Services:
@@ -24,6 +25,7 @@ class Services:
         self.engine = engine
         self.auth = Authenticator(settings.server)
         self.accounting = Accounting(settings, engine)
+        self.shadow = ShadowService(settings, engine.cascade, self.accounting.ledger, self.accounting.metrics)
 
 
 def get_services(request: Request) -> Services:

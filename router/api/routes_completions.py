@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 
 from router import tools
 from router.accounting import Ticket
@@ -103,7 +104,9 @@ async def _respond(
             g = result.generation
             shown, _ = ot.shown_tokens(g.top_logprobs or (), 0, len(g.text))
             payload["choices"][0]["logprobs"] = _logprobs(body, shown, wanted) if g.top_logprobs is not None else None
-        return JSONResponse(payload, headers=_headers(result.final.tier, result.escalated))
+        # shadow escalation starts once the response is sent: never on the client's path
+        after = BackgroundTask(services.shadow.offer, rid, request, result)
+        return JSONResponse(payload, headers=_headers(result.final.tier, result.escalated), background=after)
 
     events = cascade.stream(request, body.model, spent=spent).__aiter__()
     settled = False
@@ -141,6 +144,7 @@ async def _respond(
         # with tools offered, text that may be a call is held back and read whole at the end
         # (router.tools: the calls a client gets are the ones that were verified)
         content = tools.ContentFilter() if request.offers_tools else None
+        result: CascadeResult | None = None
         try:
             async for event in events:
                 if isinstance(event, Delta):
@@ -174,6 +178,8 @@ async def _respond(
                     await services.accounting.record(principal, ticket, result)
                     yield _sse(final)
             yield _sse("[DONE]")
+            if result is not None:  # resumed after [DONE] was sent: the client has it all
+                services.shadow.offer(rid, request, result)
         except Exception as exc:  # output has begun: report in-band, the status is already sent
             log.warning("stream %s failed mid-way: %s", rid, exc)
             yield _sse(json.loads(bytes(error_response(exc).body)))

@@ -198,7 +198,9 @@ def test_a_version_2_ledger_gains_the_task_columns_and_keeps_its_rows(tmp_path: 
             ("old", None, None, 0.001),
             ("new", "choice", "option list A-D", new.cost_usd),
         ]
-        assert s.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "3"
+        assert s.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(
+            SCHEMA_VERSION
+        )
     finally:
         s.close()
     again = SQLiteStore(path)  # opening a migrated file again changes nothing

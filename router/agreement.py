@@ -1,0 +1,93 @@
+"""Whether a tier's accepted answer and a larger tier's answer to the same request agree.
+
+Shadow escalation (`router.shadow`) uses agreement with the larger tier as its stand-in for
+"right": production traffic has no reference answers. What counts as agreeing depends on the
+task, so a rule is chosen by the request's task (`router.tasks`):
+
+- `maths`: the final numbers agree (the extractor graders and the `math_answer` verifier use);
+- `choice`: the same option letter (the MMLU grader's extraction);
+- `code`: where the caller sent tests (only a key allowed to may, see `router.auth`), both
+  answers run them in the sandbox and agree when the same tests pass; without tests, text;
+- anything else, and any task whose rule cannot read both answers: normalised text similarity
+  (below).
+
+The task rules read answers with the graders' and verifiers' extractors, which live in packages
+the core does not import; they are plugins, registered per task name through the entry-point
+group ``tierroute.agreement`` (the built-ins by `evals.agreement`), exactly as verifiers are. The
+text rule is the core's own and always there, so a shadow pair is always judged.
+
+The text rule: both answers case-folded, whitespace collapsed and the punctuation around words
+stripped; they agree when difflib's ratio (2 * matched characters / total characters) is at least
+`TEXT_THRESHOLD` = 0.8. Long free-form answers from two models rarely reach it even when both are
+right, so an open-ended tier's agreement rate is a lower bound on its accuracy; the report says so.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from router.generation import GenerationRequest
+from router.plugins import Registry
+
+AGREEMENT = "tierroute.agreement"
+TEXT_THRESHOLD = 0.8
+_MAX_TEXT = 4000  # characters compared: difflib is quadratic, and this runs on the event loop
+
+
+@dataclass(frozen=True)
+class Agreement:
+    agree: bool
+    rule: str  # number | choice | code_tests | text
+    detail: str  # why, in a few words
+    answer: str | None  # the accepted answer's extracted form
+    shadow: str | None  # the shadow answer's extracted form
+
+
+class AgreementRule(Protocol):
+    """Compare two answers to `request` for one task; None when the rule cannot read them (no
+    number in either, no option letter, no tests to run): the text rule decides then."""
+
+    async def __call__(self, request: GenerationRequest, answer: str, shadow: str) -> Agreement | None: ...
+
+
+RegisterRule = Callable[[str, AgreementRule], None]
+
+
+class AgreementRegistry(Registry[AgreementRule]):
+    """Agreement rules by task name."""
+
+    kind = "agreement rule"
+
+    @classmethod
+    def from_entry_points(cls) -> AgreementRegistry:
+        reg = cls()
+        reg.load(AGREEMENT)
+        return reg
+
+    async def compare(self, task: str | None, request: GenerationRequest, answer: str, shadow: str) -> Agreement:
+        if task is not None and task in self:
+            found = await self.get(task)(request, answer, shadow)
+            if found is not None:
+                return found
+        return text_agreement(answer, shadow)
+
+
+_PUNCT = re.compile(f"[{re.escape(string.punctuation)}]+(?=\\s|$)|(?:^|(?<=\\s))[{re.escape(string.punctuation)}]+")
+
+
+def normalise(text: str) -> str:
+    """Case-folded, whitespace collapsed, punctuation around words stripped."""
+    return " ".join(_PUNCT.sub("", " ".join(text.split()).casefold()).split())
+
+
+def text_agreement(answer: str, shadow: str, threshold: float = TEXT_THRESHOLD) -> Agreement:
+    a, b = normalise(answer)[:_MAX_TEXT], normalise(shadow)[:_MAX_TEXT]
+    ratio = 1.0 if a == b else difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+    agree = ratio >= threshold
+    detail = f"similarity {ratio:.2f} {'>=' if agree else '<'} {threshold:.2f}"
+    return Agreement(agree, "text", detail, a[:200], b[:200])
