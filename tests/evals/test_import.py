@@ -266,35 +266,53 @@ def test_a_failed_import_leaves_nothing_behind(
     assert list((runs / "r").iterdir()) == []
 
 
-# The shadow_pairs table as router/ledger.py (schema 4, branch h-shadow) defines it; requests and
-# attempts come from the ledger's own schema. INTEGRATOR: once merged, write the pairs with
-# SQLiteStore.write_pair instead of this DDL.
-SHADOW_PAIRS = """
-CREATE TABLE IF NOT EXISTS shadow_pairs (
-    request_id TEXT PRIMARY KEY, shadow_request_id TEXT NOT NULL, ts REAL NOT NULL, tier TEXT NOT NULL,
-    target TEXT NOT NULL, task TEXT, score REAL, threshold REAL NOT NULL, scores_json TEXT NOT NULL,
-    agree INTEGER NOT NULL, rule TEXT NOT NULL, detail TEXT NOT NULL, answer_extracted TEXT, shadow_extracted TEXT,
-    prompt_sha256 TEXT NOT NULL, answer_sha256 TEXT NOT NULL, shadow_sha256 TEXT NOT NULL,
-    shadow_cost_usd REAL NOT NULL, prompt_json TEXT, answer_text TEXT, shadow_text TEXT
-)"""
-
-
 def _ledger(path: Path, n: int) -> list[bool]:
+    """A real ledger holding `n` shadow pairs (written by the store the service writes with); the
+    attempts rows carry the token counts and times an import reads."""
     import sqlite3
 
-    from router.ledger import SQLiteStore
+    from router.ledger import ShadowPair, SQLiteStore
 
     store = SQLiteStore(path)
     store.open()
-    store.close()
-    conn = sqlite3.connect(path)
-    conn.execute(SHADOW_PAIRS)
     agree = []
+    texts = []
     for i in range(n):
         stored = i % 4 != 3  # every fourth pair kept hashes only (store_prompts off)
         ok = i % 3 != 0
         agree.append(ok)
         small, large = (f"\\boxed{{{i}}}", f"\\boxed{{{i}}}") if ok else (f"\\boxed{{{i + 1}}}", f"\\boxed{{{i}}}")
+        texts.append((small, large))
+        store.write_pair(
+            ShadowPair(
+                request_id=f"r{i}",
+                shadow_request_id=f"s{i}",
+                ts=1000.0 + i,
+                tier="small",
+                target="large",
+                task="maths",
+                score=0.9,
+                threshold=0.5,
+                scores={},
+                agree=ok,
+                rule="number",
+                detail="",
+                answer_extracted=None,
+                shadow_extracted=None,
+                prompt_sha256="h",
+                answer_sha256="h",
+                shadow_sha256="h",
+                shadow_cost_usd=0.001,
+                prompt_json=json.dumps({"messages": [{"role": "user", "content": f"What is {i} + 0?"}]})
+                if stored
+                else None,
+                answer_text=small if stored else None,
+                shadow_text=large if stored else None,
+            )
+        )
+    store.close()
+    conn = sqlite3.connect(path)
+    for i, (small, large) in enumerate(texts):
         for rid, tier, text in ((f"r{i}", "small", small), (f"s{i}", "large", large)):
             conn.execute(
                 "INSERT INTO attempts (request_id, idx, tier, decision, reason, threshold, scores_json, prompt_tokens, "
@@ -302,19 +320,6 @@ def _ledger(path: Path, n: int) -> list[bool]:
                 "verifier_tokens) VALUES (?, 0, ?, 'accepted', '', 0.5, '{}', ?, ?, 'stop', ?, ?, 0, 0, 0, 0)",
                 (rid, tier, 20 + i, len(text), 100.0 + i, 90.0 + i),
             )
-        conn.execute(
-            "INSERT INTO shadow_pairs VALUES (?, ?, ?, 'small', 'large', 'maths', 0.9, 0.5, '{}', ?, 'number', '', "
-            "NULL, NULL, 'h', 'h', 'h', 0.001, ?, ?, ?)",
-            (
-                f"r{i}",
-                f"s{i}",
-                1000.0 + i,
-                int(ok),
-                json.dumps({"messages": [{"role": "user", "content": f"What is {i} + 0?"}]}) if stored else None,
-                small if stored else None,
-                large if stored else None,
-            ),
-        )
     conn.commit()
     conn.close()
     return agree
