@@ -165,8 +165,8 @@ class _Common(_Lenient):
     stream_options: StreamOptions | None = None
     user: StrictStr | None = Field(None, max_length=512)
     tierroute: TierrouteOptions | None = None
-    # Read only to tell the request's task (router.tasks): a structured answer is asked for.
-    # Not enforced on the answer yet; unchecked before, they were silently dropped.
+    # response_format: enforced (router.grammars on local tiers, passed to remote ones, checked by
+    # the format verifier) and read to tell the request's task (router.tasks). tools: read for the task.
     response_format: ResponseFormat | None = None
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     logit_bias: dict[StrictStr, Number] | None = None

@@ -11,6 +11,15 @@ avoids `logits_all=True`, which computes vocabulary logits for every prompt toke
 for `top_logprobs` alternatives gets them from the same row and normaliser (one partial sort of
 the row per token); a job that does not pays nothing for it.
 
+A job with a grammar (`Job.grammar`, GBNF from a response_format) gets its own llama.cpp grammar
+sampler, cloned from a parsed prototype kept per grammar, and advanced with each token it takes:
+constrained and free sequences share every decode step. The token is first chosen as for a free
+sequence and kept when the grammar allows it, which costs a check of one token; only when it does
+not is the choice made again among the likeliest `GRAMMAR_CANDIDATES` the grammar allows, and only
+when it allows none of those among the whole vocabulary (a 151k-token scan, rare). The end token
+is allowed only where the grammar is complete. `logit_bias` and the presence and frequency
+penalties reshape a copy of the row before any of this; logprobs stay the model's own.
+
 A scoring job (`Job.score_from` set) is another tier's candidate answer read by this model: its
 prompt is the rendered request followed by the candidate's tokens, prefilled like any prompt but
 with logits asked for only where they predict a candidate token (at most `SCORE_ROWS_PER_STEP` rows
