@@ -23,7 +23,7 @@ class ResponseFormat:
     it; remote tiers are sent it; the `format` verifier checks the answer against it."""
 
     kind: Literal["json_object", "json_schema"]
-    schema: dict[str, Any] | None = field(default=None, compare=False, hash=False)
+    schema: dict[str, Any] | None = field(default=None, hash=False)  # compared, not hashed (a dict)
     name: str = ""
     strict: bool | None = None
 

@@ -84,6 +84,7 @@ _ANNOTATIONS = {
     "contentMediaType",
     "discriminator",  # OpenAPI's, emitted by pydantic for tagged unions; the union itself is enforced
 }
+_REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
 _TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 
 
@@ -166,6 +167,9 @@ def _check_node(node: Any, where: str) -> None:
         elif key == "pattern":
             if not isinstance(value, str) or len(value) > MAX_PATTERN_CHARS:
                 raise _refuse(at, f"must be a string of at most {MAX_PATTERN_CHARS} characters")
+            # the converter writes `x{n}` out as n copies of x, nested repetitions multiplied
+            if any(len(n) > 3 or int(n) > MAX_GRAMMAR_REPEAT for m in _REPEAT.finditer(value) for n in m.groups() if n):
+                raise _refuse(at, f"a pattern may repeat at most {MAX_GRAMMAR_REPEAT} times (x{{n,m}})")
         elif key == "format":
             if not isinstance(value, str):
                 raise _refuse(at, "must be a string")
@@ -227,7 +231,11 @@ def _root_dereferenced(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-_REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+# The converter's string character (`[^"\\]`) lets raw control characters into a string, which
+# JSON forbids (a model that writes a newline inside a string makes unparseable JSON); llama.cpp's
+# own converter excludes them, as this does.
+_LOOSE_CHAR = '[^"\\\\]'
+_JSON_CHAR = '[^"\\\\\\x7F\\x00-\\x1F]'
 
 
 @lru_cache(maxsize=GRAMMAR_CACHE)
@@ -244,12 +252,7 @@ def _compile(key: str) -> str:
     except (ValueError, AssertionError, TypeError, AttributeError, IndexError) as exc:
         # the converter's own words name the construct (an unsupported pattern, an unresolvable $ref)
         raise RequestError(f"the JSON schema cannot be turned into a grammar: {exc}"[:500], param=PARAM) from None
-    # llama.cpp expands `x{n,m}` (from a pattern's repetitions) into copies of x when it parses
-    repeats = [int(n) for m in _REPEAT.finditer(gbnf) for n in m.groups() if n]
-    if any(n > MAX_GRAMMAR_REPEAT for n in repeats):
-        raise RequestError(
-            f"a pattern in the JSON schema repeats more than {MAX_GRAMMAR_REPEAT} times (x{{n}})", param=PARAM
-        )
+    gbnf = gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
     if len(gbnf) > MAX_GRAMMAR_CHARS:
         raise RequestError(
             f"the JSON schema makes a grammar of {len(gbnf)} characters; at most {MAX_GRAMMAR_CHARS}", param=PARAM

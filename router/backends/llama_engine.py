@@ -67,9 +67,11 @@ log = logging.getLogger(__name__)
 
 # Logits rows a scoring job may ask for in one decode step (each is a vocabulary of floats).
 SCORE_ROWS_PER_STEP = 64
-# A constrained sequence whose sampled token the grammar refuses is offered this many of its
-# likeliest tokens next; only when the grammar refuses all of them is the whole vocabulary checked.
-GRAMMAR_CANDIDATES = 256
+# A constrained sequence whose sampled token the grammar refuses is offered its likeliest tokens
+# next, this many and then this many (with the end tokens, which a finished answer needs however
+# unlikely the model finds them); only when the grammar refuses all of them is the whole
+# vocabulary checked (about 55 ms for Qwen's 151,936 tokens, against 0.02 ms for 256).
+GRAMMAR_CANDIDATES = (256, 8192)
 # Parsed grammars kept on the engine thread, cloned per sequence (parsing a schema's grammar
 # costs far more than cloning it).
 GRAMMAR_PROTOTYPES = 32
@@ -325,6 +327,7 @@ class LlamaEngine:
         self.grammar_s = 0.0  # time spent in grammar checks, all sequences (the overhead of constraining)
         self.grammar_tokens = 0  # tokens sampled under a grammar
         self.grammar_full_scans = 0  # of those, chosen by checking the whole vocabulary
+        self.grammar_dead_ends = 0  # sequences ended because the grammar allowed no token at all
 
     # ---- public, any thread -----------------------------------------------------------------
 
@@ -473,6 +476,10 @@ class LlamaEngine:
         # one candidate buffer for grammar checks, viewed from numpy to fill and read it without a loop
         self._cand = (lc.llama_token_data * self.n_vocab)()
         self._cand_view = np.ctypeslib.as_array(self._cand)
+        # the end tokens: a grammar that is complete allows only these (once per load, ~0.1 s on 152k)
+        self._eog_ids = np.asarray(
+            [t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self._vocab, t)], dtype=np.int64
+        )
         self.bos_text, self.eos_text = (
             self._piece(t, special=True).decode("utf-8", errors="replace") if t >= 0 else ""
             for t in (lc.llama_vocab_bos(self._vocab), lc.llama_vocab_eos(self._vocab))
@@ -869,13 +876,19 @@ class LlamaEngine:
         try:
             if self._allowed(seq.grammar, np.asarray([token]), row[[token]]).size:
                 return token
-            k = min(GRAMMAR_CANDIDATES, row.shape[0])
-            ids = np.argpartition(row, -k)[-k:]
-            allowed = self._allowed(seq.grammar, ids, row[ids])
+            allowed = np.zeros(0, dtype=np.int64)
+            for k in GRAMMAR_CANDIDATES:
+                if k >= row.shape[0]:
+                    break
+                ids = np.union1d(np.argpartition(row, -k)[-k:], self._eog_ids)
+                allowed = self._allowed(seq.grammar, ids, row[ids])
+                if allowed.size:
+                    break
             if not allowed.size:
                 self.grammar_full_scans += 1
                 allowed = self._allowed(seq.grammar, np.arange(row.shape[0]), row)
             if not allowed.size:
+                self.grammar_dead_ends += 1
                 return None
             return int(allowed[self._pick(row[allowed], seq.job, seq.rng)])
         finally:
