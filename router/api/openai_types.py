@@ -114,7 +114,7 @@ class TierrouteOptions(_Lenient):
 
 class JsonSchemaSpec(_Lenient):
     name: StrictStr = Field(min_length=1, max_length=64)
-    description: StrictStr | None = Field(None, max_length=MAX_STOP_CHARS * 16)
+    description: StrictStr | None = Field(None, max_length=4096)
     # `schema` would shadow BaseModel.schema; the wire name is kept by the alias. Its contents are
     # checked by router.grammars (size, depth, constructs) when the typed request is made.
     schema_: dict[str, Any] | None = Field(None, alias="schema")
