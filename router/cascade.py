@@ -121,6 +121,17 @@ class Attempt:
             "prompt_tokens": g.prompt_tokens if g else 0,
             "completion_tokens": g.completion_tokens if g else 0,
             "finish_reason": g.finish_reason if g else None,
+            # decoded under the response_format's grammar; an upstream asked to enforce it: null
+            "constrained": g.constrained if g else None,
+            # the format verifier's check of the request's response_format: null when none ran
+            "format_ok": next(
+                (
+                    s.value == 1.0
+                    for s in self.scores.values()
+                    if s.details.get("check") == "response_format" and s.value is not None
+                ),
+                None,
+            ),
             "latency_ms": round(g.latency_s * 1000, 1) if g else None,
             "verify_ms": round(self.verify_s * 1000, 1),
             "cost_usd": self.cost_usd,

@@ -67,6 +67,27 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's own bound on top_logprobs
 
 
 @dataclass(frozen=True)
+class ResponseFormat:
+    """The structure the caller asked the answer to have: any JSON value (`json_object`) or one
+    that validates against `schema` (`json_schema`). Local tiers decode under a grammar made from
+    it; remote tiers are sent it; the `format` verifier checks the answer against it."""
+
+    kind: Literal["json_object", "json_schema"]
+    schema: dict[str, Any] | None = field(default=None, hash=False)  # compared, not hashed (a dict)
+    name: str = ""
+    strict: bool | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        """The parameter as OpenAI's API takes it (what a remote tier is sent)."""
+        if self.kind == "json_object":
+            return {"type": "json_object"}
+        spec: dict[str, Any] = {"name": self.name, "schema": self.schema}
+        if self.strict is not None:
+            spec["strict"] = self.strict
+        return {"type": "json_schema", "json_schema": spec}
+
+
+@dataclass(frozen=True)
 class TokenLogprob:
     """One generated token: its text piece, its logprob, and the most likely tokens at its
     position (`top`: (piece, logprob) pairs, most likely first; empty when none were asked for).
@@ -93,6 +114,10 @@ class GenerationRequest:
     tools: tuple[ToolSpec, ...] = ()  # functions the model may call (chat only)
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True  # False: at most one call per answer
+    response_format: ResponseFormat | None = None  # None: free text
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), as OpenAI's
+    presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated
+    frequency_penalty: float = 0.0  # subtracted per earlier occurrence of the token
     metadata: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -152,6 +177,9 @@ class Generation:
     # calls a backend received as structured data (an upstream's `tool_calls`); None: the answer
     # is all in `text`, where a local model writes its calls (`router.tools.answer` reads them)
     tool_calls: tuple[ToolCall, ...] | None = None
+    # decoded under a grammar from the request's response_format (True); asked of an upstream
+    # that enforces it or not as it does (None); free text (False)
+    constrained: bool | None = False
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,16 @@
 """Whether the answer has the shape the caller asked for: a regex, JSON, a JSON Schema.
 
-Checks run in that order and the first failure names itself in the reason. JSON may be the whole
-answer or sit in a ```json (or unlabelled) fenced block, the way chat models like to wrap it.
+Two sources of a shape. The config's (`regex`, `json`, `json_schema` params): checks run in that
+order and the first failure names itself in the reason; JSON may be the whole answer or sit in a
+```json (or unlabelled) fenced block, the way chat models like to wrap it. And the request's own
+`response_format`, checked whenever a request carries one: the whole answer must be JSON (the
+client parses the message content as it is, fences and all), an object for `json_object`, valid
+against the schema for `json_schema`. The grammar a local tier decodes under enforces most of a
+schema, not all of it (numeric bounds, `uniqueItems`, long length bounds: see `router.grammars`),
+and an answer cut off at `max_tokens` is unfinished JSON; both fail here, so they escalate.
+
+With no params the verifier checks only the request's format, and abstains on a request without
+one: it can sit in every policy at no cost to free-text traffic.
 """
 
 from __future__ import annotations
@@ -9,9 +18,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
-from router.generation import Generation, GenerationRequest
+from router.generation import Generation, GenerationRequest, ResponseFormat
+from router.grammars import GRAMMAR_CACHE, schema_key
 from verifiers.base import Score, VerifierContext
 from verifiers.extract import fenced_blocks
 
@@ -42,8 +53,6 @@ class FormatVerifier:
     _validator: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.regex is None and not self.json and self.json_schema is None:
-            raise ValueError("give at least one of regex, json = true, json_schema")
         if not isinstance(self.json, bool):
             raise TypeError("json must be true or false")
         if self.regex is not None:
@@ -70,6 +79,14 @@ class FormatVerifier:
     async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
         text = candidate.text
         passed: list[str] = []
+        configured = self._pattern is not None or self.json or self._validator is not None
+        if request.response_format is not None:
+            asked = _check_response_format(request.response_format, candidate)
+            if asked.value == 0.0 or not configured:
+                return asked
+            passed.append("response_format")
+        elif not configured:
+            return Score.abstain("the request asks for no response_format", details={"check": "response_format"})
         if self._pattern is not None:
             if self._pattern.search(text) is None:
                 return Score(0.0, f"does not match regex {self.regex!r}", {"failed": "regex", "passed": passed})
@@ -88,6 +105,32 @@ class FormatVerifier:
                     )
                 passed.append("json_schema")
         return Score(1.0, "format ok: " + ", ".join(passed), {"passed": passed})
+
+
+def _check_response_format(fmt: ResponseFormat, candidate: Generation) -> Score:
+    details: dict[str, Any] = {"check": "response_format", "kind": fmt.kind}
+    try:
+        value = json.loads(candidate.text)
+    except ValueError as exc:
+        cut = " (cut off at max_tokens)" if candidate.finish_reason == "length" else ""
+        return Score(0.0, f"not JSON{cut}: {exc}", {**details, "failed": "json"})
+    if fmt.kind == "json_object" and not isinstance(value, dict):
+        return Score(0.0, f"JSON mode asks for an object, not {type(value).__name__}", {**details, "failed": "object"})
+    if fmt.schema is not None:
+        error = _first_schema_error(_request_validator(schema_key(fmt.schema)), value)
+        if error is not None:
+            return Score(0.0, f"JSON does not match the request's schema: {error}", {**details, "failed": "schema"})
+    return Score(1.0, f"answer is valid for the request's {fmt.kind}", details)
+
+
+@lru_cache(maxsize=GRAMMAR_CACHE)
+def _request_validator(key: str) -> Any:
+    """A validator per schema: a request's schema was checked when the request was read
+    (router.grammars.check_schema), and a cascade scores the same schema at every tier."""
+    import jsonschema
+
+    schema = json.loads(key)
+    return jsonschema.validators.validator_for(schema)(schema)
 
 
 def _first_schema_error(validator: Any, value: Any) -> str | None:

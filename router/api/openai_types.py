@@ -51,6 +51,8 @@ from router.generation import (
     ToolChoice,
     ToolSpec,
 )
+from router.generation import ResponseFormat as GenerationFormat
+from router.grammars import check_schema
 from router.tools import ToolAnswer, argument_fragments
 
 Number = Annotated[float, Strict(), AllowInfNan(False)]  # a JSON number (an int is fine), finite
@@ -64,6 +66,9 @@ MAX_TOKENS_BOUND = 1 << 20  # beyond any context; each tier caps max_tokens furt
 MAX_TESTS_CHARS = 100_000
 MAX_LEGACY_LOGPROBS = 5  # the legacy completions API's bound on `logprobs`
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # OpenAI's seed is a signed 64-bit integer
+MAX_LOGIT_BIAS = 300  # OpenAI's bounds on logit_bias: entries, and each bias's magnitude
+LOGIT_BIAS_BOUND = 100.0
+TOKEN_ID_MAX = (1 << 31) - 1  # a token id beyond any vocabulary is refused by the tier, not here
 # Below this temperature sampling is greedy in all but exact ties (any logit gap of 0.01 leaves
 # the runner-up under e^-100 of the mass), and dividing logits by it can overflow to NaN; so it
 # is served as temperature 0.
@@ -210,8 +215,32 @@ class TierrouteOptions(_Lenient):
         return any(self.tests) if isinstance(self.tests, list) else bool(self.tests)
 
 
+class JsonSchemaSpec(_Lenient):
+    name: StrictStr = Field(min_length=1, max_length=64)
+    description: StrictStr | None = Field(None, max_length=4096)
+    # `schema` would shadow BaseModel.schema; the wire name is kept by the alias. Its contents are
+    # checked by router.grammars (size, depth, constructs) when the typed request is made.
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: StrictBool | None = None
+
+
 class ResponseFormat(_Lenient):
     type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    def typed(self) -> GenerationFormat | None:
+        """The format as the backends and verifiers take it; None for free text."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return GenerationFormat("json_object")
+        if self.json_schema is None:
+            raise RequestError(
+                "response_format of type json_schema needs a json_schema object", param="response_format"
+            )
+        schema = self.json_schema.schema_ if self.json_schema.schema_ is not None else {}
+        check_schema(schema)
+        return GenerationFormat("json_schema", schema, self.json_schema.name, self.json_schema.strict)
 
 
 class StreamOptions(_Lenient):
@@ -235,8 +264,8 @@ class _Common(_Lenient):
     stream_options: StreamOptions | None = None
     user: StrictStr | None = Field(None, max_length=512)
     tierroute: TierrouteOptions | None = None
-    # Read only to tell the request's task (router.tasks): a structured answer is asked for.
-    # Not enforced on the answer yet; unchecked before, they were silently dropped.
+    # response_format: enforced (router.grammars on local tiers, passed to remote ones, checked by
+    # the format verifier) and read to tell the request's task (router.tasks). tools: read for the task.
     response_format: ResponseFormat | None = None
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
 
@@ -247,6 +276,10 @@ class _Common(_Lenient):
         if isinstance(v, list) and len(v) > MAX_TOOLS:
             raise ValueError(f"at most {MAX_TOOLS} tools")
         return v
+
+    logit_bias: dict[StrictStr, Number] | None = None
+    presence_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
 
     @field_validator("model")
     @classmethod
@@ -263,9 +296,32 @@ class _Common(_Lenient):
             raise ValueError("only n=1 is supported")
         return v
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries")
+        for key, bias in v.items():
+            if not (key.isascii() and key.isdigit() and len(key) <= 10 and int(key) <= TOKEN_ID_MAX):
+                raise ValueError(f"keys are token ids written as strings, not {key[:32]!r}")
+            if not -LOGIT_BIAS_BOUND <= bias <= LOGIT_BIAS_BOUND:
+                raise ValueError(f"biases are in -{LOGIT_BIAS_BOUND:g}..{LOGIT_BIAS_BOUND:g}, not {bias}")
+        return v
+
     def logprobs_wanted(self) -> int | None:
         """How many alternatives per token the client wants shown; None: no logprobs at all."""
         raise NotImplementedError
+
+    def decoding(self) -> dict[str, Any]:
+        """response_format, logit_bias and the penalties as a GenerationRequest takes them."""
+        return {
+            "response_format": None if self.response_format is None else self.response_format.typed(),
+            "logit_bias": tuple(sorted((int(k), float(b)) for k, b in (self.logit_bias or {}).items())),
+            "presence_penalty": self.presence_penalty or 0.0,
+            "frequency_penalty": self.frequency_penalty or 0.0,
+        }
 
     def backend_top_logprobs(self) -> int:
         """What the backend is asked for: one alternative at least, which brings each token's piece."""
@@ -364,6 +420,7 @@ class ChatCompletionRequest(_Common):
             parallel_tool_calls=self.parallel_tool_calls is not False,
             metadata=self.metadata(may_send_tests),
             **self.sampling(),
+            **self.decoding(),
         )
 
     def _messages(self) -> tuple[Message, ...]:
@@ -452,6 +509,7 @@ class CompletionRequest(_Common):
             top_logprobs=self.backend_top_logprobs(),
             metadata=self.metadata(may_send_tests),
             **self.sampling(),
+            **self.decoding(),
         )
 
 

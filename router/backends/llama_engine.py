@@ -11,6 +11,15 @@ avoids `logits_all=True`, which computes vocabulary logits for every prompt toke
 for `top_logprobs` alternatives gets them from the same row and normaliser (one partial sort of
 the row per token); a job that does not pays nothing for it.
 
+A job with a grammar (`Job.grammar`, GBNF from a response_format) gets its own llama.cpp grammar
+sampler, cloned from a parsed prototype kept per grammar, and advanced with each token it takes:
+constrained and free sequences share every decode step. The token is first chosen as for a free
+sequence and kept when the grammar allows it, which costs a check of one token; only when it does
+not is the choice made again among the likeliest `GRAMMAR_CANDIDATES` the grammar allows, and only
+when it allows none of those among the whole vocabulary (a 151k-token scan, rare). The end token
+is allowed only where the grammar is complete. `logit_bias` and the presence and frequency
+penalties reshape a copy of the row before any of this; logprobs stay the model's own.
+
 A scoring job (`Job.score_from` set) is another tier's candidate answer read by this model: its
 prompt is the rendered request followed by the candidate's tokens, prefilled like any prompt but
 with logits asked for only where they predict a candidate token (at most `SCORE_ROWS_PER_STEP` rows
@@ -35,7 +44,7 @@ import ctypes
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -44,13 +53,28 @@ from typing import Any, Literal
 
 import numpy as np
 
-from router.errors import ContextLengthError, DeadlineError, ModelError, OverloadedError, UnavailableError
+from router.errors import (
+    ContextLengthError,
+    DeadlineError,
+    ModelError,
+    OverloadedError,
+    RequestError,
+    UnavailableError,
+)
 from router.generation import TokenLogprob
 
 log = logging.getLogger(__name__)
 
 # Logits rows a scoring job may ask for in one decode step (each is a vocabulary of floats).
 SCORE_ROWS_PER_STEP = 64
+# A constrained sequence whose sampled token the grammar refuses is offered its likeliest tokens
+# next, this many and then this many (with the end tokens, which a finished answer needs however
+# unlikely the model finds them); only when the grammar refuses all of them is the whole
+# vocabulary checked (about 55 ms for Qwen's 151,936 tokens, against 0.02 ms for 256).
+GRAMMAR_CANDIDATES = (256, 8192)
+# Parsed grammars kept on the engine thread, cloned per sequence (parsing a schema's grammar
+# costs far more than cloning it).
+GRAMMAR_PROTOTYPES = 32
 
 
 def physical_cores() -> int:
@@ -163,6 +187,14 @@ class Job:
     cancelled_by_caller: bool = False
     # set: score prompt_tokens[score_from:] given what precedes them, and decode nothing
     score_from: int | None = None
+    grammar: str | None = None  # GBNF every generated token must keep satisfiable
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), ids < n_vocab
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def reshapes_logits(self) -> bool:
+        return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty)
 
     def cancel(self) -> None:
         if not self.cancelled:
@@ -194,6 +226,8 @@ class _Seq:
     decoder: Any = None
     reserved: int = 0
     top1: list[bool] = field(default_factory=list)  # scoring jobs: each candidate token the argmax?
+    grammar: Any = None  # this sequence's own llama_sampler (grammar state advances with its tokens)
+    counts: dict[int, int] = field(default_factory=dict)  # generated tokens' counts, for the penalties
 
     @property
     def pos(self) -> int:
@@ -288,6 +322,12 @@ class LlamaEngine:
         self.bos_text = ""
         self.eos_text = ""
         self._piece_buf = ctypes.create_string_buffer(128)
+        self._grammars: OrderedDict[str, Any] = OrderedDict()  # GBNF -> parsed prototype; engine thread
+        self._grammar_ok: dict[str, bool] = {}  # GBNFs llama.cpp has parsed (or refused) before
+        self.grammar_s = 0.0  # time spent in grammar checks, all sequences (the overhead of constraining)
+        self.grammar_tokens = 0  # tokens sampled under a grammar
+        self.grammar_full_scans = 0  # of those, chosen by checking the whole vocabulary
+        self.grammar_dead_ends = 0  # sequences ended because the grammar allowed no token at all
 
     # ---- public, any thread -----------------------------------------------------------------
 
@@ -370,6 +410,21 @@ class LlamaEngine:
                 n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
         return list(buf[:n])
 
+    def check_grammar(self, gbnf: str) -> bool:
+        """Whether llama.cpp accepts this grammar (it refuses, say, left recursion, which a schema's
+        references can make). Any thread; remembered per grammar."""
+        known = self._grammar_ok.get(gbnf)
+        if known is not None:
+            return known
+        import llama_cpp as lc
+
+        with self._guard.use():
+            sampler = lc.llama_sampler_init_grammar(self._vocab, gbnf.encode(), b"root")
+            if sampler:
+                lc.llama_sampler_free(sampler)
+        self._grammar_ok[gbnf] = bool(sampler)
+        return bool(sampler)
+
     def _piece(self, token: int, *, special: bool = False) -> bytes:
         """A token's bytes. Engine thread only: it reuses one buffer instead of allocating per token."""
         import llama_cpp as lc
@@ -418,6 +473,13 @@ class LlamaEngine:
         tmpl = lc.llama_model_chat_template(model, None)
         self.chat_template = tmpl.decode("utf-8") if tmpl else None
         self._piece_buf = ctypes.create_string_buffer(128)
+        # one candidate buffer for grammar checks, viewed from numpy to fill and read it without a loop
+        self._cand = (lc.llama_token_data * self.n_vocab)()
+        self._cand_view = np.ctypeslib.as_array(self._cand)
+        # the end tokens: a grammar that is complete allows only these (once per load, ~0.1 s on 152k)
+        self._eog_ids = np.asarray(
+            [t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self._vocab, t)], dtype=np.int64
+        )
         self.bos_text, self.eos_text = (
             self._piece(t, special=True).decode("utf-8", errors="replace") if t >= 0 else ""
             for t in (lc.llama_vocab_bos(self._vocab), lc.llama_vocab_eos(self._vocab))
@@ -427,6 +489,9 @@ class LlamaEngine:
         """Free whatever _load made (all of it, or what it got to before failing)."""
         import llama_cpp as lc
 
+        for sampler in self._grammars.values():
+            lc.llama_sampler_free(sampler)
+        self._grammars.clear()
         if getattr(self, "_batch", None) is not None:
             lc.llama_batch_free(self._batch)
         if getattr(self, "_ctx", None):
@@ -505,6 +570,9 @@ class LlamaEngine:
                         break
                     admitted = self._admit(running, free_ids, reserved)
                 for seq in admitted:
+                    if seq.job.grammar is not None and not self._attach_grammar(seq):
+                        free_ids.append(seq.seq_id)
+                        continue
                     reserved += seq.reserved
                     self._reuse_prefix(seq, running)
                     running.append(seq)
@@ -532,6 +600,8 @@ class LlamaEngine:
                 seq.job.emit(ErrorEvent(failure))
             raise
         finally:
+            for seq in running:
+                self._drop_grammar(seq)
             self.active = 0
 
     def _fail_one(self, job: Job, exc: Exception) -> None:
@@ -608,6 +678,7 @@ class LlamaEngine:
             # a scored candidate is not kept: the prompt before it is what a later request shares
             self.prefix.store(self._mem, seq.seq_id, seq.job.prompt_tokens[: seq.job.score_from])
         lc.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
+        self._drop_grammar(seq)
         running.remove(seq)
         free_ids.append(seq.seq_id)
         seq.job.cancelled = True
@@ -743,15 +814,24 @@ class LlamaEngine:
     def _advance(self, seq: _Seq, row: np.ndarray, lse: Any, now: float, lc: Any) -> None:
         """Sample one sequence's next token from its logits row, and emit or finish it."""
         job = seq.job
-        if job.temperature <= 0.0:
-            token = int(row.argmax())
-        else:
-            token = self._sample_row(row, job.temperature, job.top_p, seq.rng)
+        shaped = self._reshaped(seq, row) if job.reshapes_logits else row
+        token: int | None = self._pick(shaped, job, seq.rng)
+        if seq.grammar is not None and token is not None:
+            token = self._constrained(seq, shaped, token)
         if seq.first_token_at is None:
             seq.first_token_at = now
+        if token is None:  # the grammar allows nothing at all: end here, the verifier judges what there is
+            self._finish(seq, "stop")
+            return
         if lc.llama_vocab_is_eog(self._vocab, token):
             self._finish(seq, "stop")
             return
+        if seq.grammar is not None:
+            t0 = time.perf_counter()
+            lc.llama_sampler_accept(seq.grammar, token)
+            self.grammar_s += time.perf_counter() - t0
+        if job.presence_penalty or job.frequency_penalty:
+            seq.counts[token] = seq.counts.get(token, 0) + 1
         seq.generated.append(token)
         logprob = float(row[token] - lse)
         seq.logprobs.append(logprob)
@@ -766,6 +846,97 @@ class LlamaEngine:
             self._finish(seq, "length")
             return
         self._emit_safe(seq)
+
+    def _pick(self, row: np.ndarray, job: Job, rng: np.random.Generator | None) -> int:
+        if job.temperature <= 0.0:
+            return int(row.argmax())
+        return self._sample_row(row, job.temperature, job.top_p, rng)
+
+    def _reshaped(self, seq: _Seq, row: np.ndarray) -> np.ndarray:
+        """The row with the job's logit_bias and penalties applied, as OpenAI applies them: a
+        copy, so logprobs stay the model's own."""
+        job = seq.job
+        out = row.copy()
+        for token, bias in job.logit_bias:
+            out[token] += bias
+        if seq.counts:
+            ids = np.fromiter(seq.counts.keys(), dtype=np.int64, count=len(seq.counts))
+            counts = np.fromiter(seq.counts.values(), dtype=np.float32, count=len(seq.counts))
+            out[ids] -= job.presence_penalty + job.frequency_penalty * counts
+        return out
+
+    def _constrained(self, seq: _Seq, row: np.ndarray, token: int) -> int | None:
+        """The token to take under the sequence's grammar. The one sampled freely is kept when the
+        grammar allows it: the common case costs one token's check, not the vocabulary's. Else the
+        choice is made again among the likeliest tokens the grammar allows, and only when it
+        allows none of those among the whole vocabulary. Sampling, checking and sampling again
+        from what is allowed draws from the constrained distribution itself."""
+        t0 = time.perf_counter()
+        self.grammar_tokens += 1
+        try:
+            if self._allowed(seq.grammar, np.asarray([token]), row[[token]]).size:
+                return token
+            allowed = np.zeros(0, dtype=np.int64)
+            for k in GRAMMAR_CANDIDATES:
+                if k >= row.shape[0]:
+                    break
+                ids = np.union1d(np.argpartition(row, -k)[-k:], self._eog_ids)
+                allowed = self._allowed(seq.grammar, ids, row[ids])
+                if allowed.size:
+                    break
+            if not allowed.size:
+                self.grammar_full_scans += 1
+                allowed = self._allowed(seq.grammar, np.arange(row.shape[0]), row)
+            if not allowed.size:
+                self.grammar_dead_ends += 1
+                return None
+            return int(allowed[self._pick(row[allowed], seq.job, seq.rng)])
+        finally:
+            self.grammar_s += time.perf_counter() - t0
+
+    def _allowed(self, grammar: Any, ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        """Those of `ids` the grammar allows next (llama.cpp sets the others' logits to -inf)."""
+        import llama_cpp as lc
+
+        n = ids.shape[0]
+        view = self._cand_view
+        view["id"][:n] = ids
+        view["logit"][:n] = 0.0  # any finite value: only whether it stays finite is read
+        array = lc.llama_token_data_array(
+            data=ctypes.cast(self._cand, ctypes.POINTER(lc.llama_token_data)), size=n, selected=-1, sorted=False
+        )
+        lc.llama_sampler_apply(grammar, ctypes.byref(array))
+        allowed: np.ndarray = ids[np.isfinite(view["logit"][:n])]
+        return allowed
+
+    def _attach_grammar(self, seq: _Seq) -> bool:
+        """Give a newcomer its own grammar state, cloned from the parsed prototype; False (and the
+        job failed alone, as a bad request) when llama.cpp refuses the grammar."""
+        import llama_cpp as lc
+
+        gbnf = seq.job.grammar
+        assert gbnf is not None
+        proto = self._grammars.get(gbnf)
+        if proto is None:
+            proto = lc.llama_sampler_init_grammar(self._vocab, gbnf.encode(), b"root")
+            if not proto:
+                seq.job.emit(ErrorEvent(RequestError("the response format's grammar was refused by llama.cpp")))
+                seq.job.cancelled = True
+                return False
+            self._grammars[gbnf] = proto
+            while len(self._grammars) > GRAMMAR_PROTOTYPES:
+                lc.llama_sampler_free(self._grammars.popitem(last=False)[1])
+        self._grammars.move_to_end(gbnf)
+        seq.grammar = lc.llama_sampler_clone(proto)
+        return True
+
+    @staticmethod
+    def _drop_grammar(seq: _Seq) -> None:
+        import llama_cpp as lc
+
+        if seq.grammar is not None:
+            lc.llama_sampler_free(seq.grammar)
+            seq.grammar = None
 
     def _top(self, row: np.ndarray, lse: Any, piece: bytes, logprob: float, k: int) -> TokenLogprob:
         """The sampled token and the k likeliest at its position, under the model's own

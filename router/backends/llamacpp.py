@@ -11,6 +11,11 @@ the request rendered exactly as for generation (chat template with the generatio
 the answer tokenized as plain text. An answer that does not fit the context with the prompt is
 refused with `ContextLengthError`, not truncated: a score of part of an answer would be read as a
 score of all of it.
+
+A request with a `response_format` decodes under the grammar `router.grammars` makes of it (one
+grammar state per sequence in the engine, so constrained and free sequences share decode steps);
+its answer is marked `constrained`. `logit_bias` and the penalties reshape each sequence's logits
+in the engine; a bias on a token id outside this model's vocabulary is a 400, as OpenAI answers.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from router.backends.llama_engine import DoneEvent, ErrorEvent, Event, Job, Llam
 from router.catalog import resolve_model
 from router.errors import ContextLengthError, DeadlineError, ModelError, RequestError
 from router.generation import Delta, Generation, GenerationRequest
+from router.grammars import grammar_for
 from router.tools import chat_inputs, template_renders_tools
 
 # No tokenizer we serve averages more characters per token than this, even on runs of spaces or
@@ -151,6 +157,35 @@ class LlamaCppBackend(Backend):
         added = bool(getattr(rendered, "added_special", False))
         return self.engine.tokenize(rendered.prompt, add_special=not added, parse_special=True)
 
+    def grammar(self, request: GenerationRequest) -> str | None:
+        """The GBNF the answer is decoded under, None for free text; RequestError (400) when the
+        request's format cannot be one. Blocking (a first conversion, llama.cpp's parse): call it
+        from a worker thread."""
+        if request.response_format is None:
+            return None
+        gbnf = grammar_for(request.response_format)
+        if not self.engine.check_grammar(gbnf):
+            # the converter's output parses; what llama.cpp refuses is a schema whose references
+            # loop back on themselves before consuming any text
+            raise RequestError(
+                "the JSON schema cannot be decoded under a grammar (a $ref that refers back to itself "
+                "before any text, which llama.cpp refuses as left recursion)",
+                param="response_format",
+            )
+        return gbnf
+
+    def check_logit_bias(self, request: GenerationRequest) -> None:
+        for token, _ in request.logit_bias:
+            if token >= self.engine.n_vocab:
+                raise RequestError(
+                    f"logit_bias names token {token}; this model's vocabulary has {self.engine.n_vocab} tokens",
+                    param="logit_bias",
+                )
+
+    def _job_inputs(self, request: GenerationRequest) -> tuple[list[int], str | None]:
+        self.check_logit_bias(request)
+        return self.prompt_tokens(request), self.grammar(request)
+
     @classmethod
     def scoring_support(cls, tier: TierSettings) -> str | None:
         return None
@@ -253,8 +288,9 @@ class LlamaCppBackend(Backend):
         self.check_prompt_size(request)  # before handing megabytes to a thread
         started = time.monotonic()
         loop = asyncio.get_running_loop()
+        tokens, grammar = await asyncio.to_thread(self._job_inputs, request)
         job = Job(
-            prompt_tokens=await asyncio.to_thread(self.prompt_tokens, request),
+            prompt_tokens=tokens,
             max_tokens=min(request.max_tokens, self.max_tokens_cap),
             temperature=request.temperature,
             top_p=request.top_p,
@@ -264,6 +300,10 @@ class LlamaCppBackend(Backend):
             top_logprobs=request.top_logprobs,
             loop=loop,
             events=asyncio.Queue(),
+            grammar=grammar,
+            logit_bias=request.logit_bias,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
         )
         events = self._events(job, request, "finish")
         try:
@@ -289,6 +329,7 @@ class LlamaCppBackend(Backend):
                         busy_s=event.busy_s,
                         model=self.model_name,
                         top_logprobs=event.top_logprobs,
+                        constrained=grammar is not None,
                     )
                     return
         finally:

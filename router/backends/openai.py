@@ -568,6 +568,19 @@ class OpenAIBackend(Backend):
             params.update(_tool_params(request))
         else:
             params["prompt"] = request.prompt
+        # passed through as the client sent them: the upstream enforces them (or refuses, which the
+        # client then hears) rather than this tier answering without them
+        if request.logit_bias:
+            params["logit_bias"] = {str(token): bias for token, bias in request.logit_bias}
+        if request.presence_penalty:
+            params["presence_penalty"] = request.presence_penalty
+        if request.frequency_penalty:
+            params["frequency_penalty"] = request.frequency_penalty
+        if request.response_format is not None:
+            if request.is_chat:
+                params["response_format"] = request.response_format.to_openai()
+            else:  # not the SDK's completions parameter, but vLLM's and llama.cpp's servers take it
+                params["extra_body"] = {"response_format": request.response_format.to_openai()}
         if "logprobs" not in self._refused:
             if request.is_chat:
                 # top_logprobs=0 is OpenAI's "none of the alternatives"; llama-cpp-python's server
@@ -615,6 +628,7 @@ class OpenAIBackend(Backend):
             model=model_name(body.get("model")) or self.model,
             top_logprobs=tops,
             tool_calls=calls,
+            constrained=None if call.request.response_format is not None else False,
         )
 
     # -- failures --------------------------------------------------------------------------------
@@ -914,6 +928,7 @@ class _Accumulator:
             model=self.model or default_model,
             top_logprobs=tops,
             tool_calls=self.tool_calls(),
+            constrained=None if call.request.response_format is not None else False,
         )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,29 @@ def _workload(args: argparse.Namespace) -> Workload:
         if not lines:
             raise BenchError(f"{args.prompts}: no prompts (one per line)")
         prompts = tuple(lines)
-    return Workload(api=args.api, max_tokens=args.max_tokens, timeout_s=args.timeout, prompts=prompts)
+    return Workload(
+        api=args.api,
+        max_tokens=args.max_tokens,
+        timeout_s=args.timeout,
+        prompts=prompts,
+        response_format=_response_format(args.response_format),
+    )
+
+
+def _response_format(path: str | None) -> dict[str, Any] | None:
+    """The response_format a file gives: OpenAI's whole parameter (`{"type": "json_schema", ...}`
+    or `{"type": "json_object"}`), or a bare JSON schema, sent as a json_schema named `bench`."""
+    if path is None:
+        return None
+    try:
+        given = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"--response-format {path}: {exc}") from None
+    if not isinstance(given, dict):
+        raise BenchError(f"--response-format {path}: a JSON object (a schema, or OpenAI's response_format)")
+    if given.get("type") in ("json_object", "json_schema"):
+        return given
+    return {"type": "json_schema", "json_schema": {"name": "bench", "schema": given}}
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -260,6 +283,12 @@ def _client_options(p: argparse.ArgumentParser, *, max_tokens: int) -> None:
     p.add_argument("--max-tokens", type=_positive_int, default=max_tokens, help="output length asked of every request")
     p.add_argument(
         "--prompts", default=None, metavar="FILE", help="one prompt per line instead of the built-in set of 16"
+    )
+    p.add_argument(
+        "--response-format",
+        default=None,
+        metavar="FILE.json",
+        help="send this JSON schema (or OpenAI response_format object) with every request",
     )
     p.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds per request")
     p.add_argument("--warmup", type=int, default=2, help="requests sent and not counted before measuring")

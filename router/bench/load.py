@@ -110,6 +110,11 @@ def streamed_request(client: openai.AsyncOpenAI, target: Target, workload: Workl
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if workload.response_format is not None:
+            if workload.api == "chat":
+                common["response_format"] = workload.response_format
+            else:  # not the SDK's completions parameter; tierroute, vLLM and llama.cpp take it
+                common["extra_body"] = {"response_format": workload.response_format}
         stream: Any = None
         try:
             if workload.api == "chat":

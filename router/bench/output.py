@@ -87,7 +87,8 @@ def print_sweep(report: dict[str, Any], workload: Workload) -> None:
         "TTFT ms p50/p95/p99",
         "latency ms p50/p95/p99",
         "peak RSS MiB",
-        title=f"tierroute bench sweep: {workload.api}, max_tokens {workload.max_tokens}",
+        title=f"tierroute bench sweep: {workload.api}, max_tokens {workload.max_tokens}"
+        + (f", response_format {workload.response_format['type']}" if workload.response_format else ""),
     )
     for t in report["targets"]:
         for row in t.get("levels", []):

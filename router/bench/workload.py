@@ -7,7 +7,7 @@ request k asks `PROMPTS[k % 16]` (or the k-th line of `--prompts FILE`).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.errors import TierrouteError
@@ -47,6 +47,9 @@ class Workload:
     max_tokens: int = 128
     timeout_s: float = 600.0
     prompts: tuple[str, ...] = PROMPTS
+    # sent with every request when set (`--response-format FILE`): constrained decoding's cost is
+    # measured on the same prompts as free decoding
+    response_format: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
     def prompt(self, index: int) -> str:
         return self.prompts[index % len(self.prompts)]
@@ -61,6 +64,7 @@ class Workload:
             "prompts": len(self.prompts),
             "prompts_sha256": digest,
             "prompt_set": "builtin" if self.prompts == PROMPTS else "file",
+            "response_format": self.response_format,
         }
 
 

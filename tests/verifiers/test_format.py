@@ -63,7 +63,6 @@ def test_parse_json_answer_raises_on_no_json() -> None:
 @pytest.mark.parametrize(
     ("params", "error"),
     [
-        ({}, ValueError),
         ({"regex": "("}, ValueError),
         ({"regex": 5}, TypeError),
         ({"json": "yes"}, TypeError),

@@ -1,0 +1,260 @@
+"""JSON Schemas as llama.cpp grammars: what a client's schema may contain, and its GBNF.
+
+A local tier honours `response_format` by decoding under a grammar (GBNF) that only JSON of the
+asked shape can satisfy. llama-cpp-python's converter (`llama_cpp.llama_grammar`) writes it, but
+it was made for trusted schemas: keywords it does not know it skips silently, `maxLength: 10**6`
+becomes a million-rule expansion, and a non-local `$ref` fails with an assertion. So a client's
+schema is read here first, once, before any model sees it:
+
+- Keywords the grammar enforces (types, properties, required, items, enum, const, anyOf/oneOf,
+  local `$ref`s, string patterns and formats, small length and count bounds) are converted.
+- Keywords the grammar cannot enforce but a validator can (numeric bounds, `uniqueItems`,
+  property counts; length or count bounds above `MAX_GRAMMAR_REPEAT`) are left out of the grammar
+  and checked on the answer by the `format` verifier, so a breach escalates instead of passing.
+- Annotations (title, description, default, examples...) are ignored, as JSON Schema says.
+- Anything else (`not`, `if`/`then`, `patternProperties`, a remote `$ref`, an unknown keyword)
+  is refused with a 400 that names the keyword and where it sits: a grammar that silently ignored
+  it would let answers through that the client's own validation then rejects.
+
+Sizes are capped (schema bytes, nesting depth, grammar size), so one request cannot make the
+conversion or llama.cpp's grammar parser expensive. Grammars are cached per schema (its compact
+JSON, property order kept: the grammar writes properties in that order).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from functools import lru_cache
+from typing import Any
+
+from router.errors import RequestError
+from router.generation import ResponseFormat
+
+MAX_SCHEMA_BYTES = 32_000  # compact JSON; OpenAI's own structured-output limits are of this order
+MAX_SCHEMA_DEPTH = 24  # nested objects and arrays in the schema document itself
+MAX_PATTERN_CHARS = 500
+MAX_GRAMMAR_CHARS = 256_000  # the GBNF handed to llama.cpp
+MAX_GRAMMAR_REPEAT = 64  # a length or count bound above this is left to the verifier
+GRAMMAR_CACHE = 128
+PARAM = "response_format"
+
+# enforced by the grammar
+_SUBSCHEMA_MAPS = {"properties", "$defs", "definitions"}
+_SUBSCHEMA_LISTS = {"anyOf", "oneOf", "allOf", "prefixItems"}
+_BOUNDS = {"minLength", "maxLength", "minItems", "maxItems"}
+_ENFORCED = {
+    "type",
+    "required",
+    "additionalProperties",
+    "items",
+    "enum",
+    "const",
+    "$ref",
+    "pattern",
+    "format",
+    *_SUBSCHEMA_MAPS,
+    *_SUBSCHEMA_LISTS,
+    *_BOUNDS,
+}
+# checked on the answer by the format verifier, not by the grammar
+_VALIDATED = {
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "uniqueItems",
+    "minProperties",
+    "maxProperties",
+}
+_ANNOTATIONS = {
+    "title",
+    "description",
+    "default",
+    "examples",
+    "$schema",
+    "$id",
+    "$comment",
+    "readOnly",
+    "writeOnly",
+    "deprecated",
+    "contentEncoding",
+    "contentMediaType",
+    "discriminator",  # OpenAPI's, emitted by pydantic for tagged unions; the union itself is enforced
+}
+_REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
+
+
+def check_schema(schema: Any) -> None:
+    """Refuse (RequestError, 400) a schema too large, too deep, or using a construct the grammar
+    cannot honour; the message names the construct and where it is."""
+    if not isinstance(schema, dict):
+        raise RequestError("response_format.json_schema.schema must be a JSON object", param=PARAM)
+    size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > MAX_SCHEMA_BYTES:
+        raise RequestError(f"the JSON schema is {size} bytes; at most {MAX_SCHEMA_BYTES} are accepted", param=PARAM)
+    _check_depth(schema, 0)
+    _check_node(schema, "#")
+    import jsonschema  # the format verifier validates answers against it: it must be a valid schema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        raise RequestError(f"not a valid JSON schema at '#/{where}': {exc.message}"[:500], param=PARAM) from None
+
+
+def _check_depth(value: Any, depth: int) -> None:
+    if depth > MAX_SCHEMA_DEPTH:
+        raise RequestError(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels", param=PARAM)
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for child in children:
+        _check_depth(child, depth + 1)
+
+
+def _refuse(where: str, what: str) -> RequestError:
+    return RequestError(f"JSON schema at '{where}': {what}"[:500], param=PARAM)
+
+
+def _check_node(node: Any, where: str) -> None:
+    if isinstance(node, bool):  # `true` / `false` as a schema: JSON Schema allows them, the converter does not
+        raise _refuse(where, "boolean schemas are not supported; use {} for any value")
+    if not isinstance(node, dict):
+        raise _refuse(where, "a schema must be a JSON object")
+    for key, value in node.items():
+        at = f"{where}/{key}"
+        if key in _ANNOTATIONS or key in _VALIDATED:
+            continue
+        if key not in _ENFORCED:
+            raise _refuse(where, f"keyword {key[:64]!r} is not supported by constrained decoding")
+        if key in _SUBSCHEMA_MAPS:
+            if not isinstance(value, dict):
+                raise _refuse(at, "must be an object of schemas")
+            for name, sub in value.items():
+                _check_node(sub, f"{at}/{name}")
+        elif key in _SUBSCHEMA_LISTS:
+            if not isinstance(value, list) or not value:
+                raise _refuse(at, "must be a non-empty array of schemas")
+            for i, sub in enumerate(value):
+                _check_node(sub, f"{at}/{i}")
+            if key == "allOf" and any(not _is_object_part(sub) for sub in value):
+                raise _refuse(at, "allOf is supported only over object schemas (properties, or a $ref to them)")
+        elif key == "items":
+            if isinstance(value, list):
+                for i, sub in enumerate(value):
+                    _check_node(sub, f"{at}/{i}")
+            else:
+                _check_node(value, at)
+        elif key == "additionalProperties":
+            if not isinstance(value, bool):
+                _check_node(value, at)
+        elif key == "type":
+            kinds = value if isinstance(value, list) else [value]
+            if not kinds or any(not isinstance(k, str) or k not in _TYPES for k in kinds):
+                raise _refuse(at, f"type must be one of {sorted(_TYPES)} or a list of them")
+        elif key == "required":
+            if not isinstance(value, list) or any(not isinstance(r, str) for r in value):
+                raise _refuse(at, "must be an array of property names")
+        elif key == "enum":
+            if not isinstance(value, list) or not value:
+                raise _refuse(at, "must be a non-empty array")
+        elif key == "$ref":
+            if not isinstance(value, str) or not value.startswith("#/"):
+                raise _refuse(at, "only local references ('#/$defs/...') are supported")
+        elif key == "pattern":
+            if not isinstance(value, str) or len(value) > MAX_PATTERN_CHARS:
+                raise _refuse(at, f"must be a string of at most {MAX_PATTERN_CHARS} characters")
+            # the converter writes `x{n}` out as n copies of x, nested repetitions multiplied
+            if any(len(n) > 3 or int(n) > MAX_GRAMMAR_REPEAT for m in _REPEAT.finditer(value) for n in m.groups() if n):
+                raise _refuse(at, f"a pattern may repeat at most {MAX_GRAMMAR_REPEAT} times (x{{n,m}})")
+        elif key == "format":
+            if not isinstance(value, str):
+                raise _refuse(at, "must be a string")
+        elif key in _BOUNDS:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise _refuse(at, "must be a non-negative integer")
+
+
+def _is_object_part(node: Any) -> bool:
+    return isinstance(node, dict) and ("properties" in node or "$ref" in node or "anyOf" in node)
+
+
+def _loosened(node: Any) -> Any:
+    """The schema with what the grammar leaves to the verifier taken out: bounds too large to
+    expand into grammar rules."""
+    if isinstance(node, dict):
+        out = {k: _loosened(v) for k, v in node.items()}
+        if any(isinstance(out.get(b), int) and out[b] > MAX_GRAMMAR_REPEAT for b in _BOUNDS):
+            for b in _BOUNDS:
+                out.pop(b, None)
+        return out
+    if isinstance(node, list):
+        return [_loosened(v) for v in node]
+    return node
+
+
+def schema_key(schema: dict[str, Any]) -> str:
+    """The cache key of a schema: its compact JSON, property order kept."""
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+
+
+def grammar_for(fmt: ResponseFormat) -> str:
+    """The GBNF that constrains an answer to `fmt` (cached). RequestError (400) when the schema
+    cannot be turned into one."""
+    if fmt.kind == "json_object" or fmt.schema is None:
+        return _compile('{"type":"object"}')  # OpenAI's JSON mode answers an object
+    check_schema(fmt.schema)
+    return _compile(schema_key(fmt.schema))
+
+
+def _root_dereferenced(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with a root `$ref` (pydantic writes one for a recursive model) replaced by what
+    it points to, `$defs` kept: the converter resolves references only outside a node that is
+    itself a reference, so the definitions beside a root `$ref` would stay unresolved."""
+    seen: set[str] = set()
+    while isinstance(ref := schema.get("$ref"), str):
+        if ref in seen:
+            raise RequestError(f"the JSON schema's $ref {ref[:100]!r} refers back to itself", param=PARAM)
+        seen.add(ref)
+        target: Any = schema
+        for part in ref[2:].split("/"):
+            if not isinstance(target, dict) or part not in target:
+                raise RequestError(f"the JSON schema's $ref {ref[:100]!r} points to nothing", param=PARAM)
+            target = target[part]
+        if not isinstance(target, dict):
+            raise RequestError(f"the JSON schema's $ref {ref[:100]!r} points to a non-schema", param=PARAM)
+        defs: dict[str, Any] = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+        schema = {**{k: v for k, v in target.items() if k not in defs}, **defs}
+    return schema
+
+
+# The converter's string character (`[^"\\]`) lets raw control characters into a string, which
+# JSON forbids (a model that writes a newline inside a string makes unparseable JSON); llama.cpp's
+# own converter excludes them, as this does.
+_LOOSE_CHAR = '[^"\\\\]'
+_JSON_CHAR = '[^"\\\\\\x7F\\x00-\\x1F]'
+
+
+@lru_cache(maxsize=GRAMMAR_CACHE)
+def _compile(key: str) -> str:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    schema = _root_dereferenced(_loosened(copy.deepcopy(json.loads(key))))
+    try:
+        gbnf: str = json_schema_to_gbnf(json.dumps(schema))
+    except RecursionError:
+        raise RequestError("the JSON schema's references nest too deeply", param=PARAM) from None
+    except KeyError as exc:
+        raise RequestError(f"the JSON schema's $ref {exc} cannot be resolved", param=PARAM) from None
+    except (ValueError, AssertionError, TypeError, AttributeError, IndexError) as exc:
+        # the converter's own words name the construct (an unsupported pattern, an unresolvable $ref)
+        raise RequestError(f"the JSON schema cannot be turned into a grammar: {exc}"[:500], param=PARAM) from None
+    gbnf = gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
+    if len(gbnf) > MAX_GRAMMAR_CHARS:
+        raise RequestError(
+            f"the JSON schema makes a grammar of {len(gbnf)} characters; at most {MAX_GRAMMAR_CHARS}", param=PARAM
+        )
+    return gbnf

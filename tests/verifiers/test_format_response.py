@@ -1,0 +1,64 @@
+"""The format verifier and the request's own response_format: checked whenever a request carries
+one (the whole answer must be JSON of that shape), abstaining when there is none; a cut-off answer
+fails, and what the grammar cannot enforce (numeric bounds) fails here."""
+
+from __future__ import annotations
+
+from router.generation import GenerationRequest, ResponseFormat
+from tests.verifiers.scripted import gen
+from verifiers.format import FormatVerifier
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+FREE = GenerationRequest(prompt="Say hi")
+WITH_SCHEMA = GenerationRequest(prompt="A person", response_format=ResponseFormat("json_schema", SCHEMA, "person"))
+JSON_MODE = GenerationRequest(prompt="A person", response_format=ResponseFormat("json_object"))
+
+
+async def test_abstains_without_a_response_format() -> None:
+    s = await FormatVerifier().score(FREE, gen("Hello there"))
+    assert s.abstained
+    assert s.details["check"] == "response_format"
+
+
+async def test_checks_the_request_schema() -> None:
+    v = FormatVerifier()
+    ok = await v.score(WITH_SCHEMA, gen('{"name": "Ada", "age": 36}'))
+    assert ok.value == 1.0 and ok.details["check"] == "response_format"
+    below = await v.score(WITH_SCHEMA, gen('{"name": "Ada", "age": -1}'))  # `minimum`: not in the grammar
+    assert below.value == 0.0 and below.details["failed"] == "schema"
+    assert "age" in below.reason
+    extra = await v.score(WITH_SCHEMA, gen('{"name": "Ada", "age": 3, "x": 1}'))
+    assert extra.value == 0.0
+
+
+async def test_the_whole_answer_must_be_json() -> None:
+    # the client parses the message content as it is: a fenced block is not what it asked for
+    fenced = await FormatVerifier().score(WITH_SCHEMA, gen('```json\n{"name": "Ada", "age": 36}\n```'))
+    assert fenced.value == 0.0 and fenced.details["failed"] == "json"
+
+
+async def test_a_cut_off_answer_fails_and_says_why() -> None:
+    cut = await FormatVerifier().score(WITH_SCHEMA, gen('{"name": "Ad', finish_reason="length"))
+    assert cut.value == 0.0
+    assert "cut off at max_tokens" in cut.reason
+
+
+async def test_json_mode_wants_an_object() -> None:
+    v = FormatVerifier()
+    assert (await v.score(JSON_MODE, gen('{"a": [1, 2]}'))).value == 1.0
+    array = await v.score(JSON_MODE, gen("[1, 2]"))
+    assert array.value == 0.0 and array.details["failed"] == "object"
+
+
+async def test_configured_checks_still_run_beside_the_request_format() -> None:
+    v = FormatVerifier(regex=r'"name"')
+    assert (await v.score(JSON_MODE, gen('{"age": 1}'))).value == 0.0  # the regex fails
+    assert (await v.score(JSON_MODE, gen("not json"))).value == 0.0  # the request's format fails
+    both = await v.score(JSON_MODE, gen('{"name": "x"}'))
+    assert both.value == 1.0 and "response_format" in both.details["passed"]
+    assert (await v.score(FREE, gen('"name"'))).value == 1.0  # no format asked: the config's alone
