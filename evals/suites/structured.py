@@ -35,7 +35,7 @@ from evals.data import read_jsonl
 from evals.grading import Grade
 from evals.suites.base import AnswerKey, Item, Suite
 from router.errors import ConfigError
-from router.generation import GenerationRequest, Message
+from router.generation import GenerationRequest, Message, ResponseFormat
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "structured.jsonl"
 
@@ -49,13 +49,13 @@ PROMPT = (
 def _with_response_format(
     request: GenerationRequest, schema: dict[str, Any], name: str = "extraction"
 ) -> GenerationRequest:
-    """The request asking for `schema` as OpenAI's `response_format` would.
-
-    INTEGRATOR: GenerationRequest has no `response_format` field yet (branch h-structured adds
-    it). Until then the schema rides in the metadata, where `router.tasks` already reads the
-    format's type; once the field exists, set it here instead and keep the metadata type."""
-    fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
-    return request.with_(metadata={**request.metadata, "response_format": "json_schema", "json_schema": fmt})
+    """The request asking for `schema` as OpenAI's `response_format` would (strict, as
+    `client.beta.chat.completions.parse` sends it); the metadata names the format's type as the
+    API's does, which is what `router.tasks` reads to label the request `structured`."""
+    return request.with_(
+        response_format=ResponseFormat("json_schema", schema, name, True),
+        metadata={**request.metadata, "response_format": "json_schema"},
+    )
 
 
 class Structured(Suite):

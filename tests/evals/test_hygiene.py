@@ -133,8 +133,8 @@ async def test_structured_reference_never_reaches_a_verifier(tmp_path: Path) -> 
         text = everything_in(req)
         row = next(r for r in rows.values() if r["text"] in req.last_user_text())
         # the schema is the caller's (in the message and as the response_format); the object is not
-        assert req.metadata["json_schema"]["json_schema"]["schema"] == row["schema"]
-        assert set(req.metadata) == {"task", "client_code", "response_format", "json_schema"}
+        assert req.response_format is not None and req.response_format.schema == row["schema"]
+        assert set(req.metadata) == {"task", "client_code", "response_format"}
         for form in (json.dumps(row["reference"]), json.dumps(row["reference"], ensure_ascii=False)):
             assert form not in text
         assert "reference" not in json.dumps(req.metadata)

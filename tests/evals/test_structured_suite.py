@@ -48,8 +48,9 @@ def test_the_request_asks_for_the_schema(tmp_path: Any) -> None:
     item = suite.load()[0]
     settings = load_settings(write_config(tmp_path))
     request = build_request(suite, item, settings.tiers[0])
-    fmt = request.metadata["json_schema"]
-    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"]["type"] == "object"
+    fmt = request.response_format
+    assert fmt is not None and fmt.kind == "json_schema" and fmt.strict is True
+    assert fmt.schema is not None and fmt.schema["type"] == "object"
     assert rule_task(request) is not None and rule_task(request).task == "structured"  # type: ignore[union-attr]
     assert task_of_suite(suite.task) == "structured"
 
