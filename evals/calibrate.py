@@ -293,7 +293,22 @@ def toml_snippet(cal: Calibration, task: str | None = None) -> str:
         if task is not None:
             lines += [f"[tiers.tasks.{task}]"]
         lines += [f"threshold = {th:.6g}", ""]
-    return "\n".join(lines).rstrip() + "\n"
+    return "\n".join(lines).rstrip() + "\n" + baseline_hint(cal, task)
+
+
+def baseline_hint(cal: Calibration, task: str | None = None) -> str:
+    """The first tier's acceptance rate at these thresholds on the calibration items, as the
+    drift baseline a shadowed tier compares live acceptance with (`tiers[].shadow.baseline_accept`);
+    a rate of 0 or 1 is no baseline (a detector cannot see a change from certainty)."""
+    first = next(iter(cal.thresholds), None)
+    rate = cal.calibration.answered[0] if cal.calibration.answered else None
+    if first is None or rate is None or not 0.0 < rate < 1.0:
+        return ""
+    key = task if task is not None else '"*"'  # a bare TOML key cannot be *
+    return (
+        f"# drift baseline: tier '{first}' accepted {rate:.3f} of the calibration items at this threshold;\n"
+        f"# with shadow on, put it in that tier's [tiers.shadow]: baseline_accept = {{ {key} = {rate:.3f} }}\n"
+    )
 
 
 _HEADER = re.compile(r"^\s*\[")

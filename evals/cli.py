@@ -445,7 +445,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from evals.calibrate import Target, calibrate, toml_snippet, write_thresholds
+    from evals.calibrate import Target, baseline_hint, calibrate, toml_snippet, write_thresholds
     from evals.formatting import pct, th, usd
     from evals.sweep import CONFIG
     from router.tasks import task_of_suite
@@ -484,6 +484,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         write_thresholds(path, cal.thresholds, task=task)
         where = "the tiers' own threshold" if task is None else f"the tiers' policy for task '{task}'"
         print(f"wrote thresholds into {path} ({where})")
+        print(baseline_hint(cal, task), end="")
     else:
         print("\n# paste into config.toml (or rerun with --write):\n" + snippet)
     return 0

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from evals.calibrate import Target, calibrate, choose, in_calibration, split, write_thresholds
+from evals.calibrate import (
+    Target,
+    baseline_hint,
+    calibrate,
+    choose,
+    in_calibration,
+    split,
+    toml_snippet,
+    write_thresholds,
+)
 from evals.sweep import CONFIG, ItemOutcome, ResultTable, TierInfo, TierOutcome
 from router.config import DEFAULT_CONFIG, PriceSettings, load_settings
 from router.errors import ConfigError
@@ -148,3 +157,16 @@ def test_write_thresholds_into_a_task_policy(tmp_path: Path) -> None:
     assert [v.name for v in final.tier("small").tasks["open_ended"].verifiers or []] == ["degeneration"]
     assert final.tier("large").tasks["open_ended"].threshold == pytest.approx(0.2)
     assert final.tier("large").llamacpp == before.tier("large").llamacpp
+
+
+def test_the_snippet_names_the_drift_baseline_the_calibration_implies() -> None:
+    table = synthetic()
+    cal = calibrate(table, "v", Target.parse("min-accuracy=0.8"), seed=0)
+    calib, _ = split(table, seed=0)
+    accepted = sum(it.tiers[0].scores["v"] >= cal.thresholds["small"] for it in calib.items) / len(calib.items)
+    hint = baseline_hint(cal, "maths")
+    assert f"baseline_accept = {{ maths = {accepted:.3f} }}" in hint
+    assert f'baseline_accept = {{ "*" = {accepted:.3f} }}' in toml_snippet(cal)
+    # a tier that accepts everything or nothing gives a detector no baseline to move from
+    everything = calibrate(table, "v", Target.parse("max-escalation=0"), seed=0)
+    assert everything.calibration.answered[0] == 1.0 and baseline_hint(everything) == ""
