@@ -15,8 +15,8 @@ Grading is exact match after normalisation, with a per-field account in the grad
 
 - the answer is parsed as JSON (a Markdown code fence around it is allowed; anything else is
   invalid, and so is an answer cut off by `max_tokens`);
-- objects compare by key, in any order; a key whose value is null counts as absent (optional
-  fields are left out of the references);
+- objects compare by key, in any order; a key whose value is null or empty (`""`, `[]`, `{}`)
+  counts as absent (optional fields are left out of the references);
 - numbers compare as numbers (2 equals 2.0; relative tolerance 1e-9), and a boolean is not a number;
 - strings are trimmed and their runs of whitespace collapsed; they are case-folded only at the
   free-text paths the item lists in ``fold`` (a name written in capitals on a receipt, a skill);
@@ -62,7 +62,7 @@ class Structured(Suite):
     name = "structured"
     task = "structured"
     max_tokens = 384
-    version = "1"
+    version = "2"  # 2: an empty string, list or object counts as absent, as null did
     source = "tierroute's own JSON-schema extraction items, 60 (evals/data/structured.jsonl)"
 
     def __init__(self, path: Path = DATA) -> None:
@@ -119,7 +119,7 @@ def _refuse(name: str) -> Any:
 def normalise(value: Any, fold: frozenset[str], path: str = "") -> Any:
     """A value in the form two equal answers share (see the module docstring)."""
     if isinstance(value, dict):
-        return {k: normalise(v, fold, f"{path}.{k}" if path else k) for k, v in sorted(value.items()) if v is not None}
+        return {k: normalise(v, fold, f"{path}.{k}" if path else k) for k, v in sorted(value.items()) if not _empty(v)}
     if isinstance(value, list):
         return [normalise(v, fold, f"{path}[]") for v in value]
     if isinstance(value, str):
@@ -130,6 +130,14 @@ def normalise(value: Any, fold: frozenset[str], path: str = "") -> Any:
     if isinstance(value, int | float):
         return _Number(float(value))
     return value
+
+
+def _empty(value: Any) -> bool:
+    """Nothing given: null, an empty string, list or object. An answer that writes `"awards": []`
+    says what a reference that leaves the field out says."""
+    return value is None or (
+        isinstance(value, str | list | dict) and not (value.strip() if isinstance(value, str) else value)
+    )
 
 
 class _Number(float):

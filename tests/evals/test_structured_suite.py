@@ -27,7 +27,7 @@ FOLD = ["merchant", "items[].name"]
 
 def test_items_are_sound_and_the_fingerprint_stable() -> None:
     suite = get_suite("structured")
-    assert isinstance(suite, Structured) and suite.task == "structured" and suite.fingerprint == "structured@1"
+    assert isinstance(suite, Structured) and suite.task == "structured" and suite.fingerprint == "structured@2"
     items = suite.load()
     assert len(items) == 60 and len({i.id for i in items}) == 60
     assert len({i.group for i in items}) >= 10  # varied domains
@@ -66,8 +66,9 @@ def test_the_request_asks_for_the_schema(tmp_path: Any) -> None:
             True,
             "fields 4/4 right",
         ),
-        # a null optional field is an absent one
+        # a null or empty optional field is an absent one
         (json.dumps({**REF, "payment_method": None}), True, "fields 4/4 right"),
+        (json.dumps({**REF, "payment_method": " ", "notes": [], "extra": {}}), True, "fields 4/4 right"),
         (json.dumps({**REF, "total": 4.99}), False, "fields 3/4 right; wrong: total"),
         (json.dumps({**REF, "currency": "usd"}), False, "wrong: currency"),  # an enum is not free text
         (json.dumps({**REF, "payment_method": "card"}), False, "fields 4/5 right; wrong: payment_method"),
