@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+import regex
+
 from router.generation import Generation, GenerationRequest, ResponseFormat
 from router.grammars import GRAMMAR_CACHE, schema_key
 from verifiers.base import Score, VerifierContext
@@ -123,14 +125,41 @@ def _check_response_format(fmt: ResponseFormat, candidate: Generation) -> Score:
     return Score(1.0, f"answer is valid for the request's {fmt.kind}", details)
 
 
+# A request's schema is the client's, and its `pattern`s run against text a model wrote (or an
+# upstream sent): with Python's backtracking `re`, a pattern such as ^(a+)+$ against "aaaa…a!"
+# takes exponential time while holding the event loop. Client patterns run under the `regex`
+# package with a time limit instead; a check that runs out of time fails the answer.
+PATTERN_TIMEOUT_S = 0.05
+
+
+def _bounded_pattern(validator: Any, pattern: Any, instance: Any, schema: Any) -> Any:
+    from jsonschema.exceptions import ValidationError
+
+    if not validator.is_type(instance, "string") or not isinstance(pattern, str):
+        return
+    try:
+        found = regex.search(pattern, instance, timeout=PATTERN_TIMEOUT_S)
+    except TimeoutError:
+        yield ValidationError(f"the pattern {pattern[:60]!r} took too long to check")
+        return
+    except regex.error:
+        yield ValidationError(f"the pattern {pattern[:60]!r} does not compile")
+        return
+    if found is None:
+        yield ValidationError(f"{instance[:60]!r} does not match {pattern[:60]!r}")
+
+
 @lru_cache(maxsize=GRAMMAR_CACHE)
 def _request_validator(key: str) -> Any:
     """A validator per schema: a request's schema was checked when the request was read
-    (router.grammars.check_schema), and a cascade scores the same schema at every tier."""
+    (router.grammars.check_schema), and a cascade scores the same schema at every tier. Its
+    `pattern` keyword runs with a time limit (above)."""
     import jsonschema
 
     schema = json.loads(key)
-    return jsonschema.validators.validator_for(schema)(schema)
+    base = jsonschema.validators.validator_for(schema)
+    bounded = jsonschema.validators.extend(base, {"pattern": _bounded_pattern})
+    return bounded(schema)
 
 
 def _first_schema_error(validator: Any, value: Any) -> str | None:

@@ -4,6 +4,10 @@ fails, and what the grammar cannot enforce (numeric bounds) fails here."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from router.generation import GenerationRequest, ResponseFormat
 from tests.verifiers.scripted import gen
 from verifiers.format import FormatVerifier
@@ -62,3 +66,17 @@ async def test_configured_checks_still_run_beside_the_request_format() -> None:
     both = await v.score(JSON_MODE, gen('{"name": "x"}'))
     assert both.value == 1.0 and "response_format" in both.details["passed"]
     assert (await v.score(FREE, gen('"name"'))).value == 1.0  # no format asked: the config's alone
+
+
+@pytest.mark.timeout(30)
+async def test_a_catastrophic_client_pattern_fails_the_answer_instead_of_hanging() -> None:
+    # ^(a|aa)+$ against 40 a's and a '!': exponentially many ways to split the a's, each tried by
+    # a backtracking matcher before it gives up, while holding the event loop (and every other
+    # request). An upstream, not a grammar, wrote the answer.
+    evil = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a|aa)+$"}}, "required": ["s"]}
+    request = GenerationRequest(prompt="x", response_format=ResponseFormat("json_schema", evil, "evil"))
+    bad = await FormatVerifier().score(request, gen(json.dumps({"s": "a" * 40 + "!"})))
+    assert bad.value == 0.0 and "took too long" in bad.reason
+    # the same pattern still passes and fails ordinary answers
+    assert (await FormatVerifier().score(request, gen('{"s": "aaa"}'))).value == 1.0
+    assert (await FormatVerifier().score(request, gen('{"s": "ab"}'))).value == 0.0
