@@ -158,7 +158,7 @@ def _request_validator(key: str) -> Any:
 
     schema = json.loads(key)
     base = jsonschema.validators.validator_for(schema)
-    bounded = jsonschema.validators.extend(base, {"pattern": _bounded_pattern})
+    bounded = jsonschema.validators.extend(base, {"pattern": _bounded_pattern})  # type: ignore[no-untyped-call]
     return bounded(schema)
 
 
