@@ -380,6 +380,32 @@ class ChatCompletionRequest(_Common):
     # read by _tool_choice: a plain union's error would name the member pydantic tried, not the field
     tool_choice: Any = None
     parallel_tool_calls: StrictBool | None = None
+    # OpenAI parameters that change the answer and that tierroute does not serve: a 400 naming the
+    # parameter, so a client never takes an answer for one made as it asked (README, HTTP API)
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+
+    @field_validator(
+        "functions", "function_call", "audio", "prediction", "web_search_options", "reasoning_effort", "verbosity"
+    )
+    @classmethod
+    def _not_served(cls, v: Any) -> Any:
+        if v is not None:
+            raise ValueError("not supported by tierroute (functions: use tools)")
+        return v
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, v: Any) -> Any:
+        if v is not None and v != ["text"]:
+            raise ValueError('only ["text"] is supported')
+        return v
 
     @field_validator("tool_choice")
     @classmethod
@@ -481,6 +507,14 @@ class CompletionRequest(_Common):
     # the legacy API's count of top alternatives; 0 gives the sampled tokens' logprobs alone
     logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LEGACY_LOGPROBS)
     top_logprobs: Any = None  # chat's parameter: refused here by name rather than ignored
+    best_of: Any = None  # several candidates server-side: not served (1 or null only)
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_candidate(cls, v: Any) -> Any:
+        if v is not None and (isinstance(v, bool) or v != 1):
+            raise ValueError("only best_of=1 is supported")
+        return v
 
     def logprobs_wanted(self) -> int | None:
         if self.top_logprobs is not None:

@@ -175,6 +175,18 @@ CASES: dict[str, Case] = {
     "tierroute string": bad(chat(tierroute="x"), "tierroute"),
     "tierroute.tests number": bad(chat(tierroute={"tests": 5}), "tierroute.tests"),
     # unsupported, refused by name rather than silently ignored
+    "functions": bad(chat(functions=[{"name": "f", "parameters": {}}]), "functions"),
+    "function_call": bad(chat(function_call="auto"), "function_call"),
+    "audio": bad(chat(audio={"voice": "alloy", "format": "wav"}), "audio"),
+    "modalities audio": bad(chat(modalities=["text", "audio"]), "modalities"),
+    "modalities text": fine(chat(modalities=["text"])),
+    "prediction": bad(chat(prediction={"type": "content", "content": "x"}), "prediction"),
+    "web_search_options": bad(chat(web_search_options={}), "web_search_options"),
+    "reasoning_effort": bad(chat(reasoning_effort="high"), "reasoning_effort"),
+    "verbosity": bad(chat(verbosity="low"), "verbosity"),
+    "bookkeeping ignored": fine(chat(store=False, metadata={"a": "b"}, service_tier="auto")),
+    "completions best_of 2": bad({"model": "small", "prompt": "x", "best_of": 2}, "best_of", path=COMPLETIONS),
+    "completions best_of 1": fine({"model": "small", "prompt": "x", "best_of": 1, "max_tokens": 2}, path=COMPLETIONS),
     "logprobs string": bad(chat(logprobs="yes"), "logprobs"),
     # logprobs as OpenAI serves them, and refused as it refuses them
     "logprobs true": fine(chat(logprobs=True, max_tokens=2)),
