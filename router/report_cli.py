@@ -10,16 +10,28 @@ from pathlib import Path
 from typing import Any
 
 
+def _window(args: argparse.Namespace) -> tuple[float | None, float | None] | None:
+    """--since and --until as times; None (after saying why) when one does not parse."""
+    from router import reports
+
+    try:
+        return (
+            reports.parse_time(args.since) if args.since else None,
+            reports.parse_time(args.until) if args.until else None,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
 def cmd_report_costs(args: argparse.Namespace) -> int:
     from router import reports
     from router.ledger import open_store
 
-    try:
-        since = reports.parse_time(args.since) if args.since else None
-        until = reports.parse_time(args.until) if args.until else None
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    span = _window(args)
+    if span is None:
         return 2
+    since, until = span
     ledger_path, prices = _ledger_and_prices(args)
     store = open_store(ledger_path, read_only=True)
     store.open()
@@ -54,17 +66,15 @@ def cmd_report_costs(args: argparse.Namespace) -> int:
 
 
 def cmd_report_quality(args: argparse.Namespace) -> int:
-    from router import quality_report, reports
+    from router import quality_report
     from router.config import load_settings
     from router.errors import TierrouteError
     from router.ledger import open_store
 
-    try:
-        since = reports.parse_time(args.since) if args.since else None
-        until = reports.parse_time(args.until) if args.until else None
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    span = _window(args)
+    if span is None:
         return 2
+    since, until = span
     settings = None
     try:
         settings = load_settings(args.config)
