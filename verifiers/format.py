@@ -15,6 +15,8 @@ one: it can sit in every policy at no cost to free-text traffic.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -83,7 +85,8 @@ class FormatVerifier:
         passed: list[str] = []
         configured = self._pattern is not None or self.json or self._validator is not None
         if request.response_format is not None:
-            asked = _check_response_format(request.response_format, candidate)
+            # off the event loop: a client schema's patterns may each take up to PATTERN_TIMEOUT_S
+            asked = await asyncio.to_thread(_check_response_format, request.response_format, candidate)
             if asked.value == 0.0 or not configured:
                 return asked
             passed.append("response_format")
@@ -130,6 +133,7 @@ def _check_response_format(fmt: ResponseFormat, candidate: Generation) -> Score:
 # takes exponential time while holding the event loop. Client patterns run under the `regex`
 # package with a time limit instead; a check that runs out of time fails the answer.
 PATTERN_TIMEOUT_S = 0.05
+MAX_ERRORS_READ = 8  # so one answer costs at most about 8 x PATTERN_TIMEOUT_S of pattern checks
 
 
 def _bounded_pattern(validator: Any, pattern: Any, instance: Any, schema: Any) -> Any:
@@ -138,7 +142,7 @@ def _bounded_pattern(validator: Any, pattern: Any, instance: Any, schema: Any) -
     if not validator.is_type(instance, "string") or not isinstance(pattern, str):
         return
     try:
-        found = regex.search(pattern, instance, timeout=PATTERN_TIMEOUT_S)
+        found = regex.search(pattern, instance, timeout=PATTERN_TIMEOUT_S, concurrent=True)
     except TimeoutError:
         yield ValidationError(f"the pattern {pattern[:60]!r} took too long to check")
         return
@@ -166,7 +170,8 @@ def _first_schema_error(validator: Any, value: Any) -> str | None:
     # the most relevant error first, as jsonschema ranks them
     import jsonschema
 
-    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    # the best of the first few: every further error may be another pattern run to its time limit
+    error = jsonschema.exceptions.best_match(itertools.islice(validator.iter_errors(value), MAX_ERRORS_READ))
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path)

@@ -4,13 +4,15 @@ fails, and what the grammar cannot enforce (numeric bounds) fails here."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
 
 from router.generation import GenerationRequest, ResponseFormat
 from tests.verifiers.scripted import gen
-from verifiers.format import FormatVerifier
+from verifiers.format import PATTERN_TIMEOUT_S, FormatVerifier
 
 SCHEMA = {
     "type": "object",
@@ -80,3 +82,26 @@ async def test_a_catastrophic_client_pattern_fails_the_answer_instead_of_hanging
     # the same pattern still passes and fails ordinary answers
     assert (await FormatVerifier().score(request, gen('{"s": "aaa"}'))).value == 1.0
     assert (await FormatVerifier().score(request, gen('{"s": "ab"}'))).value == 0.0
+
+
+@pytest.mark.timeout(30)
+async def test_many_slow_strings_cost_a_bounded_time_off_the_event_loop() -> None:
+    # 200 strings that each run the pattern to its time limit: only the first few are read
+    evil = {"type": "array", "items": {"type": "string", "pattern": "^(a|aa)+$"}}
+    request = GenerationRequest(prompt="x", response_format=ResponseFormat("json_schema", evil, "evil"))
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    started = time.monotonic()
+    bad = await FormatVerifier().score(request, gen(json.dumps(["a" * 40 + "!"] * 200)))
+    took = time.monotonic() - started
+    ticker.cancel()
+    assert bad.value == 0.0 and "took too long" in bad.reason
+    assert took < 0.2 * 200 * PATTERN_TIMEOUT_S  # far less than every string run to its limit
+    assert ticks >= took / 0.01 / 4  # the loop kept turning while the patterns ran
