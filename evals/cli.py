@@ -552,6 +552,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         fraction=args.fraction,
         suite_specific=args.suite_specific,
         include_costly=args.with_costly_verifiers,
+        deciding_tiers=args.deciding_tiers,
         n_buckets=args.buckets,
         target=Target.parse(args.target),
         command=command,
@@ -586,6 +587,8 @@ def _train_command(args: argparse.Namespace) -> str:
         parts.append("--suite-specific")
     if args.with_costly_verifiers:
         parts.append("--with-costly-verifiers")
+    if args.deciding_tiers:
+        parts.append("--deciding-tiers")
     if args.buckets != 1024:
         parts += ["--buckets", str(args.buckets)]
     if args.splits:
@@ -809,4 +812,10 @@ def register(sub: Any, add: Any) -> None:
         "--with-costly-verifiers",
         action="store_true",
         help="let verifiers that generate (self_consistency, judge) be features: they then run on every request",
+    )
+    p.add_argument(
+        "--deciding-tiers",
+        action="store_true",
+        help="train the learned verifier only for the tiers that can escalate (all but the last), so verifiers "
+        "scored only there, such as cross_tier, can be features",
     )

@@ -86,7 +86,7 @@ def attach(table: ResultTable, preds: Predictions, *, seed: int, fraction: float
             "trained on as held-out. Use the same --seed and --fraction, or retrain."
         )
     names = [t.name for t in table.tiers]
-    learned: dict[str, list[float]] = {}
+    learned: dict[str, list[float | None]] = {}
     pre: dict[str, list[float]] = {}
     for it in table.items:
         rows = [preds.rows.get((table.run, it.id, n)) for n in names]
@@ -98,7 +98,8 @@ def attach(table: ResultTable, preds: Predictions, *, seed: int, fraction: float
         side = "calibration" if in_calibration(it.id, seed, fraction) else "held-out"
         if any(r["split"] != side for r in rows):  # type: ignore[index]
             raise ConfigError(f"{preds.root}: item {it.id} was on the other side of the split in training")
-        learned[it.id] = [float(r["learned"]) for r in rows]  # type: ignore[index]
+        # None: the learned verifier has no model for that tier (trained with --deciding-tiers)
+        learned[it.id] = [None if r["learned"] is None else float(r["learned"]) for r in rows]  # type: ignore[index]
         pre[it.id] = [float(r["prerouter"]) for r in rows]  # type: ignore[index]
     members = preds.members(table.run)
 

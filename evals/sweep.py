@@ -84,7 +84,7 @@ class ResultTable:
     def with_scores(
         self,
         label: str,
-        scores: Mapping[str, Sequence[float]],
+        scores: Mapping[str, Sequence[float | None]],
         *,
         cost: Callable[[TierOutcome], tuple[float, float]] | None = None,
         verifier: bool = True,
@@ -92,15 +92,17 @@ class ResultTable:
         """A copy with one more score column: `scores[item id]` holds one score per tier. How a
         learned estimator (fit on other items) joins the sweep and calibration. `cost(outcome)`
         gives what computing the score costs on that tier's answer ($, seconds; default nothing);
-        `verifier=False` keeps the column out of the verifiers (a pre-router reads no answer)."""
+        `verifier=False` keeps the column out of the verifiers (a pre-router reads no answer). A None
+        score is an abstention: an estimator with no model for that tier."""
 
-        def scored(t: TierOutcome, v: float) -> TierOutcome:
-            if cost is None:
-                return replace(t, scores={**t.scores, label: float(v)})
+        def scored(t: TierOutcome, v: float | None) -> TierOutcome:
+            value = None if v is None else float(v)
+            if cost is None or value is None:
+                return replace(t, scores={**t.scores, label: value})
             usd, sec = cost(t)
             return replace(
                 t,
-                scores={**t.scores, label: float(v)},
+                scores={**t.scores, label: value},
                 verify_cost_usd={**t.verify_cost_usd, label: usd},
                 verify_s={**t.verify_s, label: sec},
             )

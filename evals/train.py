@@ -57,6 +57,7 @@ def train(
     fraction: float = 0.5,
     suite_specific: bool = False,
     include_costly: bool = False,
+    deciding_tiers: bool = False,
     n_buckets: int = 1024,
     target: Target = DEFAULT_TARGET,
     command: str = "",
@@ -82,6 +83,7 @@ def train(
         fraction=fraction,
         suite_specific=suite_specific,
         include_costly=include_costly,
+        deciding_tiers=deciding_tiers,
         n_buckets=n_buckets,
         target=target,
         command=command,
@@ -106,6 +108,7 @@ def _train(
     fraction: float,
     suite_specific: bool,
     include_costly: bool,
+    deciding_tiers: bool,
     n_buckets: int,
     target: Target,
     command: str,
@@ -116,7 +119,7 @@ def _train(
     predictions: list[dict[str, Any]] = []
     members: dict[str, list[str]] = {}
     for group in groups:
-        refs = feature_verifiers(group, include_costly=include_costly)
+        refs = feature_verifiers(group, include_costly=include_costly, deciding_tiers=deciding_tiers)
         for r in group:
             fill_scores(r, refs)
         spec_v = FeatureSpec(answer=True, verifiers=tuple(refs), n_buckets=n_buckets)
@@ -131,6 +134,8 @@ def _train(
         if not cal_a.any() or cal_a.all():
             raise ConfigError(f"{len(cal_a)} items are too few to split into calibration and held-out items")
         for ti, tier in enumerate(names):
+            # with deciding_tiers the last tier gets no learned verifier: its features may not exist there
+            verifies = not (deciding_tiers and len(names) > 1 and ti == len(names) - 1)
             xv_a = np.array(
                 [
                     spec_v.vector(
@@ -140,10 +145,15 @@ def _train(
                     )
                     for r, it in rows
                 ]
+                if verifies
+                else []
             )
             y_a = np.array([it.tiers[ti].correct for _, it in rows], dtype=int)
-            preds = {}
+            preds: dict[str, np.ndarray | None] = {}
             for kind, x, spec in (("verifier", xv_a, spec_v), ("prerouter", xp_a, spec_p)):
+                if kind == "verifier" and not verifies:
+                    preds[kind] = None
+                    continue
                 n_dense = len(spec.dense_names)
                 model = fit_model(x[cal_a], y_a[cal_a], n_dense, seed=seed)
                 models[kind][tier] = model
@@ -151,6 +161,8 @@ def _train(
                 p[cal_a] = out_of_fold(x[cal_a], y_a[cal_a], n_dense, seed=seed)
                 p[~cal_a] = model.probability(x[~cal_a])
                 preds[kind] = p
+            learned_p, pre_p = preds["verifier"], preds["prerouter"]
+            assert pre_p is not None  # every tier has a pre-router
             for j, (run, item) in enumerate(keys):
                 predictions.append(
                     {
@@ -158,8 +170,8 @@ def _train(
                         "item": item,
                         "tier": tier,
                         "split": "calibration" if cal_a[j] else "held-out",
-                        LEARNED: round(float(preds["verifier"][j]), 12),
-                        PREROUTER: round(float(preds["prerouter"][j]), 12),
+                        LEARNED: None if learned_p is None else round(float(learned_p[j]), 12),
+                        PREROUTER: round(float(pre_p[j]), 12),
                     }
                 )
         trained_on = {

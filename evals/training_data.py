@@ -92,11 +92,18 @@ def _suite_of(manifest: dict[str, Any], explicit: str | None) -> Any:
         raise ConfigError(f"run {manifest['name']}: cannot find suite '{name}'; name it with --suite") from None
 
 
-def feature_verifiers(runs: Sequence[RunData], *, include_costly: bool = False) -> list[VerifierRef]:
+def feature_verifiers(
+    runs: Sequence[RunData], *, include_costly: bool = False, deciding_tiers: bool = False
+) -> list[VerifierRef]:
     """The verifiers whose scores are features: every eval verifier scored on every item at
     every tier of every run (same name and params everywhere), so the learned verifier computes
     them at serve time exactly as they were stored; and, pooling suites, every pure one (see
     `PURE`) scored on any of them, computed for the other suites' answers by `fill_scores`.
+
+    With `deciding_tiers`, "every tier" means every tier whose answer can be escalated (all but the
+    last): the learned verifier is then trained for those tiers only, and a verifier that reads the
+    next tier, such as `cross_tier`, which has nothing to score the last tier's answer with, can be a
+    feature.
 
     Why not the sandboxed `code_tests` too: pooled with GSM8K, a linear model cannot tell a
     HumanEval answer passing its doctests from a GSM8K answer that is runnable Python without
@@ -113,7 +120,8 @@ def feature_verifiers(runs: Sequence[RunData], *, include_costly: bool = False) 
                 continue
             if not include_costly and (name in COSTLY or label in r.costly):
                 continue
-            if all(label in t.scores for it in r.table.items for t in it.tiers):
+            tiers = slice(0, -1) if deciding_tiers and len(r.table.tiers) > 1 else slice(None)
+            if all(label in t.scores for it in r.table.items for t in it.tiers[tiers]):
                 refs[label] = VerifierRef(label, name, dict(v["params"]))
         per_run.append(refs)
     common = (

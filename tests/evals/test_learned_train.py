@@ -271,3 +271,35 @@ async def test_pooled_suites_share_their_pure_verifiers(tmp_path: Path) -> None:
             assert score.details["features"]["math_answer"] == 1.0  # computed for beta, which never stored it
     md = (result.out / "README.md").read_text()
     assert md.count("```toml") == 1 and "alpha+beta" in md  # one config: the pooled thresholds
+
+
+def test_a_verifier_scored_only_on_tiers_that_escalate_is_a_feature_with_deciding_tiers(
+    trained, tmp_path: Path
+) -> None:
+    """`cross_tier` has nothing to score the last tier's answer with, so a run stores it for the
+    first tier only: with --deciding-tiers it is a feature, and the learned verifier is trained for
+    the first tier only (the last tier's column abstains) instead of the verifier being dropped."""
+    root, _ = trained
+    run = load_run(root)
+    items = []
+    for it in run.table.items:
+        first, last = it.tiers
+        first = replace(first, scores={**first.scores, "cross_tier": first.scores["confidence_min"]})
+        items.append(replace(it, tiers=(first, last)))
+    manifest = {
+        **run.table.manifest,
+        "verifiers": [
+            *run.table.manifest["verifiers"],
+            {"name": "cross_tier", "params": {"tier": "large"}, "label": "cross_tier"},
+        ],
+    }
+    run = replace(run, table=replace(run.table, items=items, manifest=manifest))
+    assert "cross_tier" not in [v.label for v in feature_verifiers([run])]
+    assert "cross_tier" in [v.label for v in feature_verifiers([run], deciding_tiers=True)]
+
+    result = train([run], tmp_path / "est", n_buckets=BUCKETS, deciding_tiers=True)
+    blob = json.loads(next(result.out / a["file"] for a in result.artifacts if a["kind"] == "verifier").read_text())
+    assert list(blob["models"]) == ["small"]
+    table = attach(run.table, load_predictions(result.out), seed=0, fraction=0.5)
+    assert all(it.tiers[0].scores[LEARNED] is not None for it in table.items)
+    assert all(it.tiers[1].scores[LEARNED] is None for it in table.items)
