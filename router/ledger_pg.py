@@ -174,6 +174,7 @@ class PostgresStore:
         self.hold_ttl_s = hold_ttl_s  # how long a pending row written by `begin` counts
         self._password = password
         self._pool: psycopg_pool.ConnectionPool | None = None
+        self.migrated: list[int] = []  # the migrations `open` applied
 
     @property
     def pool(self) -> psycopg_pool.ConnectionPool:
@@ -200,7 +201,7 @@ class PostgresStore:
             pool.open(wait=True, timeout=self.connect_timeout_s)
             if not self.read_only:
                 with pool.connection() as conn:
-                    migrate(conn)
+                    self.migrated = migrate(conn)
             else:
                 with pool.connection() as conn:
                     if applied(conn) == 0:
