@@ -325,6 +325,13 @@ class LedgerSettings(_Strict):
         "unset: libpq's own PGPASSWORD or ~/.pgpass.",
     )
     pool_size: int = Field(8, ge=2, le=256, description="PostgreSQL connections per replica.")
+    synchronous_commit: Literal["off", "local", "on", "remote_write", "remote_apply"] = Field(
+        "off",
+        description="PostgreSQL's synchronous_commit for the ledger's sessions. 'off' (the default) is the "
+        "SQLite store's promise: a commit is visible to every replica at once and survives any replica "
+        "dying, and a crash of the database server itself may lose its last fraction of a second; 'on' "
+        "also waits for the flush to disk (one fsync per request, which bounds a replica's write rate).",
+    )
     connect_timeout_s: float = Field(
         5.0,
         gt=0,

@@ -21,6 +21,13 @@ in order at start-up under an advisory lock, so replicas starting together migra
 Connections come from a psycopg pool: the ledger's writer thread takes one per write, admissions
 (on their own threads) take others, and a report takes one for its snapshot. A connection that
 cannot be had within `connect_timeout_s` is an error the caller turns into 503.
+
+Durability is the SQLite store's by default (`ledger.synchronous_commit = "off"`, as SQLite's
+`synchronous=NORMAL`): a commit is visible to every replica at once and survives any replica being
+killed; a crash of the database server itself may lose its last fraction of a second of commits.
+"on" waits for each commit's fsync; the writer thread is one per replica, so a replica's ledger
+then writes at most one request per fsync (measured here: ~7 ms p50 on a loaded disk, which
+cannot keep up with 100 requests/s).
 """
 
 from __future__ import annotations
@@ -166,8 +173,10 @@ class PostgresStore:
         pool_size: int = 8,
         connect_timeout_s: float = 5.0,
         hold_ttl_s: float = 600.0,
+        synchronous_commit: str = "off",
     ) -> None:
         self.url = url
+        self.synchronous_commit = synchronous_commit
         self.read_only = read_only
         self.pool_size = pool_size
         self.connect_timeout_s = connect_timeout_s
@@ -185,7 +194,10 @@ class PostgresStore:
     # -- LedgerStore -----------------------------------------------------------------------------
 
     def open(self) -> None:
-        kwargs: dict[str, Any] = {"connect_timeout": max(1, round(self.connect_timeout_s))}
+        kwargs: dict[str, Any] = {
+            "connect_timeout": max(1, round(self.connect_timeout_s)),
+            "options": f"-c synchronous_commit={self.synchronous_commit}",
+        }
         if self._password is not None:
             kwargs["password"] = self._password
         pool = psycopg_pool.ConnectionPool(

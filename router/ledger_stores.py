@@ -45,6 +45,7 @@ def open_store(
         pool_size=s.pool_size,
         connect_timeout_s=s.connect_timeout_s,
         hold_ttl_s=hold_ttl_s,
+        synchronous_commit=s.synchronous_commit,
     )
 
 
