@@ -238,7 +238,8 @@ class PostgresStore:
 
     def write(self, entry: LedgerEntry) -> None:
         try:
-            with self.pool.connection() as conn, conn.transaction():
+            # pipelined: the transaction's statements go out together, one round trip to the server
+            with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
                 _insert(conn, entry)
         except psycopg.errors.UniqueViolation as exc:
             raise DuplicateEntry(f"{entry.request_id}: {exc}") from exc
@@ -373,8 +374,7 @@ def _insert(conn: psycopg.Connection[Any], entry: LedgerEntry) -> None:
     conn.execute(f"INSERT INTO requests ({REQUEST_COLUMNS}) VALUES ({', '.join(['%s'] * 17)})", request_row(entry))
     rows = attempt_rows(entry)
     if rows:
-        with conn.cursor() as cur:
-            cur.executemany(f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES ({', '.join(['%s'] * 18)})", rows)
+        conn.cursor().executemany(f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES ({', '.join(['%s'] * 18)})", rows)
     conn.execute(
         "INSERT INTO key_spend (key_id, kind, start, usd) VALUES (%s, 'day', %s, %s), (%s, 'month', %s, %s) "
         "ON CONFLICT (key_id, kind, start) DO UPDATE SET usd = key_spend.usd + EXCLUDED.usd",

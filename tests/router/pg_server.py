@@ -16,9 +16,11 @@ import shutil
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from tests.conftest import free_port
 
@@ -85,3 +87,19 @@ def server() -> PostgresServer:
     if _server is None:
         _server = PostgresServer()
     return _server
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[PostgresServer]:
+    """The session's PostgreSQL server: started once for every PostgreSQL test, stopped at the end."""
+    global _server
+    yield server()
+    if _server is not None:
+        _server.stop()
+        _server = None
+
+
+@pytest.fixture
+def db(pg: PostgresServer) -> str:
+    """A fresh database on it, for one test: its URL."""
+    return pg.create_database()

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
@@ -25,21 +26,12 @@ from router.ledger_stores import open_store
 from router.limits import Reservation, SharedLimits
 from tests.conftest import TIERROUTE
 from tests.router.accounting_helpers import auth, chat, config_with_keys, running
-from tests.router.pg_server import server
 from tests.router.test_ledger import attempt, entry
 
+if TYPE_CHECKING:
+    from tests.router.pg_server import PostgresServer
 
-@pytest.fixture(scope="session")
-def pg() -> Iterator[str]:
-    """The session's PostgreSQL server (started once, stopped at the end): its admin URL."""
-    s = server()
-    yield s.url()
-
-
-@pytest.fixture
-def db(pg: str) -> str:
-    """A fresh database on it, for one test."""
-    return server().create_database()
+pytest_plugins = ["tests.router.pg_server"]  # the session's PostgreSQL server: `pg`, `db`
 
 
 @pytest.fixture
@@ -231,14 +223,16 @@ async def test_a_reservation_stops_counting_at_its_expiry(db: str) -> None:
         _close(replicas)
 
 
-async def test_a_lost_database_refuses_new_work_with_503(db: str, smol_path: Path, tmp_path: Path) -> None:
+async def test_a_lost_database_refuses_new_work_with_503(
+    pg: PostgresServer, db: str, smol_path: Path, tmp_path: Path
+) -> None:
     cfg, keys = config_with_keys(tmp_path, {"k": {"usd_per_day": 5.0}}, large="none")
     cfg.write_text(cfg.read_text().replace("[ledger]\n", f'[ledger]\nurl = "{db}"\nconnect_timeout_s = 1.0\n', 1))
     async with running(cfg) as client:
         ok = await client.post("/v1/chat/completions", json={**chat("Hi.", max_tokens=4), "user": "u-42"}, headers=auth(keys["k"]))  # fmt: skip
         assert ok.status_code == 200
         name = db.rsplit("/", 1)[1]
-        with psycopg.connect(server().url(), autocommit=True) as conn:
+        with psycopg.connect(pg.url(), autocommit=True) as conn:
             conn.execute(f"ALTER DATABASE {name} WITH ALLOW_CONNECTIONS false")
             conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
         try:
@@ -248,7 +242,7 @@ async def test_a_lost_database_refuses_new_work_with_503(db: str, smol_path: Pat
                 assert r.json()["error"]["type"] in ("server_error", "service_unavailable")
                 assert "retry-after" in r.headers
         finally:
-            with psycopg.connect(server().url(), autocommit=True) as conn:
+            with psycopg.connect(pg.url(), autocommit=True) as conn:
                 conn.execute(f"ALTER DATABASE {name} WITH ALLOW_CONNECTIONS true")
         await asyncio.sleep(0.2)
         back = await client.post("/v1/chat/completions", json=chat("Hi.", max_tokens=4), headers=auth(keys["k"]))

@@ -36,7 +36,9 @@ from router.ledger_pg import PostgresStore
 from tests.backends.fault_upstream import FaultUpstream, delayed, ok
 from tests.conftest import TIERROUTE, serve_process, write_config
 from tests.router.accounting_helpers import auth, chat, keys_section
-from tests.router.pg_server import server
+
+pytest_plugins = ["tests.router.pg_server"]  # the session's PostgreSQL server: `pg`, `db`
+
 
 TIMEOUT_S = 5  # the tier's timeout: a reservation lives TIMEOUT_S + 60 s (router.accounting)
 BUDGET = 3e-4  # "capped"'s daily budget, about 20 requests' cost
@@ -176,8 +178,8 @@ def check_reconciles(outcomes: list[Outcome], url: str, cfg: Path, *, in_flight_
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_three_replicas_share_one_ledger_budget_and_rate_then_survive_a_kill_9(tmp_path: Path) -> None:
-    url = server().create_database()
+def test_three_replicas_share_one_ledger_budget_and_rate_then_survive_a_kill_9(tmp_path: Path, db: str) -> None:
+    url = db
     # each answer takes 50 ms upstream, so a dozen requests are in flight when the kill comes
     with FaultUpstream(default=delayed(0.05, ok())) as upstream:
         cfg, raw = config(tmp_path, url, upstream.base_url)
