@@ -93,12 +93,15 @@ class Accounting:
             if settings.ledger.enabled
             else None
         )
-        self.ledger = Ledger(store) if store is not None else None
         self.shared = (
             SharedLimits(store, settings.server.api_keys, hold_ttl_s=ttl, workers=settings.ledger.pool_size)
             if isinstance(store, SharedCounter)
             else None
         )
+        # a shared store takes concurrent writes, each on its own connection; half the pool, the
+        # rest left to admissions
+        writers = max(1, settings.ledger.pool_size // 2) if self.shared is not None else 1
+        self.ledger = Ledger(store, writers=writers) if store is not None else None
         self.metrics = Metrics(lambda: engine.backends)
         self.limits = Limits(
             settings.server.api_keys,
@@ -229,6 +232,9 @@ class Accounting:
             )
             failed = None
             if self.ledger is not None:
+                if ticket.written is not None:  # its pending row first, or the settled row could come before it
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(ticket.written)
                 try:
                     await self.ledger.record(entry)
                 except Exception as exc:  # noqa: BLE001 - reported as 503 below, once the key is charged

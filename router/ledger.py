@@ -71,6 +71,7 @@ import contextlib
 import json
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -712,22 +713,30 @@ def attempt_from_row(row: Sequence[Any]) -> AttemptEntry:
 
 
 class Ledger:
-    """The async face of a store: every call runs on the ledger's own thread, in order.
+    """The async face of a store: every call runs on the ledger's own thread (one by default: in order).
 
-    A settled entry whose write fails is kept (in memory, on the writer thread) and written again
-    before each later write: the pending row stands for it meanwhile. `healthy` says whether the
-    last write succeeded; the service refuses to start new work on a ledger known to be failing
-    until a write succeeds again."""
+    A settled entry whose write fails is kept (in memory) and written again before each later
+    write: the pending row stands for it meanwhile. `healthy` says whether the last write
+    succeeded; the service refuses to start new work on a ledger known to be failing until a write
+    succeeds again.
 
-    def __init__(self, store: LedgerStore) -> None:
+    `writers` > 1 is for a store whose calls may run at once (PostgreSQL: each takes its own
+    connection): a write that waits on the database server (a busy machine may not schedule it
+    for milliseconds) then holds up no other request's write. The order that matters, a request's
+    pending row before its settled row, is kept by the caller, which waits for the first before
+    sending the second."""
+
+    def __init__(self, store: LedgerStore, *, writers: int = 1) -> None:
         self.store = store
+        self.writers = writers
         self._pool: ThreadPoolExecutor | None = None
         self._unsettled: collections.deque[LedgerEntry] = collections.deque()
+        self._unsettled_lock = threading.Lock()
         self.healthy = True
 
     async def open(self) -> None:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierroute-ledger")
+            self._pool = ThreadPoolExecutor(max_workers=self.writers, thread_name_prefix="tierroute-ledger")
         await self._call(self.store.open)
 
     def begin(self, pending: PendingEntry) -> asyncio.Future[None]:
@@ -789,20 +798,28 @@ class Ledger:
         except (sqlite3.IntegrityError, DuplicateEntry):
             raise  # not the disk: writing it again would fail again
         except Exception:
-            self._unsettled.append(entry)
-            if len(self._unsettled) > MAX_UNSETTLED:
-                lost = self._unsettled.popleft()
+            with self._unsettled_lock:
+                self._unsettled.append(entry)
+                lost = self._unsettled.popleft() if len(self._unsettled) > MAX_UNSETTLED else None
+            if lost is not None:
                 log.error("ledger: too many unwritten entries; dropping %s", json.dumps(asdict(lost)))
             raise
 
     def _flush(self) -> None:
-        while self._unsettled:
+        while True:
+            with self._unsettled_lock:  # taken out while written: another writer does not write it too
+                if not self._unsettled:
+                    return
+                entry = self._unsettled.popleft()
             try:
-                self._guarded(self.store.write, self._unsettled[0])
+                self._guarded(self.store.write, entry)
+            except (sqlite3.IntegrityError, DuplicateEntry):
+                continue  # already there
             except Exception as exc:  # noqa: BLE001 - still failing: keep them for the next write
-                log.warning("ledger: %d entries still unwritten: %s", len(self._unsettled), exc)
+                with self._unsettled_lock:
+                    self._unsettled.appendleft(entry)
+                    log.warning("ledger: %d entries still unwritten: %s", len(self._unsettled), exc)
                 return
-            self._unsettled.popleft()
 
     def _guarded(self, fn: Callable[[T], None], arg: T) -> None:
         try:
