@@ -25,7 +25,7 @@ from router.ledger_pg import MIGRATIONS, PostgresStore
 from router.ledger_stores import open_store
 from router.limits import Reservation, SharedLimits
 from tests.conftest import TIERROUTE
-from tests.router.accounting_helpers import auth, chat, config_with_keys, running
+from tests.router.accounting_helpers import auth, chat, config_with_keys, running, tierroute_of
 from tests.router.test_ledger import attempt, entry
 
 if TYPE_CHECKING:
@@ -226,11 +226,15 @@ async def test_a_reservation_stops_counting_at_its_expiry(db: str) -> None:
 async def test_a_lost_database_refuses_new_work_with_503(
     pg: PostgresServer, db: str, smol_path: Path, tmp_path: Path
 ) -> None:
-    cfg, keys = config_with_keys(tmp_path, {"k": {"usd_per_day": 5.0}}, large="none")
+    cfg, keys = config_with_keys(tmp_path, {"k": {"usd_per_day": 5.0}, "free": {}}, large="none")
     cfg.write_text(cfg.read_text().replace("[ledger]\n", f'[ledger]\nurl = "{db}"\nconnect_timeout_s = 1.0\n', 1))
     async with running(cfg) as client:
         ok = await client.post("/v1/chat/completions", json={**chat("Hi.", max_tokens=4), "user": "u-42"}, headers=auth(keys["k"]))  # fmt: skip
         assert ok.status_code == 200
+        # a stream of a limited key: admitted through the database (its pending row), then settled
+        streamed = await client.post("/v1/chat/completions", json=chat("Hi.", max_tokens=4, stream=True), headers=auth(keys["k"]))  # fmt: skip
+        ext = tierroute_of(streamed.text, stream=True)
+        assert streamed.status_code == 200 and ext is not None
         name = db.rsplit("/", 1)[1]
         with psycopg.connect(pg.url(), autocommit=True) as conn:
             conn.execute(f"ALTER DATABASE {name} WITH ALLOW_CONNECTIONS false")
@@ -241,18 +245,33 @@ async def test_a_lost_database_refuses_new_work_with_503(
                 assert r.status_code == 503, r.text
                 assert r.json()["error"]["type"] in ("server_error", "service_unavailable")
                 assert "retry-after" in r.headers
+            # a key without limits is not admitted through the database: its record cannot be written
+            free = await client.post("/v1/chat/completions", json=chat("Hi.", max_tokens=4), headers=auth(keys["free"]))
+            assert free.status_code == 503 and free.json()["error"]["code"] == "service_unavailable"
         finally:
             with psycopg.connect(pg.url(), autocommit=True) as conn:
                 conn.execute(f"ALTER DATABASE {name} WITH ALLOW_CONNECTIONS true")
-        await asyncio.sleep(0.2)
-        back = await client.post("/v1/chat/completions", json=chat("Hi.", max_tokens=4), headers=auth(keys["k"]))
+        # it recovers by itself once the database answers (the pool reconnects with a backoff)
+        deadline = time.monotonic() + 30
+        while True:
+            back = await client.post("/v1/chat/completions", json=chat("Hi.", max_tokens=4), headers=auth(keys["k"]))
+            if back.status_code != 503 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
         assert back.status_code == 200
     store = PostgresStore(db, read_only=True)
     store.open()
     rows = list(store.entries())
+    pending = list(store.pending())
     store.close()
-    assert [e.user for e in rows] == ["u-42", None]
-    assert {e.request_id for e in rows} == {ok.json()["id"], back.json()["id"]}
+    assert [e.user for e in rows] == ["u-42", None, None, None]
+    assert [e.key_id for e in rows] == ["k", "k", "free", "k"]
+    # the free key's request was generated, then its record failed (503): kept in memory and
+    # written by the first write that succeeded once the database was back
+    assert [rows[i].request_id for i in (0, 1, 3)] == [ok.json()["id"], ext["request_id"], back.json()["id"]]
+    assert rows[1].cost_usd == ext["cost_usd"]
+    # nothing reserved is left: settled rows replaced their reservations, refused ones wrote none
+    assert pending == []
 
 
 def _report(*args: str) -> dict[str, dict[str, str]]:
