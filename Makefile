@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DCMAKE_C_FLAGS='-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS='-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16'
 WHEELS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tierroute/wheels/$(shell echo "$(LLAMA_CMAKE_ARGS)" | sha256sum | cut -c1-12)
 
-.PHONY: setup sandbox models serve complete lint test clean
+.PHONY: setup sandbox postgres models serve complete lint test clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-setup: $(STAMP) sandbox
+setup: $(STAMP) sandbox postgres
 
 # The code_tests verifier runs model-written code in bubblewrap; `config check` and `serve` refuse
 # a config that needs it when it is missing.
@@ -30,6 +30,14 @@ sandbox:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q bubblewrap \
 	    || echo "could not install bubblewrap; code_tests stays refused until it is" >&2; \
 	  else echo "bubblewrap is missing: run 'sudo apt-get install bubblewrap' (needed only for the code_tests verifier)" >&2; fi; }
+
+# The PostgreSQL ledger's tests start a real server (initdb and pg_ctl in a temporary directory);
+# they never skip, so the suite needs Debian's postgresql package.
+PG_CTL := $(shell command -v pg_ctl || ls /usr/lib/postgresql/*/bin/pg_ctl 2>/dev/null | tail -n 1)
+postgres:
+	@test -n "$(PG_CTL)" || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
+	  else echo "PostgreSQL is missing: run 'sudo apt-get install postgresql' (the ledger tests need it)" >&2; exit 1; fi; }
 
 models: setup
 	$(BIN)/tierroute models pull qwen2.5-coder-0.5b-instruct-q4_k_m

@@ -12,14 +12,20 @@ chunk); the key is still charged what it spent, and for a stream the pending row
 request in the ledger. While the ledger is failing, every new request waits for its own pending
 row before any work, so nothing is generated that cannot be recorded; the first write that
 succeeds ends that.
+
+On a PostgreSQL ledger the budgets and rate limits of a limited key are shared by every replica
+(`router.limits.SharedLimits`): `ready` admits the request through the database, in the
+transaction that writes its pending row (its reservation), so such a request, plain or streamed,
+has its row before any work; a request that ends without a record drops it again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from router.auth import Principal
@@ -28,8 +34,9 @@ from router.config import Settings
 from router.engine import Engine
 from router.errors import QuotaError, RateLimitError, UnavailableError
 from router.generation import GenerationRequest
-from router.ledger import Ledger, LedgerEntry, PendingEntry, open_store
-from router.limits import Hold, Limits, day_start, month_start
+from router.ledger import Ledger, LedgerEntry, PendingEntry
+from router.ledger_stores import open_store
+from router.limits import Hold, Limits, Reservation, SharedCounter, SharedLimits, day_start, month_start
 from router.metrics import Metrics
 from router.pricing import Usage, cost_usd
 
@@ -71,16 +78,37 @@ class Ticket:
     written: asyncio.Future[None] | None  # its pending row's write, if one was started
     pending: PendingEntry
     settling: bool = False  # its record is being written: that (shielded) write releases the hold
+    user: str | None = None  # OpenAI's `user` field, kept in its ledger row
+    shared: bool = False  # admitted through the shared limits in `ready` (its key is limited)
+    reserved: bool = False  # that admission committed its reservation (its pending row)
 
 
 class Accounting:
     def __init__(self, settings: Settings, engine: Engine) -> None:
         self.settings = settings
-        self.ledger = Ledger(open_store(settings.ledger.path)) if settings.ledger.enabled else None
         # a forgotten hold stops counting once every tier could have timed out
         ttl = sum(t.timeout_s for t in settings.tiers) + 60.0
+        store = (
+            open_store(settings.ledger.location, settings=settings.ledger, hold_ttl_s=ttl)
+            if settings.ledger.enabled
+            else None
+        )
+        self.shared = (
+            SharedLimits(store, settings.server.api_keys, hold_ttl_s=ttl, workers=settings.ledger.pool_size)
+            if isinstance(store, SharedCounter)
+            else None
+        )
+        # a shared store takes concurrent writes, each on its own connection; half the pool, the
+        # rest left to admissions
+        writers = max(1, settings.ledger.pool_size // 2) if self.shared is not None else 1
+        self.ledger = Ledger(store, writers=writers) if store is not None else None
         self.metrics = Metrics(lambda: engine.backends)
-        self.limits = Limits(settings.server.api_keys, hold_ttl_s=ttl, on_change=self.metrics.in_flight.set)
+        self.limits = Limits(
+            settings.server.api_keys,
+            hold_ttl_s=ttl,
+            on_change=self.metrics.in_flight.set,
+            shared=self.shared is not None,
+        )
 
     async def start(self) -> None:
         if self.ledger is None:
@@ -89,9 +117,10 @@ class Accounting:
             return
         await self.ledger.open()
         now = time.time()
-        self.limits.seed(
-            await self.ledger.spend_by_key(day_start(now)), await self.ledger.spend_by_key(month_start(now)), now
-        )
+        if self.shared is None:  # shared limits read the database at each admission instead
+            self.limits.seed(
+                await self.ledger.spend_by_key(day_start(now)), await self.ledger.spend_by_key(month_start(now)), now
+            )
         unsettled = await self.ledger.pending()
         if unsettled:
             log.warning(
@@ -100,9 +129,11 @@ class Accounting:
                 len(unsettled),
                 sum(p.reserved_usd for p in unsettled),
             )
-        log.info("ledger open at %s", self.settings.ledger.path)
+        log.info("ledger open at %s", self.settings.ledger.location)
 
     async def close(self) -> None:
+        if self.shared is not None:
+            await asyncio.to_thread(self.shared.close)
         if self.ledger is not None:
             await self.ledger.close()
 
@@ -115,22 +146,31 @@ class Accounting:
         model: str,
         *,
         stream: bool,
+        user: str | None = None,
     ) -> Ticket:
         """429 when the key's budget cannot take the request's worst case, or its rate is spent;
-        otherwise reserve it, and for a stream (or while the ledger fails) start its pending row."""
+        otherwise reserve it, and for a stream (or while the ledger fails) start its pending row.
+        With shared limits, a limited key's admission waits for `ready`."""
         reserve = worst_case_usd(plan, request)
-        try:
+        with self._counting_refusals():
             hold = self.limits.admit(principal, request_id, reserve)
+        pending = PendingEntry(request_id, time.time(), principal.key_id, model, reserve)
+        shared = self.shared is not None and self.shared.limited(principal.entry)
+        ticket = Ticket(request_id, hold, None, pending, user=user, shared=shared)
+        if not shared and (stream or (self.ledger is not None and not self.ledger.healthy)):
+            self._begin(ticket)
+        return ticket
+
+    @contextlib.contextmanager
+    def _counting_refusals(self) -> Iterator[None]:
+        try:
+            yield
         except QuotaError:
             self.metrics.refused.labels("insufficient_quota").inc()
             raise
         except RateLimitError:
             self.metrics.refused.labels("rate_limited").inc()
             raise
-        ticket = Ticket(request_id, hold, None, PendingEntry(request_id, time.time(), principal.key_id, model, reserve))
-        if stream or (self.ledger is not None and not self.ledger.healthy):
-            self._begin(ticket)
-        return ticket
 
     def _begin(self, ticket: Ticket) -> None:
         if self.ledger is not None and ticket.written is None:
@@ -139,7 +179,17 @@ class Accounting:
 
     async def ready(self, ticket: Ticket) -> None:
         """Before any work: while the ledger is failing, wait for this request's pending row (503
-        if it cannot be written). A healthy ledger costs no wait here."""
+        if it cannot be written). A healthy ledger costs no wait here. A key under shared
+        limits is admitted here, through the database (429, or 503 when it cannot be reached)."""
+        if ticket.shared and self.shared is not None:
+            if not ticket.reserved:
+                entry = self.shared.keys[ticket.pending.key_id]
+                p = ticket.pending
+                reservation = Reservation(p.request_id, p.ts, p.key_id, p.model, p.reserved_usd, self.shared.hold_ttl_s)
+                with self._counting_refusals():
+                    await self.shared.admit(entry, reservation, p.ts)
+                ticket.reserved = True
+            return
         if self.ledger is not None and not self.ledger.healthy:
             self._begin(ticket)
             await self.written(ticket)
@@ -163,6 +213,9 @@ class Accounting:
         record is being written is released by that write, after its charge."""
         if not ticket.settling:
             ticket.hold.release()
+            if ticket.reserved and self.shared is not None:
+                ticket.reserved = False
+                self.shared.drop(ticket.request_id)
 
     async def record(self, principal: Principal, ticket: Ticket, result: CascadeResult) -> None:
         # shielded: a client that hangs up now has still cost what it cost, so the write, the
@@ -174,9 +227,14 @@ class Accounting:
         hold = ticket.hold
         try:
             latency_s = self.limits.monotonic() - hold.started
-            entry = LedgerEntry.from_result(ticket.request_id, principal.key_id, result, latency_s=latency_s)
+            entry = LedgerEntry.from_result(
+                ticket.request_id, principal.key_id, result, latency_s=latency_s, user=ticket.user
+            )
             failed = None
             if self.ledger is not None:
+                if ticket.written is not None:  # its pending row first, or the settled row could come before it
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(ticket.written)
                 try:
                     await self.ledger.record(entry)
                 except Exception as exc:  # noqa: BLE001 - reported as 503 below, once the key is charged

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from evals import cli as eval_cli
-from router import bench, keys_cli, report_cli
+from router import bench, keys_cli, ledger_cli, report_cli
 from router.errors import TierrouteError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -256,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info")
 
     # command groups that live beside their packages
-    for register in (keys_cli.register, report_cli.register, bench.register, eval_cli.register):
+    for register in (keys_cli.register, ledger_cli.register, report_cli.register, bench.register, eval_cli.register):
         register(sub, add)
     return parser
 

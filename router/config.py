@@ -12,6 +12,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
@@ -298,14 +299,64 @@ class ModelsSettings(_Strict):
     cache_dir: Path | None = Field(None, description="Where pulled models live; default XDG cache.")
 
 
+def postgres_url_problem(url: str) -> str | None:
+    """Why `url` cannot name a PostgreSQL ledger, or None when it can."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        return "ledger.url must be a postgresql://user@host:port/db URL"
+    if parts.password is not None or "password=" in parts.query:
+        return (
+            "ledger.url must not carry a password: put it in an environment variable and name it in ledger.password_env"
+        )
+    return None
+
+
 class LedgerSettings(_Strict):
     path: Path = Field(Path("tierroute-ledger.sqlite3"), description="SQLite file of served requests.")
+    url: str | None = Field(
+        None,
+        description="A PostgreSQL ledger shared by every replica, postgresql://user@host:port/db (no "
+        "password here: see password_env); set, it replaces `path`, and key budgets and rate limits are "
+        "enforced across all replicas through it.",
+    )
+    password_env: str | None = Field(
+        None,
+        description="Name of the environment variable holding the PostgreSQL password (read at start-up); "
+        "unset: libpq's own PGPASSWORD or ~/.pgpass.",
+    )
+    pool_size: int = Field(8, ge=2, le=256, description="PostgreSQL connections per replica.")
+    synchronous_commit: Literal["off", "local", "on", "remote_write", "remote_apply"] = Field(
+        "off",
+        description="PostgreSQL's synchronous_commit for the ledger's sessions. 'off' (the default) is the "
+        "SQLite store's promise: a commit is visible to every replica at once and survives any replica "
+        "dying, and a crash of the database server itself may lose its last fraction of a second; 'on' "
+        "also waits for the flush to disk (one fsync per request, which bounds a replica's write rate).",
+    )
+    connect_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=120,
+        description="How long a PostgreSQL connect or admission may wait before the request gets 503.",
+    )
     enabled: bool = True
     store_prompts: bool = Field(
         False,
         description="Keep the prompt and both answers of each shadow pair in the ledger (for `eval import`); "
         "off: hashes and extracted answers only.",
     )
+
+    @field_validator("url")
+    @classmethod
+    def _postgres_url(cls, url: str | None) -> str | None:
+        problem = None if url is None else postgres_url_problem(url)
+        if problem is not None:
+            raise ValueError(problem)
+        return url
+
+    @property
+    def location(self) -> str:
+        """What the ledger is, for logs and `open_store`: the PostgreSQL URL, or the file's path."""
+        return self.url if self.url is not None else str(self.path)
 
 
 class Settings(BaseSettings):

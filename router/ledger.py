@@ -3,8 +3,9 @@
 Two layers:
 
 - a `LedgerStore` is the storage: synchronous, one transaction per write, no knowledge of
-  asyncio. `SQLiteStore` is the one that exists; a PostgreSQL store implements the same methods
-  and nothing above it changes.
+  asyncio. `SQLiteStore` is the embedded default; `router.ledger_pg.PostgresStore` implements the
+  same methods on a database every replica shares, and `router.ledger_stores.open_store` picks
+  one from the config.
 - `Ledger` is what the service talks to: it owns one writer thread, and every store call runs on
   it, so a write never blocks the event loop and the store's single connection never crosses
   threads.
@@ -70,6 +71,7 @@ import contextlib
 import json
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -86,8 +88,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# 2: the pending table (write-ahead rows); 3: requests.task and task_why; 4: the shadow_pairs table
-SCHEMA_VERSION = 4
+# 2: the pending table (write-ahead rows); 3: requests.task and task_why; 4: the shadow_pairs table;
+# 5: requests.user (OpenAI's `user` field, as the client sent it)
+SCHEMA_VERSION = 5
 # settled entries whose write failed, kept for the next successful write; past this many the
 # oldest is logged and dropped (its pending row still stands for it at its worst-case cost)
 MAX_UNSETTLED = 10_000
@@ -166,6 +169,7 @@ class LedgerEntry:
     attempts: tuple[AttemptEntry, ...] = field(default_factory=tuple)
     task: str | None = None  # the request's task (router.tasks); None in rows written before tasks existed
     task_why: str | None = None  # why it was given that task
+    user: str | None = None  # OpenAI's `user` request field: the client's own end-user id, unchecked
 
     @property
     def prompt_tokens(self) -> int:
@@ -181,7 +185,14 @@ class LedgerEntry:
 
     @classmethod
     def from_result(
-        cls, request_id: str, key_id: str, result: CascadeResult, *, latency_s: float, ts: float | None = None
+        cls,
+        request_id: str,
+        key_id: str,
+        result: CascadeResult,
+        *,
+        latency_s: float,
+        ts: float | None = None,
+        user: str | None = None,
     ) -> LedgerEntry:
         return cls(
             request_id=request_id,
@@ -197,6 +208,7 @@ class LedgerEntry:
             attempts=tuple(AttemptEntry.from_attempt(i, a) for i, a in enumerate(result.attempts)),
             task=result.task.task if result.task else None,
             task_why=result.task.why if result.task else None,
+            user=user,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -241,6 +253,11 @@ class ShadowPair:
     prompt_json: str | None = None
     answer_text: str | None = None
     shadow_text: str | None = None
+
+
+class DuplicateEntry(Exception):
+    """The store already holds a row with this request id: writing it again would fail again
+    (SQLite's own `sqlite3.IntegrityError` says the same for the SQLite store)."""
 
 
 class LedgerStore(Protocol):
@@ -297,7 +314,8 @@ CREATE TABLE IF NOT EXISTS requests (
     verifier_cost_usd  REAL NOT NULL,
     counterfactual_usd REAL NOT NULL,
     task               TEXT,
-    task_why           TEXT
+    task_why           TEXT,
+    "user"             TEXT
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_key_ts ON requests (key_id, ts);
@@ -355,19 +373,19 @@ CREATE TABLE IF NOT EXISTS shadow_pairs (
 CREATE INDEX IF NOT EXISTS shadow_pairs_ts ON shadow_pairs (ts);
 """
 
-_REQUEST_COLUMNS = (
+REQUEST_COLUMNS = (
     "request_id, ts, key_id, model, tier, escalated, unverified, n_attempts, prompt_tokens, "
-    "completion_tokens, latency_ms, cost_usd, verifier_cost_usd, counterfactual_usd, task, task_why"
+    'completion_tokens, latency_ms, cost_usd, verifier_cost_usd, counterfactual_usd, task, task_why, "user"'
 )
 # Columns added to a table after its first release, with their type: a ledger file written by an
 # older version gets them on open (older rows hold NULL), so no file is ever rewritten or lost.
-_ADDED_COLUMNS = {"requests": (("task", "TEXT"), ("task_why", "TEXT"))}
-_PAIR_COLUMNS = (
+_ADDED_COLUMNS = {"requests": (("task", "TEXT"), ("task_why", "TEXT"), ('"user"', "TEXT"))}
+PAIR_COLUMNS = (
     "request_id, shadow_request_id, ts, tier, target, task, score, threshold, scores_json, agree, rule, detail, "
     "answer_extracted, shadow_extracted, prompt_sha256, answer_sha256, shadow_sha256, shadow_cost_usd, "
     "prompt_json, answer_text, shadow_text"
 )
-_ATTEMPT_COLUMNS = (
+ATTEMPT_COLUMNS = (
     "request_id, idx, tier, decision, reason, error, score, threshold, scores_json, prompt_tokens, "
     "completion_tokens, finish_reason, latency_ms, busy_ms, verify_ms, cost_usd, verifier_cost_usd, verifier_tokens"
 )
@@ -434,52 +452,9 @@ class SQLiteStore:
     def _insert(self, entry: LedgerEntry) -> None:
         conn = self.conn
         conn.execute("DELETE FROM pending WHERE request_id = ?", (entry.request_id,))
-        conn.execute(
-            f"INSERT INTO requests ({_REQUEST_COLUMNS}) VALUES ({', '.join('?' * 16)})",
-            (
-                entry.request_id,
-                entry.ts,
-                entry.key_id,
-                entry.model,
-                entry.tier,
-                int(entry.escalated),
-                int(entry.unverified),
-                len(entry.attempts),
-                entry.prompt_tokens,
-                entry.completion_tokens,
-                entry.latency_ms,
-                entry.cost_usd,
-                entry.verifier_cost_usd,
-                entry.counterfactual_usd,
-                entry.task,
-                entry.task_why,
-            ),
-        )
+        conn.execute(f"INSERT INTO requests ({REQUEST_COLUMNS}) VALUES ({', '.join('?' * 17)})", request_row(entry))
         conn.executemany(
-            f"INSERT INTO attempts ({_ATTEMPT_COLUMNS}) VALUES ({', '.join('?' * 18)})",
-            [
-                (
-                    entry.request_id,
-                    a.idx,
-                    a.tier,
-                    a.decision,
-                    a.reason,
-                    a.error,
-                    a.score,
-                    a.threshold,
-                    json.dumps(a.scores, sort_keys=True),
-                    a.prompt_tokens,
-                    a.completion_tokens,
-                    a.finish_reason,
-                    a.latency_ms,
-                    a.busy_ms,
-                    a.verify_ms,
-                    a.cost_usd,
-                    a.verifier_cost_usd,
-                    a.verifier_tokens,
-                )
-                for a in entry.attempts
-            ],
+            f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES ({', '.join('?' * 18)})", attempt_rows(entry)
         )
 
     def spend_by_key(self, since: float) -> dict[str, float]:
@@ -499,15 +474,15 @@ class SQLiteStore:
             yield PendingEntry(*row)
 
     def entries(self, since: float | None = None, until: float | None = None) -> Iterator[LedgerEntry]:
-        if self.read_only and not self._has_task:
-            # a ledger of an older version, opened read-only (a report), cannot be migrated
-            yield from self._entries(since, until, _REQUEST_COLUMNS.replace(", task, task_why", ", NULL, NULL"))
+        if self.read_only:
+            # a ledger of an older version, opened read-only (a report), cannot be migrated: the
+            # columns it lacks read as NULL
+            have = _columns(self.conn, "requests")
+            added = [c for c, _ in _ADDED_COLUMNS["requests"]]
+            columns = [c if c not in added or c.strip('"') in have else "NULL" for c in REQUEST_COLUMNS.split(", ")]
+            yield from self._entries(since, until, ", ".join(columns))
             return
-        yield from self._entries(since, until, _REQUEST_COLUMNS)
-
-    @property
-    def _has_task(self) -> bool:
-        return "task" in _columns(self.conn, "requests")
+        yield from self._entries(since, until, REQUEST_COLUMNS)
 
     def _entries(self, since: float | None, until: float | None, columns: str) -> Iterator[LedgerEntry]:
         where, params = _window("ts", since, until)
@@ -517,33 +492,19 @@ class SQLiteStore:
         self.conn.execute("BEGIN")
         try:
             for row in self.conn.execute(
-                f"SELECT a.{_ATTEMPT_COLUMNS.replace(', ', ', a.')} FROM attempts a "
+                f"SELECT a.{ATTEMPT_COLUMNS.replace(', ', ', a.')} FROM attempts a "
                 f"JOIN requests r ON r.request_id = a.request_id {r_where} "
                 "ORDER BY a.request_id, a.idx",
                 params,
             ):
-                attempts.setdefault(row[0], []).append(_attempt_from_row(row))
+                attempts.setdefault(row[0], []).append(attempt_from_row(row))
             rows = self.conn.execute(
                 f"SELECT {columns} FROM requests {where} ORDER BY ts, request_id", params
             ).fetchall()
         finally:
             self.conn.execute("COMMIT")
         for row in rows:
-            yield LedgerEntry(
-                request_id=row[0],
-                ts=row[1],
-                key_id=row[2],
-                model=row[3],
-                tier=row[4],
-                escalated=bool(row[5]),
-                unverified=bool(row[6]),
-                latency_ms=row[10],
-                cost_usd=row[11],
-                counterfactual_usd=row[13],
-                attempts=tuple(attempts.get(row[0], ())),
-                task=row[14],
-                task_why=row[15],
-            )
+            yield entry_from_row(row, attempts.get(row[0], ()))
 
     def write_pair(self, pair: ShadowPair, entry: LedgerEntry | None = None) -> None:
         if entry is None:
@@ -558,30 +519,7 @@ class SQLiteStore:
 
     def _insert_pair(self, pair: ShadowPair) -> None:
         self.conn.execute(
-            f"INSERT OR REPLACE INTO shadow_pairs ({_PAIR_COLUMNS}) VALUES ({', '.join('?' * 21)})",
-            (
-                pair.request_id,
-                pair.shadow_request_id,
-                pair.ts,
-                pair.tier,
-                pair.target,
-                pair.task,
-                pair.score,
-                pair.threshold,
-                json.dumps(pair.scores, sort_keys=True),
-                int(pair.agree),
-                pair.rule,
-                pair.detail,
-                pair.answer_extracted,
-                pair.shadow_extracted,
-                pair.prompt_sha256,
-                pair.answer_sha256,
-                pair.shadow_sha256,
-                pair.shadow_cost_usd,
-                pair.prompt_json,
-                pair.answer_text,
-                pair.shadow_text,
-            ),
+            f"INSERT OR REPLACE INTO shadow_pairs ({PAIR_COLUMNS}) VALUES ({', '.join('?' * 21)})", pair_row(pair)
         )
 
     def pairs(self, since: float | None = None, until: float | None = None) -> Iterator[ShadowPair]:
@@ -589,31 +527,9 @@ class SQLiteStore:
             return  # a ledger older than shadow pairs, opened read-only: it has none
         where, params = _window("ts", since, until)
         for row in self.conn.execute(
-            f"SELECT {_PAIR_COLUMNS} FROM shadow_pairs {where} ORDER BY ts, request_id", params
+            f"SELECT {PAIR_COLUMNS} FROM shadow_pairs {where} ORDER BY ts, request_id", params
         ).fetchall():
-            yield ShadowPair(
-                request_id=row[0],
-                shadow_request_id=row[1],
-                ts=row[2],
-                tier=row[3],
-                target=row[4],
-                task=row[5],
-                score=row[6],
-                threshold=row[7],
-                scores=json.loads(row[8]),
-                agree=bool(row[9]),
-                rule=row[10],
-                detail=row[11],
-                answer_extracted=row[12],
-                shadow_extracted=row[13],
-                prompt_sha256=row[14],
-                answer_sha256=row[15],
-                shadow_sha256=row[16],
-                shadow_cost_usd=row[17],
-                prompt_json=row[18],
-                answer_text=row[19],
-                shadow_text=row[20],
-            )
+            yield pair_from_row(row)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -635,7 +551,7 @@ def _migrate(conn: sqlite3.Connection) -> None:
     for table, added in _ADDED_COLUMNS.items():
         have = _columns(conn, table)
         for column, kind in added:
-            if column not in have:
+            if column.strip('"') not in have:  # "user" is quoted: a reserved word in PostgreSQL
                 conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
@@ -650,7 +566,131 @@ def _window(column: str, since: float | None, until: float | None) -> tuple[str,
     return ("WHERE " + " AND ".join(clauses)) if clauses else "", tuple(params)
 
 
-def _attempt_from_row(row: Sequence[Any]) -> AttemptEntry:
+def entry_from_row(row: Sequence[Any], attempts: Sequence[AttemptEntry]) -> LedgerEntry:
+    """A `requests` row, read as `REQUEST_COLUMNS`, with its attempts."""
+    return LedgerEntry(
+        request_id=row[0],
+        ts=row[1],
+        key_id=row[2],
+        model=row[3],
+        tier=row[4],
+        escalated=bool(row[5]),
+        unverified=bool(row[6]),
+        latency_ms=row[10],
+        cost_usd=row[11],
+        counterfactual_usd=row[13],
+        attempts=tuple(attempts),
+        task=row[14],
+        task_why=row[15],
+        user=row[16],
+    )
+
+
+def request_row(entry: LedgerEntry) -> tuple[Any, ...]:
+    """The entry's `requests` row, in `REQUEST_COLUMNS` order."""
+    return (
+        entry.request_id,
+        entry.ts,
+        entry.key_id,
+        entry.model,
+        entry.tier,
+        int(entry.escalated),
+        int(entry.unverified),
+        len(entry.attempts),
+        entry.prompt_tokens,
+        entry.completion_tokens,
+        entry.latency_ms,
+        entry.cost_usd,
+        entry.verifier_cost_usd,
+        entry.counterfactual_usd,
+        entry.task,
+        entry.task_why,
+        entry.user,
+    )
+
+
+def attempt_rows(entry: LedgerEntry) -> list[tuple[Any, ...]]:
+    """The entry's `attempts` rows, in `ATTEMPT_COLUMNS` order."""
+    return [
+        (
+            entry.request_id,
+            a.idx,
+            a.tier,
+            a.decision,
+            a.reason,
+            a.error,
+            a.score,
+            a.threshold,
+            json.dumps(a.scores, sort_keys=True),
+            a.prompt_tokens,
+            a.completion_tokens,
+            a.finish_reason,
+            a.latency_ms,
+            a.busy_ms,
+            a.verify_ms,
+            a.cost_usd,
+            a.verifier_cost_usd,
+            a.verifier_tokens,
+        )
+        for a in entry.attempts
+    ]
+
+
+def pair_row(pair: ShadowPair) -> tuple[Any, ...]:
+    """The pair's `shadow_pairs` row, in `PAIR_COLUMNS` order."""
+    return (
+        pair.request_id,
+        pair.shadow_request_id,
+        pair.ts,
+        pair.tier,
+        pair.target,
+        pair.task,
+        pair.score,
+        pair.threshold,
+        json.dumps(pair.scores, sort_keys=True),
+        int(pair.agree),
+        pair.rule,
+        pair.detail,
+        pair.answer_extracted,
+        pair.shadow_extracted,
+        pair.prompt_sha256,
+        pair.answer_sha256,
+        pair.shadow_sha256,
+        pair.shadow_cost_usd,
+        pair.prompt_json,
+        pair.answer_text,
+        pair.shadow_text,
+    )
+
+
+def pair_from_row(row: Sequence[Any]) -> ShadowPair:
+    """A `shadow_pairs` row, read as `PAIR_COLUMNS`."""
+    return ShadowPair(
+        request_id=row[0],
+        shadow_request_id=row[1],
+        ts=row[2],
+        tier=row[3],
+        target=row[4],
+        task=row[5],
+        score=row[6],
+        threshold=row[7],
+        scores=json.loads(row[8]),
+        agree=bool(row[9]),
+        rule=row[10],
+        detail=row[11],
+        answer_extracted=row[12],
+        shadow_extracted=row[13],
+        prompt_sha256=row[14],
+        answer_sha256=row[15],
+        shadow_sha256=row[16],
+        shadow_cost_usd=row[17],
+        prompt_json=row[18],
+        answer_text=row[19],
+        shadow_text=row[20],
+    )
+
+
+def attempt_from_row(row: Sequence[Any]) -> AttemptEntry:
     return AttemptEntry(
         idx=row[1],
         tier=row[2],
@@ -672,31 +712,31 @@ def _attempt_from_row(row: Sequence[Any]) -> AttemptEntry:
     )
 
 
-def open_store(path: str | Path, *, read_only: bool = False) -> LedgerStore:
-    """The store a `ledger.path` names. A `postgresql://` URL will pick a PostgreSQL store here."""
-    text = str(path)
-    if text.startswith(("postgres://", "postgresql://")):
-        raise ConfigError("ledger.path: PostgreSQL ledgers are not implemented yet; use a file path")
-    return SQLiteStore(path, read_only=read_only)
-
-
 class Ledger:
-    """The async face of a store: every call runs on the ledger's own thread, in order.
+    """The async face of a store: every call runs on the ledger's own thread (one by default: in order).
 
-    A settled entry whose write fails is kept (in memory, on the writer thread) and written again
-    before each later write: the pending row stands for it meanwhile. `healthy` says whether the
-    last write succeeded; the service refuses to start new work on a ledger known to be failing
-    until a write succeeds again."""
+    A settled entry whose write fails is kept (in memory) and written again before each later
+    write: the pending row stands for it meanwhile. `healthy` says whether the last write
+    succeeded; the service refuses to start new work on a ledger known to be failing until a write
+    succeeds again.
 
-    def __init__(self, store: LedgerStore) -> None:
+    `writers` > 1 is for a store whose calls may run at once (PostgreSQL: each takes its own
+    connection): a write that waits on the database server (a busy machine may not schedule it
+    for milliseconds) then holds up no other request's write. The order that matters, a request's
+    pending row before its settled row, is kept by the caller, which waits for the first before
+    sending the second."""
+
+    def __init__(self, store: LedgerStore, *, writers: int = 1) -> None:
         self.store = store
+        self.writers = writers
         self._pool: ThreadPoolExecutor | None = None
         self._unsettled: collections.deque[LedgerEntry] = collections.deque()
+        self._unsettled_lock = threading.Lock()
         self.healthy = True
 
     async def open(self) -> None:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierroute-ledger")
+            self._pool = ThreadPoolExecutor(max_workers=self.writers, thread_name_prefix="tierroute-ledger")
         await self._call(self.store.open)
 
     def begin(self, pending: PendingEntry) -> asyncio.Future[None]:
@@ -755,23 +795,31 @@ class Ledger:
         self._flush()
         try:
             self._guarded(self.store.write, entry)
-        except sqlite3.IntegrityError:
+        except (sqlite3.IntegrityError, DuplicateEntry):
             raise  # not the disk: writing it again would fail again
         except Exception:
-            self._unsettled.append(entry)
-            if len(self._unsettled) > MAX_UNSETTLED:
-                lost = self._unsettled.popleft()
+            with self._unsettled_lock:
+                self._unsettled.append(entry)
+                lost = self._unsettled.popleft() if len(self._unsettled) > MAX_UNSETTLED else None
+            if lost is not None:
                 log.error("ledger: too many unwritten entries; dropping %s", json.dumps(asdict(lost)))
             raise
 
     def _flush(self) -> None:
-        while self._unsettled:
+        while True:
+            with self._unsettled_lock:  # taken out while written: another writer does not write it too
+                if not self._unsettled:
+                    return
+                entry = self._unsettled.popleft()
             try:
-                self._guarded(self.store.write, self._unsettled[0])
+                self._guarded(self.store.write, entry)
+            except (sqlite3.IntegrityError, DuplicateEntry):
+                continue  # already there
             except Exception as exc:  # noqa: BLE001 - still failing: keep them for the next write
-                log.warning("ledger: %d entries still unwritten: %s", len(self._unsettled), exc)
+                with self._unsettled_lock:
+                    self._unsettled.appendleft(entry)
+                    log.warning("ledger: %d entries still unwritten: %s", len(self._unsettled), exc)
                 return
-            self._unsettled.popleft()
 
     def _guarded(self, fn: Callable[[T], None], arg: T) -> None:
         try:

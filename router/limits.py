@@ -12,23 +12,37 @@ The rate limit (`requests_per_minute`) is a sliding window: at most N admissions
 and a refused request learns from `Retry-After` when the oldest one leaves the window. A request
 refused for budget does not use up the rate.
 
-State lives in memory, seeded from the ledger at start-up. Several replicas would each enforce
-the full limit; a shared ledger (PostgreSQL) and a shared limiter are the way past one machine.
+With a SQLite ledger, state lives in memory, seeded from the ledger at start-up: one process
+enforces the limits. With a PostgreSQL ledger every replica decides through the database
+(`SharedLimits`): an admission is one transaction that locks the key's row, reads its settled
+spend, its live reservations and its requests in the last 60 s (on the database's clock, so every
+replica sees one window), and, if the request fits, writes its reservation (a `pending` row with
+an expiry) and its rate event. Settling replaces the reservation with the cost in one transaction.
+So across any number of replicas a key overshoots a budget only by what its requests cost beyond
+their reservations (verifier work, which `worst_case_usd` leaves out), the same bound as one
+process; a reservation whose replica died stops counting at its expiry (every tier's timeout plus
+60 s). A replica that cannot reach the database refuses new work of a limited key with 503: it
+never serves unlimited. The same budget rule (`check_budget`) and rate rule (`check_rate`) decide
+in both modes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import calendar
+import functools
 import logging
 import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 from router.auth import Principal
 from router.config import ApiKeyEntry
-from router.errors import QuotaError, RateLimitError
+from router.errors import QuotaError, RateLimitError, UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +61,34 @@ def month_start(ts: float) -> float:
     return float(calendar.timegm((y, m, 1, 0, 0, 0)))
 
 
+def check_budget(entry: ApiKeyEntry, day_usd: float, month_usd: float, pending: float, reserve_usd: float) -> None:
+    """QuotaError when the key's settled spend (today, this month) plus what it holds in flight
+    plus this request's reservation passes a budget."""
+    for period, spent, limit, resets in (
+        ("daily", day_usd, entry.usd_per_day, "at 00:00 UTC"),
+        ("monthly", month_usd, entry.usd_per_month, "on the 1st at 00:00 UTC"),
+    ):
+        if limit is not None and (spent >= limit or spent + pending + reserve_usd > limit):
+            raise QuotaError(
+                f"You exceeded your current quota: key '{entry.name}' has used ${spent:.6f} "
+                f"(+${pending:.6f} reserved in flight) of its ${limit:g} {period} budget, and this "
+                f"request may cost up to ${reserve_usd:.6f} (a smaller max_tokens, or one named "
+                f"tier, reserves less); it resets {resets}."
+            )
+
+
+def check_rate(key_id: str, per_minute: int, recent: int, oldest_age_s: float | None) -> None:
+    """RateLimitError when `recent` admissions in the last minute (the oldest `oldest_age_s` ago)
+    leave no room for one more."""
+    if recent >= per_minute:
+        retry_after = max(0.0, WINDOW_S - (oldest_age_s or 0.0))
+        raise RateLimitError(
+            f"Rate limit reached for key '{key_id}': {per_minute} requests per minute. "
+            f"Retry in {math.ceil(retry_after)} s.",
+            retry_after=retry_after,
+        )
+
+
 class RateLimiter:
     """Sliding-window log per key: exact, and O(1) amortised per request."""
 
@@ -59,13 +101,7 @@ class RateLimiter:
         seen = self._seen.setdefault(key_id, deque())
         while seen and seen[0] <= now - WINDOW_S:
             seen.popleft()
-        if len(seen) >= per_minute:
-            retry_after = seen[0] + WINDOW_S - now
-            raise RateLimitError(
-                f"Rate limit reached for key '{key_id}': {per_minute} requests per minute. "
-                f"Retry in {math.ceil(retry_after)} s.",
-                retry_after=retry_after,
-            )
+        check_rate(key_id, per_minute, len(seen), now - seen[0] if seen else None)
         seen.append(now)
 
 
@@ -113,8 +149,12 @@ class Limits:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         on_change: Callable[[int], None] | None = None,
+        shared: bool = False,
     ) -> None:
         self.keys = {k.name: k for k in keys}
+        # shared: budgets and rates are decided by `SharedLimits` through the database; this object
+        # keeps only the process's holds (the in-flight gauge, release bookkeeping)
+        self.shared = shared
         self.hold_ttl_s = hold_ttl_s
         self.clock = clock
         self.monotonic = monotonic
@@ -153,7 +193,7 @@ class Limits:
         entry = principal.entry
         now = self.monotonic()
         self._expire()
-        if entry is not None:
+        if entry is not None and not self.shared:
             self._check_budget(entry, reserve_usd)
             if entry.requests_per_minute is not None:
                 self.rate.acquire(entry.name, entry.requests_per_minute)
@@ -182,18 +222,7 @@ class Limits:
         if entry.usd_per_day is None and entry.usd_per_month is None:
             return
         day_usd, month_usd = self.spent(entry.name)
-        pending = self._reserved.get(entry.name, 0.0)
-        for period, spent, limit, resets in (
-            ("daily", day_usd, entry.usd_per_day, "at 00:00 UTC"),
-            ("monthly", month_usd, entry.usd_per_month, "on the 1st at 00:00 UTC"),
-        ):
-            if limit is not None and (spent >= limit or spent + pending + reserve_usd > limit):
-                raise QuotaError(
-                    f"You exceeded your current quota: key '{entry.name}' has used ${spent:.6f} "
-                    f"(+${pending:.6f} reserved in flight) of its ${limit:g} {period} budget, and this "
-                    f"request may cost up to ${reserve_usd:.6f} (a smaller max_tokens, or one named "
-                    f"tier, reserves less); it resets {resets}."
-                )
+        check_budget(entry, day_usd, month_usd, self._reserved.get(entry.name, 0.0), reserve_usd)
 
     def _spend_of(self, key_id: str, now: float) -> _Spend:
         s = self._spend.get(key_id)
@@ -241,3 +270,96 @@ class Limits:
     @property
     def in_flight(self) -> int:
         return len(self._holds)
+
+
+@dataclass(frozen=True)
+class KeyWindow:
+    """What the shared store knows of a key at admission, read under the key's lock."""
+
+    day_usd: float  # settled cost today (UTC)
+    month_usd: float  # settled cost this month
+    reserved_usd: float  # live reservations (unsettled, unexpired), from every replica
+    recent: int  # admissions in the last WINDOW_S seconds, every replica's
+    oldest_age_s: float | None  # how long ago the oldest of those was
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A request to admit: its pending row's fields and how long its reservation may live."""
+
+    request_id: str
+    ts: float
+    key_id: str
+    model: str
+    reserved_usd: float
+    ttl_s: float
+
+
+@runtime_checkable
+class SharedCounter(Protocol):
+    """A store that admits requests for all replicas at once (the PostgreSQL ledger). Both
+    methods block; `SharedLimits` calls them off the event loop."""
+
+    def admit(
+        self, reservation: Reservation, day_start: float, month_start: float, decide: Callable[[KeyWindow], bool]
+    ) -> None:
+        """In one transaction holding the key's lock: read its window, call `decide` (which raises
+        to refuse, and says whether the request uses up rate), then write the reservation and,
+        when told, a rate event."""
+
+    def drop(self, request_id: str) -> None:
+        """Release an unsettled reservation (the request ended without a record)."""
+
+
+class SharedLimits:
+    """Budgets and rate limits decided through a store every replica shares."""
+
+    def __init__(self, counter: SharedCounter, keys: Iterable[ApiKeyEntry], *, hold_ttl_s: float, workers: int) -> None:
+        self.counter = counter
+        self.keys = {k.name: k for k in keys}
+        self.hold_ttl_s = hold_ttl_s
+        # admissions wait on the database's row lock, not on the ledger's writer thread
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tierroute-limits")
+
+    def limited(self, entry: ApiKeyEntry | None) -> bool:
+        return entry is not None and (
+            entry.usd_per_day is not None or entry.usd_per_month is not None or entry.requests_per_minute is not None
+        )
+
+    async def admit(self, entry: ApiKeyEntry, reservation: Reservation, now: float) -> None:
+        """Raise QuotaError, RateLimitError, or UnavailableError (the database is unreachable:
+        the request is refused rather than served unlimited); return once the reservation is
+        committed."""
+
+        def decide(w: KeyWindow) -> bool:
+            check_budget(entry, w.day_usd, w.month_usd, w.reserved_usd, reservation.reserved_usd)
+            if entry.requests_per_minute is None:
+                return False
+            check_rate(entry.name, entry.requests_per_minute, w.recent, w.oldest_age_s)
+            return True
+
+        loop = asyncio.get_running_loop()
+        call = functools.partial(self.counter.admit, reservation, day_start(now), month_start(now), decide)
+        try:
+            await loop.run_in_executor(self._pool, call)
+        except (QuotaError, RateLimitError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the database said, the key cannot be checked
+            log.error("shared limits: cannot admit %s: %s", reservation.request_id, exc)
+            raise UnavailableError(
+                "The budget and rate-limit store cannot be reached; try again.", retry_after=5.0
+            ) from None
+
+    def drop(self, request_id: str) -> None:
+        """Release in the background; a release that fails leaves the reservation to expire."""
+        future = self._pool.submit(self.counter.drop, request_id)
+        future.add_done_callback(_log_failed_drop)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def _log_failed_drop(future: Future[None]) -> None:
+    exc = future.exception()
+    if exc is not None:
+        log.warning("shared limits: a reservation was not released (it expires instead): %s", exc)

@@ -7,7 +7,10 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from router.config import LedgerSettings
 
 
 def _window(args: argparse.Namespace) -> tuple[float | None, float | None] | None:
@@ -26,14 +29,14 @@ def _window(args: argparse.Namespace) -> tuple[float | None, float | None] | Non
 
 def cmd_report_costs(args: argparse.Namespace) -> int:
     from router import reports
-    from router.ledger import open_store
+    from router.ledger_stores import open_store
 
     span = _window(args)
     if span is None:
         return 2
     since, until = span
-    ledger_path, prices = _ledger_and_prices(args)
-    store = open_store(ledger_path, read_only=True)
+    ledger_path, prices, ledger_settings = _ledger_and_prices(args)
+    store = open_store(ledger_path, read_only=True, settings=ledger_settings)
     store.open()
     try:
         entries = list(store.entries(since, until))
@@ -50,7 +53,7 @@ def cmd_report_costs(args: argparse.Namespace) -> int:
             total,
             args.by,
             entries,
-            title=f"tierroute cost report: {ledger_path.name}",
+            title=f"tierroute cost report: {_shown(ledger_path)}",
             window=window,
             prices=prices,
         )
@@ -69,7 +72,7 @@ def cmd_report_quality(args: argparse.Namespace) -> int:
     from router import quality_report
     from router.config import load_settings
     from router.errors import TierrouteError
-    from router.ledger import open_store
+    from router.ledger_stores import open_store
 
     span = _window(args)
     if span is None:
@@ -81,8 +84,8 @@ def cmd_report_quality(args: argparse.Namespace) -> int:
     except TierrouteError:
         if not args.ledger:
             raise
-    ledger_path = Path(args.ledger) if args.ledger else settings.ledger.path  # type: ignore[union-attr]
-    store = open_store(ledger_path, read_only=True)
+    ledger_path = args.ledger or settings.ledger.location  # type: ignore[union-attr]
+    store = open_store(ledger_path, read_only=True, settings=settings.ledger if settings is not None else None)
     store.open()
     try:
         entries = list(store.entries(since, until))
@@ -93,7 +96,9 @@ def cmd_report_quality(args: argparse.Namespace) -> int:
     window = _window_text(since, until)
     if args.html:
         last = settings.tiers[-1].name if settings is not None else None
-        page = quality_report.to_html(quality, title=f"tierroute quality: {ledger_path.name}", window=window, last=last)
+        page = quality_report.to_html(
+            quality, title=f"tierroute quality: {_shown(ledger_path)}", window=window, last=last
+        )
         Path(args.html).write_text(page, encoding="utf-8")
         print(f"wrote {args.html}", file=sys.stderr)
     if args.csv:
@@ -120,7 +125,12 @@ def cmd_report_quality(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ledger_and_prices(args: argparse.Namespace) -> tuple[Path, list[tuple[str, str]]]:
+def _shown(location: str) -> str:
+    """A ledger's name in a title: the file's name, or the PostgreSQL URL (it carries no password)."""
+    return location if "://" in location else Path(location).name
+
+
+def _ledger_and_prices(args: argparse.Namespace) -> tuple[str, list[tuple[str, str]], LedgerSettings | None]:
     """The ledger to read (--ledger, else the config's) and the config's price sheet, if any."""
     from router.config import load_settings
     from router.errors import TierrouteError
@@ -133,8 +143,8 @@ def _ledger_and_prices(args: argparse.Namespace) -> tuple[Path, list[tuple[str, 
         if not args.ledger:
             raise
     prices = [(t.name, describe(t.price)) for t in settings.tiers] if settings is not None else []
-    path = Path(args.ledger) if args.ledger else settings.ledger.path  # type: ignore[union-attr]
-    return path, prices
+    location = args.ledger or settings.ledger.location  # type: ignore[union-attr]
+    return location, prices, settings.ledger if settings is not None else None
 
 
 def _window_text(since: float | None, until: float | None) -> str:
@@ -146,7 +156,7 @@ def _window_text(since: float | None, until: float | None) -> str:
     return f"from {fmt(since) if since is not None else 'the start'} to {fmt(until) if until is not None else 'now'}"
 
 
-def _print_table(rows: Any, total: Any, by: str, window: str, prices: list[tuple[str, str]], path: Path) -> None:
+def _print_table(rows: Any, total: Any, by: str, window: str, prices: list[tuple[str, str]], path: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -178,7 +188,7 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--until", default=None, help="end of the window, exclusive; same forms as --since")
     p.add_argument("--by", choices=("tier", "key", "day", "model"), default="tier")
     p.add_argument("--format", choices=("table", "csv", "html"), default="table")
-    p.add_argument("--ledger", default=None, help="ledger file (default: ledger.path from the config)")
+    p.add_argument("--ledger", default=None, help="ledger file or postgresql:// URL (default: the config's ledger)")
     p.add_argument("--output", "-o", default=None, help="write csv/html here instead of stdout")
     q = add(
         "quality",
@@ -191,4 +201,4 @@ def register(sub: Any, add: Any) -> None:
     q.add_argument("--until", default=None, help="end of the window, exclusive; same forms as --since")
     q.add_argument("--csv", action="store_true", help="print CSV instead of the table")
     q.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML page with plots")
-    q.add_argument("--ledger", default=None, help="ledger file (default: ledger.path from the config)")
+    q.add_argument("--ledger", default=None, help="ledger file or postgresql:// URL (default: the config's ledger)")

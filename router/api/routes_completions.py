@@ -83,7 +83,9 @@ async def _respond(
     request, plan = _prepare(services, body, principal)
     wanted = body.logprobs_wanted()  # checked by _prepare: None, or the alternatives to show
     # 429 before any work
-    ticket = services.accounting.admit(principal, rid, request, plan, body.model, stream=bool(body.stream))
+    ticket = services.accounting.admit(
+        principal, rid, request, plan, body.model, stream=bool(body.stream), user=body.user
+    )
     accounting = services.accounting
     cascade = services.engine.cascade
     spent = Spent()  # what a request that ends without an answer has cost: recorded all the same

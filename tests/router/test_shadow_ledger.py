@@ -74,7 +74,7 @@ def test_an_older_ledger_has_no_pairs_read_only_and_gains_the_table_on_open(tmp_
         assert [p.request_id for p in s.pairs()] == ["r1"]
         assert [e.request_id for e in s.entries()] == ["old"]
         version = s.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
-        assert version == str(SCHEMA_VERSION) == "4"
+        assert version == str(SCHEMA_VERSION) == "5"
     finally:
         s.close()
 
