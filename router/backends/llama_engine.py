@@ -1075,6 +1075,10 @@ class LlamaEngine:
         base = seq.pos  # where the first draft token (or the next token) sits
         start = len(seq.generated)
         accepted = 0
+        # counted as they are decided, before the tokens are taken: a DoneEvent sent while taking them reports them
+        counts = (self.draft_counts[seq.draft_source], seq.drafts.setdefault(seq.draft_source, [0, 0])) if draft else ()
+        for c in counts:
+            c[0] += len(draft)
         for i in range(len(draft) + 1):
             row = rows[i]
             if i < len(draft):
@@ -1088,6 +1092,8 @@ class LlamaEngine:
                         self._dist(row, job.temperature, job.top_p), seq.draft_q[i], x, gen
                     )
                 accepted += kept
+                for c in counts:
+                    c[1] += kept
                 if not self._take(seq, token, row, now, lc) or not kept:
                     break
             else:
@@ -1098,18 +1104,18 @@ class LlamaEngine:
                 self._take(seq, chosen, row, now, lc)
         if not draft:
             return
-        for counts in (self.draft_counts[seq.draft_source], seq.drafts.setdefault(seq.draft_source, [0, 0])):
-            counts[0] += len(draft)
-            counts[1] += accepted
         if job.reuse_tokens and seq.reuse_ok:
             new = seq.generated[start:]
             seq.reuse_ok = tuple(new) == job.reuse_tokens[start : start + len(new)]
         if job.cancelled:  # finished inside the draft: the whole sequence is released after this step
             return
-        lc.llama_memory_seq_rm(self._mem, seq.seq_id, base + accepted, -1)
+        # a KV cache that cannot drop the refused positions would verify later drafts against them
+        if not lc.llama_memory_seq_rm(self._mem, seq.seq_id, base + accepted, -1):
+            raise ModelError("the KV cache could not drop refused draft positions")
         if self._dmem is not None and seq.d_pos > base + accepted:
             seq.d_pos = base + accepted
-            lc.llama_memory_seq_rm(self._dmem, seq.seq_id, seq.d_pos, -1)
+            if not lc.llama_memory_seq_rm(self._dmem, seq.seq_id, seq.d_pos, -1):
+                raise ModelError("the draft model's KV cache could not drop refused draft positions")
 
     def _take(self, seq: _Seq, token: int | None, row: np.ndarray, now: float, lc: Any) -> bool:
         """Append one chosen token, emit or finish; whether the sequence goes on."""

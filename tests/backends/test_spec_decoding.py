@@ -120,7 +120,9 @@ async def test_sampling_with_a_self_draft_keeps_every_draft(drafted: LlamaCppBac
 
 
 async def test_grammar_and_penalties_do_not_draft(drafted: LlamaCppBackend) -> None:
-    fmt = await drafted.generate(_ask("Give a JSON object with a key a.", response_format=ResponseFormat("json_object")))
+    fmt = await drafted.generate(
+        _ask("Give a JSON object with a key a.", response_format=ResponseFormat("json_object"))
+    )
     pen = await drafted.generate(_ask(PROMPTS[0], presence_penalty=0.5))
     assert fmt.drafts == () and pen.drafts == ()
     assert fmt.constrained and fmt.text.strip().startswith("{")
@@ -174,3 +176,20 @@ def test_the_default_pair_shares_a_vocabulary(smol_path: Path) -> None:
     if not (small.exists() and large.exists()):
         pytest.skip("the Qwen2.5-Coder models are not in the model cache")
     assert draft_problem(LlamaCppSettings(model=str(large), draft_model=str(small)), None) is None
+
+
+def test_config_check_names_the_draft_model_of_another_vocabulary(tmp_path: Path, smol_path: Path) -> None:
+    from router.config import load_settings
+    from router.engine import check_resources
+    from tests.conftest import SMOL, smol_config
+
+    qwen = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+    if not (smol_path.parent / f"{qwen}.gguf").exists():
+        pytest.skip("the Qwen2.5-Coder 0.5B model is not in the model cache")
+    cfg = smol_config(tmp_path, large="none")
+    body = cfg.read_text().replace(f'model = "{SMOL}"', f'model = "{SMOL}"\ndraft_model = "{qwen}"', 1)
+    cfg.write_text(body)
+    problems = check_resources(load_settings(cfg))
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("tiers[0] (small).llamacpp.draft_model:")
+    assert qwen in problems[0] and "smollm2" in problems[0]
