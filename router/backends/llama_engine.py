@@ -27,6 +27,21 @@ a step, so one long answer never makes a step's output buffer vocabulary-times-h
 reports each candidate token's log-softmax and whether it was the argmax, and ends without decoding
 (`ScoredEvent`): the verification pass of speculative decoding.
 
+Speculative decoding. Decode time is almost all inside `llama_decode`, and a step reading k+1
+tokens of one sequence costs little more than a step reading one, so a sequence may put a draft
+of k tokens after its last one and have every position's logits back from the same step. Drafts
+come from a draft model of the same vocabulary (`draft_model_path`: a second context on the same
+thread, sequence ids shared with the target's, one draft decode per drafted position for all
+drafting sequences together, and its KV caught up lazily with what the target kept), or from a
+lower tier's rejected answer (`Job.reuse_tokens`), whose first chunk goes into the very step that
+ends the prompt's prefill. Row i of a sequence judges draft token i: under greedy it is kept when
+it is the argmax (so the answer is token for token the plain one), under sampling by the standard
+rejection rule (`speculative_accept`: the answer's distribution is the target's own); the row
+after the last kept token gives one token more. Refused positions leave both KV caches
+(`llama_memory_seq_rm`). Jobs with a grammar, `logit_bias` or penalties do not draft: their
+target distribution is a reshaped row, which the simple rule would have to re-derive per position
+(with grammar state advanced speculatively), for the rare request that asks for both.
+
 Failure is contained at two levels. An error in one sequence's own work (its random generator,
 sampling, decoding its pieces, stop strings) fails that request and no other. An error in the
 shared work (a decode step, the KV cache) fails every request in flight with a 503, frees the

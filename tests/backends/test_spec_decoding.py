@@ -31,7 +31,7 @@ def _ask(text: str, **kw: object) -> GenerationRequest:
 
 
 def _settings(path: Path, **kw: object) -> LlamaCppSettings:
-    return LlamaCppSettings(model=str(path), n_ctx=2048, n_threads=2, n_parallel=4, max_queue=16, **kw)  # type: ignore[arg-type]
+    return LlamaCppSettings(model=str(path), n_ctx=2048, n_threads=1, n_parallel=4, max_queue=16, **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +76,27 @@ async def test_greedy_drafted_answers_are_the_plain_answers(plain: LlamaCppBacke
 
 
 async def test_several_sequences_draft_in_the_same_steps(plain: LlamaCppBackend, drafted: LlamaCppBackend) -> None:
-    expected = [await plain.generate(_ask(t)) for t in PROMPTS]
+    """Sequences drafting side by side keep their own KV and state. llama.cpp's numbers depend on
+    what else shares a decode step (plain continuous batching alone moves a logprob by up to ~0.1
+    here, so a near tie can go the other way): each answer must be the plain single-stream answer
+    up to a near tie of the plain model, where it takes one of the two likeliest tokens, never a
+    token the model was sure against, which is what mixed-up KV or state would give."""
+    expected = [await plain.generate(_ask(t, top_logprobs=2)) for t in PROMPTS]
     steps = drafted.engine.steps
-    got = await asyncio.gather(*(drafted.generate(_ask(t)) for t in PROMPTS))
-    assert [g.text for g in got] == [g.text for g in expected]
-    assert all(_accepted(g)[0] > 0 for g in got)
+    got = await asyncio.gather(*(drafted.generate(_ask(t, top_logprobs=2)) for t in PROMPTS))
+    for want, g in zip(expected, got, strict=True):
+        assert want.top_logprobs is not None and g.top_logprobs is not None
+        diverged = next(
+            (i for i, (a, b) in enumerate(zip(want.top_logprobs, g.top_logprobs, strict=False)) if a.token != b.token),
+            None,
+        )
+        if diverged is None:
+            assert g.text == want.text
+            continue
+        first, second = want.top_logprobs[diverged].top[:2]
+        assert first[1] - second[1] < 0.5, (diverged, want.top_logprobs[diverged], g.top_logprobs[diverged])
+        assert g.top_logprobs[diverged].token in (first[0], second[0])
+    assert all(_accepted(g)[0] > 0 and _accepted(g)[1] >= 0.9 * _accepted(g)[0] for g in got)
     # together, in fewer steps than one token a step would need for the longest answer alone
     assert drafted.engine.steps - steps < max(g.completion_tokens for g in got)
 
@@ -165,7 +181,7 @@ def test_a_draft_model_of_another_vocabulary_is_refused(smol_path: Path) -> None
     assert why is not None
     assert smol_path.name in why and qwen.name in why and "vocabulary" in why
     assert draft_problem(LlamaCppSettings(model=str(smol_path), draft_model=str(smol_path)), None) is None
-    engine = LlamaEngine(smol_path, n_ctx=512, n_threads=2, draft_model_path=qwen, name="mismatch")
+    engine = LlamaEngine(smol_path, n_ctx=512, n_threads=1, draft_model_path=qwen, name="mismatch")
     with pytest.raises(ModelError, match="vocabulary"):
         engine.start()
 

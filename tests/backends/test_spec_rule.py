@@ -84,7 +84,7 @@ def test_identical_distributions_keep_every_draft() -> None:
 
 async def test_the_real_model_answers_from_its_own_distribution_with_a_fixed_draft(smol_path: Path) -> None:
     b = LlamaCppBackend(
-        "rule", smol_path, LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=2, n_parallel=16), 512
+        "rule", smol_path, LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=1, n_parallel=16), 512
     )
     await b.start()
     try:
@@ -95,7 +95,7 @@ async def test_the_real_model_answers_from_its_own_distribution_with_a_fixed_dra
         # the model's second choice as the draft: kept sometimes, refused more often
         second = sorted(dist, key=lambda k: -dist[k])[1]
         assert b.engine.tokenize(second, add_special=False, parse_special=False) != []
-        n = 128
+        n = 192
         seen: Counter[str] = Counter()
         drafted = 0
         for start in range(0, n, 16):

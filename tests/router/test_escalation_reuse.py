@@ -30,7 +30,7 @@ def _ask(text: str = ASK, **kw: object) -> GenerationRequest:
 
 
 def _settings(path: Path, **kw: object) -> LlamaCppSettings:
-    return LlamaCppSettings(model=str(path), n_ctx=2048, n_threads=2, n_parallel=4, **kw)  # type: ignore[arg-type]
+    return LlamaCppSettings(model=str(path), n_ctx=2048, n_threads=1, n_parallel=4, **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +123,8 @@ async def test_reuse_can_be_turned_off(smol_path: Path, small: LlamaCppBackend) 
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[openai.OpenAI, str]]:
     tmp = tmp_path_factory.mktemp("reuse")
     cfg = smol_config(tmp, threshold=0.5, verifiers=REJECT_ALL, large="local")
+    # one thread a tier: two engines of two threads each crawl on a shared two-core machine
+    cfg.write_text(cfg.read_text().replace("n_threads = 2", "n_threads = 1"))
     with UvicornThread(create_app(load_settings(cfg))) as srv:
         yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0), srv.url
 
