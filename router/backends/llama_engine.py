@@ -93,6 +93,17 @@ GRAMMAR_PROTOTYPES = 32
 # Tokens of a rejected answer verified per sequence in one step: each is a logits row of the
 # vocabulary, so a 300-token answer is read in a few steps rather than one very wide output buffer.
 REUSE_ROWS_PER_STEP = 64
+# After the answer leaves the rejected answer (a reworded first sentence, say), the rejected answer
+# drafts again from where its text shows the answer's last this-many tokens (prompt lookup). A
+# draft refused in part is followed by a shorter one (verifying k tokens on a CPU costs about
+# k/4 single steps here, so long wrong drafts are not free); one refused outright pauses reuse.
+REUSE_NGRAM = 3
+REUSE_MIN_LEN = 4
+# The first rejected-answer draft's length, doubled after each draft kept whole (up to
+# REUSE_ROWS_PER_STEP): an answer the model disagrees with from its first token costs a 17-token
+# pass, not a 65-token one, and one it agrees with is still read in a few steps.
+REUSE_FIRST_LEN = 16
+REUSE_PAUSE_STEPS = 8
 # Token ids read (as text, specials included) to tell two vocabularies apart, beyond their sizes.
 VOCAB_SAMPLE = 512
 
@@ -337,7 +348,12 @@ class _Seq:
     draft: list[int] = field(default_factory=list)  # this step's drafted tokens
     draft_q: list[tuple[np.ndarray, np.ndarray] | None] = field(default_factory=list)  # sampled from (ids, probs)
     draft_source: str = ""
-    reuse_ok: bool = True  # the answer so far is a prefix of the rejected answer (job.reuse_tokens)
+    # where in the rejected answer (job.reuse_tokens) the answer's next token is expected: while
+    # the two agree it follows them; None once they part, until an n-gram finds the place again
+    reuse_next: int | None = 0
+    reuse_hint: int = 0  # where the last agreement ended: the search for the place starts there
+    reuse_len: int = REUSE_FIRST_LEN  # the next rejected-answer draft's length (adapts to agreement)
+    reuse_pause: int = 0  # steps left without rejected-answer drafts, after one was refused outright
     drafts: dict[str, list[int]] = field(default_factory=dict)  # source -> [drafted, accepted]
 
     @property
@@ -940,18 +956,42 @@ class LlamaEngine:
         return min(seq.job.max_tokens - len(seq.generated) - 1, self.n_ctx - seq.pos - 2)
 
     def _take_reuse(self, seq: _Seq, room: int) -> bool:
-        """Draft from the rejected answer while the answer so far follows it; False when it cannot."""
+        """Draft from the rejected answer where the answer so far follows it, or where its last
+        REUSE_NGRAM tokens appear in it again; False when neither holds."""
         reuse = seq.job.reuse_tokens
-        done = len(seq.generated)
-        if not reuse or not seq.reuse_ok or done >= len(reuse):
+        if not reuse:
             return False
-        cap = min(REUSE_ROWS_PER_STEP, room, self._draft_cap(seq), len(reuse) - done)
+        if seq.reuse_pause > 0:
+            seq.reuse_pause -= 1
+            return False
+        start = seq.reuse_next
+        if start is None or start >= len(reuse):
+            start = self._realign(seq)
+        if start is None:
+            return False
+        cap = min(seq.reuse_len, room, self._draft_cap(seq), len(reuse) - start)
         if cap < 1:
             return False
-        seq.draft = list(reuse[done : done + cap])
+        seq.reuse_next = start
+        seq.draft = list(reuse[start : start + cap])
         seq.draft_q = [None] * cap
         seq.draft_source = "rejected"
         return True
+
+    @staticmethod
+    def _realign(seq: _Seq) -> int | None:
+        """Where the rejected answer continues the answer's last REUSE_NGRAM tokens: the first such
+        place from the last agreement on, else from its start; None when it nowhere does."""
+        reuse, gen = seq.job.reuse_tokens, seq.generated
+        if len(gen) < REUSE_NGRAM:
+            return None
+        tail = tuple(gen[-REUSE_NGRAM:])
+        last = len(reuse) - REUSE_NGRAM  # a match must leave a token to draft
+        for first in (seq.reuse_hint, 0):
+            for j in range(first, last):
+                if reuse[j : j + REUSE_NGRAM] == tail:
+                    return j + REUSE_NGRAM
+        return None
 
     @staticmethod
     def _tokens(seq: _Seq, start: int, stop: int) -> list[int]:
@@ -1117,11 +1157,19 @@ class LlamaEngine:
                 if seq.grammar is not None and chosen is not None:
                     chosen = self._constrained(seq, shaped, chosen)
                 self._take(seq, chosen, row, now, lc)
+        if job.reuse_tokens and seq.reuse_next is not None:
+            new = tuple(seq.generated[start:])
+            at = seq.reuse_next
+            seq.reuse_next = at + len(new) if new == job.reuse_tokens[at : at + len(new)] else None
+            seq.reuse_hint = max(seq.reuse_hint, at + accepted if seq.draft_source == "rejected" else at)
+        if seq.draft_source == "rejected":
+            if accepted == len(draft):
+                seq.reuse_len = min(REUSE_ROWS_PER_STEP, 2 * seq.reuse_len)
+            else:
+                seq.reuse_len = max(REUSE_MIN_LEN, accepted)
+                seq.reuse_pause = REUSE_PAUSE_STEPS if accepted == 0 else 0
         if not draft:
             return
-        if job.reuse_tokens and seq.reuse_ok:
-            new = seq.generated[start:]
-            seq.reuse_ok = tuple(new) == job.reuse_tokens[start : start + len(new)]
         if job.cancelled:  # finished inside the draft: the whole sequence is released after this step
             return
         # a KV cache that cannot drop the refused positions would verify later drafts against them

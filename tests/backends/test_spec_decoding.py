@@ -96,7 +96,8 @@ async def test_several_sequences_draft_in_the_same_steps(plain: LlamaCppBackend,
         first, second = want.top_logprobs[diverged].top[:2]
         assert first[1] - second[1] < 0.5, (diverged, want.top_logprobs[diverged], g.top_logprobs[diverged])
         assert g.top_logprobs[diverged].token in (first[0], second[0])
-    assert all(_accepted(g)[0] > 0 and _accepted(g)[1] >= 0.9 * _accepted(g)[0] for g in got)
+    # the draft context's numbers move with the batch as the target's do: near ties split them
+    assert all(_accepted(g)[0] > 0 and _accepted(g)[1] >= 0.75 * _accepted(g)[0] for g in got), [g.drafts for g in got]
     # together, in fewer steps than one token a step would need for the longest answer alone
     assert drafted.engine.steps - steps < max(g.completion_tokens for g in got)
 

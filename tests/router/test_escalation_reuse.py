@@ -71,7 +71,7 @@ async def test_a_rejected_answer_that_diverges_midway_gives_the_answer_from_scra
     assert agreed - 2 <= accepted < tokens
     assert accepted < reused.completion_tokens
     # prompt and the agreed prefix in one pass: far fewer steps than one a token
-    assert large.engine.steps - steps <= reused.completion_tokens - accepted + 2
+    assert large.engine.steps - steps <= reused.completion_tokens - accepted + 5
 
 
 async def test_reuse_under_sampling_still_answers(large: LlamaCppBackend) -> None:
