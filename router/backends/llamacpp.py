@@ -21,9 +21,10 @@ Speculative decoding (`draft_model`): the engine drafts with a second, smaller m
 vocabulary and verifies the drafts in its ordinary decode step; start-up refuses a draft model
 whose vocabulary differs. Escalation reuse (`reuse_rejected`): a lower local tier's rejected
 answer, tokenized by this model (the two share a vocabulary, or nothing is reused), is the
-first draft, read in the same pass as the prompt. Either way the answer is this model's own: under
-greedy the same tokens as without a draft, under sampling the same distribution. Each answer
-reports what was drafted and accepted per source (`Generation.drafts`).
+first draft, its first tokens read in the same pass as the prompt's last ones. Either way the
+answer is this model's own: under greedy the same tokens as without a draft, under sampling the
+same distribution. Each answer reports what was drafted and accepted per source
+(`Generation.drafts`).
 """
 
 from __future__ import annotations

@@ -74,6 +74,16 @@ async def test_a_rejected_answer_that_diverges_midway_gives_the_answer_from_scra
     assert large.engine.steps - steps <= reused.completion_tokens - accepted + 5
 
 
+async def test_a_rejected_answer_that_differs_at_first_is_found_again(large: LlamaCppBackend) -> None:
+    """A reworded opening does not waste the rest: the answer's last tokens find their place in
+    the rejected answer, which drafts from there."""
+    scratch = await large.generate(_ask(max_tokens=48))
+    rejected = "Certainly, here is my answer for you. " + scratch.text
+    reused = await large.generate_reusing(_ask(max_tokens=48), rejected)
+    assert reused.text == scratch.text
+    assert _drafts(reused, "rejected")[1] >= reused.completion_tokens // 2
+
+
 async def test_reuse_under_sampling_still_answers(large: LlamaCppBackend) -> None:
     scratch = await large.generate(_ask())
     req = _ask(temperature=0.7, seed=3)
