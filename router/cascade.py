@@ -137,6 +137,11 @@ class Attempt:
             "cost_usd": self.cost_usd,
             "verifier_cost_usd": self.verifier_cost_usd,
             "verifier_tokens": self.verifier_cost.tokens,
+            # speculative decoding: tokens drafted and accepted, all sources together and per
+            # source ("model": a draft model, "rejected": the previous tier's rejected answer)
+            "draft_tokens": sum(d[1] for d in g.drafts) if g else 0,
+            "draft_accepted": sum(d[2] for d in g.drafts) if g else 0,
+            "drafts": {src: {"tokens": t, "accepted": a} for src, t, a in g.drafts} if g else {},
         }
 
 
@@ -260,6 +265,7 @@ class Cascade:
         tier: Tier | None = None
         pieces: list[Delta] = []  # what the current tier has streamed so far
         started = time.monotonic()
+        rejected: tuple[Backend, str] | None = None  # the last rejected answer, a draft for the next tier
         finished = False  # a Final was handed out: the consumer owns the accounting from there
         try:
             for i, tier in enumerate(plan):
@@ -272,10 +278,16 @@ class Cascade:
                 tier_request = self._bound(request, tier)
                 announced = False  # has this tier's text started reaching the client?
                 pieces, started = [], time.monotonic()
+                reuse = rejected is not None and tier.backend.reuses(rejected[0])
                 try:
                     if last and live:
                         gen = None
-                        async for item in tier.backend.stream(tier_request):
+                        stream = (
+                            tier.backend.stream_reusing(tier_request, rejected[1])
+                            if reuse and rejected is not None
+                            else tier.backend.stream(tier_request)
+                        )
+                        async for item in stream:
                             if not announced:
                                 announced = True
                                 yield Answering(tier.name, escalated=i > 0)
@@ -285,6 +297,8 @@ class Cascade:
                             else:
                                 gen = item
                         assert gen is not None
+                    elif reuse and rejected is not None:
+                        gen = await tier.backend.generate_reusing(tier_request, rejected[1])
                     else:
                         gen = await tier.backend.generate(tier_request)
                 except UnavailableError as exc:
@@ -312,6 +326,7 @@ class Cascade:
                     attempt.reason = "last tier: accepted without passing" if judge.verifiers else "last tier"
                 else:
                     attempt.reason = self._why_rejected(attempt)
+                    rejected = (tier.backend, gen.text)
                     continue
                 if not (last and live):
                     yield Answering(tier.name, escalated=i > 0)

@@ -94,6 +94,24 @@ class LlamaCppSettings(_Strict):
     kv_cache_type: Literal["f16", "q8_0", "q4_0"] = Field(
         "f16", description="KV cache precision; quantized types halve or quarter its memory."
     )
+    draft_model: str | None = Field(
+        None,
+        description="A smaller model of the same vocabulary that drafts tokens for this one to verify "
+        "(speculative decoding; same forms as `model`); unset: no drafting.",
+    )
+    draft_max: int = Field(8, ge=1, le=32, description="Most tokens drafted per sequence per decode step.")
+    draft_p_min: float = Field(
+        0.6,
+        ge=0,
+        le=1,
+        description="Drafting stops before a token the draft model gives less than this probability "
+        "(the draft length adapts: a sure draft runs to draft_max, an unsure one stops early).",
+    )
+    reuse_rejected: bool = Field(
+        True,
+        description="When a local tier of the same vocabulary escalates to this one, its rejected answer "
+        "is this tier's first draft (greedy: the longest prefix this model agrees with is kept at once).",
+    )
 
 
 class OpenAIBackendSettings(_Strict):

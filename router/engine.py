@@ -63,6 +63,11 @@ def check_resources(
                 resolve_model(tier.llamacpp.model, settings.models.cache_dir)
             except ModelError as exc:
                 problems.append(f"{key}.llamacpp.model: {exc}")
+            else:
+                from router.backends.llamacpp import draft_problem
+
+                if (why := draft_problem(tier.llamacpp, settings.models.cache_dir)) is not None:
+                    problems.append(f"{key}.llamacpp.draft_model: {why}")
         lists = [(f"{key}.verifiers", tier.verifiers)]
         lists += [(f"{key}.tasks.{task}.verifiers", p.verifiers) for task, p in tier.tasks.items() if p.verifiers]
         for where, specs in lists:

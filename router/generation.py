@@ -180,6 +180,9 @@ class Generation:
     # decoded under a grammar from the request's response_format (True); asked of an upstream
     # that enforces it or not as it does (None); free text (False)
     constrained: bool | None = False
+    # speculative decoding: (source, tokens drafted, tokens accepted) per draft source, "model" (a
+    # draft model) or "rejected" (a lower tier's rejected answer); empty when nothing was drafted
+    drafts: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)

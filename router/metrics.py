@@ -5,6 +5,10 @@ Served requests are observed from their ledger entry, so /metrics and the ledger
 numbers. Queue depth and sequences in flight are read from the backends at scrape time; resident
 memory comes from prometheus-client's process collector. Every HTTP response is counted by route
 and status, which covers what never reaches the cascade (401, 429, 503, 4xx).
+
+Speculative decoding's counts (tokens drafted and accepted, by tier and draft source) are the
+engines' own running totals, read at scrape time as counters: the engine counts every drafted
+token once, including those of requests no ledger entry records (shadow, eval scoring).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -45,6 +49,32 @@ class _BackendCollector(Collector):
         yield from families.values()
 
 
+class _DraftCollector(Collector):
+    """Each backend's speculative decoding totals (`Backend.draft_counts()`), read when scraped."""
+
+    def __init__(self, backends: Callable[[], Mapping[str, Backend]]) -> None:
+        self.backends = backends
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        drafted = CounterMetricFamily(
+            "tierroute_draft_tokens",
+            "Tokens drafted for speculative decoding, by tier and source"
+            " (model: the draft model; rejected: a lower tier's rejected answer).",
+            labels=["tier", "source"],
+        )
+        accepted = CounterMetricFamily(
+            "tierroute_draft_accepted_tokens",
+            "Drafted tokens the tier's model accepted, by tier and source.",
+            labels=["tier", "source"],
+        )
+        for tier, backend in self.backends().items():
+            for source, (n_drafted, n_accepted) in backend.draft_counts().items():
+                drafted.add_metric([tier, source], n_drafted)
+                accepted.add_metric([tier, source], n_accepted)
+        yield drafted
+        yield accepted
+
+
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
@@ -52,6 +82,7 @@ class Metrics:
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)  # process_resident_memory_bytes, cpu seconds, open fds
         r.register(_BackendCollector(backends))
+        r.register(_DraftCollector(backends))
         self.requests = Counter(
             "tierroute_requests",
             "Requests by final tier, outcome"

@@ -8,6 +8,11 @@ after the request in one prefill and reporting this model's logprob of each of i
 whether each was its own top choice (the `cross_tier` verifier's signal, and the pass speculative
 decoding verifies a draft with). Backends that cannot raise `ScoringUnsupportedError`;
 `scoring_support` says so from the tier's settings alone, for `config check`.
+
+Another: `reuses(other)` and `stream_reusing`, answering with a lower tier's rejected answer as
+the first draft (a local tier of the same vocabulary keeps the prefix its own model agrees with).
+The answer must be the one the backend would give from scratch, so a backend that cannot use the
+draft simply ignores it (the default).
 """
 
 from __future__ import annotations
@@ -74,6 +79,20 @@ class Backend(abc.ABC):
         """Gauges for /metrics (queue depth and the like)."""
         return {}
 
+    def draft_counts(self) -> dict[str, tuple[int, int]]:
+        """Speculative decoding so far, per draft source ("model", "rejected"): (tokens drafted,
+        tokens accepted). Counters for /metrics; empty for a backend that never drafts."""
+        return {}
+
+    def reuses(self, other: Backend) -> bool:
+        """Whether an answer of `other` that was rejected can be this backend's first draft."""
+        return False
+
+    def stream_reusing(self, request: GenerationRequest, rejected: str) -> AsyncIterator[Delta | Generation]:
+        """As `stream`, with `rejected` (a lower tier's rejected answer) as the first draft; the
+        answer is the one `stream` gives."""
+        return self.stream(request)
+
     @abc.abstractmethod
     def stream(self, request: GenerationRequest) -> AsyncIterator[Delta | Generation]:
         """Yield text pieces as they are produced, then exactly one Generation."""
@@ -88,8 +107,14 @@ class Backend(abc.ABC):
         raise ScoringUnsupportedError(f"tier '{self.name}' cannot score a given answer")
 
     async def generate(self, request: GenerationRequest) -> Generation:
+        return await self._collect(self.stream(request))
+
+    async def generate_reusing(self, request: GenerationRequest, rejected: str) -> Generation:
+        return await self._collect(self.stream_reusing(request, rejected))
+
+    async def _collect(self, stream: AsyncIterator[Delta | Generation]) -> Generation:
         result: Generation | None = None
-        async for item in self.stream(request):
+        async for item in stream:
             if isinstance(item, Generation):
                 result = item
         if result is None:

@@ -27,6 +27,21 @@ a step, so one long answer never makes a step's output buffer vocabulary-times-h
 reports each candidate token's log-softmax and whether it was the argmax, and ends without decoding
 (`ScoredEvent`): the verification pass of speculative decoding.
 
+Speculative decoding. Decode time is almost all inside `llama_decode`, and a step reading k+1
+tokens of one sequence costs little more than a step reading one, so a sequence may put a draft
+of k tokens after its last one and have every position's logits back from the same step. Drafts
+come from a draft model of the same vocabulary (`draft_model_path`: a second context on the same
+thread, sequence ids shared with the target's, one draft decode per drafted position for all
+drafting sequences together, and its KV caught up lazily with what the target kept), or from a
+lower tier's rejected answer (`Job.reuse_tokens`), whose first chunk goes into the very step that
+ends the prompt's prefill. Row i of a sequence judges draft token i: under greedy it is kept when
+it is the argmax (so the answer is token for token the plain one), under sampling by the standard
+rejection rule (`speculative_accept`: the answer's distribution is the target's own); the row
+after the last kept token gives one token more. Refused positions leave both KV caches
+(`llama_memory_seq_rm`). Jobs with a grammar, `logit_bias` or penalties do not draft: their
+target distribution is a reshaped row, which the simple rule would have to re-derive per position
+(with grammar state advanced speculatively), for the rare request that asks for both.
+
 Failure is contained at two levels. An error in one sequence's own work (its random generator,
 sampling, decoding its pieces, stop strings) fails that request and no other. An error in the
 shared work (a decode step, the KV cache) fails every request in flight with a 503, frees the
@@ -75,6 +90,22 @@ GRAMMAR_CANDIDATES = (256, 8192)
 # Parsed grammars kept on the engine thread, cloned per sequence (parsing a schema's grammar
 # costs far more than cloning it).
 GRAMMAR_PROTOTYPES = 32
+# Tokens of a rejected answer verified per sequence in one step: each is a logits row of the
+# vocabulary, so a 300-token answer is read in a few steps rather than one very wide output buffer.
+REUSE_ROWS_PER_STEP = 64
+# After the answer leaves the rejected answer (a reworded first sentence, say), the rejected answer
+# drafts again from where its text shows the answer's last this-many tokens (prompt lookup). A
+# draft refused in part is followed by a shorter one (verifying k tokens on a CPU costs about
+# k/4 single steps here, so long wrong drafts are not free); one refused outright pauses reuse.
+REUSE_NGRAM = 3
+REUSE_MIN_LEN = 4
+# The first rejected-answer draft's length, doubled after each draft kept whole (up to
+# REUSE_ROWS_PER_STEP): an answer the model disagrees with from its first token costs a 17-token
+# pass, not a 65-token one, and one it agrees with is still read in a few steps.
+REUSE_FIRST_LEN = 16
+REUSE_PAUSE_STEPS = 8
+# Token ids read (as text, specials included) to tell two vocabularies apart, beyond their sizes.
+VOCAB_SAMPLE = 512
 
 
 def physical_cores() -> int:
@@ -125,6 +156,81 @@ def _route_native_logs() -> None:
     lc.llama_log_set(forward, ctypes.c_void_p(0))
 
 
+def speculative_accept(
+    p: tuple[np.ndarray, np.ndarray], q: tuple[np.ndarray, np.ndarray] | None, x: int, rng: np.random.Generator
+) -> tuple[bool, int]:
+    """The standard speculative rejection rule for one drafted token `x` drawn from `q`: keep it
+    with probability min(1, p(x)/q(x)), else draw from max(0, p - q) renormalised. Whatever q is,
+    the token that comes out is distributed as p (the target's own sampling distribution).
+    Distributions are sparse, (ids, probs); q None is a fixed draft (a point mass on x: a
+    rejected answer's token), for which the rule keeps x with probability p(x) and else draws from
+    p without x."""
+    p_ids, p_probs = p
+    q_ids, q_probs = (np.asarray([x]), np.asarray([1.0])) if q is None else q
+    px = float(p_probs[p_ids == x].sum())
+    qx = float(q_probs[q_ids == x].sum())
+    if qx > 0.0 and rng.random() * qx < px:
+        return True, x
+    ids = np.union1d(p_ids, q_ids)
+    pf = np.zeros(ids.shape[0])
+    qf = np.zeros(ids.shape[0])
+    pf[np.searchsorted(ids, p_ids)] = p_probs
+    qf[np.searchsorted(ids, q_ids)] = q_probs
+    residual = np.maximum(pf - qf, 0.0)
+    total = residual.sum()
+    if total <= 0.0:  # p == q (up to rounding): the draft would have been kept; draw from p itself
+        residual, total = pf, pf.sum()
+    return False, int(ids[rng.choice(ids.shape[0], p=residual / total)])
+
+
+def vocab_signature(vocab: Any) -> tuple[Any, ...]:
+    """What tells two vocabularies apart: their size, special ids, and the text of a spread of
+    tokens. Two models agreeing here tokenize alike, so one's tokens can be the other's draft."""
+    import llama_cpp as lc
+
+    n = lc.llama_vocab_n_tokens(vocab)
+    buf = ctypes.create_string_buffer(256)
+    pieces = []
+    for t in sorted({*range(0, n, max(1, n // VOCAB_SAMPLE)), n - 1}):
+        k = lc.llama_token_to_piece(vocab, t, buf, len(buf), 0, True)
+        pieces.append(bytes(buf.raw[: max(k, 0)]))
+    specials = tuple(
+        int(f(vocab)) for f in (lc.llama_vocab_bos, lc.llama_vocab_eos, lc.llama_vocab_eot, lc.llama_vocab_pad)
+    )
+    return (n, specials, tuple(pieces))
+
+
+def read_vocab_signature(path: Path) -> tuple[Any, ...]:
+    """A model file's vocabulary signature, reading the vocabulary only (no weights)."""
+    import llama_cpp as lc
+
+    _route_native_logs()
+    lc.llama_backend_init()
+    params = lc.llama_model_default_params()
+    params.vocab_only = True
+    model = lc.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise ModelError(f"llama.cpp could not read the vocabulary of {path}")
+    try:
+        return vocab_signature(lc.llama_model_get_vocab(model))
+    finally:
+        lc.llama_model_free(model)
+
+
+def vocab_mismatch(target: Path, draft: Path) -> str | None:
+    """Why `draft` cannot draft for `target` (their vocabularies differ), naming both; None if it can."""
+    a, b = read_vocab_signature(target), read_vocab_signature(draft)
+    if a == b:
+        return None
+    if a[0] != b[0]:
+        why = f"{a[0]} tokens against {b[0]}"
+    elif a[1] != b[1]:
+        why = f"special token ids (bos, eos, eot, pad) {a[1]} against {b[1]}"
+    else:
+        why = "the same size but different token texts"
+    return f"draft model {draft.name} has another vocabulary than {target.name}: {why}"
+
+
 # ---- events sent back to the caller's loop --------------------------------------------------
 
 
@@ -147,6 +253,8 @@ class DoneEvent:
     busy_s: float
     queued_s: float
     top_logprobs: tuple[TokenLogprob, ...] | None = None  # every generated token, when asked for
+    # (source, drafted, accepted) per draft source ("model", "rejected") that drafted for this job
+    drafts: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -191,10 +299,18 @@ class Job:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), ids < n_vocab
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # a lower tier's rejected answer in this model's tokens: the first draft of the answer
+    reuse_tokens: tuple[int, ...] = ()
 
     @property
     def reshapes_logits(self) -> bool:
         return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty)
+
+    @property
+    def may_draft(self) -> bool:
+        """Drafts are verified against the model's own row; a grammar or reshaped logits would make
+        the target distribution another one, so such jobs decode a token a step, as before."""
+        return self.grammar is None and not self.reshapes_logits and self.score_from is None
 
     def cancel(self) -> None:
         if not self.cancelled:
@@ -228,6 +344,17 @@ class _Seq:
     top1: list[bool] = field(default_factory=list)  # scoring jobs: each candidate token the argmax?
     grammar: Any = None  # this sequence's own llama_sampler (grammar state advances with its tokens)
     counts: dict[int, int] = field(default_factory=dict)  # generated tokens' counts, for the penalties
+    d_pos: int = 0  # tokens of prompt + answer in the draft model's KV for this sequence
+    draft: list[int] = field(default_factory=list)  # this step's drafted tokens
+    draft_q: list[tuple[np.ndarray, np.ndarray] | None] = field(default_factory=list)  # sampled from (ids, probs)
+    draft_source: str = ""
+    # where in the rejected answer (job.reuse_tokens) the answer's next token is expected: while
+    # the two agree it follows them; None once they part, until an n-gram finds the place again
+    reuse_next: int | None = 0
+    reuse_hint: int = 0  # where the last agreement ended: the search for the place starts there
+    reuse_len: int = REUSE_FIRST_LEN  # the next rejected-answer draft's length (adapts to agreement)
+    reuse_pause: int = 0  # steps left without rejected-answer drafts, after one was refused outright
+    drafts: dict[str, list[int]] = field(default_factory=dict)  # source -> [drafted, accepted]
 
     @property
     def pos(self) -> int:
@@ -293,8 +420,21 @@ class LlamaEngine:
         max_restarts: int = 3,
         restart_backoff_s: float = 1.0,
         healthy_after_s: float = 60.0,
+        draft_model_path: Path | None = None,
+        draft_max: int = 8,
+        draft_p_min: float = 0.6,
     ) -> None:
         self.model_path = model_path
+        self.draft_model_path = draft_model_path
+        self.draft_max = draft_max  # most tokens the draft model proposes per sequence per step
+        self.draft_p_min = draft_p_min  # drafting stops before a token the draft model is less sure of
+        # source ("model", "rejected") -> [tokens drafted, tokens accepted], every job since start
+        self.draft_counts: dict[str, list[int]] = {"model": [0, 0], "rejected": [0, 0]}
+        self.vocab_signature: tuple[Any, ...] | None = None
+        self._dmodel: Any = None  # the draft model, its context, KV memory and batch (when configured)
+        self._dctx: Any = None
+        self._dmem: Any = None
+        self._dbatch: Any = None
         self.n_ctx = n_ctx
         self.n_threads = n_threads or physical_cores()
         self.n_batch = n_batch
@@ -484,6 +624,43 @@ class LlamaEngine:
             self._piece(t, special=True).decode("utf-8", errors="replace") if t >= 0 else ""
             for t in (lc.llama_vocab_bos(self._vocab), lc.llama_vocab_eos(self._vocab))
         )
+        self.vocab_signature = vocab_signature(self._vocab)
+        if self.draft_model_path is not None:
+            self._load_draft(cparams)
+
+    def _load_draft(self, target_params: Any) -> None:
+        """The draft model and a second context of its own, with one sequence per slot (the same
+        ids as the target's): its KV follows each sequence's accepted tokens."""
+        import llama_cpp as lc
+
+        path = self.draft_model_path
+        assert path is not None
+        model = lc.llama_model_load_from_file(str(path).encode(), lc.llama_model_default_params())
+        if not model:
+            raise ModelError(f"llama.cpp could not load the draft model {path}")
+        self._dmodel = model
+        if vocab_signature(lc.llama_model_get_vocab(model)) != self.vocab_signature:
+            raise ModelError(f"draft model {path.name} has another vocabulary than {self.model_path.name}")
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = self.n_ctx
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = min(self.n_batch, 512)
+        cparams.n_seq_max = self.n_parallel
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.kv_unified = True
+        cparams.no_perf = True
+        cparams.type_k, cparams.type_v, cparams.flash_attn_type = (
+            target_params.type_k,
+            target_params.type_v,
+            target_params.flash_attn_type,
+        )
+        ctx = lc.llama_init_from_model(model, cparams)
+        if not ctx:
+            raise ModelError(f"llama.cpp could not create a context for the draft model {path}")
+        self._dctx = ctx
+        self._dmem = lc.llama_get_memory(ctx)
+        self._dbatch = lc.llama_batch_init(self.n_batch, 0, 1)
 
     def _free(self) -> None:
         """Free whatever _load made (all of it, or what it got to before failing)."""
@@ -499,6 +676,13 @@ class LlamaEngine:
         if getattr(self, "_model", None):
             lc.llama_model_free(self._model)
         self._batch = self._ctx = self._model = self._vocab = self._mem = None
+        if getattr(self, "_dbatch", None) is not None:
+            lc.llama_batch_free(self._dbatch)
+        if getattr(self, "_dctx", None):
+            lc.llama_free(self._dctx)
+        if getattr(self, "_dmodel", None):
+            lc.llama_model_free(self._dmodel)
+        self._dbatch = self._dctx = self._dmodel = self._dmem = None
 
     def _run(self) -> None:
         """The engine thread: load, serve until stopped or broken, and after a break free the model
@@ -678,6 +862,8 @@ class LlamaEngine:
             # a scored candidate is not kept: the prompt before it is what a later request shares
             self.prefix.store(self._mem, seq.seq_id, seq.job.prompt_tokens[: seq.job.score_from])
         lc.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
+        if self._dmem is not None:
+            lc.llama_memory_seq_rm(self._dmem, seq.seq_id, -1, -1)
         self._drop_grammar(seq)
         running.remove(seq)
         free_ids.append(seq.seq_id)
@@ -687,15 +873,34 @@ class LlamaEngine:
     def _step(self, running: Sequence[_Seq]) -> None:
         import llama_cpp as lc
 
+        t0 = time.monotonic()
         batch = self._batch
         n = 0
-        outputs: list[_Seq] = []
-        # decoding sequences first: one token each, always
+        outputs: list[tuple[_Seq, int]] = []  # each sequence asking for logits, and its rows (1 + its draft)
+        decoding = [seq for seq in running if not seq.prefilling]
         for seq in running:
-            if not seq.prefilling:
-                self._put(batch, n, seq.generated[-1], seq.pos - 1, seq.seq_id, True)
-                outputs.append(seq)
+            seq.draft, seq.draft_q, seq.draft_source = [], [], ""
+        # drafts first, within what the batch holds after every decoding sequence's own token
+        room = self.n_batch - len(decoding)
+        by_model: list[_Seq] = []
+        for seq in decoding:
+            if not seq.job.may_draft:
+                continue
+            if self._take_reuse(seq, room):
+                room -= len(seq.draft)
+            elif self._dctx is not None:
+                by_model.append(seq)
+        if by_model and room > 0:
+            self._draft_by_model(by_model, room)
+        # decoding sequences first: their next token and its draft, logits for each
+        for seq in decoding:
+            base = seq.pos - 1
+            self._put(batch, n, seq.generated[-1], base, seq.seq_id, True)
+            n += 1
+            for i, token in enumerate(seq.draft):
+                self._put(batch, n, token, base + 1 + i, seq.seq_id, True)
                 n += 1
+            outputs.append((seq, 1 + len(seq.draft)))
         # then prompt chunks within what is left of the batch
         for seq in running:
             if not seq.prefilling or n >= self.n_batch or seq.job.score_from is not None:
@@ -706,40 +911,148 @@ class LlamaEngine:
                 last = seq.n_prefilled + i == len(prompt) - 1
                 self._put(batch, n, prompt[seq.n_prefilled + i], seq.n_prefilled + i, seq.seq_id, last)
                 n += 1
-                if last:
-                    outputs.append(seq)
             seq.n_prefilled += take
+            if not seq.prefilling:
+                # a rejected answer goes in right after the prompt's end: one pass reads both
+                if seq.job.may_draft and self._take_reuse(seq, self.n_batch - n):
+                    for i, token in enumerate(seq.draft):
+                        self._put(batch, n, token, len(prompt) + i, seq.seq_id, True)
+                        n += 1
+                outputs.append((seq, 1 + len(seq.draft)))
         # scoring jobs last, so that their logits rows follow every generating sequence's
         scoring: list[tuple[_Seq, int, int]] = []  # (job, its first logits row, its rows)
-        first_row = len(outputs)
+        n_out = sum(k for _, k in outputs)
+        first_row = n_out
         for seq in running:
             if seq.prefilling and seq.job.score_from is not None and n < self.n_batch:
                 n, rows_taken = self._put_scoring(batch, n, seq)
                 scoring.append((seq, first_row, rows_taken))
                 first_row += rows_taken
         batch.n_tokens = n
-        t0 = time.monotonic()
         rc = lc.llama_decode(self._ctx, batch)
         if rc == 1 and self.prefix.entries:  # no KV slot: cached prefixes are the first to go
             self.prefix.evict_until(self._mem, self.n_ctx)
             rc = lc.llama_decode(self._ctx, batch)
         if rc != 0:
             raise ModelError(f"llama_decode returned {rc}")
-        n_rows = len(outputs) + sum(k for _, _, k in scoring)
+        n_rows = first_row
         # a step that only prefills asks for no logits, and llama.cpp then has no rows to point to
         rows = (
             np.ctypeslib.as_array(lc.llama_get_logits(self._ctx), shape=(n_rows, self.n_vocab))
             if n_rows
             else np.zeros((0, self.n_vocab), dtype=np.float32)
         )
-        # a scoring job's rows come after every generating sequence's (it is put last, below)
-        self._sample(outputs, rows[: len(outputs)])
+        self._sample(outputs, rows[:n_out])
         dt = time.monotonic() - t0
         self.steps += 1
         share = dt / max(1, len(running))
         for seq in running:
             seq.busy_s += share
         self._score(scoring, rows)  # after the shares: a finished job reports this step too
+
+    def _draft_cap(self, seq: _Seq) -> int:
+        """Most tokens a draft may hold for `seq`: the tokens it keeps, with the one the target adds
+        after them, stay within its max_tokens (the KV cells admission reserved) and the context."""
+        return min(seq.job.max_tokens - len(seq.generated) - 1, self.n_ctx - seq.pos - 2)
+
+    def _take_reuse(self, seq: _Seq, room: int) -> bool:
+        """Draft from the rejected answer where the answer so far follows it, or where its last
+        REUSE_NGRAM tokens appear in it again; False when neither holds."""
+        reuse = seq.job.reuse_tokens
+        if not reuse:
+            return False
+        if seq.reuse_pause > 0:
+            seq.reuse_pause -= 1
+            return False
+        start = seq.reuse_next
+        if start is None or start >= len(reuse):
+            start = self._realign(seq)
+        if start is None:
+            return False
+        cap = min(seq.reuse_len, room, self._draft_cap(seq), len(reuse) - start)
+        if cap < 1:
+            return False
+        seq.reuse_next = start
+        seq.draft = list(reuse[start : start + cap])
+        seq.draft_q = [None] * cap
+        seq.draft_source = "rejected"
+        return True
+
+    @staticmethod
+    def _realign(seq: _Seq) -> int | None:
+        """Where the rejected answer continues the answer's last REUSE_NGRAM tokens: the first such
+        place from the last agreement on, else from its start; None when it nowhere does."""
+        reuse, gen = seq.job.reuse_tokens, seq.generated
+        if len(gen) < REUSE_NGRAM:
+            return None
+        tail = tuple(gen[-REUSE_NGRAM:])
+        last = len(reuse) - REUSE_NGRAM  # a match must leave a token to draft
+        for first in (seq.reuse_hint, 0):
+            for j in range(first, last):
+                if reuse[j : j + REUSE_NGRAM] == tail:
+                    return j + REUSE_NGRAM
+        return None
+
+    @staticmethod
+    def _tokens(seq: _Seq, start: int, stop: int) -> list[int]:
+        """Tokens [start, stop) of the sequence's prompt followed by its answer."""
+        prompt = seq.job.prompt_tokens
+        cut = len(prompt)
+        return prompt[start:stop] + seq.generated[max(0, start - cut) : max(0, stop - cut)]
+
+    def _draft_by_model(self, seqs: list[_Seq], room: int) -> None:
+        """Draft up to draft_max tokens for each of `seqs` with the draft model, all sequences in
+        one draft decode per drafted position. The draft context first catches up with what the
+        target kept since this sequence last drafted (its whole prompt, the first time)."""
+        import llama_cpp as lc
+
+        batch = self._dbatch
+        n = 0
+        active: list[tuple[_Seq, int]] = []  # (sequence, its draft's cap), in logits-row order
+        for seq in seqs:
+            cap = min(self.draft_max, self._draft_cap(seq), room)
+            if cap < 1 or n >= self.n_batch:
+                continue
+            take = min(seq.pos - seq.d_pos, self.n_batch - n)
+            for i, token in enumerate(self._tokens(seq, seq.d_pos, seq.d_pos + take)):
+                self._put(batch, n, token, seq.d_pos + i, seq.seq_id, seq.d_pos + i == seq.pos - 1)
+                n += 1
+            seq.d_pos += take
+            if seq.d_pos == seq.pos:
+                active.append((seq, cap))
+                room -= cap
+        eog = self._eog_ids
+        while n:
+            batch.n_tokens = n
+            rc = lc.llama_decode(self._dctx, batch)
+            if rc != 0:
+                raise ModelError(f"draft llama_decode returned {rc}")
+            rows = np.ctypeslib.as_array(lc.llama_get_logits(self._dctx), shape=(len(active), self.n_vocab))
+            n = 0
+            going: list[tuple[_Seq, int]] = []
+            for r, (seq, cap) in enumerate(active):
+                row, job = rows[r], seq.job
+                q: tuple[np.ndarray, np.ndarray] | None = None
+                if job.temperature <= 0.0:
+                    token = int(row.argmax())
+                    sure = 1.0 / float(np.exp(row - row[token]).sum())
+                else:
+                    q = self._dist(row, job.temperature, job.top_p)
+                    sure = float(q[1][0])
+                if sure < self.draft_p_min:  # likely refused: the target's own step is cheaper
+                    continue
+                if q is not None:
+                    gen = seq.rng if seq.rng is not None else np.random.default_rng()
+                    token = int(q[0][gen.choice(q[0].shape[0], p=q[1])])
+                seq.draft.append(token)
+                seq.draft_q.append(q)
+                seq.draft_source = "model"
+                if len(seq.draft) < cap and token not in eog:
+                    self._put(batch, n, token, seq.d_pos, seq.seq_id, True)
+                    seq.d_pos += 1
+                    n += 1
+                    going.append((seq, cap))
+            active = going
 
     def _put_scoring(self, batch: Any, n: int, seq: _Seq) -> tuple[int, int]:
         """Put the next chunk of a scoring job into the batch, asking for logits only at the
@@ -796,36 +1109,88 @@ class LlamaEngine:
         batch.seq_id[i][0] = seq_id
         batch.logits[i] = 1 if logits else 0
 
-    def _sample(self, outputs: list[_Seq], rows: np.ndarray) -> None:
+    def _sample(self, outputs: list[tuple[_Seq, int]], rows: np.ndarray) -> None:
         import llama_cpp as lc
 
-        if not outputs:
-            return
-        # log-softmax normaliser of every row at once (the model's own distribution, T=1)
-        peak = rows.max(axis=1)
-        lse = peak + np.log(np.exp(rows - peak[:, None]).sum(axis=1))
         now = time.monotonic()
-        for r, seq in enumerate(outputs):
+        r = 0
+        for seq, k in outputs:
             try:
-                self._advance(seq, rows[r], lse[r], now, lc)
+                self._advance(seq, rows[r : r + k], now, lc)
             except Exception as exc:  # noqa: BLE001 - this sequence's own work: fail it alone
                 self._fail_one(seq.job, exc)
+            r += k
 
-    def _advance(self, seq: _Seq, row: np.ndarray, lse: Any, now: float, lc: Any) -> None:
-        """Sample one sequence's next token from its logits row, and emit or finish it."""
+    def _advance(self, seq: _Seq, rows: np.ndarray, now: float, lc: Any) -> None:
+        """Take the sequence's next tokens from its logits rows: row i checks draft token i (kept or
+        replaced by the rejection rule; greedy: kept when it is the argmax), and the row after the
+        last kept draft token gives one more token of the target's own. Without a draft: one token.
+        Then drop the refused draft positions from both KV caches."""
+        job, draft = seq.job, seq.draft
+        base = seq.pos  # where the first draft token (or the next token) sits
+        start = len(seq.generated)
+        accepted = 0
+        # counted as they are decided, before the tokens are taken: a DoneEvent sent while taking them reports them
+        counts = (self.draft_counts[seq.draft_source], seq.drafts.setdefault(seq.draft_source, [0, 0])) if draft else ()
+        for c in counts:
+            c[0] += len(draft)
+        for i in range(len(draft) + 1):
+            row = rows[i]
+            if i < len(draft):
+                x = draft[i]
+                if job.temperature <= 0.0:
+                    best = int(row.argmax())
+                    kept, token = best == x, best
+                else:
+                    gen = seq.rng if seq.rng is not None else np.random.default_rng()
+                    kept, token = speculative_accept(
+                        self._dist(row, job.temperature, job.top_p), seq.draft_q[i], x, gen
+                    )
+                accepted += kept
+                for c in counts:
+                    c[1] += kept
+                if not self._take(seq, token, row, now, lc) or not kept:
+                    break
+            else:
+                shaped = self._reshaped(seq, row) if job.reshapes_logits else row
+                chosen: int | None = self._pick(shaped, job, seq.rng)
+                if seq.grammar is not None and chosen is not None:
+                    chosen = self._constrained(seq, shaped, chosen)
+                self._take(seq, chosen, row, now, lc)
+        if job.reuse_tokens and seq.reuse_next is not None:
+            new = tuple(seq.generated[start:])
+            at = seq.reuse_next
+            seq.reuse_next = at + len(new) if new == job.reuse_tokens[at : at + len(new)] else None
+            seq.reuse_hint = max(seq.reuse_hint, at + accepted if seq.draft_source == "rejected" else at)
+        if seq.draft_source == "rejected":
+            if accepted == len(draft):
+                seq.reuse_len = min(REUSE_ROWS_PER_STEP, 2 * seq.reuse_len)
+            else:
+                seq.reuse_len = max(REUSE_MIN_LEN, accepted)
+                seq.reuse_pause = REUSE_PAUSE_STEPS if accepted == 0 else 0
+        if not draft:
+            return
+        if job.cancelled:  # finished inside the draft: the whole sequence is released after this step
+            return
+        # a KV cache that cannot drop the refused positions would verify later drafts against them
+        if not lc.llama_memory_seq_rm(self._mem, seq.seq_id, base + accepted, -1):
+            raise ModelError("the KV cache could not drop refused draft positions")
+        if self._dmem is not None and seq.d_pos > base + accepted:
+            seq.d_pos = base + accepted
+            if not lc.llama_memory_seq_rm(self._dmem, seq.seq_id, seq.d_pos, -1):
+                raise ModelError("the draft model's KV cache could not drop refused draft positions")
+
+    def _take(self, seq: _Seq, token: int | None, row: np.ndarray, now: float, lc: Any) -> bool:
+        """Append one chosen token, emit or finish; whether the sequence goes on."""
         job = seq.job
-        shaped = self._reshaped(seq, row) if job.reshapes_logits else row
-        token: int | None = self._pick(shaped, job, seq.rng)
-        if seq.grammar is not None and token is not None:
-            token = self._constrained(seq, shaped, token)
         if seq.first_token_at is None:
             seq.first_token_at = now
         if token is None:  # the grammar allows nothing at all: end here, the verifier judges what there is
             self._finish(seq, "stop")
-            return
+            return False
         if lc.llama_vocab_is_eog(self._vocab, token):
             self._finish(seq, "stop")
-            return
+            return False
         if seq.grammar is not None:
             t0 = time.perf_counter()
             lc.llama_sampler_accept(seq.grammar, token)
@@ -833,6 +1198,9 @@ class LlamaEngine:
         if job.presence_penalty or job.frequency_penalty:
             seq.counts[token] = seq.counts.get(token, 0) + 1
         seq.generated.append(token)
+        # log-softmax normaliser of the model's own row (T=1): logprobs are the model's, whatever sampled
+        peak = row.max()
+        lse = peak + np.log(np.exp(row - peak).sum())
         logprob = float(row[token] - lse)
         seq.logprobs.append(logprob)
         self.tokens_out += 1
@@ -841,11 +1209,12 @@ class LlamaEngine:
         if job.top_logprobs:
             seq.tops.append(self._top(row, lse, piece, logprob, job.top_logprobs))
         if self._check_stop(seq):
-            return
+            return False
         if len(seq.generated) >= job.max_tokens or seq.pos + 1 >= self.n_ctx:
             self._finish(seq, "length")
-            return
+            return False
         self._emit_safe(seq)
+        return True
 
     def _pick(self, row: np.ndarray, job: Job, rng: np.random.Generator | None) -> int:
         if job.temperature <= 0.0:
@@ -949,6 +1318,13 @@ class LlamaEngine:
 
     @staticmethod
     def _sample_row(row: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator | None) -> int:
+        top, probs = LlamaEngine._dist(row, temperature, top_p)
+        gen = rng if rng is not None else np.random.default_rng()
+        return int(top[gen.choice(len(top), p=probs)])
+
+    @staticmethod
+    def _dist(row: np.ndarray, temperature: float, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+        """The distribution a token is sampled from: (ids, probs), likeliest first."""
         # restrict to the top candidates first: a full-vocabulary sort per token is wasteful
         k = min(64, row.shape[0])
         top = np.argpartition(row, -k)[-k:]
@@ -961,8 +1337,7 @@ class LlamaEngine:
         if top_p < 1.0:
             keep = int(np.searchsorted(np.cumsum(probs), top_p) + 1)
             top, probs = top[:keep], probs[:keep] / probs[:keep].sum()
-        gen = rng if rng is not None else np.random.default_rng()
-        return int(top[gen.choice(len(top), p=probs)])
+        return top, probs
 
     def _check_stop(self, seq: _Seq) -> bool:
         stops = seq.job.stop
@@ -1012,6 +1387,7 @@ class LlamaEngine:
                 busy_s=seq.busy_s,
                 queued_s=seq.started - seq.job.submitted,
                 top_logprobs=tuple(seq.tops) if seq.job.top_logprobs else None,
+                drafts=tuple((source, c[0], c[1]) for source, c in seq.drafts.items()),
             )
         )
 

@@ -16,6 +16,15 @@ A request with a `response_format` decodes under the grammar `router.grammars` m
 grammar state per sequence in the engine, so constrained and free sequences share decode steps);
 its answer is marked `constrained`. `logit_bias` and the penalties reshape each sequence's logits
 in the engine; a bias on a token id outside this model's vocabulary is a 400, as OpenAI answers.
+
+Speculative decoding (`draft_model`): the engine drafts with a second, smaller model of the same
+vocabulary and verifies the drafts in its ordinary decode step; start-up refuses a draft model
+whose vocabulary differs. Escalation reuse (`reuse_rejected`): a lower local tier's rejected
+answer, tokenized by this model (the two share a vocabulary, or nothing is reused), is the
+first draft, its first tokens read in the same pass as the prompt's last ones. Either way the
+answer is this model's own: under greedy the same tokens as without a draft, under sampling the
+same distribution. Each answer reports what was drafted and accepted per source
+(`Generation.drafts`).
 """
 
 from __future__ import annotations
@@ -28,7 +37,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from router.backends.base import Backend, ContinuationScore
-from router.backends.llama_engine import DoneEvent, ErrorEvent, Event, Job, LlamaEngine, ScoredEvent, TokenEvent
+from router.backends.llama_engine import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    Job,
+    LlamaEngine,
+    ScoredEvent,
+    TokenEvent,
+    vocab_mismatch,
+)
 from router.catalog import resolve_model
 from router.errors import ContextLengthError, DeadlineError, ModelError, RequestError
 from router.generation import Delta, Generation, GenerationRequest
@@ -45,10 +63,32 @@ if TYPE_CHECKING:
     from router.config import LlamaCppSettings, Settings, TierSettings
 
 
+def draft_problem(settings: LlamaCppSettings, cache_dir: Path | None) -> str | None:
+    """Why this tier's draft model cannot draft for its model (a vocabulary that differs, a file
+    that cannot be read), naming both; None when it can or none is configured. Reads the two
+    vocabularies only, not the weights: cheap enough for `config check`."""
+    if settings.draft_model is None:
+        return None
+    try:
+        model = resolve_model(settings.model, cache_dir)
+        draft = resolve_model(settings.draft_model, cache_dir)
+        return vocab_mismatch(model, draft)
+    except ModelError as exc:
+        return str(exc)
+
+
 class LlamaCppBackend(Backend):
-    def __init__(self, name: str, model_path: Path, settings: LlamaCppSettings, max_tokens_cap: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        model_path: Path,
+        settings: LlamaCppSettings,
+        max_tokens_cap: int,
+        draft_model_path: Path | None = None,
+    ) -> None:
         super().__init__(name)
         self.model_path = model_path
+        self.reuse_rejected = settings.reuse_rejected
         self.engine = LlamaEngine(
             model_path,
             n_ctx=settings.n_ctx,
@@ -59,6 +99,9 @@ class LlamaCppBackend(Backend):
             prefix_cache_slots=settings.prefix_cache_slots,
             kv_cache_type=settings.kv_cache_type,
             name=name,
+            draft_model_path=draft_model_path,
+            draft_max=settings.draft_max,
+            draft_p_min=settings.draft_p_min,
         )
         self.max_tokens_cap = max_tokens_cap
         self._formatter: Any = None
@@ -74,7 +117,9 @@ class LlamaCppBackend(Backend):
     def from_settings(cls, tier: TierSettings, settings: Settings) -> LlamaCppBackend:
         assert tier.llamacpp is not None
         path = resolve_model(tier.llamacpp.model, settings.models.cache_dir)
-        return cls(tier.name, path, tier.llamacpp, tier.max_tokens)
+        draft = tier.llamacpp.draft_model
+        draft_path = None if draft is None else resolve_model(draft, settings.models.cache_dir)
+        return cls(tier.name, path, tier.llamacpp, tier.max_tokens, draft_path)
 
     async def start(self) -> None:
         # callers that arrive while the model loads (an eval scoring many answers at once with a
@@ -121,6 +166,20 @@ class LlamaCppBackend(Backend):
             "prefix_cache_tokens_saved": float(self.engine.prefix.tokens_saved),
             "engine_restarts": float(self.engine.restarts),  # after failures of the shared decode step
         }
+
+    def draft_counts(self) -> dict[str, tuple[int, int]]:
+        return {source: (c[0], c[1]) for source, c in self.engine.draft_counts.items()}
+
+    def reuses(self, other: Backend) -> bool:
+        """A loaded local tier of the same vocabulary: its answer's text, tokenized here, is a
+        sequence of tokens that model could have written."""
+        return (
+            self.reuse_rejected
+            and other is not self
+            and isinstance(other, LlamaCppBackend)
+            and self.engine.vocab_signature is not None
+            and self.engine.vocab_signature == other.engine.vocab_signature
+        )
 
     @property
     def max_prompt_chars(self) -> int:
@@ -283,15 +342,32 @@ class LlamaCppBackend(Backend):
             await events.aclose()
         raise AssertionError("the engine's event stream ended without a result")  # pragma: no cover
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta | Generation]:
+    def stream(self, request: GenerationRequest) -> AsyncIterator[Delta | Generation]:
+        return self._stream(request, None)
+
+    def stream_reusing(self, request: GenerationRequest, rejected: str) -> AsyncIterator[Delta | Generation]:
+        return self._stream(request, rejected)
+
+    def _reuse_tokens(self, rejected: str | None, prompt: list[int], max_tokens: int) -> tuple[int, ...]:
+        """The rejected answer as this model's tokens, as much of it as could be kept."""
+        if not rejected:
+            return ()
+        room = min(max_tokens, self.engine.n_ctx - len(prompt) - 1)
+        if room <= 1 or len(rejected) > self.max_prompt_chars:
+            return ()
+        return tuple(self.engine.tokenize(rejected, add_special=False, parse_special=False)[:room])
+
+    async def _stream(self, request: GenerationRequest, rejected: str | None) -> AsyncIterator[Delta | Generation]:
         await self._ready()
         self.check_prompt_size(request)  # before handing megabytes to a thread
         started = time.monotonic()
         loop = asyncio.get_running_loop()
         tokens, grammar = await asyncio.to_thread(self._job_inputs, request)
+        max_tokens = min(request.max_tokens, self.max_tokens_cap)
+        reuse = await asyncio.to_thread(self._reuse_tokens, rejected, tokens, max_tokens) if rejected else ()
         job = Job(
             prompt_tokens=tokens,
-            max_tokens=min(request.max_tokens, self.max_tokens_cap),
+            max_tokens=max_tokens,
             temperature=request.temperature,
             top_p=request.top_p,
             seed=request.seed,
@@ -304,6 +380,7 @@ class LlamaCppBackend(Backend):
             logit_bias=request.logit_bias,
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
+            reuse_tokens=reuse,
         )
         events = self._events(job, request, "finish")
         try:
@@ -330,6 +407,7 @@ class LlamaCppBackend(Backend):
                         model=self.model_name,
                         top_logprobs=event.top_logprobs,
                         constrained=grammar is not None,
+                        drafts=event.drafts,
                     )
                     return
         finally:
