@@ -167,8 +167,11 @@ def ask(client: Any, messages: list[dict[str, str]], max_tokens: int) -> dict[st
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import asyncio
+
     import openai
 
+    from router.bench.drafts import draft_delta, read_draft_counters
     from router.bench.launch import free_port, serving
     from router.bench.output import print_progress
     from router.bench.spec import tierroute_command
@@ -189,6 +192,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "max_tokens_cap": args.max_tokens,
         "skipped": None,
         "items": [],
+        "drafts": {},
     }
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         configs, skipped = variant_configs(Path(args.config), Path(tmp))
@@ -196,6 +200,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if skipped:
             print_progress(f"reuse: skipped, {skipped}")
         clients: dict[str, Any] = {}
+        targets: dict[str, Target] = {}
         for name, config in configs.items():
             port = free_port()
             target = Target(f"http://127.0.0.1:{port}/v1", name, launch=tierroute_command(config, port))
@@ -205,8 +210,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 openai.OpenAI(base_url=live.url, api_key="not-needed", max_retries=0, timeout=args.timeout)
             )
             ask(client, [{"role": "user", "content": WARMUP_PROMPT}], 8)
-            clients[name] = client
+            clients[name], targets[name] = client, live
         names = list(clients)
+        before = {name: asyncio.run(read_draft_counters(t)) for name, t in targets.items()}
         for i, e in enumerate(items):
             max_tokens = min(e.max_tokens, args.max_tokens) if args.max_tokens else e.max_tokens
             row: dict[str, Any] = {
@@ -225,6 +231,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 got["text"] = got["text"][:200]  # enough to tell answers apart in the JSON
             report["items"].append(row)
             print_progress(_line(row))
+        # the service's own count of the draft tokens it took from rejected answers, and accepted
+        for name, t in targets.items():
+            after = asyncio.run(read_draft_counters(t))
+            report["drafts"][name] = None if after is None else draft_delta(before[name] or {}, after)
     report["summary"] = summarize(report["items"])
     return report
 

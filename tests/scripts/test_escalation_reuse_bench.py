@@ -89,9 +89,11 @@ def test_replay_through_the_service_on_smollm2(tmp_path: Path, smol_path: Path) 
         assert seq["escalated"] and seq["answered_by"] == "large"
         assert 0 < seq["large_tokens"] <= 8 and seq["large_ms"] > 0 and seq["client_ms"] >= seq["large_ms"]
         assert seq["large_matches_committed"] is False  # SmolLM2 is not the run's Qwen
+    assert set(report["drafts"]) == ({"sequential"} if report["skipped"] else {"sequential", "reuse"})
     summary = report["summary"]
     assert summary["items"] == summary["escalated_on_every_server"] == 2
     if report["skipped"] is not None:
         assert "reuse_rejected" in report["skipped"] and "reuse" not in report["items"][0]
     else:
         assert summary["identical"] == 2 and summary["large_ms_ratio_of_totals"] > 0
+        assert report["drafts"]["reuse"]["rejected"]["drafted"] > 0  # the rejected answers were drafts
