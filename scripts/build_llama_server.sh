@@ -15,8 +15,8 @@
 #
 # Usage: scripts/build_llama_server.sh [--jobs N] [--force]
 #   then: tierroute bench spec --llama-server "$(scripts/build_llama_server.sh)" ...
-# Needs: cmake, a C/C++ compiler, pip (to fetch the sdist), and ninja or make. Takes about ten
-# minutes on 2 loaded cores.
+# Needs: cmake, a C/C++ compiler, pip (to fetch the sdist), and ninja or make. Took about 30
+# minutes on 2 cores shared with other work.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --jobs) jobs="$2"; shift 2 ;;
     --force) force=1; shift ;;
-    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
   esac
 done
