@@ -25,7 +25,14 @@ from router.bench.output import (
     write_json,
 )
 from router.bench.overhead import run_overhead
-from router.bench.spec import DEFAULT_VARIANTS, VARIANTS, plan_variants, read_pair, spec_comparison
+from router.bench.spec import (
+    DEFAULT_VARIANTS,
+    VARIANTS,
+    drafting_missing,
+    plan_variants,
+    read_pair,
+    spec_comparison,
+)
 from router.bench.sweep import compare, sweep_target
 from router.bench.workload import PROMPTS, BenchError, Level, Target, Workload
 
@@ -188,6 +195,10 @@ def cmd_spec(args: argparse.Namespace) -> int:
         except BenchError as exc:
             print_progress(f"error: {exc}")
             result, failed = {**variant.describe(), "error": str(exc)}, True
+        if drafting_missing(result):
+            result["warning"] = "the server counted no draft tokens at some level: it did not draft"
+            print_progress(f"[{variant.label}] warning: {result['warning']}")
+            failed = True
         report["targets"].append(result)
         write_json(args.json, report, quiet=True)  # a long run cut short keeps what it measured
     report["comparison"] = spec_comparison(report["targets"])

@@ -179,6 +179,9 @@ def llama_server_command(binary: Path, pair: Pair, port: int, *, draft: bool) ->
         args += [
             "--model-draft",
             str(pair.draft_model),
+            # without it this llama-server loads the draft model and never drafts with it
+            "--spec-type",
+            "draft-simple",
             "--spec-draft-threads",
             str(pair.n_threads),
             "--spec-draft-threads-batch",
@@ -226,6 +229,14 @@ def plan_variants(
             command = llama_server_command(llama_server, pair, p, draft=label == "llama-server+draft")
             out.append(Variant(label, Target(url, label, launch=command)))
     return out
+
+
+def drafting_missing(result: dict[str, Any]) -> bool:
+    """A drafting variant whose server counted no draft tokens at some level: its figures are
+    plain decoding's, and the comparison would say nothing about speculative decoding."""
+    if not str(result.get("label", "")).endswith("+draft"):
+        return False
+    return any(((lv.get("drafts") or {}).get("total") or {}).get("drafted", 0) == 0 for lv in result.get("levels", []))
 
 
 def spec_comparison(targets: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

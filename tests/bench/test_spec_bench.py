@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from router.bench.drafts import draft_delta, metrics_url, parse_draft_counters
-from router.bench.spec import llama_server_command, plan_variants, read_pair, spec_comparison
+from router.bench.spec import drafting_missing, llama_server_command, plan_variants, read_pair, spec_comparison
 from router.bench.workload import BenchError, Target
 from router.cli import main
 from tests.conftest import SMOL, write_config
@@ -113,6 +113,7 @@ def test_llama_server_gets_the_same_pair_and_settings(pair_configs: tuple[Path, 
     assert flags["--threads"] == flags["--threads-batch"] == flags["--spec-draft-threads"] == "1"
     assert (flags["--ctx-size"], flags["--parallel"], flags["--spec-draft-n-max"]) == ("2048", "2", "4")
     assert "--metrics" in command and "--kv-unified" in command
+    assert flags["--spec-type"] == "draft-simple"  # a draft model alone does not make it draft
     plain = llama_server_command(Path("/opt/llama-server"), pair, 8123, draft=False)
     assert "--model-draft" not in plain and "--spec-draft-n-max" not in plain
 
@@ -135,6 +136,16 @@ def test_variants_without_a_binary_are_skipped_with_the_way_to_build_it(
     assert ours is not None and ours.model == "large" and ours.launch is not None and str(plain) in ours.launch
     with pytest.raises(BenchError, match="unknown variant"):
         plan_variants(["vllm"], plain_config=plain, draft_config=drafted, pair=pair, llama_server=None)
+
+
+def test_a_drafting_variant_that_never_drafted_is_caught() -> None:
+    def level(drafted: int | None) -> dict[str, object]:
+        return {"drafts": None if drafted is None else {"total": {"drafted": drafted}}}
+
+    assert drafting_missing({"label": "llama-server+draft", "levels": [level(40), level(0)]})
+    assert drafting_missing({"label": "tierroute+draft", "levels": [level(None)]})  # no counters at all
+    assert not drafting_missing({"label": "tierroute+draft", "levels": [level(40), level(12)]})
+    assert not drafting_missing({"label": "tierroute", "levels": [level(None)]})  # plain: nothing expected
 
 
 def test_comparison_sets_drafting_against_both_bars() -> None:
