@@ -7,6 +7,12 @@ scripts/build_llama_server.sh builds, so they are not run here."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -221,3 +227,31 @@ def test_bench_spec_end_to_end_on_smollm2(tmp_path: Path, pair_configs: tuple[Pa
             model = level["drafts"]["model"]
             assert model["drafted"] > 0 and model["acceptance"] > 0.8  # the model drafting for itself agrees
         assert [r["to"] for r in report["comparison"]] == ["tierroute", "tierroute"]
+
+
+def test_a_sigterm_to_the_bench_stops_the_server_it_launched(pair_configs: tuple[Path, Path]) -> None:
+    plain, drafted = pair_configs
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "router.cli", "--config", str(plain), "bench", "spec", "--draft-config", str(drafted)]
+        + ["--variants", "tierroute", "--concurrency", "1", "--requests", "200", "--max-tokens", "32"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert bench.stderr is not None
+        line = bench.stderr.readline()  # "[tierroute] URL (pid N)" once the server answers
+        found = re.search(r"\(pid (\d+)\)", line)
+        assert found, line
+        server = int(found.group(1))
+        os.kill(server, 0)  # running
+        bench.send_signal(signal.SIGTERM)
+        bench.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{server}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not Path(f"/proc/{server}").exists(), "the launched server outlived the bench"
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
