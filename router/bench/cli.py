@@ -1,4 +1,4 @@
-"""`tierroute bench sweep | burst | overhead`: options, the servers they name, and the three commands.
+"""`tierroute bench sweep | burst | overhead | spec`: options, the servers they name, and the commands.
 
 `--url` opens a server's options: the ones after it (`--label`, `--model`, `--pid`, `--launch`,
 `--api-key-env`) belong to that server, and given before any `--url` they apply to every one.
@@ -19,11 +19,20 @@ from router.bench.output import (
     print_burst,
     print_overhead,
     print_progress,
+    print_spec,
     print_sweep,
     report_header,
     write_json,
 )
 from router.bench.overhead import run_overhead
+from router.bench.spec import (
+    DEFAULT_VARIANTS,
+    VARIANTS,
+    drafting_missing,
+    plan_variants,
+    read_pair,
+    spec_comparison,
+)
 from router.bench.sweep import compare, sweep_target
 from router.bench.workload import PROMPTS, BenchError, Level, Target, Workload
 
@@ -72,6 +81,7 @@ def _targets(args: argparse.Namespace) -> list[Target]:
 
 
 def _workload(args: argparse.Namespace) -> Workload:
+    """The requests every server is sent: the built-in prompts or a file's, at a fixed length."""
     prompts = PROMPTS
     if args.prompts:
         lines = [line for line in Path(args.prompts).read_text().splitlines() if line.strip()]
@@ -136,6 +146,63 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         write_json(args.json, report, quiet=True)  # a long run cut short keeps what it measured
     report["comparison"] = compare(report["targets"])
     print_sweep(report, workload)
+    write_json(args.json, report)
+    unanswered = any(level["ok"] == 0 for t in report["targets"] for level in t.get("levels", []))
+    return 1 if failed or unanswered else 0
+
+
+def cmd_spec(args: argparse.Namespace) -> int:
+    if args.config is None:
+        raise BenchError("name the plain tier's config: tierroute --config PLAIN.toml bench spec --draft-config ...")
+    plain, draft = Path(args.config), Path(args.draft_config)
+    pair = read_pair(plain, draft)
+    workload = _workload(args)
+    variants = plan_variants(
+        args.variants,
+        plain_config=plain,
+        draft_config=draft,
+        pair=pair,
+        llama_server=Path(args.llama_server) if args.llama_server else None,
+    )
+    levels = [Level("concurrency", c) for c in args.concurrency]
+    report: dict[str, Any] = {
+        **report_header(args, "spec"),
+        "workload": workload.describe(),
+        "pair": pair.describe(),
+        "targets": [],
+    }
+    failed = False
+    for variant in variants:
+        if variant.target is None:
+            print_progress(f"[{variant.label}] skipped: {variant.skipped}")
+            report["targets"].append(variant.describe())
+            continue
+        try:
+            with serving(variant.target, start_timeout_s=args.launch_timeout) as live:
+                print_progress(f"[{live.label}] {live.url} (pid {live.pid or 'unknown'})")
+                result = asyncio.run(
+                    sweep_target(
+                        live,
+                        workload,
+                        levels,
+                        requests=args.requests,
+                        duration_s=None,
+                        warmup=args.warmup,
+                        progress=print_progress,
+                        drafts=True,
+                    )
+                )
+        except BenchError as exc:
+            print_progress(f"error: {exc}")
+            result, failed = {**variant.describe(), "error": str(exc)}, True
+        if drafting_missing(result):
+            result["warning"] = "the server counted no draft tokens at some level: it did not draft"
+            print_progress(f"[{variant.label}] warning: {result['warning']}")
+            failed = True
+        report["targets"].append(result)
+        write_json(args.json, report, quiet=True)  # a long run cut short keeps what it measured
+    report["comparison"] = spec_comparison(report["targets"])
+    print_spec(report, workload)
     write_json(args.json, report)
     unanswered = any(level["ok"] == 0 for t in report["targets"] for level in t.get("levels", []))
     return 1 if failed or unanswered else 0
@@ -229,6 +296,36 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _variant_list(text: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [v for v in values if v not in VARIANTS]
+    if not values or unknown:
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(VARIANTS)}, separated by commas")
+    return values
+
+
+def _workload_options(p: argparse.ArgumentParser, *, max_tokens: int) -> None:
+    """What every request asks: the API, its length, the prompts, the response format, the timeout."""
+    api = p.add_mutually_exclusive_group()
+    api.add_argument("--chat", dest="api", action="store_const", const="chat", help="/v1/chat/completions (default)")
+    api.add_argument("--completions", dest="api", action="store_const", const="completions", help="/v1/completions")
+    p.set_defaults(api="chat", targets=None)
+    p.add_argument("--max-tokens", type=_positive_int, default=max_tokens, help="output length asked of every request")
+    p.add_argument(
+        "--prompts", default=None, metavar="FILE", help="one prompt per line instead of the built-in set of 16"
+    )
+    p.add_argument(
+        "--response-format",
+        default=None,
+        metavar="FILE.json",
+        help="send this JSON schema (or OpenAI response_format object) with every request",
+    )
+    p.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds per request")
+    p.add_argument("--warmup", type=int, default=2, help="requests sent and not counted before measuring")
+    p.add_argument("--json", default=None, metavar="PATH", help="write every number here")
+    p.add_argument("--launch-timeout", type=_positive_float, default=300.0, help="seconds a launched server may take")
+
+
 def _client_options(p: argparse.ArgumentParser, *, max_tokens: int) -> None:
     g = p.add_argument_group("servers", "--url starts a server's options; the options after it are that server's own")
     g.add_argument(
@@ -275,24 +372,7 @@ def _client_options(p: argparse.ArgumentParser, *, max_tokens: int) -> None:
         metavar="VAR",
         help="environment variable holding the server's API key",
     )
-    p.add_argument("--launch-timeout", type=_positive_float, default=300.0, help="seconds a launched server may take")
-    api = p.add_mutually_exclusive_group()
-    api.add_argument("--chat", dest="api", action="store_const", const="chat", help="/v1/chat/completions (default)")
-    api.add_argument("--completions", dest="api", action="store_const", const="completions", help="/v1/completions")
-    p.set_defaults(api="chat", targets=None)
-    p.add_argument("--max-tokens", type=_positive_int, default=max_tokens, help="output length asked of every request")
-    p.add_argument(
-        "--prompts", default=None, metavar="FILE", help="one prompt per line instead of the built-in set of 16"
-    )
-    p.add_argument(
-        "--response-format",
-        default=None,
-        metavar="FILE.json",
-        help="send this JSON schema (or OpenAI response_format object) with every request",
-    )
-    p.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds per request")
-    p.add_argument("--warmup", type=int, default=2, help="requests sent and not counted before measuring")
-    p.add_argument("--json", default=None, metavar="PATH", help="write every number here")
+    _workload_options(p, max_tokens=max_tokens)
 
 
 def register(sub: Any, add: Any) -> None:
@@ -318,6 +398,35 @@ def register(sub: Any, add: Any) -> None:
     size.add_argument("--requests", type=_positive_int, default=32, help="requests per level (default 32)")
     size.add_argument("--duration", type=_positive_float, default=None, help="seconds per level instead")
     p.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrival times")
+
+    p = add(
+        "spec",
+        "speculative decoding side by side: a local tier plain, drafted, and llama-server --model-draft",
+        cmd_spec,
+        bsub,
+    )
+    _workload_options(p, max_tokens=128)
+    p.add_argument(
+        "--draft-config",
+        required=True,
+        metavar="TOML",
+        help="the same tier as --config with draft_model (and draft_max) set",
+    )
+    p.add_argument(
+        "--llama-server",
+        default=None,
+        metavar="BIN",
+        help="llama.cpp's llama-server (scripts/build_llama_server.sh builds it); without it, its variants are skipped",
+    )
+    p.add_argument(
+        "--variants",
+        type=_variant_list,
+        default=list(DEFAULT_VARIANTS),
+        metavar=",".join(DEFAULT_VARIANTS),
+        help=f"servers to measure, in this order (of {', '.join(VARIANTS)})",
+    )
+    p.add_argument("--concurrency", type=_int_list, default=[1, 8], metavar="1,8")
+    p.add_argument("--requests", type=_positive_int, default=16, help="requests per level (default 16)")
 
     p = add("burst", "a burst of requests at high concurrency, in rounds: answered, refused, memory", cmd_burst, bsub)
     _client_options(p, max_tokens=32)

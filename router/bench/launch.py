@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from router.bench.workload import BenchError, Target
@@ -53,6 +55,7 @@ def serving(target: Target, *, start_timeout_s: float = 300.0) -> Iterator[Targe
         stderr=subprocess.STDOUT,
         start_new_session=True,  # a Ctrl-C reaches the bench, which stops the server itself
     )
+    restore = _stop_on_sigterm()
     try:
         deadline = time.monotonic() + start_timeout_s
         while not _answers_now(target):
@@ -73,3 +76,22 @@ def serving(target: Target, *, start_timeout_s: float = 300.0) -> Iterator[Targe
                 proc.kill()
                 proc.wait()
         log.close()
+        restore()
+
+
+def _stop_on_sigterm() -> Callable[[], None]:
+    """While a launched server runs, a SIGTERM to the bench unwinds it like Ctrl-C, so the server
+    (in its own session, out of reach of the signal) is stopped rather than left running. Returns
+    what puts the previous handler back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore

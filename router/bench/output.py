@@ -188,3 +188,58 @@ def print_overhead(result: dict[str, Any], *, title: str) -> None:
         f"ok {result['ok']}/{result['requests']}, errors {result['errors'] or 0}, answered by {result['tiers']}, "
         f"verifiers {result['verifiers']}, peak RSS {fmt(memory.get('peak_rss_mib'))} MiB"
     )
+
+
+def print_spec(report: dict[str, Any], workload: Workload) -> None:
+    """Every variant's levels with its draft acceptance, the skipped ones and why, then the ratios."""
+    from rich.table import Table
+
+    pair = report["pair"]
+    table = Table(
+        "variant",
+        "level",
+        "ok",
+        "err",
+        "out tok/s",
+        "TTFT ms p50/p95/p99",
+        "latency ms p50/p95/p99",
+        "drafted",
+        "accepted",
+        title=f"tierroute bench spec: {workload.api}, max_tokens {workload.max_tokens}, tier {pair['tier']}, "
+        f"draft_max {pair['draft_max']}, {pair['n_threads']} threads",
+    )
+    skipped: list[str] = []
+    for t in report["targets"]:
+        if "skipped" in t:
+            skipped.append(f"{t['label']}: skipped, {t['skipped']}")
+            continue
+        if "error" in t:
+            skipped.append(f"{t['label']}: failed, {t['error']}")
+            continue
+        for row in t["levels"]:
+            total = (row.get("drafts") or {}).get("total")
+            table.add_row(
+                t["label"],
+                Level("concurrency", row["concurrency"]).name,
+                str(row["ok"]),
+                str(sum(row["errors"].values())),
+                fmt(row["output_tok_s"]),
+                triple(row["ttft_ms"]),
+                triple(row["latency_ms"]),
+                "-" if total is None else str(total["drafted"]),
+                "-" if total is None or total["acceptance"] is None else f"{total['acceptance']:.1%}",
+            )
+    console = make_console()
+    console.print(table)
+    for line in skipped:
+        console.print(line)
+    if report["comparison"]:
+        ratios = Table("level", "of / to", "tok/s ratio", "latency p50 ratio", title="relative")
+        for c in report["comparison"]:
+            ratios.add_row(
+                Level("concurrency", c["concurrency"]).name,
+                f"{c['of']} / {c['to']}",
+                fmt(c["output_tok_s_ratio"], 2),
+                fmt(c["latency_p50_ratio"], 2),
+            )
+        console.print(ratios)

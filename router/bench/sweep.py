@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from router.bench.drafts import DraftProbe
 from router.bench.load import arrivals, closed_loop, open_loop, openai_client, schedule_lag, streamed_request, warm_up
 from router.bench.memory import MemoryWatch, read_memory
 from router.bench.outcome import summarize
@@ -26,13 +27,19 @@ async def sweep_target(
     warmup: int = 2,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    drafts: bool = False,
 ) -> dict[str, Any]:
+    """`drafts`: also read the server's speculative-decoding counters around each level
+    (router.bench.drafts), for the level's draft acceptance rate."""
     client = openai_client(target, workload)
     send = streamed_request(client, target, workload)
     result: dict[str, Any] = {**target.describe(), "memory_start": read_memory(target.pid), "levels": []}
     try:
         await warm_up(send, warmup)
         for level in levels:
+            probe = DraftProbe(target) if drafts else None
+            if probe is not None:
+                await probe.start()
             async with MemoryWatch(target.pid) as memory:
                 if level.kind == "concurrency":
                     outcomes, wall = await closed_loop(send, int(level.value), requests=requests, duration_s=duration_s)
@@ -45,6 +52,8 @@ async def sweep_target(
                     extra["schedule_lag_ms"] = schedule_lag(outcomes, schedule)
             row: dict[str, Any] = {level.kind: level.value, **summarize(outcomes, wall), **extra}
             row["memory"] = memory.result()
+            if probe is not None:
+                row["drafts"] = await probe.result()
             row["per_request"] = [o.to_dict() for o in outcomes]
             result["levels"].append(row)
             if progress is not None:
