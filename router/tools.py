@@ -29,8 +29,14 @@ client receives were verified whole. The text of the answering tier is relayed a
 from the tag on it is held, and once the answer is complete it is read by `answer` and sent as
 OpenAI streams calls (`delta.tool_calls` with index, id, name, then argument fragments).
 
-`call_schema` is the hook for grammar-constrained decoding: the JSON Schema of the object inside a
-valid `<tool_call>` block under the request's tools and `tool_choice`.
+`call_schema` is the JSON Schema of the object inside a valid `<tool_call>` block under the
+request's tools and `tool_choice`. A request that forces a call (`tool_choice` `required` or a
+named function) leaves the model nothing to write but one, so a local tier decodes it under a
+grammar of `forced_call_schema` (router.grammars): the answer is that object, without tags, which
+`parse_tool_calls` reads as it reads Qwen's untagged calls. Arguments follow the function's schema
+when the function is `strict` (OpenAI's promise for strict functions; their schemas were checked
+as convertible with the request), an open JSON object otherwise. Under `auto` the model may
+answer in words, so nothing is forced; the `tool_call` verifier checks its calls after the fact.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from router.generation import Generation, GenerationRequest, Message, NamedTool, ToolCall
+from router.generation import Generation, GenerationRequest, Message, NamedTool, ToolCall, ToolSpec
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
@@ -303,19 +309,68 @@ class ContentFilter:
 def call_schema(request: GenerationRequest) -> dict[str, Any] | None:
     """The JSON Schema of the object inside one valid `<tool_call>` block: `name` one of the
     functions `tool_choice` allows, `arguments` that function's parameters (an open object when it
-    gives none). None when the request offers no tools. For constraining a call's decoding with a
-    grammar (the schema is what the `tool_call` verifier checks after the fact)."""
+    gives none). None when the request offers no tools."""
     if not request.offers_tools:
         return None
+    return _one_of([(t.name, t.parameters or {"type": "object"}) for t in _allowed(request)])
+
+
+def forced_call_schema(request: GenerationRequest) -> dict[str, Any] | None:
+    """The schema a local tier decodes a forced call under (module docstring): a strict
+    function's arguments by its schema, moved into one document (its `$defs` hoisted beside the
+    others', its references rewritten to match); an open object for the rest. None when the
+    request does not force a call."""
+    if not request.offers_tools or request.tool_choice == "auto":
+        return None
+    defs: dict[str, Any] = {}
+    options = []
+    for t in _allowed(request):
+        if t.strict and t.parameters:
+            params = dict(t.parameters)
+            for key in ("$defs", "definitions"):
+                for name, sub in (params.pop(key, None) or {}).items():
+                    defs[f"{t.name}--{name}"] = _rebased(sub, t.name)
+            defs[t.name] = _rebased(params, t.name)
+            options.append((t.name, {"$ref": f"#/$defs/{t.name}"}))
+        else:
+            options.append((t.name, {"type": "object"}))
+    schema = _one_of(options)
+    return {**schema, "$defs": defs} if defs else schema
+
+
+def _allowed(request: GenerationRequest) -> list[ToolSpec]:
     choice = request.tool_choice
-    allowed = [t for t in request.tools if not isinstance(choice, NamedTool) or t.name == choice.name]
-    options = [
+    return [t for t in request.tools if not isinstance(choice, NamedTool) or t.name == choice.name]
+
+
+def _one_of(options: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    schemas = [
         {
             "type": "object",
-            "properties": {"name": {"const": t.name}, "arguments": t.parameters or {"type": "object"}},
+            "properties": {"name": {"const": name}, "arguments": arguments},
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
-        for t in allowed
+        for name, arguments in options
     ]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+def _rebased(node: Any, name: str) -> Any:
+    """A function's schema with its local references pointing where `forced_call_schema` moves
+    their targets: the function's root to `#/$defs/<name>`, its definitions to `<name>--<key>`."""
+    if isinstance(node, list):
+        return [_rebased(v, name) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _rebased(v, name) for k, v in node.items()}
+    ref = out.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        path = ref[2:]
+        for key in ("$defs/", "definitions/"):
+            if path.startswith(key):
+                out["$ref"] = f"#/$defs/{name}--{path[len(key) :]}"
+                break
+        else:
+            out["$ref"] = f"#/$defs/{name}" + (f"/{path}" if path else "")
+    return out
