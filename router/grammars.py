@@ -101,11 +101,21 @@ _REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
 _TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 
 
-def check_schema(schema: Any) -> None:
-    """Refuse (RequestError, 400) a schema too large, too deep, or using a construct the grammar
-    cannot honour; the message names the construct and where it is."""
+def check_schema(schema: Any, param: str = PARAM) -> None:
+    """Refuse (RequestError, 400, naming `param`) a schema too large, too deep, or using a
+    construct the grammar cannot honour; the message names the construct and where it is. Every
+    schema a client sends goes through it: a response_format's and each function's parameters."""
+    try:
+        _check_schema(schema)
+    except RequestError as exc:
+        if param == PARAM:
+            raise
+        raise RequestError(str(exc), param=param) from None
+
+
+def _check_schema(schema: Any) -> None:
     if not isinstance(schema, dict):
-        raise RequestError("response_format.json_schema.schema must be a JSON object", param=PARAM)
+        raise RequestError("a JSON schema must be a JSON object", param=PARAM)
     size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
     if size > MAX_SCHEMA_BYTES:
         raise RequestError(f"the JSON schema is {size} bytes; at most {MAX_SCHEMA_BYTES} are accepted", param=PARAM)

@@ -33,10 +33,13 @@ OpenAI streams calls (`delta.tool_calls` with index, id, name, then argument fra
 request's tools and `tool_choice`. A request that forces a call (`tool_choice` `required` or a
 named function) leaves the model nothing to write but one, so a local tier decodes it under a
 grammar of `forced_call_schema` (router.grammars): the answer is that object, without tags, which
-`parse_tool_calls` reads as it reads Qwen's untagged calls. Arguments follow the function's schema
-when the function is `strict` (OpenAI's promise for strict functions; their schemas were checked
-as convertible with the request), an open JSON object otherwise. Under `auto` the model may
-answer in words, so nothing is forced; the `tool_call` verifier checks its calls after the fact.
+`parse_tool_calls` reads as it reads Qwen's untagged calls. Arguments follow the function's schema,
+`strict` or not: every function's schema passed the response_format check with the request, so
+each can be a grammar, and an open object would let a small model loop inside it until
+max_tokens. (So a forced call keeps OpenAI's promise for strict functions, and more.) Under `auto`
+the model may answer in words, and a grammar allowing "any text or a call" would block Qwen's
+special `<tool_call>` token and slow all free text; so nothing is forced there, and the
+`tool_call` verifier checks the calls after the fact (a bad one escalates).
 """
 
 from __future__ import annotations
@@ -316,16 +319,16 @@ def call_schema(request: GenerationRequest) -> dict[str, Any] | None:
 
 
 def forced_call_schema(request: GenerationRequest) -> dict[str, Any] | None:
-    """The schema a local tier decodes a forced call under (module docstring): a strict
-    function's arguments by its schema, moved into one document (its `$defs` hoisted beside the
-    others', its references rewritten to match); an open object for the rest. None when the
+    """The schema a local tier decodes a forced call under (module docstring): each function's
+    arguments by its schema, moved into one document (its `$defs` hoisted beside the others', its
+    references rewritten to match); `{}` for a function without parameters. None when the
     request does not force a call."""
     if not request.offers_tools or request.tool_choice == "auto":
         return None
     defs: dict[str, Any] = {}
     options = []
     for t in _allowed(request):
-        if t.strict and t.parameters:
+        if t.parameters:
             params = dict(t.parameters)
             for key in ("$defs", "definitions"):
                 for name, sub in (params.pop(key, None) or {}).items():
@@ -333,7 +336,7 @@ def forced_call_schema(request: GenerationRequest) -> dict[str, Any] | None:
             defs[t.name] = _rebased(params, t.name)
             options.append((t.name, {"$ref": f"#/$defs/{t.name}"}))
         else:
-            options.append((t.name, {"type": "object"}))
+            options.append((t.name, {"type": "object", "properties": {}, "additionalProperties": False}))
     schema = _one_of(options)
     return {**schema, "$defs": defs} if defs else schema
 

@@ -489,6 +489,11 @@ class ChatCompletionRequest(_Common):
         specs = tuple(t.spec() for t in self.tools or ())
         if len(compact_json([t.to_openai() for t in specs])) > MAX_TOOLS_CHARS:
             raise RequestError(f"at most {MAX_TOOLS_CHARS} characters of tools, as JSON", param="tools")
+        # the check a response_format schema gets: a strict function's arguments are decoded under
+        # a grammar of its schema, and every call's are validated against it (verifiers.tool_call)
+        for i, spec in enumerate(specs):
+            if spec.parameters is not None:
+                check_schema(spec.parameters, param=f"tools.{i}.function.parameters")
         choice = self.tool_choice
         if choice is None or choice == "auto":
             return specs, "auto"
