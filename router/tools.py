@@ -326,7 +326,7 @@ def forced_call_schema(request: GenerationRequest) -> dict[str, Any] | None:
     if not request.offers_tools or request.tool_choice == "auto":
         return None
     defs: dict[str, Any] = {}
-    options = []
+    options: list[tuple[str, dict[str, Any]]] = []
     for t in _allowed(request):
         if t.parameters:
             params = dict(t.parameters)
