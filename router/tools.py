@@ -95,9 +95,11 @@ def chat_inputs(
     turns are written as text (`fallback_system_prompt`)."""
     assert request.messages is not None
     tools = [t.to_openai() for t in request.tools] if request.offers_tools else None
+    # a conversation ending on tool results: the model's turn is to use them (see RESULTS_NUDGE)
+    nudge = [{"role": "user", "content": RESULTS_NUDGE}] if request.messages[-1].role == "tool" else []
     if native:
-        return [_native_message(m) for m in request.messages], tools
-    messages = [_fallback_message(m) for m in request.messages]
+        return [_native_message(m) for m in request.messages] + nudge, tools
+    messages = [_fallback_message(m) for m in request.messages] + nudge
     if tools:
         prompt = fallback_system_prompt(request)
         if messages and messages[0]["role"] == "system":
@@ -105,6 +107,13 @@ def chat_inputs(
         else:
             messages.insert(0, {"role": "system", "content": prompt})
     return messages, None
+
+
+# Both default models render tool results as Qwen2.5 was trained to (`<tool_response>` in a user
+# turn; their own templates do it), and both still answer a result by calling the function again
+# (the 0.5B echoing the call and the result, the 1.5B the call). Measured on the raw models
+# (README, Tool calls): with this user turn after the results, the 1.5B answers in words from them.
+RESULTS_NUDGE = "Answer using the function results above, or call another function if one is still needed."
 
 
 def fallback_system_prompt(request: GenerationRequest) -> str:
@@ -189,9 +198,9 @@ def parse_tool_calls(text: str) -> ToolAnswer:
             calls.append(call)
     if not calls and not malformed:
         fenced = _FENCED.match(text)
-        bare = _bare_calls(_undoubled(fenced.group(1) if fenced else text))
+        bare, rest = _bare_calls(_undoubled(fenced.group(1) if fenced else text))
         if bare:
-            return ToolAnswer(None, bare)
+            return ToolAnswer(rest or None, bare)
     if not calls:
         return ToolAnswer(text, (), tuple(malformed))
     outside.append(text[at:])
@@ -199,10 +208,13 @@ def parse_tool_calls(text: str) -> ToolAnswer:
     return ToolAnswer(content or None, tuple(calls), tuple(malformed))
 
 
-def _bare_calls(text: str) -> tuple[ToolCall, ...]:
-    """Calls written without their tags: an answer that is nothing but JSON objects each of the
-    form {"name": ..., "arguments": ...} (possibly in one ```json fence). Qwen2.5's tags are
-    special tokens, which the engine does not spell out in the text, so its calls arrive this way."""
+def _bare_calls(text: str) -> tuple[tuple[ToolCall, ...], str]:
+    """Calls written without their tags, and the text after them: an answer that opens with JSON
+    objects each of the form {"name": ..., "arguments": ...} (possibly in one ```json fence).
+    Qwen2.5's tags are special tokens, which the engine does not spell out in the text, so its
+    calls arrive this way. Other JSON after the calls is kept as content: Qwen2.5-Coder-0.5B,
+    handed a result, writes the call again and then a made-up result, which is a call (the
+    `tool_call` verifier fails it as a repeat) and not an answer."""
     decoder = json.JSONDecoder()
     calls: list[ToolCall] = []
     at = 0
@@ -210,17 +222,18 @@ def _bare_calls(text: str) -> tuple[ToolCall, ...]:
         while at < len(text) and text[at].isspace():
             at += 1
         if at == len(text) or len(calls) >= MAX_CALLS:
-            return tuple(calls)
+            return tuple(calls), ""
         try:
-            value, at = decoder.raw_decode(text, at)
+            value, end = decoder.raw_decode(text, at)
         except ValueError:
-            return ()
+            return ((), "") if not calls or text[at] != "{" else (tuple(calls), text[at:].strip())
         if not (isinstance(value, dict) and "name" in value and set(value) <= {"name", "arguments", "parameters"}):
-            return ()
+            return ((), "") if not calls or not isinstance(value, dict) else (tuple(calls), text[at:].strip())
         call, _ = _read_block(json.dumps(value))
         if call is None:
-            return ()
+            return (), ""
         calls.append(call)
+        at = end
 
 
 def _undoubled(text: str) -> str:
