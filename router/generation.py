@@ -64,6 +64,7 @@ class Message:
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's own bound on top_logprobs
+MAX_CHOICES = 8  # n: samples per request (more is a batch job, not a chat request)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class GenerationRequest:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), as OpenAI's
     presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated
     frequency_penalty: float = 0.0  # subtracted per earlier occurrence of the token
+    n: int = 1  # samples of the same prompt; a backend returns them as one Generation (`others`)
     metadata: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -127,6 +129,14 @@ class GenerationRequest:
             raise ValueError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
         if self.tools and self.messages is None:
             raise ValueError("tools need a chat request (messages)")
+        if not 1 <= self.n <= MAX_CHOICES:
+            raise ValueError(f"n must be in 1..{MAX_CHOICES}")
+
+    def sample(self, i: int) -> GenerationRequest:
+        """The request for choice `i` of n, alone: a seeded request gives each choice its own seed
+        (seed + i), so the n samples differ and the same request gives the same n again."""
+        seed = None if self.seed is None else (self.seed + i + (1 << 63)) % (1 << 64) - (1 << 63)
+        return self.with_(n=1, seed=seed)
 
     @property
     def offers_tools(self) -> bool:
@@ -183,6 +193,40 @@ class Generation:
     # speculative decoding: (source, tokens drafted, tokens accepted) per draft source, "model" (a
     # draft model) or "rejected" (a lower tier's rejected answer); empty when nothing was drafted
     drafts: tuple[tuple[str, int, int], ...] = ()
+    # choices 2..n of a request with n > 1; this Generation's own text is choice 1, and its counts
+    # and compute cover all n (the prompt once), so the cascade prices and the ledger records them all
+    others: tuple[Generation, ...] = ()
+
+    @property
+    def choices(self) -> tuple[Generation, ...]:
+        """Every choice, this one first; each of the others carries its own counts."""
+        return (self, *self.others)
+
+
+def merge_choices(samples: list[Generation]) -> Generation:
+    """n samples of one prompt as one Generation: the first's text, prompt tokens counted once
+    (the samples share its prefill), completion tokens and compute summed, latency the slowest."""
+    first, rest = samples[0], tuple(samples[1:])
+    if not rest:
+        return first
+    busy = [g.busy_s for g in samples]
+    return replace(
+        first,
+        completion_tokens=sum(g.completion_tokens for g in samples),
+        latency_s=max(g.latency_s for g in samples),
+        busy_s=None if None in busy else sum(b for b in busy if b is not None),
+        drafts=_sum_drafts(samples),
+        others=rest,
+    )
+
+
+def _sum_drafts(samples: list[Generation]) -> tuple[tuple[str, int, int], ...]:
+    totals: dict[str, tuple[int, int]] = {}
+    for g in samples:
+        for source, drafted, accepted in g.drafts:
+            d, a = totals.get(source, (0, 0))
+            totals[source] = (d + drafted, a + accepted)
+    return tuple((source, d, a) for source, (d, a) in totals.items())
 
 
 @dataclass(frozen=True)

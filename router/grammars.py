@@ -19,6 +19,18 @@ schema is read here first, once, before any model sees it:
 Sizes are capped (schema bytes, nesting depth, grammar size), so one request cannot make the
 conversion or llama.cpp's grammar parser expensive. Grammars are cached per schema (its compact
 JSON, property order kept: the grammar writes properties in that order).
+
+JSON mode (`json_object`) has no schema, and a grammar of "any object" lets a model write one
+string, or one array, until `max_tokens` cuts it off: unparseable JSON, which the format verifier
+rejects, but the last tier's answer is returned all the same. So JSON mode's grammar is bounded
+by the request's token budget (`json_object_grammar`): strings of at most about two characters
+per token of budget, arrays and objects of at most a sixteenth of it in items, four levels of
+nesting. A model that loops on an array item or a sentence is made to close it and finish; an
+answer that still runs past the budget (many long members) is cut off and escalates as before.
+
+A request that must call a function (`tool_choice` `required` or a named function) is decoded
+under the grammar of one call (`router.tools.forced_call_schema`): the function's name and, for a
+`strict` function, arguments valid for its schema. `request_grammar` picks what a request gets.
 """
 
 from __future__ import annotations
@@ -29,8 +41,9 @@ import re
 from functools import lru_cache
 from typing import Any
 
+from router import tools
 from router.errors import RequestError
-from router.generation import ResponseFormat
+from router.generation import GenerationRequest, ResponseFormat
 
 MAX_SCHEMA_BYTES = 32_000  # compact JSON; OpenAI's own structured-output limits are of this order
 MAX_SCHEMA_DEPTH = 24  # nested objects and arrays in the schema document itself
@@ -88,11 +101,21 @@ _REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
 _TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 
 
-def check_schema(schema: Any) -> None:
-    """Refuse (RequestError, 400) a schema too large, too deep, or using a construct the grammar
-    cannot honour; the message names the construct and where it is."""
+def check_schema(schema: Any, param: str = PARAM) -> None:
+    """Refuse (RequestError, 400, naming `param`) a schema too large, too deep, or using a
+    construct the grammar cannot honour; the message names the construct and where it is. Every
+    schema a client sends goes through it: a response_format's and each function's parameters."""
+    try:
+        _check_schema(schema)
+    except RequestError as exc:
+        if param == PARAM:
+            raise
+        raise RequestError(str(exc), param=param) from None
+
+
+def _check_schema(schema: Any) -> None:
     if not isinstance(schema, dict):
-        raise RequestError("response_format.json_schema.schema must be a JSON object", param=PARAM)
+        raise RequestError("a JSON schema must be a JSON object", param=PARAM)
     size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
     if size > MAX_SCHEMA_BYTES:
         raise RequestError(f"the JSON schema is {size} bytes; at most {MAX_SCHEMA_BYTES} are accepted", param=PARAM)
@@ -201,13 +224,64 @@ def schema_key(schema: dict[str, Any]) -> str:
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
 
 
-def grammar_for(fmt: ResponseFormat) -> str:
-    """The GBNF that constrains an answer to `fmt` (cached). RequestError (400) when the schema
-    cannot be turned into one."""
+def request_grammar(request: GenerationRequest) -> str | None:
+    """The GBNF a local tier decodes `request` under, None for free text: a call the request
+    forces, else its response_format. RequestError (400) when a schema cannot be made one."""
+    call = tools.forced_call_schema(request)
+    if call is not None:
+        return _compile(schema_key(call))  # the functions' schemas were checked with the request
+    if request.response_format is None:
+        return None
+    return grammar_for(request.response_format, request.max_tokens)
+
+
+def grammar_for(fmt: ResponseFormat, max_tokens: int = 256) -> str:
+    """The GBNF that constrains an answer to `fmt` (cached); JSON mode's is bounded by the
+    answer's `max_tokens`. RequestError (400) when the schema cannot be turned into one."""
     if fmt.kind == "json_object" or fmt.schema is None:
-        return _compile('{"type":"object"}')  # OpenAI's JSON mode answers an object
+        return json_object_grammar(max_tokens)  # OpenAI's JSON mode answers an object
     check_schema(fmt.schema)
     return _compile(schema_key(fmt.schema))
+
+
+JSON_DEPTH = 4  # objects and arrays nested in a JSON-mode answer, the outer object included
+MAX_KEY_CHARS = 64
+
+
+def json_object_bounds(max_tokens: int) -> tuple[int, int]:
+    """(characters per string, items per array or object) for a JSON-mode answer of at most
+    `max_tokens`: one string can take about half the budget (prose runs near four characters a
+    token), one container a sixteenth of it in items, so a loop closes long before the cut-off."""
+    return min(max(2 * max_tokens, 16), 4096), min(max(max_tokens // 16, 4), 64)
+
+
+def json_object_grammar(max_tokens: int) -> str:
+    """JSON mode's grammar: any JSON object, within `json_object_bounds(max_tokens)` (cached per bound)."""
+    return _bounded_object(*json_object_bounds(max_tokens))
+
+
+@lru_cache(maxsize=GRAMMAR_CACHE)
+def _bounded_object(chars: int, items: int) -> str:
+    rules = [
+        "root ::= obj" + str(JSON_DEPTH),
+        f'key ::= "\\"" char{{0,{MAX_KEY_CHARS}}} "\\"" space',
+        f'string ::= "\\"" char{{0,{chars}}} "\\"" space',
+        f'char ::= {_JSON_CHAR} | "\\\\" (["\\\\/bfnrt] | "u" [0-9a-fA-F]{{4}})',
+        'number ::= "-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})? space',
+        'scalar ::= string | number | ("true" | "false" | "null") space',
+        'space ::= " "?',
+    ]
+    more = items - 1
+    for level in range(1, JSON_DEPTH + 1):
+        inner = "scalar" if level == 1 else f"val{level - 1}"
+        rules += [
+            f'obj{level} ::= "{{" space (kv{level} ("," space kv{level}){{0,{more}}})? "}}" space',
+            f'kv{level} ::= key ":" space {inner}',
+        ]
+        if level < JSON_DEPTH:  # the outer level is the answer's object, never an array
+            rules.append(f'arr{level} ::= "[" space ({inner} ("," space {inner}){{0,{more}}})? "]" space')
+            rules.append(f"val{level} ::= obj{level} | arr{level} | scalar")
+    return "\n".join(rules) + "\n"
 
 
 def _root_dereferenced(schema: dict[str, Any]) -> dict[str, Any]:

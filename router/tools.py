@@ -29,8 +29,17 @@ client receives were verified whole. The text of the answering tier is relayed a
 from the tag on it is held, and once the answer is complete it is read by `answer` and sent as
 OpenAI streams calls (`delta.tool_calls` with index, id, name, then argument fragments).
 
-`call_schema` is the hook for grammar-constrained decoding: the JSON Schema of the object inside a
-valid `<tool_call>` block under the request's tools and `tool_choice`.
+`call_schema` is the JSON Schema of the object inside a valid `<tool_call>` block under the
+request's tools and `tool_choice`. A request that forces a call (`tool_choice` `required` or a
+named function) leaves the model nothing to write but one, so a local tier decodes it under a
+grammar of `forced_call_schema` (router.grammars): the answer is that object, without tags, which
+`parse_tool_calls` reads as it reads Qwen's untagged calls. Arguments follow the function's schema,
+`strict` or not: every function's schema passed the response_format check with the request, so
+each can be a grammar, and an open object would let a small model loop inside it until
+max_tokens. (So a forced call keeps OpenAI's promise for strict functions, and more.) Under `auto`
+the model may answer in words, and a grammar allowing "any text or a call" would block Qwen's
+special `<tool_call>` token and slow all free text; so nothing is forced there, and the
+`tool_call` verifier checks the calls after the fact (a bad one escalates).
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from router.generation import Generation, GenerationRequest, Message, NamedTool, ToolCall
+from router.generation import Generation, GenerationRequest, Message, NamedTool, ToolCall, ToolSpec
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
@@ -86,9 +95,11 @@ def chat_inputs(
     turns are written as text (`fallback_system_prompt`)."""
     assert request.messages is not None
     tools = [t.to_openai() for t in request.tools] if request.offers_tools else None
+    # a conversation ending on tool results: the model's turn is to use them (see RESULTS_NUDGE)
+    nudge = [{"role": "user", "content": RESULTS_NUDGE}] if request.messages[-1].role == "tool" else []
     if native:
-        return [_native_message(m) for m in request.messages], tools
-    messages = [_fallback_message(m) for m in request.messages]
+        return [_native_message(m) for m in request.messages] + nudge, tools
+    messages = [_fallback_message(m) for m in request.messages] + nudge
     if tools:
         prompt = fallback_system_prompt(request)
         if messages and messages[0]["role"] == "system":
@@ -96,6 +107,13 @@ def chat_inputs(
         else:
             messages.insert(0, {"role": "system", "content": prompt})
     return messages, None
+
+
+# Both default models render tool results as Qwen2.5 was trained to (`<tool_response>` in a user
+# turn; their own templates do it), and both still answer a result by calling the function again
+# (the 0.5B echoing the call and the result, the 1.5B the call). Measured on the raw models
+# (README, Tool calls): with this user turn after the results, the 1.5B answers in words from them.
+RESULTS_NUDGE = "Answer using the function results above, or call another function if one is still needed."
 
 
 def fallback_system_prompt(request: GenerationRequest) -> str:
@@ -180,9 +198,9 @@ def parse_tool_calls(text: str) -> ToolAnswer:
             calls.append(call)
     if not calls and not malformed:
         fenced = _FENCED.match(text)
-        bare = _bare_calls(_undoubled(fenced.group(1) if fenced else text))
+        bare, rest = _bare_calls(_undoubled(fenced.group(1) if fenced else text))
         if bare:
-            return ToolAnswer(None, bare)
+            return ToolAnswer(rest or None, bare)
     if not calls:
         return ToolAnswer(text, (), tuple(malformed))
     outside.append(text[at:])
@@ -190,10 +208,13 @@ def parse_tool_calls(text: str) -> ToolAnswer:
     return ToolAnswer(content or None, tuple(calls), tuple(malformed))
 
 
-def _bare_calls(text: str) -> tuple[ToolCall, ...]:
-    """Calls written without their tags: an answer that is nothing but JSON objects each of the
-    form {"name": ..., "arguments": ...} (possibly in one ```json fence). Qwen2.5's tags are
-    special tokens, which the engine does not spell out in the text, so its calls arrive this way."""
+def _bare_calls(text: str) -> tuple[tuple[ToolCall, ...], str]:
+    """Calls written without their tags, and the text after them: an answer that opens with JSON
+    objects each of the form {"name": ..., "arguments": ...} (possibly in one ```json fence).
+    Qwen2.5's tags are special tokens, which the engine does not spell out in the text, so its
+    calls arrive this way. Other JSON after the calls is kept as content: Qwen2.5-Coder-0.5B,
+    handed a result, writes the call again and then a made-up result, which is a call (the
+    `tool_call` verifier fails it as a repeat) and not an answer."""
     decoder = json.JSONDecoder()
     calls: list[ToolCall] = []
     at = 0
@@ -201,17 +222,18 @@ def _bare_calls(text: str) -> tuple[ToolCall, ...]:
         while at < len(text) and text[at].isspace():
             at += 1
         if at == len(text) or len(calls) >= MAX_CALLS:
-            return tuple(calls)
+            return tuple(calls), ""
         try:
-            value, at = decoder.raw_decode(text, at)
+            value, end = decoder.raw_decode(text, at)
         except ValueError:
-            return ()
+            return ((), "") if not calls or text[at] != "{" else (tuple(calls), text[at:].strip())
         if not (isinstance(value, dict) and "name" in value and set(value) <= {"name", "arguments", "parameters"}):
-            return ()
+            return ((), "") if not calls or not isinstance(value, dict) else (tuple(calls), text[at:].strip())
         call, _ = _read_block(json.dumps(value))
         if call is None:
-            return ()
+            return (), ""
         calls.append(call)
+        at = end
 
 
 def _undoubled(text: str) -> str:
@@ -303,19 +325,68 @@ class ContentFilter:
 def call_schema(request: GenerationRequest) -> dict[str, Any] | None:
     """The JSON Schema of the object inside one valid `<tool_call>` block: `name` one of the
     functions `tool_choice` allows, `arguments` that function's parameters (an open object when it
-    gives none). None when the request offers no tools. For constraining a call's decoding with a
-    grammar (the schema is what the `tool_call` verifier checks after the fact)."""
+    gives none). None when the request offers no tools."""
     if not request.offers_tools:
         return None
+    return _one_of([(t.name, t.parameters or {"type": "object"}) for t in _allowed(request)])
+
+
+def forced_call_schema(request: GenerationRequest) -> dict[str, Any] | None:
+    """The schema a local tier decodes a forced call under (module docstring): each function's
+    arguments by its schema, moved into one document (its `$defs` hoisted beside the others', its
+    references rewritten to match); `{}` for a function without parameters. None when the
+    request does not force a call."""
+    if not request.offers_tools or request.tool_choice == "auto":
+        return None
+    defs: dict[str, Any] = {}
+    options: list[tuple[str, dict[str, Any]]] = []
+    for t in _allowed(request):
+        if t.parameters:
+            params = dict(t.parameters)
+            for key in ("$defs", "definitions"):
+                for name, sub in (params.pop(key, None) or {}).items():
+                    defs[f"{t.name}--{name}"] = _rebased(sub, t.name)
+            defs[t.name] = _rebased(params, t.name)
+            options.append((t.name, {"$ref": f"#/$defs/{t.name}"}))
+        else:
+            options.append((t.name, {"type": "object", "properties": {}, "additionalProperties": False}))
+    schema = _one_of(options)
+    return {**schema, "$defs": defs} if defs else schema
+
+
+def _allowed(request: GenerationRequest) -> list[ToolSpec]:
     choice = request.tool_choice
-    allowed = [t for t in request.tools if not isinstance(choice, NamedTool) or t.name == choice.name]
-    options = [
+    return [t for t in request.tools if not isinstance(choice, NamedTool) or t.name == choice.name]
+
+
+def _one_of(options: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    schemas = [
         {
             "type": "object",
-            "properties": {"name": {"const": t.name}, "arguments": t.parameters or {"type": "object"}},
+            "properties": {"name": {"const": name}, "arguments": arguments},
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
-        for t in allowed
+        for name, arguments in options
     ]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+def _rebased(node: Any, name: str) -> Any:
+    """A function's schema with its local references pointing where `forced_call_schema` moves
+    their targets: the function's root to `#/$defs/<name>`, its definitions to `<name>--<key>`."""
+    if isinstance(node, list):
+        return [_rebased(v, name) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _rebased(v, name) for k, v in node.items()}
+    ref = out.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        path = ref[2:]
+        for key in ("$defs/", "definitions/"):
+            if path.startswith(key):
+                out["$ref"] = f"#/$defs/{name}--{path[len(key) :]}"
+                break
+        else:
+            out["$ref"] = f"#/$defs/{name}" + (f"/{path}" if path else "")
+    return out

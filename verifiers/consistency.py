@@ -88,7 +88,7 @@ class SelfConsistencyVerifier:
 
         deadline = time.monotonic() + self.timeout_s
         requests = [
-            request.with_(temperature=self.temperature, seed=self.seed + i + 1, deadline=deadline)
+            request.with_(n=1, temperature=self.temperature, seed=self.seed + i + 1, deadline=deadline)
             for i in range(self.k)
         ]
         t0 = time.monotonic()

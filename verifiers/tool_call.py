@@ -11,11 +11,14 @@ when handed a result: they call again instead of answering).
 It abstains when the request offers no tools (or `tool_choice` is `none`), and when the answer, as
 `tool_choice: auto` allows, is plain text: whether that text is right is for the other verifiers.
 The calls are read by `router.tools.answer`, the reading the HTTP layer shows the client.
-The schema subset it checks is `verifiers.jsonschema_check`'s.
+Arguments are checked by `verifiers.jsonschema_check`, the checker of response_format answers too
+(the functions' schemas passed `router.grammars.check_schema` with the request), in a worker
+thread: a client's `pattern` may run to its time limit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +65,7 @@ class ToolCallVerifier:
             if not isinstance(arguments, dict):
                 return Score(0.0, f"call {i} ({call.name}): arguments are not a JSON object", details)
             if tool.parameters is not None:
-                error = first_error(tool.parameters, arguments)
+                error = await asyncio.to_thread(first_error, tool.parameters, arguments)
                 if error is not None:
                     return Score(0.0, f"call {i} ({call.name}): arguments do not match the schema {error}", details)
         repeated = _repeats(request, found.calls)

@@ -42,6 +42,7 @@ from router.api.errors import PermissionDenied
 from router.cascade import CascadeResult
 from router.errors import RequestError
 from router.generation import (
+    MAX_CHOICES,
     MAX_TOP_LOGPROBS,
     GenerationRequest,
     Message,
@@ -68,6 +69,7 @@ MAX_LEGACY_LOGPROBS = 5  # the legacy completions API's bound on `logprobs`
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # OpenAI's seed is a signed 64-bit integer
 MAX_LOGIT_BIAS = 300  # OpenAI's bounds on logit_bias: entries, and each bias's magnitude
 LOGIT_BIAS_BOUND = 100.0
+MAX_CHOICE_TOKENS = 16_384  # n * max_tokens: what one request may ask decoded, all choices together
 TOKEN_ID_MAX = (1 << 31) - 1  # a token id beyond any vocabulary is refused by the tier, not here
 # Below this temperature sampling is greedy in all but exact ties (any logit gap of 0.01 leaves
 # the runner-up under e^-100 of the mass), and dividing logits by it can overflow to NaN; so it
@@ -253,7 +255,7 @@ class _Common(_Lenient):
     max_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
     temperature: Number | None = Field(None, ge=0.0, le=2.0)
     top_p: Number | None = Field(None, ge=0.0, le=1.0)
-    n: StrictInt | None = None
+    n: StrictInt | None = Field(None, ge=1, le=MAX_CHOICES)
     seed: StrictInt | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: (
         Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]
@@ -289,13 +291,6 @@ class _Common(_Lenient):
             raise ValueError("a model name is printable characters without spaces")
         return v
 
-    @field_validator("n")
-    @classmethod
-    def _one(cls, v: int | None) -> int | None:
-        if v is not None and v != 1:
-            raise ValueError("only n=1 is supported")
-        return v
-
     @field_validator("logit_bias")
     @classmethod
     def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
@@ -327,6 +322,16 @@ class _Common(_Lenient):
         """What the backend is asked for: one alternative at least, which brings each token's piece."""
         wanted = self.logprobs_wanted()
         return 0 if wanted is None else max(1, wanted)
+
+    def choices(self, max_tokens: int, tier_max_tokens: int) -> int:
+        """n, checked against the tokens it asks decoded: n samples of max_tokens each, as the
+        tiers cap it (`tier_max_tokens`: the largest tier's cap)."""
+        n = self.n or 1
+        if n > 1 and n * min(max_tokens, tier_max_tokens) > MAX_CHOICE_TOKENS:
+            raise RequestError(
+                f"n * max_tokens may be at most {MAX_CHOICE_TOKENS} (n={n}, max_tokens={max_tokens})", param="n"
+            )
+        return n
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -436,9 +441,11 @@ class ChatCompletionRequest(_Common):
             sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages), "messages"
         )
         tools, choice = self._tools()
+        max_tokens = self.max_completion_tokens or self.max_tokens or default_max_tokens
         return GenerationRequest(
             messages=messages,
-            max_tokens=self.max_completion_tokens or self.max_tokens or default_max_tokens,
+            n=self.choices(max_tokens, default_max_tokens),
+            max_tokens=max_tokens,
             stop=self.stops(),
             top_logprobs=self.backend_top_logprobs(),
             tools=tools,
@@ -482,6 +489,11 @@ class ChatCompletionRequest(_Common):
         specs = tuple(t.spec() for t in self.tools or ())
         if len(compact_json([t.to_openai() for t in specs])) > MAX_TOOLS_CHARS:
             raise RequestError(f"at most {MAX_TOOLS_CHARS} characters of tools, as JSON", param="tools")
+        # the check a response_format schema gets: a strict function's arguments are decoded under
+        # a grammar of its schema, and every call's are validated against it (verifiers.tool_call)
+        for i, spec in enumerate(specs):
+            if spec.parameters is not None:
+                check_schema(spec.parameters, param=f"tools.{i}.function.parameters")
         choice = self.tool_choice
         if choice is None or choice == "auto":
             return specs, "auto"
@@ -536,9 +548,11 @@ class CompletionRequest(_Common):
         if self.echo or self.suffix:
             raise RequestError("echo and suffix are not supported", param="echo" if self.echo else "suffix")
         self._check_text_size(len(prompt), "prompt")
+        max_tokens = self.max_tokens or default_max_tokens
         return GenerationRequest(
             prompt=prompt,
-            max_tokens=self.max_tokens or default_max_tokens,
+            n=self.choices(max_tokens, default_max_tokens),
+            max_tokens=max_tokens,
             stop=self.stops(),
             top_logprobs=self.backend_top_logprobs(),
             metadata=self.metadata(may_send_tests),
@@ -564,7 +578,6 @@ def usage(result: CascadeResult) -> dict[str, int]:
 
 
 def chat_response(rid: str, result: CascadeResult, extension: dict[str, Any]) -> dict[str, Any]:
-    g = result.generation
     return {
         "id": rid,
         "object": "chat.completion",
@@ -572,11 +585,12 @@ def chat_response(rid: str, result: CascadeResult, extension: dict[str, Any]) ->
         "model": result.final.tier,
         "choices": [
             {
-                "index": 0,
+                "index": i,
                 "message": {"role": "assistant", "content": g.text},
                 "finish_reason": g.finish_reason,
                 "logprobs": None,
             }
+            for i, g in enumerate(result.generation.choices)
         ],
         "usage": usage(result),
         "tierroute": extension,
@@ -590,12 +604,11 @@ def tool_calls_json(calls: Sequence[ToolCall], *, start: int = 0) -> list[dict[s
     ]
 
 
-def apply_tool_answer(payload: dict[str, Any], found: ToolAnswer) -> None:
-    """Turn a chat response's message into what `found` says: content (null when the answer is
+def apply_tool_answer(choice: dict[str, Any], found: ToolAnswer) -> None:
+    """Turn a chat response's choice into what `found` says: content (null when the answer is
     only calls) and `tool_calls`, and finish_reason `tool_calls` when the answer ended on its own."""
     if not found.calls:
         return
-    choice = payload["choices"][0]
     calls = tool_calls_json(found.calls)
     for call in calls:
         del call["index"]  # a stream's field, not a message's
@@ -604,28 +617,30 @@ def apply_tool_answer(payload: dict[str, Any], found: ToolAnswer) -> None:
         choice["finish_reason"] = "tool_calls"
 
 
-def tool_call_chunks(rid: str, model: str, calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+def tool_call_chunks(rid: str, model: str, calls: Sequence[ToolCall], *, choice: int = 0) -> list[dict[str, Any]]:
     """Calls as OpenAI streams them: per call a chunk with its index, id, type and name (and empty
     arguments), then its arguments in fragments under the same index."""
     chunks = []
     for i, c in enumerate(calls):
         head = {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
-        chunks.append(chat_chunk(rid, model, {"tool_calls": [head]}))
+        chunks.append(chat_chunk(rid, model, {"tool_calls": [head]}, choice=choice))
         for fragment in argument_fragments(c.arguments):
             if fragment:
                 piece = {"index": i, "function": {"arguments": fragment}}
-                chunks.append(chat_chunk(rid, model, {"tool_calls": [piece]}))
+                chunks.append(chat_chunk(rid, model, {"tool_calls": [piece]}, choice=choice))
     return chunks
 
 
 def completion_response(rid: str, result: CascadeResult, extension: dict[str, Any]) -> dict[str, Any]:
-    g = result.generation
     return {
         "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
         "model": result.final.tier,
-        "choices": [{"index": 0, "text": g.text, "finish_reason": g.finish_reason, "logprobs": None}],
+        "choices": [
+            {"index": i, "text": g.text, "finish_reason": g.finish_reason, "logprobs": None}
+            for i, g in enumerate(result.generation.choices)
+        ],
         "usage": usage(result),
         "tierroute": extension,
     }
@@ -673,21 +688,25 @@ def completion_logprobs(tokens: Sequence[tuple[int, TokenLogprob]], k: int) -> d
     }
 
 
-def chat_chunk(rid: str, model: str, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+def chat_chunk(
+    rid: str, model: str, delta: dict[str, Any], finish_reason: str | None = None, *, choice: int = 0
+) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
+        "choices": [{"index": choice, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
     }
 
 
-def completion_chunk(rid: str, model: str, text: str, finish_reason: str | None = None) -> dict[str, Any]:
+def completion_chunk(
+    rid: str, model: str, text: str, finish_reason: str | None = None, *, choice: int = 0
+) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}],
+        "choices": [{"index": choice, "text": text, "finish_reason": finish_reason, "logprobs": None}],
     }

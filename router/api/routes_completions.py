@@ -89,7 +89,10 @@ async def _respond(
     accounting = services.accounting
     cascade = services.engine.cascade
     spent = Spent()  # what a request that ends without an answer has cost: recorded all the same
-    if not body.stream:
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    # n > 1 is answered whole (the cascade judges the request once its n choices exist), so its
+    # stream is the finished answer in OpenAI's chunks, choice by choice
+    if not body.stream or request.n > 1:
         try:
             await accounting.ready(ticket)  # a failing ledger: 503 before any work
             result = await cascade.run(request, body.model, spent=spent)
@@ -100,15 +103,23 @@ async def _respond(
         finally:
             accounting.release(ticket)
         payload = shape(rid, result, _extension(rid, result))
-        if request.offers_tools:
-            ot.apply_tool_answer(payload, tools.answer(request, result.generation))
-        if wanted is not None:
-            g = result.generation
-            shown, _ = ot.shown_tokens(g.top_logprobs or (), 0, len(g.text))
-            payload["choices"][0]["logprobs"] = _logprobs(body, shown, wanted) if g.top_logprobs is not None else None
+        for choice, g in zip(payload["choices"], result.generation.choices, strict=True):
+            if request.offers_tools:
+                ot.apply_tool_answer(choice, tools.answer(request, g))
+            if wanted is not None:
+                shown, _ = ot.shown_tokens(g.top_logprobs or (), 0, len(g.text))
+                choice["logprobs"] = _logprobs(body, shown, wanted) if g.top_logprobs is not None else None
         # shadow escalation starts once the response is sent: never on the client's path
         after = BackgroundTask(services.shadow.offer, rid, request, result)
-        return JSONResponse(payload, headers=_headers(result.final.tier, result.escalated), background=after)
+        headers = _headers(result.final.tier, result.escalated)
+        if body.stream:
+            return StreamingResponse(
+                _replay(payload, include_usage),
+                media_type="text/event-stream",
+                headers={**headers, "cache-control": "no-cache"},
+                background=after,
+            )
+        return JSONResponse(payload, headers=headers, background=after)
 
     events = cascade.stream(request, body.model, spent=spent).__aiter__()
     settled = False
@@ -133,7 +144,6 @@ async def _respond(
         await settle()
         raise
     assert isinstance(first, Answering)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
     body_is_chat = isinstance(body, ot.ChatCompletionRequest)
 
     async def sse() -> AsyncIterator[bytes]:
@@ -194,6 +204,34 @@ async def _respond(
         media_type="text/event-stream",
         headers={**_headers(first.tier, first.escalated), "cache-control": "no-cache"},
     )
+
+
+async def _replay(payload: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes]:
+    """A finished answer as OpenAI streams one: per choice its opening, its text (or calls) and its
+    finish; the `tierroute` object (and usage, when asked) on the last chunk."""
+    rid, tier, chat = payload["id"], payload["model"], payload["object"] == "chat.completion"
+    chunks: list[dict[str, Any]] = []
+    for choice in payload["choices"]:
+        i = choice["index"]
+        if chat:
+            message = choice["message"]
+            chunks.append(ot.chat_chunk(rid, tier, {"role": "assistant", "content": ""}, choice=i))
+            text = ot.chat_chunk(rid, tier, {"content": message["content"]}, choice=i)
+            if message["content"]:
+                chunks.append(text)
+            for j, call in enumerate(message.get("tool_calls") or ()):
+                chunks.append(ot.chat_chunk(rid, tier, {"tool_calls": [{"index": j, **call}]}, choice=i))
+            chunks.append(ot.chat_chunk(rid, tier, {}, choice["finish_reason"], choice=i))
+        else:
+            text = ot.completion_chunk(rid, tier, choice["text"], choice=i)
+            chunks += [text, ot.completion_chunk(rid, tier, "", choice["finish_reason"], choice=i)]
+        text["choices"][0]["logprobs"] = choice["logprobs"]
+    chunks[-1]["tierroute"] = payload["tierroute"]
+    if include_usage:
+        chunks[-1]["usage"] = payload["usage"]
+    for chunk in chunks:
+        yield _sse(chunk)
+    yield _sse("[DONE]")
 
 
 def _tool_chunks(rid: str, tier: str, found: tools.ToolAnswer, text: str, sent: int) -> list[dict[str, Any]]:

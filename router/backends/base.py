@@ -1,7 +1,8 @@
 """The backend protocol: turn a typed generation request into text, counts and logprobs.
 
 A backend implements one method, `stream`, an async iterator of `Delta` pieces ending with the
-finished `Generation`. `generate` is derived from it. Capabilities are class attributes.
+finished `Generation`. `generate` is derived from it, and serves n > 1 as n concurrent samples
+(a batching engine shares their prompt's prefill). Capabilities are class attributes.
 
 One optional capability: `score_continuation`, reading a given answer (another tier's candidate)
 after the request in one prefill and reporting this model's logprob of each of its tokens and
@@ -18,13 +19,14 @@ draft simply ignores it (the default).
 from __future__ import annotations
 
 import abc
+import asyncio
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from router.errors import TierrouteError
-from router.generation import Delta, Generation, GenerationRequest
+from router.generation import Delta, Generation, GenerationRequest, merge_choices
 
 if TYPE_CHECKING:
     from router.config import TierSettings
@@ -107,9 +109,16 @@ class Backend(abc.ABC):
         raise ScoringUnsupportedError(f"tier '{self.name}' cannot score a given answer")
 
     async def generate(self, request: GenerationRequest) -> Generation:
+        if request.n > 1:
+            # n jobs at once: a batching engine decodes them together and shares their prefill
+            async with asyncio.TaskGroup() as group:
+                jobs = [group.create_task(self.generate(request.sample(i))) for i in range(request.n)]
+            return merge_choices([job.result() for job in jobs])
         return await self._collect(self.stream(request))
 
     async def generate_reusing(self, request: GenerationRequest, rejected: str) -> Generation:
+        if request.n > 1:  # each choice samples on its own; a rejected answer drafts for one stream only
+            return await self.generate(request)
         return await self._collect(self.stream_reusing(request, rejected))
 
     async def _collect(self, stream: AsyncIterator[Delta | Generation]) -> Generation:

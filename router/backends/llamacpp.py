@@ -50,7 +50,7 @@ from router.backends.llama_engine import (
 from router.catalog import resolve_model
 from router.errors import ContextLengthError, DeadlineError, ModelError, RequestError
 from router.generation import Delta, Generation, GenerationRequest
-from router.grammars import grammar_for
+from router.grammars import request_grammar
 from router.tools import chat_inputs, template_renders_tools
 
 # No tokenizer we serve averages more characters per token than this, even on runs of spaces or
@@ -220,9 +220,9 @@ class LlamaCppBackend(Backend):
         """The GBNF the answer is decoded under, None for free text; RequestError (400) when the
         request's format cannot be one. Blocking (a first conversion, llama.cpp's parse): call it
         from a worker thread."""
-        if request.response_format is None:
+        gbnf = request_grammar(request)
+        if gbnf is None:
             return None
-        gbnf = grammar_for(request.response_format)
         if not self.engine.check_grammar(gbnf):
             # the converter's output parses; what llama.cpp refuses is a schema whose references
             # loop back on themselves before consuming any text

@@ -89,7 +89,7 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx2
@@ -203,7 +203,7 @@ class _Call:
 
     @property
     def completion_limit(self) -> int:
-        return self.max_tokens + _COMPLETION_SLACK
+        return self.request.n * self.max_tokens + _COMPLETION_SLACK  # usage counts all n choices
 
     @property
     def piece_limit(self) -> int:
@@ -561,6 +561,8 @@ class OpenAIBackend(Backend):
         }
         if request.seed is not None:
             params["seed"] = request.seed
+        if request.n > 1 and not stream:  # the cascade asks for n > 1 only through generate
+            params["n"] = request.n
         if request.stop:
             params["stop"] = list(request.stop)
         if request.messages is not None:
@@ -595,8 +597,8 @@ class OpenAIBackend(Backend):
                 params["stream_options"] = {"include_usage": True}
         return params
 
-    def _read_response(self, body: dict[str, Any], call: _Call) -> Generation:
-        choice = first_choice(body.get("choices"), required=True)
+    def _read_response(self, body: dict[str, Any], call: _Call, index: int = 0) -> Generation:
+        choice = first_choice(body.get("choices"), required=True, index=index)
         assert choice is not None
         if call.request.is_chat:
             message = typed_field(choice, "message", dict)
@@ -612,13 +614,14 @@ class OpenAIBackend(Backend):
             logprobs = token_logprobs(choice.get("logprobs"))
             if call.request.top_logprobs:
                 tops = top_logprobs(choice.get("logprobs"), call.request.top_logprobs, call.completion_limit)
-        prompt_tokens, completion_tokens = _checked_usage(body.get("usage"), call, self.name)
+        # usage covers every choice: choice 0 carries it (merged below), the others count their own
+        prompt_tokens, completion_tokens = (0, None) if index else _checked_usage(body.get("usage"), call, self.name)
         if prompt_tokens is None:
             prompt_tokens = _estimate_tokens(_prompt_text(call.request))
         if completion_tokens is None:
             counted = len(logprobs) if logprobs is not None else _estimate_tokens(text)
             completion_tokens = min(counted, call.max_tokens)
-        return Generation(
+        generation = Generation(
             text=clean_text(text),
             finish_reason=_finish(finish),
             prompt_tokens=prompt_tokens,
@@ -630,6 +633,12 @@ class OpenAIBackend(Backend):
             tool_calls=calls,
             constrained=None if call.request.response_format is not None else False,
         )
+        if index > 0 or call.request.n == 1:
+            return generation
+        others = tuple(self._read_response(body, call, i) for i in range(1, call.request.n))
+        if completion_tokens is None:
+            completion_tokens = generation.completion_tokens + sum(g.completion_tokens for g in others)
+        return replace(generation, completion_tokens=completion_tokens, others=others)
 
     # -- failures --------------------------------------------------------------------------------
 

@@ -192,9 +192,9 @@ def event_object(data: str) -> dict[str, Any]:
     return value
 
 
-def first_choice(choices: Any, *, required: bool) -> dict[str, Any] | None:
-    """Choice 0: we ask for one, and a server sending more (or interleaving them in a stream) must
-    not mix another's text into it."""
+def first_choice(choices: Any, *, required: bool, index: int = 0) -> dict[str, Any] | None:
+    """Choice `index` (0 unless n > 1 was asked): a server sending more (or interleaving them in a
+    stream) must not mix another's text into it."""
     if choices is None and not required:
         return None
     if not isinstance(choices, list):
@@ -202,11 +202,11 @@ def first_choice(choices: Any, *, required: bool) -> dict[str, Any] | None:
     for choice in choices:
         if not isinstance(choice, dict):
             raise Malformed(f"a choice is {type(choice).__name__}, not an object")
-        index = choice.get("index", 0)
-        if index == 0 and not isinstance(index, bool):
+        found = choice.get("index", 0)
+        if found == index and not isinstance(found, bool):
             return choice
     if required:
-        raise Malformed("the response has no choice 0")
+        raise Malformed(f"the response has no choice {index}")
     return None
 
 

@@ -64,8 +64,12 @@ def test_untagged_calls_are_read_when_the_answer_is_nothing_else() -> None:
         '<tool_call>\n{{"name": "get_time", "arguments": {}}}\n</tool_call>',
     ):
         assert [c.name for c in tools.parse_tool_calls(doubled).calls] == ["get_time"]
+    # a call written again with a made-up result after it (Qwen2.5-Coder-0.5B handed a result)
+    echo = tools.parse_tool_calls('{"name": "get_time", "arguments": {"city": "Oslo"}}\n{"time": "14:05"}')
+    assert [c.name for c in echo.calls] == ["get_time"] and echo.content == '{"time": "14:05"}'
     for text in (
         "```python\nprint(1)\n```",
+        '{"name": "get_time", "arguments": {}}\nThe time is 14:05.',
         '{"city": "Paris"}',
         '{"name": "x", "arguments": {}, "other": 1}',
         'Here: {"name": "x", "arguments": {}}',
@@ -150,3 +154,19 @@ def test_call_schema_is_what_a_valid_call_looks_like() -> None:
     both = tools.call_schema(request())
     assert both is not None and len(both["anyOf"]) == 2
     assert tools.call_schema(request(tool_choice="none")) is None
+
+
+def test_a_conversation_ending_on_tool_results_asks_for_their_use() -> None:
+    history = (
+        Message("user", "Time in Oslo?"),
+        Message("assistant", "", (ToolCall("call_1", "get_time", '{"city": "Oslo"}'),)),
+        Message("tool", "14:05", tool_call_id="call_1"),
+    )
+    spec = ToolSpec("get_time", None, '{"type": "object"}')
+    for native in (True, False):
+        messages, _ = tools.chat_inputs(GenerationRequest(messages=history, tools=(spec,)), native=native)
+        assert messages[-1] == {"role": "user", "content": tools.RESULTS_NUDGE}
+        later, _ = tools.chat_inputs(
+            GenerationRequest(messages=(*history, Message("user", "Thanks")), tools=(spec,)), native=native
+        )
+        assert tools.RESULTS_NUDGE not in json.dumps(later)

@@ -12,7 +12,8 @@ import pytest
 
 from router.generation import GenerationRequest, ResponseFormat
 from tests.verifiers.scripted import gen
-from verifiers.format import PATTERN_TIMEOUT_S, FormatVerifier
+from verifiers.format import FormatVerifier
+from verifiers.jsonschema_check import PATTERN_TIMEOUT_S
 
 SCHEMA = {
     "type": "object",
