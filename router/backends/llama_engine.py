@@ -423,11 +423,15 @@ class LlamaEngine:
         draft_model_path: Path | None = None,
         draft_max: int = 8,
         draft_p_min: float = 0.6,
+        draft_max_batch: int = 1,
     ) -> None:
         self.model_path = model_path
         self.draft_model_path = draft_model_path
         self.draft_max = draft_max  # most tokens the draft model proposes per sequence per step
         self.draft_p_min = draft_p_min  # drafting stops before a token the draft model is less sure of
+        # the draft model drafts only while at most this many sequences decode: a batch already
+        # shares one read of the weights among its sequences, which is what drafting buys
+        self.draft_max_batch = draft_max_batch
         # source ("model", "rejected") -> [tokens drafted, tokens accepted], every job since start
         self.draft_counts: dict[str, list[int]] = {"model": [0, 0], "rejected": [0, 0]}
         self.vocab_signature: tuple[Any, ...] | None = None
@@ -890,7 +894,7 @@ class LlamaEngine:
                 room -= len(seq.draft)
             elif self._dctx is not None:
                 by_model.append(seq)
-        if by_model and room > 0:
+        if by_model and room > 0 and len(decoding) <= self.draft_max_batch:
             self._draft_by_model(by_model, room)
         # decoding sequences first: their next token and its draft, logits for each
         for seq in decoding:

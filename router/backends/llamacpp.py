@@ -102,6 +102,7 @@ class LlamaCppBackend(Backend):
             draft_model_path=draft_model_path,
             draft_max=settings.draft_max,
             draft_p_min=settings.draft_p_min,
+            draft_max_batch=settings.draft_max_batch,
         )
         self.max_tokens_cap = max_tokens_cap
         self._formatter: Any = None
