@@ -29,7 +29,7 @@ from router.bench.workload import BenchError, Target
 
 VARIANTS = ("tierroute", "tierroute+draft", "llama-server+draft", "llama-server")
 DEFAULT_VARIANTS = VARIANTS[:3]
-DRAFT_KEYS = ("draft_model", "draft_max", "reuse_rejected")
+DRAFT_KEYS = ("draft_model", "draft_max", "draft_p_min", "draft_max_batch", "reuse_rejected")
 DEFAULT_DRAFT_MAX = 8  # the engine's default, so llama-server drafts as far when the config is silent
 
 
