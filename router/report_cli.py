@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from router.config import LedgerSettings
+    from router.config import LedgerSettings, Settings
 
 
 def _window(args: argparse.Namespace) -> tuple[float | None, float | None] | None:
@@ -70,21 +70,13 @@ def cmd_report_costs(args: argparse.Namespace) -> int:
 
 def cmd_report_quality(args: argparse.Namespace) -> int:
     from router import quality_report
-    from router.config import load_settings
-    from router.errors import TierrouteError
     from router.ledger_stores import open_store
 
     span = _window(args)
     if span is None:
         return 2
     since, until = span
-    settings = None
-    try:
-        settings = load_settings(args.config)
-    except TierrouteError:
-        if not args.ledger:
-            raise
-    ledger_path = args.ledger or settings.ledger.location  # type: ignore[union-attr]
+    settings, ledger_path = _settings_and_ledger(args)
     store = open_store(ledger_path, read_only=True, settings=settings.ledger if settings is not None else None)
     store.open()
     try:
@@ -130,20 +122,27 @@ def _shown(location: str) -> str:
     return location if "://" in location else Path(location).name
 
 
-def _ledger_and_prices(args: argparse.Namespace) -> tuple[str, list[tuple[str, str]], LedgerSettings | None]:
-    """The ledger to read (--ledger, else the config's) and the config's price sheet, if any."""
+def _settings_and_ledger(args: argparse.Namespace) -> tuple[Settings | None, str]:
+    """The config (None when it cannot be read and --ledger names the ledger anyway) and the
+    ledger to read: --ledger, else the config's."""
     from router.config import load_settings
     from router.errors import TierrouteError
-    from router.pricing import describe
 
-    settings = None
     try:
         settings = load_settings(args.config)
     except TierrouteError:
         if not args.ledger:
             raise
+        return None, args.ledger
+    return settings, args.ledger or settings.ledger.location
+
+
+def _ledger_and_prices(args: argparse.Namespace) -> tuple[str, list[tuple[str, str]], LedgerSettings | None]:
+    """The ledger to read (--ledger, else the config's) and the config's price sheet, if any."""
+    from router.pricing import describe
+
+    settings, location = _settings_and_ledger(args)
     prices = [(t.name, describe(t.price)) for t in settings.tiers] if settings is not None else []
-    location = args.ledger or settings.ledger.location  # type: ignore[union-attr]
     return location, prices, settings.ledger if settings is not None else None
 
 
