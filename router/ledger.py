@@ -68,6 +68,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import sqlite3
@@ -636,58 +637,28 @@ def attempt_rows(entry: LedgerEntry) -> list[tuple[Any, ...]]:
     ]
 
 
+# PAIR_COLUMNS are ShadowPair's fields in order (its scores stored as `scores_json`), so a pair
+# and its row convert positionally; checked here, at import, so the two cannot drift apart
+_PAIR_SCORES, _PAIR_AGREE = PAIR_COLUMNS.split(", ").index("scores_json"), PAIR_COLUMNS.split(", ").index("agree")
+if [f.name for f in dataclasses.fields(ShadowPair)] != PAIR_COLUMNS.replace("scores_json", "scores").split(", "):
+    raise RuntimeError("PAIR_COLUMNS and ShadowPair's fields differ")
+
+
 def pair_row(pair: ShadowPair) -> tuple[Any, ...]:
-    """The pair's `shadow_pairs` row, in `PAIR_COLUMNS` order."""
-    return (
-        pair.request_id,
-        pair.shadow_request_id,
-        pair.ts,
-        pair.tier,
-        pair.target,
-        pair.task,
-        pair.score,
-        pair.threshold,
-        json.dumps(pair.scores, sort_keys=True),
-        int(pair.agree),
-        pair.rule,
-        pair.detail,
-        pair.answer_extracted,
-        pair.shadow_extracted,
-        pair.prompt_sha256,
-        pair.answer_sha256,
-        pair.shadow_sha256,
-        pair.shadow_cost_usd,
-        pair.prompt_json,
-        pair.answer_text,
-        pair.shadow_text,
-    )
+    """The pair's `shadow_pairs` row, in `PAIR_COLUMNS` order (the dataclass's field order; the
+    scores as JSON, agreement as 0/1)."""
+    row = list(dataclasses.astuple(pair))
+    row[_PAIR_SCORES] = json.dumps(pair.scores, sort_keys=True)
+    row[_PAIR_AGREE] = int(pair.agree)
+    return tuple(row)
 
 
 def pair_from_row(row: Sequence[Any]) -> ShadowPair:
     """A `shadow_pairs` row, read as `PAIR_COLUMNS`."""
-    return ShadowPair(
-        request_id=row[0],
-        shadow_request_id=row[1],
-        ts=row[2],
-        tier=row[3],
-        target=row[4],
-        task=row[5],
-        score=row[6],
-        threshold=row[7],
-        scores=json.loads(row[8]),
-        agree=bool(row[9]),
-        rule=row[10],
-        detail=row[11],
-        answer_extracted=row[12],
-        shadow_extracted=row[13],
-        prompt_sha256=row[14],
-        answer_sha256=row[15],
-        shadow_sha256=row[16],
-        shadow_cost_usd=row[17],
-        prompt_json=row[18],
-        answer_text=row[19],
-        shadow_text=row[20],
-    )
+    values = list(row)
+    values[_PAIR_SCORES] = json.loads(values[_PAIR_SCORES])
+    values[_PAIR_AGREE] = bool(values[_PAIR_AGREE])
+    return ShadowPair(*values)
 
 
 def attempt_from_row(row: Sequence[Any]) -> AttemptEntry:
