@@ -265,11 +265,16 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if compared:
         total = sum(r["reuse"]["large_ms"] or 0 for r in compared)
         ratios = [r["large_ms_ratio"] for r in compared if r["large_ms_ratio"] is not None]
+
+        def whole(side: str) -> float:  # the request: the (unchanged) small step plus the large one
+            return sum((r[side]["small_ms"] or 0) + (r[side]["large_ms"] or 0) for r in compared)
+
         out.update(
             {
                 "reuse_large_ms_total": round(total, 1),
                 "large_ms_ratio_of_totals": _ratio(total, out["sequential_large_ms_total"]),
                 "large_ms_ratio_median": round(statistics.median(ratios), 3) if ratios else None,
+                "request_ms_ratio_of_totals": _ratio(whole("reuse"), whole("sequential")),
                 "identical": sum(r["identical"] for r in compared),
             }
         )
