@@ -594,20 +594,7 @@ class LlamaEngine:
         self._model = model
         self._vocab = lc.llama_model_get_vocab(model)
         self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx = self.n_ctx
-        cparams.n_batch = self.n_batch
-        cparams.n_ubatch = min(self.n_batch, 512)
-        cparams.n_seq_max = self.n_parallel + self.prefix.slots
-        cparams.n_threads = self.n_threads
-        cparams.n_threads_batch = self.n_threads
-        cparams.kv_unified = True  # sequences share the whole context; admission reserves cells
-        cparams.no_perf = True
-        if self.kv_cache_type != "f16":
-            kv_type = {"q8_0": lc.GGML_TYPE_Q8_0, "q4_0": lc.GGML_TYPE_Q4_0}[self.kv_cache_type]
-            cparams.type_k = kv_type
-            cparams.type_v = kv_type
-            cparams.flash_attn_type = 1  # llama.cpp needs flash attention for a quantized V cache
+        cparams = self._context_params(self.n_parallel + self.prefix.slots)
         ctx = lc.llama_init_from_model(model, cparams)
         if not ctx:
             raise ModelError(f"llama.cpp could not create a context for {self.model_path}")
@@ -630,9 +617,30 @@ class LlamaEngine:
         )
         self.vocab_signature = vocab_signature(self._vocab)
         if self.draft_model_path is not None:
-            self._load_draft(cparams)
+            self._load_draft()
 
-    def _load_draft(self, target_params: Any) -> None:
+    def _context_params(self, n_seq_max: int) -> Any:
+        """A context's settings, the target's and the draft model's alike: the same size, batch,
+        threads and KV cache type; only the number of sequences differs."""
+        import llama_cpp as lc
+
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = self.n_ctx
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = min(self.n_batch, 512)
+        cparams.n_seq_max = n_seq_max
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.kv_unified = True  # sequences share the whole context; admission reserves cells
+        cparams.no_perf = True
+        if self.kv_cache_type != "f16":
+            kv_type = {"q8_0": lc.GGML_TYPE_Q8_0, "q4_0": lc.GGML_TYPE_Q4_0}[self.kv_cache_type]
+            cparams.type_k = kv_type
+            cparams.type_v = kv_type
+            cparams.flash_attn_type = 1  # llama.cpp needs flash attention for a quantized V cache
+        return cparams
+
+    def _load_draft(self) -> None:
         """The draft model and a second context of its own, with one sequence per slot (the same
         ids as the target's): its KV follows each sequence's accepted tokens."""
         import llama_cpp as lc
@@ -645,21 +653,7 @@ class LlamaEngine:
         self._dmodel = model
         if vocab_signature(lc.llama_model_get_vocab(model)) != self.vocab_signature:
             raise ModelError(f"draft model {path.name} has another vocabulary than {self.model_path.name}")
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx = self.n_ctx
-        cparams.n_batch = self.n_batch
-        cparams.n_ubatch = min(self.n_batch, 512)
-        cparams.n_seq_max = self.n_parallel
-        cparams.n_threads = self.n_threads
-        cparams.n_threads_batch = self.n_threads
-        cparams.kv_unified = True
-        cparams.no_perf = True
-        cparams.type_k, cparams.type_v, cparams.flash_attn_type = (
-            target_params.type_k,
-            target_params.type_v,
-            target_params.flash_attn_type,
-        )
-        ctx = lc.llama_init_from_model(model, cparams)
+        ctx = lc.llama_init_from_model(model, self._context_params(self.n_parallel))
         if not ctx:
             raise ModelError(f"llama.cpp could not create a context for the draft model {path}")
         self._dctx = ctx
