@@ -108,15 +108,17 @@ class SelfConsistencyVerifier:
             "wall_s": round(wall, 3),
         }
         if errors:
+            # A sample that timed out or failed says nothing about the answer, and a fraction over
+            # fewer than k samples is not the score the threshold was calibrated on (1 of 2 is not
+            # 1 of 3): no verdict. The service abstains; an eval run stores nothing and retries.
             details["errors"] = errors
-        if not samples:
-            return Score(0.0, f"all {self.k} samples failed: {errors[0]}", details, cost)
+            return Score.unavailable(
+                f"{len(errors)} of {self.k} samples failed: {errors[0]}", details=details, cost=cost
+            )
         agreeing = sum(self.agree(answer, a) for a in answers)
         details["agree"] = agreeing
         value = agreeing / len(samples)
         reason = f"{agreeing}/{len(samples)} samples at T={self.temperature:g} agree with {answer[:60]!r}"
-        if errors:
-            reason += f" ({len(errors)} failed)"
         return Score(value, reason, details, cost)
 
 

@@ -5,6 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from router.errors import DeadlineError
 from router.generation import GenerationRequest, Message
 from tests.verifiers.scripted import ScriptedBackend, gen
 from verifiers.base import VerifierContext
@@ -67,28 +68,31 @@ async def test_no_answer_in_the_candidate_costs_nothing() -> None:
     assert backend.requests == [] and s.cost.completion_tokens == 0
 
 
-async def test_failed_samples_are_left_out_and_all_failing_is_a_reject() -> None:
+async def test_any_failed_sample_is_no_verdict_but_its_siblings_are_charged() -> None:
     calls = 0
 
     def flaky(request: GenerationRequest) -> str:
         nonlocal calls
         calls += 1
         if calls == 2:
-            raise ConnectionError("upstream went away")
+            raise DeadlineError("tier 'small' did not finish before the deadline")
         return "#### 7"
 
-    backend = ScriptedBackend("small", flaky)
+    backend = ScriptedBackend("small", flaky, completion_tokens=5)
     v = SelfConsistencyVerifier(k=3, ctx=VerifierContext("small", backend, {}))
-    s = await v.score(REQ, gen("#### 7"))
-    assert s.value == 1.0
-    assert "1 failed" in s.reason and len(s.details["errors"]) == 1
+    s = await v.score(REQ, gen("#### 8"))
+    # two samples disagree with the candidate, but one of three is missing: not a 0 (an eval run
+    # once stored such timeouts under load as verdicts), and not a fraction over two
+    assert s.value is None and s.is_unavailable
+    assert "1 of 3 samples failed" in s.reason and len(s.details["errors"]) == 1
+    assert s.cost.completion_tokens == 10  # the two that ran are paid for
 
     def down(request: GenerationRequest) -> str:
         raise ConnectionError("down")
 
     dead = ScriptedBackend("small", down)
     s = await SelfConsistencyVerifier(ctx=VerifierContext("small", dead, {})).score(REQ, gen("#### 7"))
-    assert s.value == 0.0 and "all 3 samples failed" in s.reason
+    assert s.is_unavailable and "3 of 3 samples failed" in s.reason
 
 
 async def test_missing_backend_is_a_reject_at_score_time() -> None:
