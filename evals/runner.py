@@ -18,6 +18,7 @@ remote one.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -349,7 +350,7 @@ async def run_eval(
     summary.loaded_models = True
     try:
         # every verifier is made before any model loads: a bad one fails the run at once
-        verifiers = {w.tier.name: _make_verifiers(w, reg, built) for w in work if w.todo}
+        verifiers = {w.tier.name: _make_verifiers(w, reg, built, plan.timeout_s) for w in work if w.todo}
         for w in work:
             if not w.todo:
                 continue
@@ -403,15 +404,26 @@ def build_backends(
     return built
 
 
-def _make_verifiers(w: _TierWork, reg: Registry, backends: Mapping[str, Backend]) -> dict[str, Verifier]:
-    """Label -> verifier for one tier: its own and the eval's, each made once."""
+def _make_verifiers(
+    w: _TierWork, reg: Registry, backends: Mapping[str, Backend], timeout_s: float
+) -> dict[str, Verifier]:
+    """Label -> verifier for one tier: its own and the eval's, each made once.
+
+    A verifier that generates (`self_consistency`, `cross_tier`, `judge`, `execution`'s second
+    opinion) names the params that bound its generations in serving (`deadline_params`). Here
+    they get the eval's own per-generation deadline unless the spec sets them, as the tiers' serving
+    `timeout_s` gives way to it: under batched eval load a serving bound times out samples that would
+    finish, and a timeout is no verdict. The spec's params, and so the cache key and the label, are
+    unchanged."""
     from verifiers.base import VerifierContext, VerifierError
 
     ctx = VerifierContext(tier=w.tier.name, backend=backends[w.tier.name], backends=backends)
     made: dict[str, Verifier] = {}
     for label, spec in w.specs.items():
         try:
-            made[label] = reg.create(spec.name, spec.params, ctx)
+            v = reg.create(spec.name, spec.params, ctx)
+            stretch = {k: timeout_s for k in getattr(v, "deadline_params", ()) if k not in spec.params}
+            made[label] = dataclasses.replace(v, **stretch) if stretch and dataclasses.is_dataclass(v) else v
         except VerifierError as exc:
             raise ConfigError(f"eval verifier '{label}' on tier {w.tier.name}: {exc}") from None
     return made

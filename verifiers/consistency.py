@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from router import policy
 from router.generation import Generation, GenerationRequest
@@ -37,6 +37,8 @@ def generation_cost(generations: Sequence[Generation], tier: str | None) -> Veri
 
 @dataclass(frozen=True)
 class SelfConsistencyVerifier:
+    # bounds this verifier's own generations in serving; an eval run stretches it (evals.runner)
+    deadline_params: ClassVar[tuple[str, ...]] = ("timeout_s",)
     k: int = 3
     temperature: float = 0.7
     tier: str | None = None  # None: the tier being verified samples its own answers

@@ -28,7 +28,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from router.backends.base import ScoringUnsupportedError
 from router.generation import Generation, GenerationRequest
@@ -53,6 +53,8 @@ def continuation_stats(logprobs: Sequence[float], top1: Sequence[bool]) -> dict[
 
 @dataclass(frozen=True)
 class CrossTierVerifier:
+    # bounds this verifier's own generations in serving; an eval run stretches it (evals.runner)
+    deadline_params: ClassVar[tuple[str, ...]] = ("timeout_s",)
     tier: str
     stat: str = "mean"
     max_chars: int = 8000

@@ -60,7 +60,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from router.generation import Generation, GenerationRequest, Message
 from verifiers.base import Score, VerifierContext, VerifierCost
@@ -213,6 +213,8 @@ class Run:
 
 @dataclass(frozen=True)
 class ExecutionVerifier:
+    # bounds this verifier's own generations in serving; an eval run stretches it (evals.runner)
+    deadline_params: ClassVar[tuple[str, ...]] = ("generation_timeout_s",)
     second_opinion: bool = False
     timeout_s: float = 10.0  # one sandboxed run, as code_tests
     memory_mb: int = 512

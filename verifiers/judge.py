@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from router.generation import Generation, GenerationRequest, Message
 from verifiers.base import Score, VerifierContext
@@ -72,6 +72,8 @@ def _clip(text: str, n: int) -> str:
 
 @dataclass(frozen=True)
 class JudgeVerifier:
+    # bounds this verifier's own generations in serving; an eval run stretches it (evals.runner)
+    deadline_params: ClassVar[tuple[str, ...]] = ("timeout_s",)
     tier: str
     max_tokens: int = 256
     temperature: float = 0.0

@@ -256,3 +256,33 @@ def test_width_sets_every_local_tiers_batch_and_nothing_else(tmp_path: Path) -> 
     assert _with_width(settings, None) is settings
     with pytest.raises(ConfigError, match="1 to 64"):
         _with_width(settings, 0)
+
+
+def test_verifiers_that_generate_get_the_evals_deadline_unless_their_spec_sets_one(tmp_path: Path) -> None:
+    # a serving bound (self_consistency's 120 s) times samples out under batched eval load, and a
+    # timeout is no verdict: the eval's own deadline applies, without changing the label or cache key
+    from evals.runner import _make_verifiers, _missing
+    from router.plugins import VerifierRegistry
+
+    plan = plan_for(tmp_path, verifiers=())
+    plan.timeout_s = 900.0
+    plan.verifiers = [
+        VerifierSpec(name="self_consistency", params={"k": 2}),
+        VerifierSpec(name="self_consistency", params={"k": 3, "timeout_s": 7}),
+        VerifierSpec(name="execution", params={"second_opinion": True}),
+    ]
+    with RunStore(tmp_path / "runs" / "x") as store:
+        work = _missing(plan, store, plan.tier_settings()[0])
+    reg = registry()
+    builtins = VerifierRegistry.from_entry_points()
+    for name in ("self_consistency", "execution"):
+        reg.register(name, builtins.get(name))
+    made = _make_verifiers(work, reg, scripted(), plan.timeout_s)
+    by_label = {label: v for label, v in made.items() if label.startswith(("self_consistency", "execution"))}
+    assert {label: getattr(v, "timeout_s", None) for label, v in by_label.items() if "self" in label} == {
+        "self_consistency[k=2]": 900.0,
+        "self_consistency[k=3,timeout_s=7]": 7,
+    }
+    execution = by_label["execution[second_opinion=true]"]
+    assert execution.generation_timeout_s == 900.0  # type: ignore[attr-defined]
+    assert execution.timeout_s == 10.0  # type: ignore[attr-defined]  # a sandbox run's bound is the verifier's meaning
