@@ -28,10 +28,18 @@ class ToolSpec:
     description: str | None = None
     parameters_json: str | None = None
     strict: bool = False
+    # the schema this service decodes forced calls under and validates arguments against, when it
+    # is not `parameters` itself: a non-strict function's, loosened (router.grammars)
+    checked_json: str | None = None
 
     @functools.cached_property
     def parameters(self) -> dict[str, Any] | None:
         return None if self.parameters_json is None else dict(json.loads(self.parameters_json))
+
+    @functools.cached_property
+    def checked(self) -> dict[str, Any] | None:
+        """The arguments' schema as this service enforces it (`parameters` unless loosened)."""
+        return self.parameters if self.checked_json is None else dict(json.loads(self.checked_json))
 
     def to_openai(self) -> dict[str, Any]:
         """The tool as OpenAI's API (and chat templates written for it) spell it."""

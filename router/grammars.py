@@ -15,6 +15,12 @@ schema is read here first, once, before any model sees it:
 - Anything else (`not`, `if`/`then`, `patternProperties`, a remote `$ref`, an unknown keyword)
   is refused with a 400 that names the keyword and where it sits: a grammar that silently ignored
   it would let answers through that the client's own validation then rejects.
+- Except in a function that is not `strict`: there OpenAI takes any schema as a hint the model may
+  not follow, so the service does too (`loosened_tool_schema`). What the grammar cannot honour is
+  taken out of the schema this service enforces and validates (a looser one: `not`, `nullable`,
+  `if`/`then`, `patternProperties`... never reach the validator, whose own `patternProperties`
+  would run client regexes unbounded); the model and a remote tier still see the client's schema.
+  Remote `$ref`s, invalid types and oversized patterns are refused there too.
 
 Sizes are capped (schema bytes, nesting depth, grammar size), so one request cannot make the
 conversion or llama.cpp's grammar parser expensive. Grammars are cached per schema (its compact
@@ -128,6 +134,50 @@ def _check_schema(schema: Any) -> None:
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path)
         raise RequestError(f"not a valid JSON schema at '#/{where}': {exc.message}"[:500], param=PARAM) from None
+
+
+def loosened_tool_schema(schema: Any, param: str) -> tuple[dict[str, Any], list[str]]:
+    """A non-strict function's parameters as this service enforces and validates them: the
+    schema with each keyword the grammar cannot honour taken out (and `true`/`false` subschemas
+    made `{}`), so it accepts at least what the client's accepts; then `check_schema`'s checks, so
+    what stays is as safe as a strict schema. Returns it and where the keywords were dropped."""
+    if not isinstance(schema, dict):
+        raise RequestError("a JSON schema must be a JSON object", param=param)
+    _check_depth(schema, 0)  # the client's schema is rendered into the prompt whole
+    dropped: list[str] = []
+    loose = _loosen_node(schema, "#", dropped)
+    check_schema(loose, param)
+    return loose, dropped
+
+
+def _loosen_node(node: Any, where: str, dropped: list[str]) -> Any:
+    if isinstance(node, bool):
+        dropped.append(where)
+        return {}
+    if not isinstance(node, dict):
+        return node  # not a schema: check_schema refuses it with its place
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        at = f"{where}/{key}"
+        if key in _ANNOTATIONS or key in _VALIDATED:
+            out[key] = value
+        elif key not in _ENFORCED:
+            dropped.append(at)  # its value is never read: a hidden remote $ref inside `not` goes with it
+        elif key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _loosen_node(sub, f"{at}/{name}", dropped) for name, sub in value.items()}
+        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+            parts = [_loosen_node(sub, f"{at}/{i}", dropped) for i, sub in enumerate(value)]
+            if key == "allOf" and any(not _is_object_part(p) for p in parts):
+                dropped.append(at)  # the grammar merges allOf only over objects
+                continue
+            out[key] = parts
+        elif key == "items" and isinstance(value, list):
+            out[key] = [_loosen_node(sub, f"{at}/{i}", dropped) for i, sub in enumerate(value)]
+        elif key in ("items", "additionalProperties") and not isinstance(value, bool):
+            out[key] = _loosen_node(value, at, dropped)
+        else:
+            out[key] = value
+    return out
 
 
 def _check_depth(value: Any, depth: int) -> None:

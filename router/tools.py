@@ -34,9 +34,10 @@ request's tools and `tool_choice`. A request that forces a call (`tool_choice` `
 named function) leaves the model nothing to write but one, so a local tier decodes it under a
 grammar of `forced_call_schema` (router.grammars): the answer is that object, without tags, which
 `parse_tool_calls` reads as it reads Qwen's untagged calls. Arguments follow the function's schema,
-`strict` or not: every function's schema passed the response_format check with the request, so
-each can be a grammar, and an open object would let a small model loop inside it until
-max_tokens. (So a forced call keeps OpenAI's promise for strict functions, and more.) Under `auto`
+`strict` or not: every function's schema passed the response_format check with the request (a
+non-strict one after what a grammar cannot honour was taken out: `ToolSpec.checked`), so each can
+be a grammar, and an open object would let a small model loop inside it until max_tokens. (So a
+forced call keeps OpenAI's promise for strict functions, and more.) Under `auto`
 the model may answer in words, and a grammar allowing "any text or a call" would block Qwen's
 special `<tool_call>` token and slow all free text; so nothing is forced there, and the
 `tool_call` verifier checks the calls after the fact (a bad one escalates).
@@ -328,7 +329,7 @@ def call_schema(request: GenerationRequest) -> dict[str, Any] | None:
     gives none). None when the request offers no tools."""
     if not request.offers_tools:
         return None
-    return _one_of([(t.name, t.parameters or {"type": "object"}) for t in _allowed(request)])
+    return _one_of([(t.name, t.checked or {"type": "object"}) for t in _allowed(request)])
 
 
 def forced_call_schema(request: GenerationRequest) -> dict[str, Any] | None:
@@ -341,8 +342,8 @@ def forced_call_schema(request: GenerationRequest) -> dict[str, Any] | None:
     defs: dict[str, Any] = {}
     options: list[tuple[str, dict[str, Any]]] = []
     for t in _allowed(request):
-        if t.parameters:
-            params = dict(t.parameters)
+        if t.checked:
+            params = dict(t.checked)
             for key in ("$defs", "definitions"):
                 for name, sub in (params.pop(key, None) or {}).items():
                     defs[f"{t.name}--{name}"] = _rebased(sub, t.name)

@@ -64,8 +64,8 @@ class ToolCallVerifier:
                 return Score(0.0, f"call {i} ({call.name}): arguments are not JSON ({exc})", details)
             if not isinstance(arguments, dict):
                 return Score(0.0, f"call {i} ({call.name}): arguments are not a JSON object", details)
-            if tool.parameters is not None:
-                error = await asyncio.to_thread(first_error, tool.parameters, arguments)
+            if tool.checked is not None:
+                error = await asyncio.to_thread(first_error, tool.checked, arguments)
                 if error is not None:
                     return Score(0.0, f"call {i} ({call.name}): arguments do not match the schema {error}", details)
         repeated = _repeats(request, found.calls)

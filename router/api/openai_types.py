@@ -19,6 +19,7 @@ refuses them) the field is null.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -53,7 +54,7 @@ from router.generation import (
     ToolSpec,
 )
 from router.generation import ResponseFormat as GenerationFormat
-from router.grammars import check_schema
+from router.grammars import check_schema, loosened_tool_schema
 from router.tools import ToolAnswer, argument_fragments
 
 Number = Annotated[float, Strict(), AllowInfNan(False)]  # a JSON number (an int is fine), finite
@@ -489,11 +490,21 @@ class ChatCompletionRequest(_Common):
         specs = tuple(t.spec() for t in self.tools or ())
         if len(compact_json([t.to_openai() for t in specs])) > MAX_TOOLS_CHARS:
             raise RequestError(f"at most {MAX_TOOLS_CHARS} characters of tools, as JSON", param="tools")
-        # the check a response_format schema gets: a strict function's arguments are decoded under
-        # a grammar of its schema, and every call's are validated against it (verifiers.tool_call)
+        # the check a response_format schema gets: a forced call's arguments are decoded under a
+        # grammar of its schema, and every call's are validated against it (verifiers.tool_call).
+        # A non-strict function's schema is a hint, as at OpenAI: what the grammar cannot honour is
+        # taken out of the schema enforced here, not refused (router.grammars.loosened_tool_schema)
+        checked: list[ToolSpec] = []
         for i, spec in enumerate(specs):
-            if spec.parameters is not None:
-                check_schema(spec.parameters, param=f"tools.{i}.function.parameters")
+            param = f"tools.{i}.function.parameters"
+            if spec.parameters is not None and spec.strict:
+                check_schema(spec.parameters, param=param)
+            elif spec.parameters is not None:
+                loose, dropped = loosened_tool_schema(spec.parameters, param)
+                if dropped:
+                    spec = dataclasses.replace(spec, checked_json=compact_json(loose))
+            checked.append(spec)
+        specs = tuple(checked)
         choice = self.tool_choice
         if choice is None or choice == "auto":
             return specs, "auto"

@@ -1,8 +1,9 @@
 """A forced tool call decoded under the grammar of one call, through the service with the official
 `openai` client on the real SmolLM2 model (which on its own answers in prose): the call parses,
 its arguments validate against the function's schema, and the attempt says it was constrained.
-Function schemas get the check response_format schemas get: a construct constrained decoding
-cannot honour is a 400 naming it and the function."""
+Function schemas get the check response_format schemas get: in a strict function, a construct
+constrained decoding cannot honour is a 400 naming it and the function; in a non-strict one it is
+taken out of the schema the service enforces (remote references and the like are refused in both)."""
 
 from __future__ import annotations
 
@@ -110,20 +111,94 @@ def test_the_forced_call_schema_is_one_document_with_each_function_s_definitions
 
 
 @pytest.mark.parametrize(
-    ("parameters", "words"),
+    ("parameters", "words", "strict_only"),
     [
-        ({"type": "object", "properties": {"a": {"not": {}}}}, "keyword 'not'"),
-        ({"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}}, "only local references"),
-        ({"type": "object", "nullable": True}, "keyword 'nullable'"),
-        ({"type": "object", "properties": {"a": {"type": "strin"}}}, "type must be one of"),
+        ({"type": "object", "properties": {"a": {"not": {}}}}, "keyword 'not'", True),
+        ({"type": "object", "nullable": True}, "keyword 'nullable'", True),
+        (
+            {"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}},
+            "only local references",
+            False,
+        ),
+        ({"type": "object", "properties": {"a": {"type": "strin"}}}, "type must be one of", False),
+        ({"type": "object", "properties": {"a": {"pattern": "a" * 600}}}, "at most 500 characters", False),
     ],
 )
+@pytest.mark.parametrize("strict", [True, False])
 def test_function_schemas_get_the_response_format_check(
-    server: UvicornThread, parameters: dict[str, Any], words: str
+    server: UvicornThread, parameters: dict[str, Any], words: str, strict_only: bool, strict: bool
 ) -> None:
-    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    # a strict function's schema must be one the grammar honours; a non-strict one is a hint (as at
+    # OpenAI), so what the grammar cannot honour is accepted, but never a remote reference, an
+    # invalid type or an oversized pattern
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters, "strict": strict}}
     body = {"model": "small", "messages": ASK, "tools": [PING, tool], "max_tokens": 4}
-    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+    if strict_only and not strict:
+        assert r.status_code == 200, r.text
+        return
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == "tools.1.function.parameters" and words in error["message"]
+
+
+NOT_STRICT = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20, "not": {"$ref": "https://example.com/evil.json"}},
+        "unit": {"type": "string", "nullable": True, "enum": ["celsius", "fahrenheit"]},
+    },
+    "patternProperties": {"^(a+)+$": {"type": "string"}},
+    "required": ["city", "unit"],
+    "if": {"properties": {"unit": {"const": "celsius"}}},
+    "then": {"required": ["city"]},
+}
+
+
+def test_a_non_strict_schema_is_loosened_only_where_the_grammar_cannot_follow() -> None:
+    from router.grammars import loosened_tool_schema
+
+    loose, dropped = loosened_tool_schema(NOT_STRICT, "tools.0.function.parameters")
+    assert sorted(dropped) == [
+        "#/if",
+        "#/patternProperties",
+        "#/properties/city/not",
+        "#/properties/unit/nullable",
+        "#/then",
+    ]
+    # nothing the grammar honours is lost, and nothing dropped (the remote $ref in `not`, the
+    # catastrophic pattern of patternProperties) is kept for the validator to run
+    assert loose == {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        },
+        "required": ["city", "unit"],
+    }
+    assert "https" not in json.dumps(loose)
+
+
+def test_a_forced_call_to_a_non_strict_function_decodes_under_its_loosened_schema(client: openai.OpenAI) -> None:
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": NOT_STRICT}}
+    r = client.chat.completions.create(
+        model="small",
+        messages=ASK,  # type: ignore[arg-type]
+        tools=[tool, PING],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=64,
+        temperature=0,
+    )
+    calls = r.choices[0].message.tool_calls or []
+    assert [c.function.name for c in calls] == ["get_weather"]  # type: ignore[union-attr]
+    arguments = json.loads(calls[0].function.arguments)  # type: ignore[union-attr]
+    assert set(arguments) >= {"city", "unit"} and arguments["unit"] in ("celsius", "fahrenheit")
+    attempt = r.model_extra["tierroute"]["attempts"][0]  # type: ignore[index]
+    assert attempt["constrained"] is True
+
+
+def test_the_model_and_a_remote_tier_see_the_clients_schema_not_the_loosened_one() -> None:
+    spec = ToolSpec("f", None, json.dumps(NOT_STRICT), checked_json=json.dumps({"type": "object"}))
+    assert spec.to_openai()["function"]["parameters"] == NOT_STRICT
+    assert spec.checked == {"type": "object"}
+    assert ToolSpec("g", None, json.dumps(PARAMS)).checked == PARAMS
