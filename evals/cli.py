@@ -327,20 +327,21 @@ def cmd_import(args: argparse.Namespace) -> int:
     tiers = args.tiers.split(",") if args.tiers else None
     if (args.file is None) == (args.ledger is None):
         raise ConfigError("eval import reads one source: a JSONL file, or --ledger PATH (its shadow pairs)")
+    source: str | Path
     if args.file is not None:
-        path = Path(args.file)
-        records = read_file(path)
+        source = Path(args.file)
+        records = read_file(source)
     else:
-        path = Path(args.ledger)
-        read = read_ledger(path, tiers=tiers)
+        source = args.ledger  # a SQLite file or a postgresql:// URL, as ledger.url takes
+        read = read_ledger(source, tiers=tiers, settings=settings.ledger)
         print(
-            f"{path}: {read.pairs} shadow pairs; {read.other_tiers} of other tiers, {read.without_text} kept hashes "
+            f"{source}: {read.pairs} shadow pairs; {read.other_tiers} of other tiers, {read.without_text} kept hashes "
             f"and extracted answers only (ledger.store_prompts was off), {len(read.records)} importable",
             file=sys.stderr,
         )
         if not read.records:
             raise ConfigError(
-                f"{path}: no shadow pair kept its prompt and answers; pairs without them give agreement rates "
+                f"{source}: no shadow pair kept its prompt and answers; pairs without them give agreement rates "
                 "(`tierroute report quality`) but no eval run. Turn on ledger.store_prompts to collect them."
             )
         records = read.records
@@ -359,7 +360,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         settings=settings,
         runs_dir=Path(args.runs_dir),
         name=args.run,
-        source=str(path),
+        source=str(source),
         verifiers=verifiers,
         tiers=tiers,
         task=args.task,
@@ -698,8 +699,9 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument(
         "--ledger",
         default=None,
-        metavar="PATH",
-        help="import the shadow pairs of this ledger instead of a file (those that kept their prompt and answers)",
+        metavar="PATH|URL",
+        help="import the shadow pairs of this ledger (a SQLite file or a postgresql:// URL) instead of a file "
+        "(those that kept their prompt and answers)",
     )
     p.add_argument("--run", required=True, help="name of the new run (a directory under --runs-dir)")
     p.add_argument(

@@ -43,9 +43,10 @@ from typing import Any
 from evals.store import GenerationRecord, RunStore, generation_key
 from evals.suites.imported import DEFAULT_GRADER, GRADERS, ITEMS_FILE, ImportedSuite
 from router.backends.base import Backend
-from router.config import OpenAIBackendSettings, PriceSettings, Settings, TierSettings, VerifierSpec
+from router.config import LedgerSettings, OpenAIBackendSettings, PriceSettings, Settings, TierSettings, VerifierSpec
 from router.errors import ConfigError, UnavailableError
 from router.generation import Delta, Generation, GenerationRequest, Message
+from router.ledger import AttemptEntry, ShadowPair
 from router.tasks import rule_task
 
 FORMAT = "tierroute-import/1"
@@ -597,66 +598,68 @@ class LedgerRead:
     other_tiers: int  # pairs of another (tier, target) than the one imported
 
 
-def read_ledger(path: Path, *, tiers: Sequence[str] | None = None, since: float | None = None) -> LedgerRead:
-    """The ledger's shadow pairs (table `shadow_pairs`, see router/ledger.py) as records: the
-    accepted answer and the larger tier's, labelled by the agreement rule the pair was judged by
-    (the larger tier right, the accepted one right when they agreed). Only pairs that kept their
-    prompt and both answers (`ledger.store_prompts`) can become items; one (tier, target) pair of
-    tiers per run: `tiers` when given, else the most frequent."""
-    import sqlite3
+def read_ledger(
+    location: str | Path,
+    *,
+    tiers: Sequence[str] | None = None,
+    since: float | None = None,
+    settings: LedgerSettings | None = None,
+) -> LedgerRead:
+    """The ledger's shadow pairs (SQLite file or `postgresql://` URL, read through the same store
+    the service writes with; see router/ledger.py) as records: the accepted answer and the larger
+    tier's, labelled by the agreement rule the pair was judged by (the larger tier right, the
+    accepted one right when they agreed). Only pairs that kept their prompt and both answers
+    (`ledger.store_prompts`) can become items; one (tier, target) pair of tiers per run: `tiers`
+    when given, else the most frequent. `settings` gives a PostgreSQL ledger its password variable."""
+    from router.ledger_stores import open_store
 
-    if not path.is_file():
-        raise ConfigError(f"no ledger at {path}")
+    if tiers is not None and len(tiers) != 2:
+        raise ConfigError("--tiers for shadow pairs names two tiers: the accepting tier, then the shadow target")
+    store = open_store(location, read_only=True, settings=settings)
+    store.open()  # ConfigError naming the ledger when it is not there or cannot be reached
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise ConfigError(f"cannot open the ledger {path}: {exc}") from None
-    try:
-        conn.row_factory = sqlite3.Row
-        has = conn.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='shadow_pairs'").fetchone()
-        if has is None:
-            raise ConfigError(f"{path}: no shadow_pairs table (a ledger from before shadow escalation)")
-        where, args = ("WHERE ts >= ?", (since,)) if since is not None else ("", ())
-        rows = conn.execute(f"SELECT * FROM shadow_pairs {where} ORDER BY ts, request_id", args).fetchall()
-        combos = Counter((r["tier"], r["target"]) for r in rows)
-        if tiers is not None and len(tiers) != 2:
-            raise ConfigError("--tiers for shadow pairs names two tiers: the accepting tier, then the shadow target")
+        pairs = list(store.pairs(since))
+        combos = Counter((p.tier, p.target) for p in pairs)
         pair = tuple(tiers) if tiers else (combos.most_common(1)[0][0] if combos else ("", ""))
-        records: list[Record] = []
-        without_text = other = 0
-        for n, r in enumerate(rows, 1):
-            if (r["tier"], r["target"]) != pair:
-                other += 1
-                continue
-            if r["prompt_json"] is None or r["answer_text"] is None or r["shadow_text"] is None:
-                without_text += 1
-                continue
-            records.append(_pair_record(conn, r, n, str(path)))
-    except sqlite3.Error as exc:
-        raise ConfigError(f"cannot read the ledger {path}: {exc}") from None
+        chosen = [p for p in pairs if (p.tier, p.target) == pair]
+        usable = [p for p in chosen if None not in (p.prompt_json, p.answer_text, p.shadow_text)]
+        wanted = {rid for p in usable for rid in (p.request_id, p.shadow_request_id)}
+        # a pair is written once both requests settled: their rows are no older than the oldest pair
+        attempts: dict[str, tuple[AttemptEntry, ...]] = {}
+        if wanted:
+            for entry in store.entries(since=min(p.ts for p in usable) - _ENTRY_SLACK_S):
+                if entry.request_id in wanted:
+                    attempts[entry.request_id] = entry.attempts
     finally:
-        conn.close()
-    return LedgerRead(records, len(rows), without_text, other)
+        store.close()
+    where = str(location)
+    records = [_pair_record(p, n, where, attempts) for n, p in enumerate(usable, 1)]
+    return LedgerRead(records, len(pairs), len(chosen) - len(usable), len(pairs) - len(chosen))
 
 
-def _pair_record(conn: Any, row: Any, n: int, where: str) -> Record:
-    tier, target = row["tier"], row["target"]
+# how much older than its shadow pair a request's row may be: a shadow request can take a tier's
+# whole timeout after the answer it shadows was settled and written
+_ENTRY_SLACK_S = 3600.0
+
+
+def _pair_record(p: ShadowPair, n: int, where: str, attempts: Mapping[str, tuple[AttemptEntry, ...]]) -> Record:
+    assert p.prompt_json is not None and p.answer_text is not None and p.shadow_text is not None
     try:
-        prompt = json.loads(row["prompt_json"])
+        prompt = json.loads(p.prompt_json)
     except json.JSONDecodeError:
-        raise ImportFormatError(f"{where} shadow pair {row['request_id']}: prompt_json is not JSON") from None
+        raise ImportFormatError(f"{where} shadow pair {p.request_id}: prompt_json is not JSON") from None
     line = {
-        "id": row["request_id"],
+        "id": p.request_id,
         **({"messages": prompt["messages"]} if "messages" in prompt else {"prompt": prompt.get("prompt")}),
         "answers": {
-            tier: {"text": row["answer_text"], **_attempt(conn, row["request_id"], tier)},
-            target: {"text": row["shadow_text"], **_attempt(conn, row["shadow_request_id"], target)},
+            p.tier: {"text": p.answer_text, **_attempt(attempts.get(p.request_id, ()), p.tier)},
+            p.target: {"text": p.shadow_text, **_attempt(attempts.get(p.shadow_request_id, ()), p.target)},
         },
     }
-    if row["task"] is not None:
-        line["task"] = row["task"]
-    agree = bool(row["agree"]) or row["answer_text"] == row["shadow_text"]
-    line["label"] = {"correct": {tier: agree, target: True}}
+    if p.task is not None:
+        line["task"] = p.task
+    agree = p.agree or p.answer_text == p.shadow_text
+    line["label"] = {"correct": {p.tier: agree, p.target: True}}
     rec = parse_line(json.dumps(line), n, where=f"{where} shadow pair")
     assert rec.key is not None
     return Record(
@@ -664,20 +667,17 @@ def _pair_record(conn: Any, row: Any, n: int, where: str) -> Record:
     )
 
 
-def _attempt(conn: Any, request_id: str, tier: str) -> dict[str, Any]:
-    """Tokens and time of the tier's (last) attempt at a request, from the ledger's `attempts`."""
-    a = conn.execute(
-        "SELECT prompt_tokens, completion_tokens, finish_reason, latency_ms, busy_ms FROM attempts "
-        "WHERE request_id = ? AND tier = ? ORDER BY idx DESC LIMIT 1",
-        (request_id, tier),
-    ).fetchone()
-    if a is None:
+def _attempt(attempts: Sequence[AttemptEntry], tier: str) -> dict[str, Any]:
+    """Tokens and time of the tier's (last) attempt at a request, from its ledger row."""
+    mine = [a for a in attempts if a.tier == tier]
+    if not mine:
         return {"prompt_tokens": 0, "completion_tokens": 0}
-    out: dict[str, Any] = {"prompt_tokens": a["prompt_tokens"], "completion_tokens": a["completion_tokens"]}
-    if a["finish_reason"] in ("stop", "length"):
-        out["finish_reason"] = a["finish_reason"]
-    if a["latency_ms"] is not None:
-        out["latency_s"] = a["latency_ms"] / 1000
-    if a["busy_ms"] is not None:
-        out["busy_s"] = a["busy_ms"] / 1000
+    a = max(mine, key=lambda a: a.idx)
+    out: dict[str, Any] = {"prompt_tokens": a.prompt_tokens, "completion_tokens": a.completion_tokens}
+    if a.finish_reason in ("stop", "length"):
+        out["finish_reason"] = a.finish_reason
+    if a.latency_ms is not None:
+        out["latency_s"] = a.latency_ms / 1000
+    if a.busy_ms is not None:
+        out["busy_s"] = a.busy_ms / 1000
     return out

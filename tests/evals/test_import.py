@@ -18,6 +18,8 @@ from router.cli import main
 from router.config import load_settings
 from tests.evals.helpers import write_config
 
+pytest_plugins = ["tests.router.pg_server"]  # the session's PostgreSQL server: `db`
+
 N = 24
 THRESHOLD = 0.5
 PRICES = {"small": (0.2, 0.8), "large": (1.0, 3.0)}  # USD per 1M input / output tokens
@@ -266,23 +268,27 @@ def test_a_failed_import_leaves_nothing_behind(
     assert list((runs / "r").iterdir()) == []
 
 
-def _ledger(path: Path, n: int) -> list[bool]:
-    """A real ledger holding `n` shadow pairs (written by the store the service writes with); the
-    attempts rows carry the token counts and times an import reads."""
-    import sqlite3
+def _ledger(path: Path | str, n: int) -> list[bool]:
+    """A real ledger (a SQLite file, or a postgresql:// URL) holding `n` shadow pairs and the
+    rows of both requests of each, written by the store the service writes with; the attempts carry
+    the token counts and times an import reads."""
+    from dataclasses import replace
 
-    from router.ledger import ShadowPair, SQLiteStore
+    from router.ledger import ShadowPair
+    from router.ledger_stores import open_store
+    from tests.router.test_ledger import attempt, entry
 
-    store = SQLiteStore(path)
+    store = open_store(path)
     store.open()
     agree = []
-    texts = []
     for i in range(n):
         stored = i % 4 != 3  # every fourth pair kept hashes only (store_prompts off)
         ok = i % 3 != 0
         agree.append(ok)
         small, large = (f"\\boxed{{{i}}}", f"\\boxed{{{i}}}") if ok else (f"\\boxed{{{i + 1}}}", f"\\boxed{{{i}}}")
-        texts.append((small, large))
+        for rid, tier, text in ((f"r{i}", "small", small), (f"s{i}", "large", large)):
+            timing = {"prompt_tokens": 20 + i, "completion_tokens": len(text), "latency_ms": 100.0 + i}
+            store.write(entry(rid, 1000.0 + i, attempts=(replace(attempt(0, tier), **timing, busy_ms=90.0 + i),)))
         store.write_pair(
             ShadowPair(
                 request_id=f"r{i}",
@@ -311,17 +317,6 @@ def _ledger(path: Path, n: int) -> list[bool]:
             )
         )
     store.close()
-    conn = sqlite3.connect(path)
-    for i, (small, large) in enumerate(texts):
-        for rid, tier, text in ((f"r{i}", "small", small), (f"s{i}", "large", large)):
-            conn.execute(
-                "INSERT INTO attempts (request_id, idx, tier, decision, reason, threshold, scores_json, prompt_tokens, "
-                "completion_tokens, finish_reason, latency_ms, busy_ms, verify_ms, cost_usd, verifier_cost_usd, "
-                "verifier_tokens) VALUES (?, 0, ?, 'accepted', '', 0.5, '{}', ?, ?, 'stop', ?, ?, 0, 0, 0, 0)",
-                (rid, tier, 20 + i, len(text), 100.0 + i, 90.0 + i),
-            )
-    conn.commit()
-    conn.close()
     return agree
 
 
@@ -383,3 +378,26 @@ def test_the_documented_example_lines_import(tmp_path: Path) -> None:
     assert [r.id for r in records] == ["r1", "r2"]
     assert records[0].key == {"kind": "reference", "grader": "numeric", "value": 51, "letters": "ABCD"}
     assert records[1].task == "text" and records[1].key is not None and records[1].key["kind"] == "per_tier"
+
+
+def test_shadow_pairs_import_from_a_postgresql_ledger(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], setup: tuple[Path, Path, Path, Any], db: str
+) -> None:
+    # the same pairs through the PostgreSQL store give the same run as from SQLite
+    config, _, runs, _ = setup
+    agree = _ledger(db, 12)
+    argv = ["--config", str(config), "eval", "import", "--ledger", db, "--run", "live-pg", "--runs-dir", str(runs)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "12 shadow pairs; 0 of other tiers, 3 kept hashes and extracted answers only" in captured.err
+    table = load_table(RunStore(runs / "live-pg"))
+    kept = [ok for i, ok in enumerate(agree) if i % 4 != 3]
+    assert evaluate(SingleTier(0), table).accuracy == pytest.approx(sum(kept) / 9)
+    first = table.items[0].tiers[0]
+    assert (first.prompt_tokens, first.busy_s) == (20, pytest.approx(0.09))
+    assert RunStore(runs / "live-pg").manifest()["import"]["source"] == db
+    # a password in the URL is refused before anything is read, as the service refuses it
+    user, rest = db.removeprefix("postgresql://").split("@", 1)
+    assert main([*argv[:5], f"postgresql://{user}:secret@{rest}", "--run", "x", "--runs-dir", str(runs)]) != 0
+    assert "password" in capsys.readouterr().err
+    assert not (runs / "x").exists()
