@@ -105,7 +105,9 @@ def test_cross_tier_mode_compares_against_a_revision_before(tmp_path: Path, smol
     small answer's start from the scoring pass (the same model on both tiers agrees with it)."""
     config = write_config(tmp_path / "reuse.toml", TEMPLATE.format(ledger=tmp_path / "ledger.sqlite3", model=SMOL))
     out = tmp_path / "cross-tier.json"
-    rc = main(["--config", str(config), "--sample", "1", "--max-tokens", "8", "--cross-tier", "HEAD", "--json", str(out)])
+    rc = main(
+        ["--config", str(config), "--sample", "1", "--max-tokens", "8", "--cross-tier", "HEAD", "--json", str(out)]
+    )
     report = json.loads(out.read_text())
     assert rc == 0, report
     (row,) = report["items"]
