@@ -138,7 +138,8 @@ class Attempt:
             "verifier_cost_usd": self.verifier_cost_usd,
             "verifier_tokens": self.verifier_cost.tokens,
             # speculative decoding: tokens drafted and accepted, all sources together and per
-            # source ("model": a draft model, "rejected": the previous tier's rejected answer)
+            # source ("model": a draft model, "rejected": the previous tier's rejected answer,
+            # "scored": its start, already verified by this tier's cross_tier scoring pass)
             "draft_tokens": sum(d[1] for d in g.drafts) if g else 0,
             "draft_accepted": sum(d[2] for d in g.drafts) if g else 0,
             "drafts": {src: {"tokens": t, "accepted": a} for src, t, a in g.drafts} if g else {},

@@ -1,7 +1,8 @@
 """Escalation that reuses the rejected answer, against the sequential cascade, on real escalations.
 
     .venv/bin/python scripts/escalation_reuse_bench.py [--sample 12] [--seed 0] \
-        [--config bench/escalation-reuse.toml] [--json docs/bench/escalation-reuse.json]
+        [--config bench/escalation-reuse.toml] [--json docs/bench/escalation-reuse.json] \
+        [--cross-tier REF]
 
 Which requests: the committed eval runs' HumanEval and GSM8K items (evals/results/) on which the
 small tier's answer was rejected, by the tier's configured verifiers and threshold as recorded
@@ -26,6 +27,14 @@ worth a look, not a failure of reuse).
 
 An engine without `reuse_rejected` refuses the key: the script then measures the sequential
 cascade alone and says so, so its baseline can be taken before the feature lands.
+
+With `--cross-tier REF`, the small tier is also scored by the large one (a `cross_tier` verifier,
+whose prefill of prompt + answer the escalation can reuse), and both servers reuse the rejected
+answer: "before" runs the code of git revision REF (extracted with `git archive` into a temporary
+directory, the repository untouched), in which the scoring pass and the reuse pass each read the
+answer, and "shared" runs this checkout, in which the escalation starts where the scoring pass
+left off. Per item: the scoring pass (the small attempt's `verify_ms`), the large step, and how
+many of the answer's tokens the large tier took from the scoring pass (`drafts.scored`).
 """
 
 from __future__ import annotations
@@ -47,6 +56,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 SUITES = ("humaneval", "gsm8k")
 REUSE_ON = "reuse_rejected = true"
+LARGE_TIER = '\n[[tiers]]\nname = "large"'
+# the large tier reads every small answer; with the config's failing format check the answer is
+# still rejected (the mean of 0 and the scoring), so every item escalates as before
+CROSS_TIER = '\n[[tiers.verifiers]]\nname = "cross_tier"\nparams = { tier = "large", stat = "mean" }\n'
 WARMUP_PROMPT = "Write a Python function that returns the square of a number."
 
 
@@ -141,6 +154,39 @@ def variant_configs(template: Path, into: Path) -> tuple[dict[str, Path], str | 
     return {"sequential": sequential, "reuse": reuse}, None
 
 
+def cross_tier_configs(template: Path, into: Path) -> dict[str, Path]:
+    """The config with the large tier scoring the small tier's answers, reuse on: one for the
+    revision before (its code reads the answer twice) and one for this checkout (once)."""
+    text = template.read_text()
+    if text.count(REUSE_ON) != 1 or text.count(LARGE_TIER) != 1:
+        raise SystemExit(f"{template}: needs one large tier, named 'large', with '{REUSE_ON}'")
+    config = into / "cross-tier.toml"
+    config.write_text(text.replace(LARGE_TIER, CROSS_TIER + LARGE_TIER))
+    return {"before": config, "shared": config}
+
+
+def checkout(ref: str, into: Path) -> Path:
+    """The repository's files at git revision `ref`, extracted into `into` (no worktree, nothing
+    in the repository changes)."""
+    import io
+    import subprocess
+    import tarfile
+
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
+    into.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def command_in(tree: Path, command: str) -> str:
+    """`command` (a `python -m router.cli ...` line) run from another tree's code: its directory
+    first on the path (`-m` puts the working directory there)."""
+    import shlex
+
+    return shlex.join(["env", "-C", str(tree), f"PYTHONPATH={tree}", *shlex.split(command)])
+
+
 def ask(client: Any, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
     """One request through the service's cascade; the answer and the service's account of it."""
     from evals.runner import SEED, TEMPERATURE
@@ -160,8 +206,11 @@ def ask(client: Any, messages: list[dict[str, str]], max_tokens: int) -> dict[st
         "escalated": small is not None and not small["accepted"] and large is not None,
         "small_tokens": None if small is None else small["completion_tokens"],
         "small_ms": None if small is None else small["latency_ms"],
+        # the small answer's verification: with --cross-tier, the large tier's scoring pass
+        "verify_ms": None if small is None else small["verify_ms"],
         "large_tokens": None if large is None else large["completion_tokens"],
         "large_ms": None if large is None else large["latency_ms"],
+        "large_drafts": None if large is None else large["drafts"],
         "client_ms": round(wall_ms, 1),
     }
 
@@ -194,8 +243,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "items": [],
         "drafts": {},
     }
+    report["cross_tier_before"] = args.cross_tier
+    base, new = ("before", "shared") if args.cross_tier else ("sequential", "reuse")
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        configs, skipped = variant_configs(Path(args.config), Path(tmp))
+        trees: dict[str, Path] = {}
+        if args.cross_tier:
+            configs, skipped = cross_tier_configs(Path(args.config), Path(tmp)), None
+            trees["before"] = checkout(args.cross_tier, Path(tmp) / "before")
+        else:
+            configs, skipped = variant_configs(Path(args.config), Path(tmp))
         report["skipped"] = skipped
         if skipped:
             print_progress(f"reuse: skipped, {skipped}")
@@ -203,7 +259,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         targets: dict[str, Target] = {}
         for name, config in configs.items():
             port = free_port()
-            target = Target(f"http://127.0.0.1:{port}/v1", name, launch=tierroute_command(config, port))
+            launch = tierroute_command(config, port)
+            if name in trees:
+                launch = command_in(trees[name], launch)
+            target = Target(f"http://127.0.0.1:{port}/v1", name, launch=launch)
             live = stack.enter_context(serving(target, start_timeout_s=args.launch_timeout))
             print_progress(f"[{name}] {live.url} (pid {live.pid})")
             client = stack.enter_context(
@@ -221,21 +280,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             for name in names if i % 2 == 0 else reversed(names):
                 row[name] = ask(clients[name], prompts[e.id], max_tokens)
-            if "reuse" in row:
-                row["identical"] = row["reuse"]["text"] == row["sequential"]["text"]
-                row["large_ms_ratio"] = _ratio(row["reuse"]["large_ms"], row["sequential"]["large_ms"])
+            if new in row:
+                row["identical"] = row[new]["text"] == row[base]["text"]
+                row["large_ms_ratio"] = _ratio(row[new]["large_ms"], row[base]["large_ms"])
             for name in names:
                 got = row[name]
                 got["small_tokens_match_committed"] = got["small_tokens"] == e.small_tokens
                 got["large_matches_committed"] = got["text"] == e.large_text
                 got["text"] = got["text"][:200]  # enough to tell answers apart in the JSON
             report["items"].append(row)
-            print_progress(_line(row))
+            print_progress(_line(row, base, new))
         # the service's own count of the draft tokens it took from rejected answers, and accepted
         for name, t in targets.items():
             after = asyncio.run(read_draft_counters(t))
             report["drafts"][name] = None if after is None else draft_delta(before[name] or {}, after)
-    report["summary"] = summarize(report["items"])
+    report["summary"] = summarize(report["items"], base, new)
     return report
 
 
@@ -243,41 +302,59 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else round(a / b, 3)
 
 
-def _line(row: dict[str, Any]) -> str:
-    seq = row["sequential"]
-    text = f"{row['id']}: sequential large {seq['large_ms']} ms ({seq['large_tokens']} tokens)"
-    if "reuse" in row:
-        text += f", reuse {row['reuse']['large_ms']} ms, identical {row['identical']}"
+def _line(row: dict[str, Any], base: str = "sequential", new: str = "reuse") -> str:
+    first = row[base]
+    text = f"{row['id']}: {base} large {first['large_ms']} ms ({first['large_tokens']} tokens)"
+    if new in row:
+        text += f", {new} {row[new]['large_ms']} ms, identical {row['identical']}"
     return text
 
 
-def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The large step summed over the items and item by item, reuse against sequential."""
-    escalated = [r for r in rows if all(r[n]["escalated"] for n in ("sequential", "reuse") if n in r)]
+def summarize(rows: Sequence[dict[str, Any]], base: str = "sequential", new: str = "reuse") -> dict[str, Any]:
+    """The large step summed over the items and item by item, `new` against `base` (reuse
+    against sequential; with --cross-tier, shared prefill against the revision before)."""
+    escalated = [r for r in rows if all(r[n]["escalated"] for n in (base, new) if n in r)]
     out: dict[str, Any] = {
         "items": len(rows),
         "escalated_on_every_server": len(escalated),
-        "sequential_large_ms_total": round(sum(r["sequential"]["large_ms"] or 0 for r in rows), 1),
-        "small_tokens_match_committed": sum(r["sequential"]["small_tokens_match_committed"] for r in rows),
-        "large_matches_committed": sum(r["sequential"]["large_matches_committed"] for r in rows),
+        f"{base}_large_ms_total": round(sum(r[base]["large_ms"] or 0 for r in rows), 1),
+        "small_tokens_match_committed": sum(r[base]["small_tokens_match_committed"] for r in rows),
+        "large_matches_committed": sum(r[base]["large_matches_committed"] for r in rows),
     }
-    compared = [r for r in rows if "reuse" in r]
+    compared = [r for r in rows if new in r]
     if compared:
-        total = sum(r["reuse"]["large_ms"] or 0 for r in compared)
+        total = sum(r[new]["large_ms"] or 0 for r in compared)
         ratios = [r["large_ms_ratio"] for r in compared if r["large_ms_ratio"] is not None]
 
-        def whole(side: str) -> float:  # the request: the (unchanged) small step plus the large one
-            return sum((r[side]["small_ms"] or 0) + (r[side]["large_ms"] or 0) for r in compared)
+        def summed(side: str, *parts: str) -> float:
+            return sum(sum(r[side].get(p) or 0 for p in parts) for r in compared)
 
         out.update(
             {
-                "reuse_large_ms_total": round(total, 1),
-                "large_ms_ratio_of_totals": _ratio(total, out["sequential_large_ms_total"]),
+                f"{new}_large_ms_total": round(total, 1),
+                "large_ms_ratio_of_totals": _ratio(total, out[f"{base}_large_ms_total"]),
                 "large_ms_ratio_median": round(statistics.median(ratios), 3) if ratios else None,
-                "request_ms_ratio_of_totals": _ratio(whole("reuse"), whole("sequential")),
+                # the request: the (unchanged) small step plus the large one
+                "request_ms_ratio_of_totals": _ratio(
+                    summed(new, "small_ms", "large_ms"), summed(base, "small_ms", "large_ms")
+                ),
                 "identical": sum(r["identical"] for r in compared),
             }
         )
+        if base == "before":  # --cross-tier: the scoring pass, and the escalation it now serves too
+            out.update(
+                {
+                    "before_verify_ms_total": round(summed(base, "verify_ms"), 1),
+                    "shared_verify_ms_total": round(summed(new, "verify_ms"), 1),
+                    "scoring_and_large_ms_ratio_of_totals": _ratio(
+                        summed(new, "verify_ms", "large_ms"), summed(base, "verify_ms", "large_ms")
+                    ),
+                    "large_tokens_total": sum(r[new]["large_tokens"] or 0 for r in compared),
+                    "scored_tokens_taken": sum(
+                        ((r[new]["large_drafts"] or {}).get("scored") or {}).get("accepted", 0) for r in compared
+                    ),
+                }
+            )
     return out
 
 
@@ -291,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=0, help="cap each request's max_tokens (0: the run's own)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per request")
     p.add_argument("--launch-timeout", type=float, default=300.0)
+    p.add_argument(
+        "--cross-tier",
+        metavar="REF",
+        help="score the small answers with the large tier, and compare this checkout against git revision REF",
+    )
     p.add_argument("--json", default=str(REPO / "docs" / "bench" / "escalation-reuse.json"))
     args = p.parse_args(argv)
     if args.sample < 1:
@@ -299,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["summary"], indent=2))
     print(f"wrote {args.json}", file=sys.stderr)
-    compared = [r for r in report["items"] if "reuse" in r]
+    compared = [r for r in report["items"] if "identical" in r]
     escalated = report["summary"]["escalated_on_every_server"] == len(report["items"])
     return 0 if escalated and all(r["identical"] for r in compared) else 1
 

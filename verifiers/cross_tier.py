@@ -16,6 +16,10 @@ learned estimator):
 - ``top1_share``: the share of tokens that were the scorer's own argmax (speculative decoding's
   acceptance rate under greedy verification).
 
+When the scoring tier is local and the answer is rejected and escalates there, the same prefill
+serves the escalation: the tier's answer starts with the candidate's tokens it found to be its own
+top choice, without reading them again (`router.backends.llamacpp`; greedy requests).
+
 The verifier abstains, with the reason, when it cannot speak: an empty candidate, a tier that is not
 configured or cannot score, a scoring failure or deadline. An abstention is not a reject: the tier's
 other verifiers decide. A candidate longer than ``max_chars`` is scored on its first ``max_chars``

@@ -82,8 +82,8 @@ class Backend(abc.ABC):
         return {}
 
     def draft_counts(self) -> dict[str, tuple[int, int]]:
-        """Speculative decoding so far, per draft source ("model", "rejected"): (tokens drafted,
-        tokens accepted). Counters for /metrics; empty for a backend that never drafts."""
+        """Speculative decoding so far, per draft source ("model", "rejected", "scored"): (tokens
+        drafted, tokens accepted). Counters for /metrics; empty for a backend that never drafts."""
         return {}
 
     def reuses(self, other: Backend) -> bool:

@@ -42,6 +42,14 @@ after the last kept token gives one token more. Refused positions leave both KV 
 target distribution is a reshaped row, which the simple rule would have to re-derive per position
 (with grammar state advanced speculatively), for the rare request that asks for both.
 
+One prefill, two uses. When this engine has already scored the rejected answer (a `cross_tier`
+verifier's scoring job; `Job.reuse_scored`), that pass has verified it as a draft: a greedy job
+starts with the answer's tokens that were the argmax there, their KV copied from the prefix cache
+(a scoring job leaves prompt + that agreed start there), and reads only the last of them again
+(draft source "scored"). Sampling needs the whole distribution at each position, and
+`top_logprobs` the alternatives, which a scoring pass does not keep: such jobs, and any whose KV
+was evicted, draft from the answer as above.
+
 Failure is contained at two levels. An error in one sequence's own work (its random generator,
 sampling, decoding its pieces, stop strings) fails that request and no other. An error in the
 shared work (a decode step, the KV cache) fails every request in flight with a 503, frees the
@@ -301,6 +309,11 @@ class Job:
     frequency_penalty: float = 0.0
     # a lower tier's rejected answer in this model's tokens: the first draft of the answer
     reuse_tokens: tuple[int, ...] = ()
+    # set when a scoring job of this engine already read prompt + reuse_tokens (a `cross_tier`
+    # verifier): the logprobs of the leading reuse tokens it found to be this model's argmax. A
+    # greedy job takes those tokens as its answer's start, without a pass of its own, when their
+    # KV is still in the prefix cache (the scoring job left it there); else it drafts as usual.
+    reuse_scored: tuple[float, ...] | None = None
 
     @property
     def reshapes_logits(self) -> bool:
@@ -433,7 +446,8 @@ class LlamaEngine:
         # shares one read of the weights among its sequences, which is what drafting buys
         self.draft_max_batch = draft_max_batch
         # source ("model", "rejected") -> [tokens drafted, tokens accepted], every job since start
-        self.draft_counts: dict[str, list[int]] = {"model": [0, 0], "rejected": [0, 0]}
+        # "scored": rejected-answer tokens a scoring pass had verified, taken without a pass of their own
+        self.draft_counts: dict[str, list[int]] = {"model": [0, 0], "rejected": [0, 0], "scored": [0, 0]}
         self.vocab_signature: tuple[Any, ...] | None = None
         self._dmodel: Any = None  # the draft model, its context, KV memory and batch (when configured)
         self._dctx: Any = None
@@ -462,6 +476,7 @@ class LlamaEngine:
         self.active = 0
         self.steps = 0
         self.tokens_out = 0
+        self.tokens_read = 0  # tokens put through the target's decode (prompt, answer and drafts)
         self.chat_template: str | None = None
         self.bos_text = ""
         self.eos_text = ""
@@ -756,7 +771,8 @@ class LlamaEngine:
                         free_ids.append(seq.seq_id)
                         continue
                     reserved += seq.reserved
-                    self._reuse_prefix(seq, running)
+                    if not self._take_scored(seq):
+                        self._reuse_prefix(seq, running)
                     running.append(seq)
                 self.active = len(running)
                 # drop sequences whose caller left or whose deadline passed: within one step
@@ -853,12 +869,58 @@ class LlamaEngine:
             self.prefix.tokens_saved += best
             self.prefix.touch(best_id)
 
+    def _take_scored(self, seq: _Seq) -> bool:
+        """Start a greedy newcomer whose rejected answer a scoring job already read from where that
+        reading stopped agreeing: the answer begins with the rejected answer's tokens the scoring
+        found to be the argmax (greedy decoding would have kept exactly those), their KV copied
+        from the prefix cache, and only the last of them is read again, for the next token's
+        logits. False, changing nothing, when the job is not such a one or the KV has been evicted;
+        it then drafts from the rejected answer as usual."""
+        import llama_cpp as lc
+
+        job = seq.job
+        if job.reuse_scored is None or not job.may_draft or job.temperature > 0.0 or job.top_logprobs:
+            return False
+        prompt = job.prompt_tokens
+        agreed = min(len(job.reuse_scored), len(job.reuse_tokens), job.max_tokens - 1, self.n_ctx - len(prompt) - 2)
+        if agreed < 1:
+            # the first token is refused already: skip the draft that would find that out again
+            seq.reuse_next, seq.reuse_pause = None, 1
+            return False
+        known = [*prompt, *job.reuse_tokens[:agreed]]
+        shared = ((e.seq_id, _common_prefix(known, e.tokens)) for e in self.prefix.entries)
+        sid, have = max(shared, key=lambda entry: entry[1], default=(-1, 0))
+        if have < len(known) - 1:
+            return False
+        self.prefix.lookups += 1
+        self.prefix.hits += 1
+        self.prefix.tokens_saved += len(known) - 1
+        self.prefix.touch(sid)
+        lc.llama_memory_seq_cp(self._mem, sid, seq.seq_id, 0, len(known) - 1)
+        seq.n_prefilled = len(prompt)
+        seq.first_token_at = time.monotonic()
+        # the token after them was refused by the scoring (unless the answer's length cut them short)
+        refused = int(agreed == len(job.reuse_scored) < len(job.reuse_tokens))
+        for c in (self.draft_counts["scored"], seq.drafts.setdefault("scored", [0, 0])):
+            c[0] += agreed + refused
+            c[1] += agreed
+        # the rejected answer parts from the answer right after these: it drafts again only where
+        # the answer's own tokens find their place in it (and not in the very next step)
+        seq.reuse_next, seq.reuse_hint, seq.reuse_pause = None, agreed, 1
+        for token, logprob in zip(job.reuse_tokens[:agreed], job.reuse_scored, strict=False):
+            if not self._append(seq, token, logprob, None):
+                break  # a stop string or the length ended the answer: released after admission
+        return True
+
     def _release(self, seq: _Seq, running: list[_Seq], free_ids: list[int]) -> int:
         import llama_cpp as lc
 
         if not seq.prefilling and not seq.job.cancelled_by_caller:
-            # a scored candidate is not kept: the prompt before it is what a later request shares
-            self.prefix.store(self._mem, seq.seq_id, seq.job.prompt_tokens[: seq.job.score_from])
+            # of a scored candidate, only the start this model agrees with is kept (with the prompt
+            # before it, which later requests share): the start of this model's own answer if the
+            # candidate is rejected and escalates here (`_take_scored`)
+            end = None if seq.job.score_from is None else seq.job.score_from + _leading(seq.top1)
+            self.prefix.store(self._mem, seq.seq_id, seq.job.prompt_tokens[:end])
         lc.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
         if self._dmem is not None:
             lc.llama_memory_seq_rm(self._dmem, seq.seq_id, -1, -1)
@@ -927,6 +989,7 @@ class LlamaEngine:
                 scoring.append((seq, first_row, rows_taken))
                 first_row += rows_taken
         batch.n_tokens = n
+        self.tokens_read += n
         rc = lc.llama_decode(self._ctx, batch)
         if rc == 1 and self.prefix.entries:  # no KV slot: cached prefixes are the first to go
             self.prefix.evict_until(self._mem, self.n_ctx)
@@ -1195,17 +1258,23 @@ class LlamaEngine:
             self.grammar_s += time.perf_counter() - t0
         if job.presence_penalty or job.frequency_penalty:
             seq.counts[token] = seq.counts.get(token, 0) + 1
-        seq.generated.append(token)
         # log-softmax normaliser of the model's own row (T=1): logprobs are the model's, whatever sampled
         peak = row.max()
         lse = peak + np.log(np.exp(row - peak).sum())
         logprob = float(row[token] - lse)
+        top = self._top(row, lse, self._piece(token), logprob, job.top_logprobs) if job.top_logprobs else None
+        return self._append(seq, token, logprob, top)
+
+    def _append(self, seq: _Seq, token: int, logprob: float, top: TokenLogprob | None) -> bool:
+        """Add a token the answer takes (its logprob known) to the text, emit or finish; whether
+        the sequence goes on."""
+        job = seq.job
+        seq.generated.append(token)
         seq.logprobs.append(logprob)
         self.tokens_out += 1
-        piece = self._piece(token)
-        seq.text += seq.decoder.decode(piece)
-        if job.top_logprobs:
-            seq.tops.append(self._top(row, lse, piece, logprob, job.top_logprobs))
+        seq.text += seq.decoder.decode(self._piece(token))
+        if top is not None:
+            seq.tops.append(top)
         if self._check_stop(seq):
             return False
         if len(seq.generated) >= job.max_tokens or seq.pos + 1 >= self.n_ctx:
@@ -1388,6 +1457,14 @@ class LlamaEngine:
                 drafts=tuple((source, c[0], c[1]) for source, c in seq.drafts.items()),
             )
         )
+
+
+def _leading(flags: Sequence[bool]) -> int:
+    """How many of `flags` hold before the first that does not."""
+    for i, flag in enumerate(flags):
+        if not flag:
+            return i
+    return len(flags)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -21,10 +21,12 @@ Speculative decoding (`draft_model`): the engine drafts with a second, smaller m
 vocabulary and verifies the drafts in its ordinary decode step; start-up refuses a draft model
 whose vocabulary differs. Escalation reuse (`reuse_rejected`): a lower local tier's rejected
 answer, tokenized by this model (the two share a vocabulary, or nothing is reused), is the
-first draft, its first tokens read in the same pass as the prompt's last ones. Either way the
-answer is this model's own: under greedy the same tokens as without a draft, under sampling the
-same distribution. Each answer reports what was drafted and accepted per source
-(`Generation.drafts`).
+first draft, its first tokens read in the same pass as the prompt's last ones; if this tier has
+just scored that very answer for a `cross_tier` verifier (found by its tokens among the recent
+scorings), a greedy answer starts with what that pass found it agrees with, not read again.
+Either way the answer is this model's own: under greedy the same tokens as without a draft,
+under sampling the same distribution. Each answer reports what was drafted and accepted per
+source (`Generation.drafts`: "model", "rejected", and "scored" for the start a scoring verified).
 """
 
 from __future__ import annotations
@@ -165,6 +167,7 @@ class LlamaCppBackend(Backend):
             "prefix_cache_lookups": float(self.engine.prefix.lookups),
             "prefix_cache_hits": float(self.engine.prefix.hits),
             "prefix_cache_tokens_saved": float(self.engine.prefix.tokens_saved),
+            "tokens_read": float(self.engine.tokens_read),  # through the model's decode, drafts included
             "engine_restarts": float(self.engine.restarts),  # after failures of the shared decode step
         }
 
@@ -350,13 +353,26 @@ class LlamaCppBackend(Backend):
         return self._stream(request, rejected)
 
     def _reuse_tokens(self, rejected: str | None, prompt: list[int], max_tokens: int) -> tuple[int, ...]:
-        """The rejected answer as this model's tokens, as much of it as could be kept."""
-        if not rejected:
-            return ()
+        """The rejected answer as this model's tokens, all of them (the engine drafts no more than
+        the answer's room). Blocking: call it from a worker thread."""
         room = min(max_tokens, self.engine.n_ctx - len(prompt) - 1)
-        if room <= 1 or len(rejected) > self.max_prompt_chars:
+        if not rejected or room <= 1 or len(rejected) > self.max_prompt_chars:
             return ()
-        return tuple(self.engine.tokenize(rejected, add_special=False, parse_special=False)[:room])
+        return tuple(self.engine.tokenize(rejected, add_special=False, parse_special=False))
+
+    def _scored_start(self, prompt: list[int], answer: tuple[int, ...]) -> tuple[float, ...] | None:
+        """What a finished scoring of exactly these tokens (a `cross_tier` verifier's, on this
+        tier) learned about the rejected answer: the logprobs of its leading tokens that were this
+        model's own top choice. None when none was scored here, or another tokenization of it (a
+        clipped candidate): the engine then reads the answer as a draft itself."""
+        if not answer:
+            return None
+        known = self._scored.get((len(prompt), *prompt, *answer))
+        if known is None or not known.done() or known.cancelled() or known.exception() is not None:
+            return None
+        score = known.result()
+        agreed = next((i for i, top in enumerate(score.top1) if not top), len(score.top1))
+        return score.token_logprobs[:agreed]
 
     async def _stream(self, request: GenerationRequest, rejected: str | None) -> AsyncIterator[Delta | Generation]:
         await self._ready()
@@ -365,7 +381,8 @@ class LlamaCppBackend(Backend):
         loop = asyncio.get_running_loop()
         tokens, grammar = await asyncio.to_thread(self._job_inputs, request)
         max_tokens = min(request.max_tokens, self.max_tokens_cap)
-        reuse = await asyncio.to_thread(self._reuse_tokens, rejected, tokens, max_tokens) if rejected else ()
+        answer = await asyncio.to_thread(self._reuse_tokens, rejected, tokens, max_tokens) if rejected else ()
+        reuse = answer[: min(max_tokens, self.engine.n_ctx - len(tokens) - 1)]
         job = Job(
             prompt_tokens=tokens,
             max_tokens=max_tokens,
@@ -382,6 +399,7 @@ class LlamaCppBackend(Backend):
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
             reuse_tokens=reuse,
+            reuse_scored=self._scored_start(tokens, answer),
         )
         events = self._events(job, request, "finish")
         try:

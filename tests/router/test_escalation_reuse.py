@@ -174,6 +174,7 @@ def test_the_escalated_answer_reuses_the_small_tiers_and_is_the_large_tiers_own(
     assert large["drafts"]["rejected"]["tokens"] > 0
     assert large["draft_accepted"] == large["drafts"]["rejected"]["accepted"] >= large["completion_tokens"] - 2
     assert large["draft_tokens"] == large["drafts"]["rejected"]["tokens"]
+    assert "scored" not in large["drafts"]  # no cross_tier scoring here: nothing to start from
     for name, key in (
         ("tierroute_draft_tokens_total", "tokens"),
         ("tierroute_draft_accepted_tokens_total", "accepted"),

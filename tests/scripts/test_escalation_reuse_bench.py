@@ -97,3 +97,22 @@ def test_replay_through_the_service_on_smollm2(tmp_path: Path, smol_path: Path) 
     else:
         assert summary["identical"] == 2 and summary["large_ms_ratio_of_totals"] > 0
         assert report["drafts"]["reuse"]["rejected"]["drafted"] > 0  # the rejected answers were drafts
+
+
+def test_cross_tier_mode_compares_against_a_revision_before(tmp_path: Path, smol_path: Path) -> None:
+    """With the large tier scoring the small answers, against the code of a git revision (HEAD
+    here: the mechanics, not a speed-up): both escalate, and this checkout's large tier takes the
+    small answer's start from the scoring pass (the same model on both tiers agrees with it)."""
+    config = write_config(tmp_path / "reuse.toml", TEMPLATE.format(ledger=tmp_path / "ledger.sqlite3", model=SMOL))
+    out = tmp_path / "cross-tier.json"
+    rc = main(
+        ["--config", str(config), "--sample", "1", "--max-tokens", "8", "--cross-tier", "HEAD", "--json", str(out)]
+    )
+    report = json.loads(out.read_text())
+    assert rc == 0, report
+    (row,) = report["items"]
+    assert row["identical"] and row["before"]["escalated"] and row["shared"]["escalated"]
+    assert row["before"]["verify_ms"] > 0 and row["shared"]["verify_ms"] > 0  # the scoring pass ran on both
+    summary = report["summary"]
+    assert summary["scored_tokens_taken"] >= 1 and summary["scoring_and_large_ms_ratio_of_totals"] > 0
+    assert report["cross_tier_before"] == "HEAD"
