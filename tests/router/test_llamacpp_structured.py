@@ -97,19 +97,17 @@ async def test_a_cut_off_answer_is_unfinished_json(backend: LlamaCppBackend) -> 
         json.loads(g.text)
 
 
-async def test_grammar_overhead_per_token(backend: LlamaCppBackend) -> None:
-    """Most tokens cost one token's grammar check: the sampled one is usually allowed."""
+async def test_most_tokens_cost_one_grammar_check(backend: LlamaCppBackend) -> None:
+    """The sampled token is usually allowed, so the grammar checks it alone; a scan of the whole
+    vocabulary happens only when it is not. (Its time per token is a benchmark's business, not a
+    test's: docs/benchmarks.md.)"""
     engine = backend.engine
     engine.grammar_s, engine.grammar_tokens, engine.grammar_full_scans = 0.0, 0, 0
     fmt = ResponseFormat("json_schema", PERSON, "person")
     await asyncio.gather(
         *(backend.generate(chat(ASK, max_tokens=160, temperature=0.7, seed=s, response_format=fmt)) for s in range(4))
     )
-    per_token_ms = 1000 * engine.grammar_s / engine.grammar_tokens
-    print(
-        f"grammar: {per_token_ms:.3f} ms per token over {engine.grammar_tokens} tokens, {engine.grammar_full_scans} full scans"
-    )
-    assert per_token_ms < 2.0
+    assert engine.grammar_tokens > 0
     assert engine.grammar_full_scans <= engine.grammar_tokens // 10
 
 
