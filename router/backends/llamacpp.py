@@ -24,7 +24,8 @@ answer, tokenized by this model (the two share a vocabulary, or nothing is reuse
 first draft, its first tokens read in the same pass as the prompt's last ones. Either way the
 answer is this model's own: under greedy the same tokens as without a draft, under sampling the
 same distribution. Each answer reports what was drafted and accepted per source
-(`Generation.drafts`).
+(`Generation.drafts`). With `spec_cascade` (research mode) the draft model's tokens a deferral
+rule keeps are not checked, and the answer is no longer this model's alone (source "cascade").
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ class LlamaCppBackend(Backend):
             draft_max=settings.draft_max,
             draft_p_min=settings.draft_p_min,
             draft_max_batch=settings.draft_max_batch,
+            spec_cascade=None
+            if settings.spec_cascade is None
+            else (settings.spec_cascade.rule, settings.spec_cascade.margin),
         )
         self.max_tokens_cap = max_tokens_cap
         self._formatter: Any = None
