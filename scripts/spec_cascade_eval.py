@@ -343,19 +343,21 @@ def plot(r: SuiteReport, path: Path) -> None:
                 xytext=(5, -12),
                 textcoords="offset points",
             )
-        for p in r.specs:
+        for i, p in enumerate(r.specs):  # labels stacked: points of equal accuracy sit close together
             ax.scatter(getattr(p, attr), 100 * p.accuracy, marker="o", color="tab:red", zorder=4)
             ax.annotate(
                 p.label.replace("speculative cascade ", "spec "),
                 (getattr(p, attr), 100 * p.accuracy),
                 textcoords="offset points",
-                xytext=(5, -12),
+                xytext=(5, 6 + 11 * i),
                 color="tab:red",
+                fontsize=8,
             )
+        ax.margins(x=0.08, y=0.2)
         ax.set_xlabel(name)
         ax.set_ylabel("accuracy %")
         ax.grid(alpha=0.3)
-    axes[0].legend(loc="lower right", fontsize=8)
+    axes[0].legend(loc="lower left", fontsize=8)
     fig.suptitle(f"{r.suite}: speculative cascade (red) against the sequential cascade ({r.n} items)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
