@@ -72,6 +72,8 @@ class GenerationRecord:
     error: str | None = None  # the request could not be served (too long, say); graded wrong
     # per token [piece, logprob, [[piece, logprob], ...]]; absent from records written before it
     top_logprobs: list[list[Any]] | None = None
+    # [source, drafted, accepted] per draft source, when the tier drafted (speculative decoding)
+    drafts: list[list[Any]] | None = None
 
     @classmethod
     def from_generation(cls, key: str, tier: str, item: str, gen: Generation) -> GenerationRecord:
@@ -90,6 +92,7 @@ class GenerationRecord:
             ttft_s=None if gen.ttft_s is None else round(gen.ttft_s, 4),
             logprobs=lps,
             top_logprobs=None if gen.top_logprobs is None else [_top_row(t) for t in gen.top_logprobs],
+            drafts=[list(d) for d in gen.drafts] or None,
         )
 
     def to_generation(self) -> Generation:

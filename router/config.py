@@ -81,6 +81,24 @@ class TaskPolicySettings(_Strict):
     )
 
 
+class SpecCascadeSettings(_Strict):
+    """The speculative cascade (research mode; README, "Speculative cascade"): at each position
+    the draft model drafted, a deferral rule compares the draft model's distribution q with this
+    model's p. Not deferring keeps the drafted token unchecked; deferring applies the ordinary
+    speculative rule against p. The tier's answer is then no longer this model's alone."""
+
+    rule: Literal["chow", "diff", "opt"] = Field(
+        description="Defer to this model when: chow, max q < 1 - margin; diff, max q < max p - margin; "
+        "opt, max q < max p - margin * TV(p, q)."
+    )
+    margin: float = Field(
+        ge=-1,
+        le=1,
+        description="The rule's margin: -1 always defers (exact speculative decoding), 1 never defers "
+        "under diff and opt (every drafted token is kept).",
+    )
+
+
 class LlamaCppSettings(_Strict):
     model: str = Field(description="Catalog name, a local .gguf path, or 'hf:REPO/FILE'.")
     n_ctx: int = Field(4096, ge=256, description="Context size shared by all parallel sequences' KV.")
@@ -120,6 +138,17 @@ class LlamaCppSettings(_Strict):
         description="When a local tier of the same vocabulary escalates to this one, its rejected answer "
         "is this tier's first draft (greedy: the longest prefix this model agrees with is kept at once).",
     )
+    spec_cascade: SpecCascadeSettings | None = Field(
+        None,
+        description="Research mode, off when unset: keep a drafted token without this model's check "
+        "where a deferral rule says the draft model is sure enough (needs draft_model).",
+    )
+
+    @model_validator(mode="after")
+    def _spec_cascade_drafts(self) -> LlamaCppSettings:
+        if self.spec_cascade is not None and self.draft_model is None:
+            raise ValueError("spec_cascade needs a draft_model: its rule judges the draft model's tokens")
+        return self
 
 
 class OpenAIBackendSettings(_Strict):

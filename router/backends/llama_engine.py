@@ -50,6 +50,13 @@ starts with the answer's tokens that were the argmax there, their KV copied from
 `top_logprobs` the alternatives, which a scoring pass does not keep: such jobs, and any whose KV
 was evicted, draft from the answer as above.
 
+The speculative cascade (`spec_cascade`, a research mode, off by default) loosens that check for
+the draft model's tokens: at each drafted position a deferral rule (`cascade_defers`) compares the
+draft model's distribution q with the target's p and either keeps the token unchecked (the output
+follows q there) or defers, and the position is judged as above. Positions nothing was drafted for
+(the token after a draft, or where drafting stopped) are the target's own. The answer is then a
+mix of the two models: neither greedy-identical to the target nor distributed as its samples.
+
 Failure is contained at two levels. An error in one sequence's own work (its random generator,
 sampling, decoding its pieces, stop strings) fails that request and no other. An error in the
 shared work (a decode step, the KV cache) fails every request in flight with a 503, frees the
@@ -189,6 +196,42 @@ def speculative_accept(
     if total <= 0.0:  # p == q (up to rounding): the draft would have been kept; draw from p itself
         residual, total = pf, pf.sum()
     return False, int(ids[rng.choice(ids.shape[0], p=residual / total)])
+
+
+# a deferral rule's comparison counts a difference this small as a tie, which keeps: opt at margin
+# 1 compares max q with max p - TV(p, q), equal where q's excess over p sits on p's argmax alone
+CASCADE_TIE = 1e-9
+
+
+def total_variation(p: tuple[np.ndarray, np.ndarray], q: tuple[np.ndarray, np.ndarray]) -> float:
+    """Half the L1 distance between two sparse distributions (ids, probs); mass outside both
+    supports (beyond `_dist`'s top candidates) is not seen, so this is a slight underestimate."""
+    ids = np.union1d(p[0], q[0])
+    pf = np.zeros(ids.shape[0])
+    qf = np.zeros(ids.shape[0])
+    pf[np.searchsorted(ids, p[0])] = p[1]
+    qf[np.searchsorted(ids, q[0])] = q[1]
+    return 0.5 * float(np.abs(pf - qf).sum())
+
+
+def cascade_defers(
+    rule: str, margin: float, p: tuple[np.ndarray, np.ndarray], q: tuple[np.ndarray, np.ndarray]
+) -> bool:
+    """Whether the speculative cascade defers to the target at one drafted position (Narasimhan
+    et al., "Faster Cascades via Speculative Decoding"): q is the draft model's distribution
+    there, p the target's. chow looks at the draft model alone; diff asks whether the target is
+    surer by more than the margin; opt scales the margin by how far apart the two are (TV), so
+    two models that agree defer rarely however unsure both are. The decision depends on p and q
+    only, never on the drafted token: where it keeps, the output follows q; where it defers, p."""
+    q_max = float(q[1].max()) + CASCADE_TIE
+    if rule == "chow":
+        return q_max < 1.0 - margin
+    p_max = float(p[1].max())
+    if rule == "diff":
+        return q_max < p_max - margin
+    if rule == "opt":
+        return q_max < p_max - margin * total_variation(p, q)
+    raise ValueError(f"unknown speculative cascade rule {rule!r}")
 
 
 def vocab_signature(vocab: Any) -> tuple[Any, ...]:
@@ -437,8 +480,11 @@ class LlamaEngine:
         draft_max: int = 8,
         draft_p_min: float = 0.6,
         draft_max_batch: int = 1,
+        spec_cascade: tuple[str, float] | None = None,
     ) -> None:
         self.model_path = model_path
+        # (rule, margin) of the speculative cascade (`cascade_defers`); None: exact speculative decoding
+        self.spec_cascade = spec_cascade
         self.draft_model_path = draft_model_path
         self.draft_max = draft_max  # most tokens the draft model proposes per sequence per step
         self.draft_p_min = draft_p_min  # drafting stops before a token the draft model is less sure of
@@ -448,6 +494,10 @@ class LlamaEngine:
         # source ("model", "rejected") -> [tokens drafted, tokens accepted], every job since start
         # "scored": rejected-answer tokens a scoring pass had verified, taken without a pass of their own
         self.draft_counts: dict[str, list[int]] = {"model": [0, 0], "rejected": [0, 0], "scored": [0, 0]}
+        if spec_cascade is not None:
+            # the draft model's tokens its rule kept unchecked (drafted = accepted); "model" then
+            # counts the rest: the deferred ones, verified as usual, and those after a refusal
+            self.draft_counts["cascade"] = [0, 0]
         self.vocab_signature: tuple[Any, ...] | None = None
         self._dmodel: Any = None  # the draft model, its context, KV memory and batch (when configured)
         self._dctx: Any = None
@@ -1096,13 +1146,15 @@ class LlamaEngine:
                 q: tuple[np.ndarray, np.ndarray] | None = None
                 if job.temperature <= 0.0:
                     token = int(row.argmax())
+                    if self.spec_cascade is not None:  # its rule reads q under greedy too (at temperature 1)
+                        q = self._dist(row, 1.0, 1.0)
                     sure = 1.0 / float(np.exp(row - row[token]).sum())
                 else:
                     q = self._dist(row, job.temperature, job.top_p)
                     sure = float(q[1][0])
                 if sure < self.draft_p_min:  # likely refused: the target's own step is cheaper
                     continue
-                if q is not None:
+                if job.temperature > 0.0 and q is not None:
                     gen = seq.rng if seq.rng is not None else np.random.default_rng()
                     token = int(q[0][gen.choice(q[0].shape[0], p=q[1])])
                 seq.draft.append(token)
@@ -1199,6 +1251,17 @@ class LlamaEngine:
             row = rows[i]
             if i < len(draft):
                 x = draft[i]
+                if self._cascade_keeps(seq, i, row):
+                    kept, token = True, x
+                    for c in counts:  # moved from the draft model's count to the rule's
+                        c[0] -= 1
+                    for c in self._cascade_counts(seq):
+                        c[0] += 1
+                        c[1] += 1
+                    accepted += 1
+                    if not self._take(seq, token, row, now, lc):
+                        break
+                    continue
                 if job.temperature <= 0.0:
                     best = int(row.argmax())
                     kept, token = best == x, best
@@ -1240,6 +1303,21 @@ class LlamaEngine:
             seq.d_pos = base + accepted
             if not lc.llama_memory_seq_rm(self._dmem, seq.seq_id, seq.d_pos, -1):
                 raise ModelError("the draft model's KV cache could not drop refused draft positions")
+
+    def _cascade_keeps(self, seq: _Seq, i: int, row: np.ndarray) -> bool:
+        """Whether the speculative cascade keeps draft token i unchecked: only the draft model's
+        tokens (a rejected answer's have no q), with p read from the target's row as q was read
+        from the draft model's (the job's sampling distribution, or temperature 1 under greedy)."""
+        q = seq.draft_q[i] if self.spec_cascade is not None and seq.draft_source == "model" else None
+        if q is None or self.spec_cascade is None:
+            return False
+        job = seq.job
+        p = self._dist(row, job.temperature, job.top_p) if job.temperature > 0.0 else self._dist(row, 1.0, 1.0)
+        rule, margin = self.spec_cascade
+        return not cascade_defers(rule, margin, p, q)
+
+    def _cascade_counts(self, seq: _Seq) -> tuple[list[int], list[int]]:
+        return self.draft_counts["cascade"], seq.drafts.setdefault("cascade", [0, 0])
 
     def _take(self, seq: _Seq, token: int | None, row: np.ndarray, now: float, lc: Any) -> bool:
         """Append one chosen token, emit or finish; whether the sequence goes on."""

@@ -27,6 +27,8 @@ scorings), a greedy answer starts with what that pass found it agrees with, not 
 Either way the answer is this model's own: under greedy the same tokens as without a draft,
 under sampling the same distribution. Each answer reports what was drafted and accepted per
 source (`Generation.drafts`: "model", "rejected", and "scored" for the start a scoring verified).
+With `spec_cascade` (research mode) the draft model's tokens a deferral rule keeps are not
+checked, and the answer is no longer this model's alone (source "cascade").
 """
 
 from __future__ import annotations
@@ -105,6 +107,9 @@ class LlamaCppBackend(Backend):
             draft_max=settings.draft_max,
             draft_p_min=settings.draft_p_min,
             draft_max_batch=settings.draft_max_batch,
+            spec_cascade=None
+            if settings.spec_cascade is None
+            else (settings.spec_cascade.rule, settings.spec_cascade.margin),
         )
         self.max_tokens_cap = max_tokens_cap
         self._formatter: Any = None
