@@ -9,6 +9,9 @@ received; nothing is re-priced here. Groupings:
   tokens are what was spent at that tier, `escalation` is the share of its attempts rejected (sent
   on), latency is its generation time. `answered` counts the requests the tier answered, and
   `top-tier cost` and `savings` belong to those requests, so every column still sums to the total.
+  Shadow generations (the operator key `_shadow`, `router.shadow`) are not client traffic: their
+  attempts are rows of their own, `<tier> (shadow)`, so a tier's requests, answers and escalation
+  rate are the clients' while the shadow spend still sums into the total.
 
 `savings` is what the same requests would have cost sent straight to the top tier, minus what they
 cost. `compute s` is the measured generation time beside the priced cost, so nobody mistakes one
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
-from router.ledger import AttemptEntry, LedgerEntry
+from router.ledger import SHADOW_KEY, AttemptEntry, LedgerEntry
 
 GroupBy = Literal["tier", "key", "day", "model"]
 GROUPINGS: tuple[GroupBy, ...] = ("tier", "key", "day", "model")
@@ -122,6 +125,11 @@ def _compute_ms(a: AttemptEntry) -> float:
     return a.latency_ms or 0.0
 
 
+def tier_group(entry: LedgerEntry, tier: str) -> str:
+    """The row a tier's attempt belongs to: the tier, or `<tier> (shadow)` for shadow work."""
+    return f"{tier} (shadow)" if entry.key_id == SHADOW_KEY else tier
+
+
 def aggregate(entries: Iterable[LedgerEntry], by: GroupBy) -> tuple[list[Row], Row]:
     """Rows per group, sorted by group, and the total row."""
     rows: dict[str, Row] = {}
@@ -134,7 +142,7 @@ def aggregate(entries: Iterable[LedgerEntry], by: GroupBy) -> tuple[list[Row], R
         _add_request(total, e)
         if by == "tier":
             for a in e.attempts:
-                r = row(a.tier)
+                r = row(tier_group(e, a.tier))
                 r.requests += 1
                 r.escalated += int(a is not e.attempts[-1])  # sent on to the next tier
                 r.prompt_tokens += a.prompt_tokens
@@ -143,7 +151,7 @@ def aggregate(entries: Iterable[LedgerEntry], by: GroupBy) -> tuple[list[Row], R
                 r.compute_s += _compute_ms(a) / 1000
                 if a.latency_ms is not None:
                     r.latencies_ms.append(a.latency_ms)
-            answering = row(e.tier)
+            answering = row(tier_group(e, e.tier))
             answering.answered += 1
             answering.counterfactuals.append(e.counterfactual_usd)
             answering.savings.append(e.counterfactual_usd - e.cost_usd)
@@ -300,17 +308,18 @@ def time_series(entries: Sequence[LedgerEntry]) -> Series:
         buckets[e.ts - e.ts % step].append(e)
     # every period from the first to the last, so quiet periods show as gaps, not as nothing
     starts = [min(buckets) + i * step for i in range(int((max(buckets) - min(buckets)) // step) + 1)]
-    tiers = sorted({a.tier for e in entries for a in e.attempts})
+    tiers = sorted({tier_group(e, a.tier) for e in entries for a in e.attempts})
     cost = {t: [0.0] * len(starts) for t in tiers}
     cf, esc, n = [], [], []
     for i, s in enumerate(starts):
         group = buckets.get(s, [])
         for e in group:
             for a in e.attempts:
-                cost[a.tier][i] += a.cost_usd + a.verifier_cost_usd
+                cost[tier_group(e, a.tier)][i] += a.cost_usd + a.verifier_cost_usd
         cf.append(math.fsum(e.counterfactual_usd for e in group))
-        esc.append(sum(e.escalated for e in group) / len(group) if group else math.nan)  # nan: a gap
-        n.append(len(group))
+        routed = [e for e in group if e.key_id != SHADOW_KEY]  # shadow work is never escalated
+        esc.append(sum(e.escalated for e in routed) / len(routed) if routed else math.nan)  # nan: a gap
+        n.append(len(routed))
     labels = [time.strftime(fmt, time.gmtime(s)) for s in starts]
     return Series(labels, starts, cost, cf, esc, n)
 

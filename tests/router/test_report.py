@@ -17,7 +17,7 @@ import pytest
 
 from router import reports
 from router.cli import main
-from router.ledger import AttemptEntry, LedgerEntry
+from router.ledger import SHADOW_KEY, AttemptEntry, LedgerEntry
 from tests.router.accounting_helpers import ESCALATE_ON_MARK, MARK, auth, chat, config_with_keys, running, tierroute_of
 
 DAY1 = float(calendar.timegm((2025, 5, 1, 10, 0, 0)))
@@ -110,6 +110,26 @@ def test_by_tier_counts_attempts_and_still_sums_to_the_total() -> None:
     assert small.savings_usd + large.savings_usd == pytest.approx(total.savings_usd)
     assert large.savings_usd == pytest.approx(0.02 - 0.021)  # the escalated request cost more than the top tier
     assert small.p50_ms == 150 and large.p50_ms == 400
+
+
+def test_shadow_work_has_rows_of_its_own_by_tier() -> None:
+    """A shadow generation (operator key `_shadow`) is not a client request the large tier answered:
+    by tier it is a row `large (shadow)`, the client rows keep their counts, and the spend still sums
+    to the total; the escalation series counts client requests only."""
+    shadow = req("s", DAY1 + 120, SHADOW_KEY, [att(0, "large", "accepted", 0.03, 500, (10, 9))], cf=0.03, latency_ms=510)
+    rows, total = reports.aggregate([*ENTRIES, shadow], "tier")
+    groups = by_group(rows)
+    assert sorted(groups) == ["large", "large (shadow)", "small"]
+    large, extra = groups["large"], groups["large (shadow)"]
+    assert (large.requests, large.answered, extra.requests, extra.answered) == (1, 1, 1, 1)
+    assert extra.cost_usd == 0.03 and extra.savings_usd == 0.0
+    assert math.fsum(r.cost_usd for r in rows) == pytest.approx(total.cost_usd)
+    assert total.requests == 5  # as `--by key` counts it, where shadow work is the key `_shadow`
+
+    series = reports.time_series([*ENTRIES, shadow])
+    first = series.labels.index("2025-05-01 10:00")
+    assert series.cost_by_tier["large (shadow)"][first] == 0.03
+    assert series.requests[first] == 2 and series.escalation_rate[first] == 0.5
 
 
 def test_percentile() -> None:
