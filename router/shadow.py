@@ -23,6 +23,12 @@ the operator key `_shadow` (never the client's), so `report costs --by key` show
 the pair is compared by the task's agreement rule (`router.agreement`) and written to
 `shadow_pairs` (schema in `router.ledger`), with the prompt and answers in full only when
 `ledger.store_prompts` is on.
+
+At shutdown, work still running after a short grace is stopped, and what it had generated is
+charged all the same: a request row of `_shadow` with decision `abandoned`, priced for the
+tokens and compute streamed so far (a request with n > 1 is generated whole and not tracked, so
+only its row is lost). Such a row has no pair, so a restart the same day does not count its spend
+against the budget.
 """
 
 from __future__ import annotations
@@ -39,10 +45,11 @@ from dataclasses import dataclass, field
 from router import policy
 from router.accounting import worst_case_usd
 from router.agreement import AgreementRegistry
+from router.backends.base import Backend
 from router.cascade import Attempt, Cascade, CascadeResult
 from router.config import SHADOW_KEY, Settings, ShadowSettings
 from router.drift import Alarm, DriftMonitor, Signal
-from router.generation import GenerationRequest
+from router.generation import Delta, Generation, GenerationRequest
 from router.ledger import Ledger, LedgerEntry, ShadowPair
 from router.limits import day_start
 from router.live_quality import Tally, threshold_label
@@ -234,8 +241,13 @@ class ShadowService:
             return
         lane.reserved += estimate
         started = time.monotonic()
+        progress = _Progress()
         try:
-            gen = await target.backend.generate(request)
+            gen = await _generate(target.backend, request, progress)
+        except asyncio.CancelledError:
+            # stopped at shutdown: the target did the work, so its row is written all the same
+            await self._charge_stopped(lane, job, progress.partial(time.monotonic() - started))
+            raise
         except Exception as exc:  # noqa: BLE001 - an unavailable or failing target: no pair, counted
             log.warning("shadow: target %s failed for %s: %s", lane.target, job.request_id, exc)
             self.metrics.shadow.dropped.labels(lane.tier, "failed").inc()
@@ -265,6 +277,28 @@ class ShadowService:
             except Exception as exc:  # noqa: BLE001 - a lost sample, not a client's record
                 log.warning("shadow: pair of %s not written: %s", job.request_id, exc)
         self.observe_pair(pair)
+
+    async def _charge_stopped(self, lane: _Lane, job: _Job, partial: Generation | None) -> None:
+        """The row of shadow work stopped before it finished, priced for what it streamed."""
+        if partial is None:
+            return  # nothing streamed yet: nothing known to charge
+        try:
+            target = self.cascade.by_name[lane.target]
+            cost = target.cost_of(partial)
+            lane.spent += cost
+            self.metrics.shadow.spend.labels(lane.tier).set(lane.spent)
+            attempt = Attempt(tier=lane.target, threshold=0.0, generation=partial, accepted=False, cost_usd=cost)
+            attempt.abandoned = True
+            attempt.reason = f"shadow of {job.request_id} (tier {lane.tier}) stopped at shutdown"
+            attempt.score = policy.combine([])
+            result = CascadeResult(model=lane.target, attempts=[attempt], final=attempt, task=job.result.task)
+            result.counterfactual_usd = cost
+            entry = LedgerEntry.from_result(f"shadow-{job.request_id}", SHADOW_KEY, result, latency_s=partial.latency_s)
+            self.metrics.observe_shadow(entry)
+            if self.ledger is not None:
+                await self.ledger.record(entry)
+        except Exception as exc:  # noqa: BLE001 - shutting down: log it, let the cancellation proceed
+            log.warning("shadow: stopped work of %s not recorded: %s", job.request_id, exc)
 
     async def _compare(self, lane: _Lane, job: _Job, shadow_id: str, shadow_text: str, cost: float) -> ShadowPair:
         assert self.rules is not None
@@ -345,3 +379,44 @@ class ShadowService:
             return self.settings.tier(tier).shadow
         except KeyError:
             return None
+
+
+@dataclass
+class _Progress:
+    """What a shadow generation has streamed so far, so work stopped mid-way can be priced."""
+
+    text: list[str] = field(default_factory=list)
+    last: Delta | None = None
+
+    def partial(self, elapsed_s: float) -> Generation | None:
+        """The generation so far (counts as the backend reported them, else a token per piece),
+        or None when nothing was streamed."""
+        if self.last is None:
+            return None
+        last = self.last
+        return Generation(
+            text="".join(self.text),
+            finish_reason="cancelled",
+            prompt_tokens=last.prompt_tokens or 0,
+            completion_tokens=last.completion_tokens if last.completion_tokens is not None else len(self.text),
+            token_logprobs=None,
+            latency_s=elapsed_s,
+            busy_s=last.busy_s,
+        )
+
+
+async def _generate(backend: Backend, request: GenerationRequest, progress: _Progress) -> Generation:
+    """The backend's answer, streamed (one choice) so that `progress` knows what was spent if the
+    work is stopped; a request for n > 1 choices goes to `generate` whole."""
+    if request.n > 1:
+        return await backend.generate(request)
+    result: Generation | None = None
+    async for item in backend.stream(request):
+        if isinstance(item, Generation):
+            result = item
+        else:
+            progress.text.append(item.text)
+            progress.last = item
+    if result is None:
+        raise RuntimeError(f"backend {backend.name} ended its stream without a result")
+    return result

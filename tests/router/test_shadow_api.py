@@ -13,7 +13,7 @@ import io
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,13 +21,15 @@ import httpx
 import openai
 import pytest
 
+from router import shadow as shadow_module
 from router.accounting import worst_case_usd
 from router.api.app import create_app
+from router.backends.base import Backend
 from router.backends.instant import InstantBackend
 from router.cli import main as cli_main
 from router.config import SHADOW_KEY, load_settings
 from router.errors import ConfigError
-from router.generation import GenerationRequest, Message
+from router.generation import Delta, Generation, GenerationRequest, Message
 from tests.conftest import SMOL, UvicornThread, smol_config, write_config
 from tests.router.accounting_helpers import ESCALATE_ON_MARK, MARK, registry
 from tests.verifiers.scripted import ScriptedBackend
@@ -81,7 +83,7 @@ usd_per_1m_output_tokens = 2.40
 
 
 @contextlib.contextmanager
-def serving(cfg: Path, large: ScriptedBackend) -> Iterator[UvicornThread]:
+def serving(cfg: Path, large: Backend) -> Iterator[UvicornThread]:
     app = create_app(
         load_settings(cfg),
         backends={"small": InstantBackend("small", "The answer is 42."), "large": large},
@@ -151,6 +153,45 @@ def test_shadow_never_slows_the_client_and_its_queue_is_bounded(tmp_path: Path) 
     # shutting down drops the two waiting and, after a grace, stops the one running
     assert metrics.shadow.dropped.labels("small", "stopped")._value.get() == 2
     assert rows(tmp_path / "ledger.sqlite3", "SELECT COUNT(*) FROM shadow_pairs") == [(0,)]
+
+
+class Trickle(Backend):
+    """A shadow target that streams a word every 50 ms for a minute, counting as it goes (as the
+    llama.cpp and OpenAI-compatible backends do): shutdown finds it mid-answer."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.streamed = 0
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta | Generation]:
+        for i in range(1, 1201):
+            await asyncio.sleep(0.05)
+            self.streamed = i
+            yield Delta("word ", prompt_tokens=11, completion_tokens=i, busy_s=0.05 * i)
+        raise AssertionError("shutdown should have stopped the shadow long before")
+
+
+@pytest.mark.timeout(120)
+def test_shadow_work_stopped_at_shutdown_is_still_charged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shadow_module, "_CLOSE_GRACE_S", 0.5)
+    large = Trickle("large")
+    with serving(config(tmp_path), large) as srv:
+        c = httpx.Client(base_url=srv.url, timeout=30)
+        body = {"model": "auto", "messages": [{"role": "user", "content": "6*7?"}], "max_tokens": 8}
+        assert c.post("/v1/chat/completions", json=body).json()["tierroute"]["tier"] == "small"
+        wait_for(lambda: large.streamed >= 5)
+    streamed = large.streamed
+    ledger = tmp_path / "ledger.sqlite3"
+    (row,) = rows(
+        ledger,
+        "SELECT r.request_id, r.tier, r.cost_usd, a.decision, a.prompt_tokens, a.completion_tokens, a.finish_reason "
+        f"FROM requests r JOIN attempts a ON a.request_id = r.request_id WHERE r.key_id = '{SHADOW_KEY}'",
+    )
+    request_id, tier, cost, decision, prompt_tokens, completion_tokens, finish = row
+    assert request_id.startswith("shadow-") and tier == "large" and decision == "abandoned" and finish == "cancelled"
+    assert prompt_tokens == 11 and 5 <= completion_tokens <= streamed
+    assert cost == pytest.approx((11 * 0.60 + completion_tokens * 2.40) / 1e6)
+    assert rows(ledger, "SELECT COUNT(*) FROM shadow_pairs") == [(0,)]  # no answer, so no pair
 
 
 @pytest.mark.timeout(120)
