@@ -66,7 +66,7 @@ from router.generation import Generation, GenerationRequest, Message
 from verifiers.base import Score, VerifierContext, VerifierCost
 from verifiers.code_tests import MAX_ANSWER_CHARS, MAX_PROCS
 from verifiers.consistency import generation_cost
-from verifiers.extract import fenced_blocks, outside_fences
+from verifiers.extract import PYTHON_LANGS, fenced_blocks, outside_fences
 from verifiers.math_answer import answers_agree, extract_answer, last_number, parse_number
 from verifiers.sandbox import SandboxSlots, SandboxUnavailableError, run_python_async
 
@@ -74,7 +74,7 @@ log = logging.getLogger(__name__)
 
 MAX_CODE_CHARS = 20_000  # a program behind an answer is a few dozen lines; beyond this, not checked
 MAX_OUTPUT_BYTES = 64 << 10  # only the last number printed matters
-_CODE_LANGS = frozenset({"python", "python3", "py", "py3"})
+_CODE_LANGS = PYTHON_LANGS - {"pycon"}  # a console session (`>>>` prompts) is not a program to run
 _DISPLAY = "__tierroute_display__"
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
 _EXCEPTIONS = frozenset(

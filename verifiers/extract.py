@@ -15,7 +15,10 @@ _FENCE = re.compile(
     r"^[ \t]*(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^\n`]*)\n(?P<body>.*?)(?:^[ \t]*(?P=fence)[ \t]*$|\Z)",
     re.DOTALL | re.MULTILINE,
 )
-_PYTHON_LANGS = frozenset({"python", "python3", "py", "py3", "pycon", ""})
+# info strings of a Python block (the one list: `execution` runs those that are programs); an
+# untagged block counts as Python here
+PYTHON_LANGS = frozenset({"python", "python3", "py", "py3", "pycon"})
+_PYTHON_LANGS = PYTHON_LANGS | {""}
 # info strings that label a block's content rather than a programming language: they neither
 # make an answer Python nor make it another language
 _NEUTRAL_LANGS = frozenset(
