@@ -9,6 +9,9 @@ found through the entry-point group ``tierroute.verifiers``: each entry point na
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from router.plugins import VERIFIERS as ENTRY_POINT_GROUP
 from router.plugins import SharedRegistry
 from router.plugins import VerifierRegistry as Registry
@@ -39,4 +42,25 @@ __all__ = [
     "VerifierFactory",
     "VerifierSet",
     "WeightedVerifier",
+    "require_integers",
+    "require_numbers",
 ]
+
+
+def require_numbers(params: Any, *keys: str) -> None:
+    """Each named attribute of a verifier's parameters is a real number (a bool is not; NaN is
+    refused, since every comparison with it is false and no bound would hold)."""
+    for key in keys:
+        value = getattr(params, key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"{key} must be a number")
+        if math.isnan(value):
+            raise ValueError(f"{key} must be a number, not NaN")
+
+
+def require_integers(params: Any, *keys: str) -> None:
+    """Each named attribute of a verifier's parameters is an integer (a bool is not)."""
+    for key in keys:
+        value = getattr(params, key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{key} must be an integer")

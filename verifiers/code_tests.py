@@ -77,7 +77,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.generation import Generation, GenerationRequest
-from verifiers.base import Score, VerifierContext
+from verifiers.base import Score, VerifierContext, require_integers, require_numbers
 from verifiers.extract import compiles, defined_names, definitions, extract_code, fenced_blocks, foreign_language
 from verifiers.sandbox import Limits, SandboxSlots, SandboxUnavailableError, start_python
 
@@ -1108,14 +1108,8 @@ class CodeTestsVerifier:
     def __post_init__(self) -> None:
         if not isinstance(self.doctest, bool) or not isinstance(self.stated, bool):
             raise TypeError("doctest and stated must be true or false")
-        for key in ("timeout_s", "unit_timeout_s", "no_tests_score"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(f"{key} must be a number")
-        for key in ("memory_mb", "max_concurrency", "max_queue"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{key} must be an integer")
+        require_numbers(self, "timeout_s", "unit_timeout_s", "no_tests_score")
+        require_integers(self, "memory_mb", "max_concurrency", "max_queue")
         if self.timeout_s <= 0 or self.unit_timeout_s <= 0:
             raise ValueError("timeout_s and unit_timeout_s must be positive")
         if not 0.0 <= self.no_tests_score <= 1.0:

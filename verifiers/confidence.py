@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.generation import Generation, GenerationRequest
-from verifiers.base import Score, VerifierContext
+from verifiers.base import Score, VerifierContext, require_numbers
 
 _FLOOR = -1000.0
 STATS = ("mean", "geomean_prob", "mean_prob", "min", "quantile")
@@ -48,11 +48,9 @@ class ConfidenceVerifier:
     def __post_init__(self) -> None:
         if self.stat not in STATS:
             raise ValueError(f"stat must be one of {', '.join(STATS)}, not {self.stat!r}")
+        require_numbers(self, "q", "missing")
         for key in ("q", "missing"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(f"{key} must be a number")
-            if not 0.0 <= value <= 1.0:
+            if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ValueError(f"{key} must be in [0, 1]")
         if not isinstance(self.name, str) or not self.name:
             raise TypeError("name must be a non-empty string")

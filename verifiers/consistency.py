@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from router import policy
 from router.generation import Generation, GenerationRequest
-from verifiers.base import Score, VerifierContext, VerifierCost
+from verifiers.base import Score, VerifierContext, VerifierCost, require_integers, require_numbers
 from verifiers.math_answer import answers_agree, extract_answer
 
 EXTRACTORS = ("math", "text")
@@ -49,18 +49,13 @@ class SelfConsistencyVerifier:
     ctx: VerifierContext = field(default_factory=lambda: VerifierContext(tier=""), repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, int):
-            raise TypeError("k must be an integer")
+        require_integers(self, "k")
         if not 1 <= self.k <= 64:
             raise ValueError("k must be between 1 and 64")
-        for key in ("temperature", "timeout_s"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(f"{key} must be a number")
+        require_numbers(self, "temperature", "timeout_s")
         if self.temperature < 0 or self.timeout_s <= 0:
             raise ValueError("temperature must be >= 0 and timeout_s > 0")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise TypeError("seed must be an integer")
+        require_integers(self, "seed")
         if self.extract not in EXTRACTORS:
             raise ValueError(f"extract must be one of {', '.join(EXTRACTORS)}, not {self.extract!r}")
         if self.tier is not None and (not isinstance(self.tier, str) or not self.tier):

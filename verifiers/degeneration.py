@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.generation import Generation, GenerationRequest
-from verifiers.base import Score, VerifierContext
+from verifiers.base import Score, VerifierContext, require_integers
 
 SIGNS = ("empty", "refusal", "loop", "repeated_line", "truncated", "script")
 DEFAULT_PENALTIES: dict[str, float] = {
@@ -225,10 +225,8 @@ class DegenerationVerifier:
             ("max_chars", 100),
         )
         for key, minimum in integers:
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{key} must be an integer")
-            if value < minimum:
+            require_integers(self, key)
+            if getattr(self, key) < minimum:
                 raise ValueError(f"{key} must be at least {minimum}")
         _check_fraction("script_min_share", self.script_min_share)
         if not isinstance(self.name, str) or not self.name:

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from router.generation import Generation, GenerationRequest, Message
-from verifiers.base import Score, VerifierContext, VerifierCost
+from verifiers.base import Score, VerifierContext, VerifierCost, require_integers, require_numbers
 from verifiers.code_tests import MAX_ANSWER_CHARS, MAX_PROCS
 from verifiers.consistency import generation_cost
 from verifiers.extract import PYTHON_LANGS, fenced_blocks, outside_fences
@@ -232,14 +232,8 @@ class ExecutionVerifier:
     def __post_init__(self) -> None:
         if not isinstance(self.second_opinion, bool):
             raise TypeError("second_opinion must be true or false")
-        for key in ("timeout_s", "crash_score", "temperature", "generation_timeout_s"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(f"{key} must be a number")
-        for key in ("memory_mb", "max_concurrency", "max_queue", "max_tokens", "seed"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{key} must be an integer")
+        require_numbers(self, "timeout_s", "crash_score", "temperature", "generation_timeout_s")
+        require_integers(self, "memory_mb", "max_concurrency", "max_queue", "max_tokens", "seed")
         if self.timeout_s <= 0 or self.generation_timeout_s <= 0:
             raise ValueError("timeout_s and generation_timeout_s must be positive")
         if not 0.0 <= self.crash_score <= 1.0:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from router.generation import Generation, GenerationRequest, Message
-from verifiers.base import Score, VerifierContext
+from verifiers.base import Score, VerifierContext, require_integers, require_numbers
 from verifiers.consistency import generation_cost
 
 RUBRIC = """\
@@ -86,14 +86,8 @@ class JudgeVerifier:
     def __post_init__(self) -> None:
         if not isinstance(self.tier, str) or not self.tier:
             raise TypeError("tier must be the name of the judging tier")
-        for key in ("max_tokens", "seed", "max_chars"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{key} must be an integer")
-        for key in ("temperature", "timeout_s"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(f"{key} must be a number")
+        require_integers(self, "max_tokens", "seed", "max_chars")
+        require_numbers(self, "temperature", "timeout_s")
         if self.max_tokens < 1 or self.max_chars < 100 or self.temperature < 0 or self.timeout_s <= 0:
             raise ValueError("need max_tokens >= 1, max_chars >= 100, temperature >= 0, timeout_s > 0")
         if not isinstance(self.name, str) or not self.name:

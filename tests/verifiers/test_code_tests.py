@@ -246,6 +246,8 @@ async def test_metadata_tests_of_the_wrong_type_are_noted() -> None:
     ("params", "error"),
     [
         ({"timeout_s": 0}, ValueError),
+        ({"timeout_s": float("nan")}, ValueError),  # no bound holds against NaN: refused, not run
+        ({"no_tests_score": float("nan")}, ValueError),
         ({"doctest": "yes"}, TypeError),
         ({"memory_mb": 1.5}, TypeError),
         ({"tests": "x"}, TypeError),

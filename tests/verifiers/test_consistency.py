@@ -118,6 +118,7 @@ async def test_cancellation_propagates() -> None:
         ({"k": 2.5}, TypeError),
         ({"extract": "code"}, ValueError),
         ({"temperature": -1}, ValueError),
+        ({"timeout_s": float("nan")}, ValueError),
         ({"tier": 3}, TypeError),
     ],
 )
