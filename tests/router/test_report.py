@@ -116,7 +116,9 @@ def test_shadow_work_has_rows_of_its_own_by_tier() -> None:
     """A shadow generation (operator key `_shadow`) is not a client request the large tier answered:
     by tier it is a row `large (shadow)`, the client rows keep their counts, and the spend still sums
     to the total; the escalation series counts client requests only."""
-    shadow = req("s", DAY1 + 120, SHADOW_KEY, [att(0, "large", "accepted", 0.03, 500, (10, 9))], cf=0.03, latency_ms=510)
+    shadow = req(
+        "s", DAY1 + 120, SHADOW_KEY, [att(0, "large", "accepted", 0.03, 500, (10, 9))], cf=0.03, latency_ms=510
+    )
     rows, total = reports.aggregate([*ENTRIES, shadow], "tier")
     groups = by_group(rows)
     assert sorted(groups) == ["large", "large (shadow)", "small"]
