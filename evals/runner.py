@@ -43,6 +43,7 @@ from router.errors import ConfigError, ModelError, RequestError, UnavailableErro
 from router.generation import GenerationRequest
 from router.policy import TaskPolicy, task_policy
 from router.pricing import describe
+from router.slots import Slots, host_sandboxes
 from router.tasks import task_of_suite
 
 if TYPE_CHECKING:
@@ -350,7 +351,8 @@ async def run_eval(
     summary.loaded_models = True
     try:
         # every verifier is made before any model loads: a bad one fails the run at once
-        verifiers = {w.tier.name: _make_verifiers(w, reg, built, plan.timeout_s) for w in work if w.todo}
+        sandboxes = host_sandboxes(plan.settings.sandbox)  # one limit for every tier's sandboxed runs
+        verifiers = {w.tier.name: _make_verifiers(w, reg, built, plan.timeout_s, sandboxes) for w in work if w.todo}
         for w in work:
             if not w.todo:
                 continue
@@ -405,7 +407,7 @@ def build_backends(
 
 
 def _make_verifiers(
-    w: _TierWork, reg: Registry, backends: Mapping[str, Backend], timeout_s: float
+    w: _TierWork, reg: Registry, backends: Mapping[str, Backend], timeout_s: float, sandboxes: Slots
 ) -> dict[str, Verifier]:
     """Label -> verifier for one tier: its own and the eval's, each made once.
 
@@ -417,7 +419,7 @@ def _make_verifiers(
     unchanged."""
     from verifiers.base import VerifierContext, VerifierError
 
-    ctx = VerifierContext(tier=w.tier.name, backend=backends[w.tier.name], backends=backends)
+    ctx = VerifierContext(tier=w.tier.name, backend=backends[w.tier.name], backends=backends, sandboxes=sandboxes)
     made: dict[str, Verifier] = {}
     for label, spec in w.specs.items():
         try:

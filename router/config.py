@@ -350,6 +350,26 @@ class CascadeSettings(_Strict):
     )
 
 
+class SandboxSettings(_Strict):
+    """The host's limit on sandboxed runs (model-written and client-sent code), shared by every
+    verifier that runs code on every tier; each verifier's own `max_concurrency` applies within it."""
+
+    max_concurrency: int = Field(
+        0, ge=0, le=1024, description="Sandboxes running at once in this process; 0: the machine's CPU count."
+    )
+    max_queue: int = Field(
+        0, ge=0, le=65536, description="Runs waiting for a sandbox; 0: four per slot. Beyond it a run is refused (503)."
+    )
+
+    @property
+    def slots(self) -> int:
+        return self.max_concurrency or os.cpu_count() or 2
+
+    @property
+    def queue(self) -> int:
+        return self.max_queue or 4 * self.slots
+
+
 class ModelsSettings(_Strict):
     cache_dir: Path | None = Field(None, description="Where pulled models live; default XDG cache.")
 
@@ -422,6 +442,7 @@ class Settings(BaseSettings):
     server: ServerSettings = Field(default_factory=ServerSettings)
     models: ModelsSettings = Field(default_factory=ModelsSettings)
     cascade: CascadeSettings = Field(default_factory=CascadeSettings)
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     tiers: list[TierSettings] = Field(min_length=1)
 

@@ -18,6 +18,7 @@ from router.cascade import Cascade, Judge, Tier
 from router.config import Settings, TierSettings, VerifierSpec
 from router.errors import ConfigError, ModelError
 from router.plugins import BackendRegistry, SharedRegistry, VerifierRegistry
+from router.slots import host_sandboxes
 from router.tasks import TaskClassifier
 from router.verification import VerifierContext, VerifierError, VerifierSet, WeightedVerifier
 
@@ -145,9 +146,12 @@ class Engine:
         for t in tier_settings:
             built[t.name] = (backends or {}).get(t.name) or breg.create(t, settings)
         tiers: list[Tier] = []
+        sandboxes = host_sandboxes(settings.sandbox)  # one limit for every tier's sandboxed runs
         for t in tier_settings:
             shared = SharedRegistry(reg)  # a learned verifier's features reuse the tier's own scores
-            ctx = VerifierContext(tier=t.name, backend=built[t.name], backends=built, registry=shared)
+            ctx = VerifierContext(
+                tier=t.name, backend=built[t.name], backends=built, registry=shared, sandboxes=sandboxes
+            )
             members = _members(t.verifiers, shared, ctx, f"tiers ({t.name}).verifiers")
             tasks: dict[str, Judge] = {}
             for task, own in t.tasks.items():

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from router import policy
 from router.generation import Generation, GenerationRequest
+from router.slots import Slots
 
 if TYPE_CHECKING:
     from router.backends.base import Backend
@@ -135,6 +136,9 @@ class VerifierContext:
     # where a verifier that is built from other verifiers (`learned`) gets them: a tier's
     # SharedRegistry, so a feature verifier the tier also runs is scored once per answer
     registry: VerifierMaker | None = None
+    # the host's sandbox slots, one per engine (or eval run), shared by every verifier that runs
+    # code on every tier (`router.slots`); None: only the verifier's own limit applies
+    sandboxes: Slots | None = None
 
 
 VerifierFactory = Callable[[dict[str, Any], VerifierContext], Verifier]

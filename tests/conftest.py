@@ -101,12 +101,15 @@ def smol_config(
     base_url: str = "",
     server: str = "allow_unauthenticated = true",
     cascade: str = "",
+    sandbox: str = "",
     timeout: float = 60,
     breaker_failures: int = 5,
 ) -> Path:
     body = f'[server]\n{server}\n[ledger]\npath = "{tmp / "ledger.sqlite3"}"\n'
     if cascade:
         body += f"[cascade]\n{cascade}\n"
+    if sandbox:
+        body += f"[sandbox]\n{sandbox}\n"
     body += SMALL_TIER.format(threshold=threshold, model=SMOL, verifiers=verifiers)
     if large == "local":
         body += LARGE_LOCAL_TIER.format(model=SMOL)

@@ -77,9 +77,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.generation import Generation, GenerationRequest
+from router.slots import Slots, hold_all, verifier_slots
 from verifiers.base import Score, VerifierContext, require_integers, require_numbers
 from verifiers.extract import compiles, defined_names, definitions, extract_code, fenced_blocks, foreign_language
-from verifiers.sandbox import Limits, SandboxSlots, SandboxUnavailableError, start_python
+from verifiers.sandbox import Limits, SandboxUnavailableError, start_python
 
 log = logging.getLogger(__name__)
 
@@ -1103,7 +1104,9 @@ class CodeTestsVerifier:
     max_concurrency: int = 0  # sandboxes at once per verifier; 0: the machine's CPU count
     max_queue: int = 0  # runs waiting for a sandbox; 0: four per sandbox slot; beyond it: 503
     name: str = "code_tests"
-    _sandboxes: SandboxSlots = field(init=False, repr=False, compare=False)
+    # the host's slots every sandboxed run shares (the engine's `[sandbox]`), held after this verifier's own
+    host_slots: Slots | None = field(default=None, repr=False, compare=False)
+    _sandboxes: Slots = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.doctest, bool) or not isinstance(self.stated, bool):
@@ -1118,7 +1121,9 @@ class CodeTestsVerifier:
             raise ValueError("memory_mb must be at least 64, max_concurrency and max_queue not negative")
         if not isinstance(self.name, str) or not self.name:
             raise TypeError("name must be a non-empty string")
-        object.__setattr__(self, "_sandboxes", SandboxSlots(self.name, self.slots, self.max_queue or 4 * self.slots))
+        if self.host_slots is not None and not isinstance(self.host_slots, Slots):
+            raise TypeError("host_slots is the engine's, not a param")
+        object.__setattr__(self, "_sandboxes", verifier_slots(self.name, self.slots, self.max_queue))
 
     @property
     def slots(self) -> int:
@@ -1136,7 +1141,7 @@ class CodeTestsVerifier:
             return Score(0.0, prepared.refusal, details)
         assert prepared.program is not None
         try:
-            async with self._sandboxes.hold():
+            async with hold_all(self._sandboxes, self.host_slots):
                 run = await run_tests(
                     prepared.program,
                     prepared.steps,
@@ -1237,7 +1242,9 @@ class CodeTestsVerifier:
 
 
 def make_code_tests(params: dict[str, Any], ctx: VerifierContext) -> CodeTestsVerifier:
-    return CodeTestsVerifier(**params)
+    if "host_slots" in params:
+        raise TypeError("unexpected param 'host_slots'")
+    return CodeTestsVerifier(**params, host_slots=ctx.sandboxes)
 
 
 # the language names a score may report; any other fence word is model text and reads "other"

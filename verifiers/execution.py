@@ -63,12 +63,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from router.generation import Generation, GenerationRequest, Message
+from router.slots import Slots, hold_all, verifier_slots
 from verifiers.base import Score, VerifierContext, VerifierCost, require_integers, require_numbers
 from verifiers.code_tests import MAX_ANSWER_CHARS, MAX_PROCS
 from verifiers.consistency import generation_cost
 from verifiers.extract import PYTHON_LANGS, fenced_blocks, outside_fences
 from verifiers.math_answer import answers_agree, extract_answer, last_number, parse_number
-from verifiers.sandbox import SandboxSlots, SandboxUnavailableError, run_python_async
+from verifiers.sandbox import SandboxUnavailableError, run_python_async
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +228,7 @@ class ExecutionVerifier:
     generation_timeout_s: float = 120.0
     name: str = "execution"
     ctx: VerifierContext = field(default_factory=lambda: VerifierContext(tier=""), repr=False, compare=False)
-    _sandboxes: SandboxSlots = field(init=False, repr=False, compare=False)
+    _sandboxes: Slots = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.second_opinion, bool):
@@ -244,7 +245,7 @@ class ExecutionVerifier:
             raise ValueError("max_tokens must be at least 16 and temperature not negative")
         if not isinstance(self.name, str) or not self.name:
             raise TypeError("name must be a non-empty string")
-        object.__setattr__(self, "_sandboxes", SandboxSlots(self.name, self.slots, self.max_queue or 4 * self.slots))
+        object.__setattr__(self, "_sandboxes", verifier_slots(self.name, self.slots, self.max_queue))
 
     @property
     def slots(self) -> int:
@@ -308,7 +309,7 @@ class ExecutionVerifier:
         return Score(0.0, f"disagree: {which} prints {run.result[:40]}, the answer states {stated[:40]}", details)
 
     async def _run(self, source: str) -> Run:
-        async with self._sandboxes.hold():
+        async with hold_all(self._sandboxes, self.ctx.sandboxes):  # its own slot, then the host's
             done = await run_python_async(
                 source,
                 timeout_s=self.timeout_s,

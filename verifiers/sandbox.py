@@ -81,44 +81,6 @@ _MAX_FILES = 64
 _CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-class SandboxSlots:
-    """How many sandboxes one verifier runs at once (`slots`) and how many runs may wait for one
-    (`queue`); a run beyond both is refused with OverloadedError (503 with Retry-After) rather than
-    queued without bound. One semaphore per event loop: an asyncio primitive belongs to the loop
-    that first used it (tests and evals run several loops in one process)."""
-
-    def __init__(self, owner: str, slots: int, queue: int) -> None:
-        self.owner = owner
-        self.slots = slots
-        self.queue = queue
-        self._per_loop: dict[asyncio.AbstractEventLoop, tuple[asyncio.Semaphore, list[int]]] = {}
-
-    def _limit(self) -> tuple[asyncio.Semaphore, list[int]]:
-        loop = asyncio.get_running_loop()
-        got = self._per_loop.get(loop)
-        if got is None:
-            self._per_loop.clear()
-            got = self._per_loop[loop] = (asyncio.Semaphore(self.slots), [0])
-        return got
-
-    @contextlib.asynccontextmanager
-    async def hold(self) -> AsyncIterator[None]:
-        from router.errors import OverloadedError
-
-        sem, waiting = self._limit()
-        if sem.locked() and waiting[0] >= self.queue:
-            raise OverloadedError(f"verifier '{self.owner}': every sandbox is busy; retry later", retry_after=2.0)
-        waiting[0] += 1
-        try:
-            await sem.acquire()
-        finally:
-            waiting[0] -= 1
-        try:
-            yield
-        finally:
-            sem.release()
-
-
 class SandboxUnavailableError(OSError):
     """The machine cannot build the sandbox (bubblewrap missing, namespaces refused, ...)."""
 

@@ -263,6 +263,7 @@ def test_verifiers_that_generate_get_the_evals_deadline_unless_their_spec_sets_o
     # timeout is no verdict: the eval's own deadline applies, without changing the label or cache key
     from evals.runner import _make_verifiers, _missing
     from router.plugins import VerifierRegistry
+    from router.slots import host_sandboxes
 
     plan = plan_for(tmp_path, verifiers=())
     plan.timeout_s = 900.0
@@ -277,7 +278,8 @@ def test_verifiers_that_generate_get_the_evals_deadline_unless_their_spec_sets_o
     builtins = VerifierRegistry.from_entry_points()
     for name in ("self_consistency", "execution"):
         reg.register(name, builtins.get(name))
-    made = _make_verifiers(work, reg, scripted(), plan.timeout_s)
+    host = host_sandboxes(plan.settings.sandbox)
+    made = _make_verifiers(work, reg, scripted(), plan.timeout_s, host)
     by_label = {label: v for label, v in made.items() if label.startswith(("self_consistency", "execution"))}
     assert {label: getattr(v, "timeout_s", None) for label, v in by_label.items() if "self" in label} == {
         "self_consistency[k=2]": 900.0,
@@ -286,3 +288,4 @@ def test_verifiers_that_generate_get_the_evals_deadline_unless_their_spec_sets_o
     execution = by_label["execution[second_opinion=true]"]
     assert execution.generation_timeout_s == 900.0  # type: ignore[attr-defined]
     assert execution.timeout_s == 10.0  # type: ignore[attr-defined]  # a sandbox run's bound is the verifier's meaning
+    assert execution.ctx.sandboxes is host  # type: ignore[attr-defined]  # the run's one limit on sandboxed runs

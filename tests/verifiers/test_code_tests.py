@@ -454,3 +454,77 @@ def test_a_reply_built_to_collide_in_a_set_is_refused_not_hashed() -> None:
     assert time.monotonic() - started < 0.5
     small = {"t": "S", "v": [{"t": "i", "v": str(i)} for i in range(MAX_HASHED_ITEMS)]}
     assert decode_value(small) == set(range(MAX_HASHED_ITEMS))
+
+
+def test_the_host_limit_holds_across_verifiers_through_the_api(tmp_path: Path) -> None:
+    """`[sandbox]` caps sandboxed runs for the whole process: the verifier's own limit (4 slots,
+    4 waiting) would take all six requests, the host's (1 running, 1 waiting) refuses some with a
+    503 that names it, and the service answers again once the runs are done."""
+    import httpx
+
+    from router.api.app import create_app
+    from router.backends.instant import InstantBackend
+    from router.config import load_settings
+    from tests.conftest import UvicornThread, smol_config
+
+    verifier = '[[tiers.verifiers]]\nname = "code_tests"\nparams = { max_concurrency = 4, max_queue = 4 }\n'
+    server = "allow_unauthenticated = true\nallow_client_tests_without_keys = true"
+    cfg = smol_config(
+        tmp_path, threshold=0.9, verifiers=verifier, server=server, sandbox="max_concurrency = 1\nmax_queue = 1"
+    )
+    slow = "def f(): return __import__('time').sleep(1.5) or 1"
+    backends = {"small": InstantBackend("small", slow), "large": InstantBackend("large", "def f(): return 1")}
+    body = {
+        "model": "small",
+        "messages": [{"role": "user", "content": "Write f."}],
+        "tierroute": {"tests": "assert f() == 1"},
+    }
+    with UvicornThread(create_app(load_settings(cfg), backends=backends)) as srv:
+        with httpx.Client(base_url=srv.url, timeout=30) as client:
+
+            def post() -> httpx.Response:
+                return client.post("/v1/chat/completions", json=body)
+
+            with concurrent.futures.ThreadPoolExecutor(6) as pool:
+                replies = list(pool.map(lambda _: post(), range(6)))
+            codes = sorted(r.status_code for r in replies)
+            assert codes.count(200) >= 2 and codes.count(503) >= 1 and set(codes) <= {200, 503}, codes
+            for r in replies:
+                if r.status_code == 503:
+                    assert "the host's sandboxes" in r.json()["error"]["message"]
+                    assert int(r.headers["Retry-After"]) >= 1
+            assert post().status_code == 200
+
+
+async def test_code_tests_and_execution_share_the_hosts_slots() -> None:
+    """One host limit for every verifier that runs code on every tier (as the engine builds them):
+    while code_tests on one tier runs, execution on another waits for the one slot, and with no room
+    to wait it is refused; each alone would have had slots of its own."""
+    from router.slots import Slots
+    from verifiers.base import VerifierContext
+    from verifiers.builtins import BUILTINS
+
+    host = Slots("the host's sandboxes ([sandbox] max_concurrency)", 1, 1)
+    small = BUILTINS["code_tests"]({"unit_timeout_s": 5}, VerifierContext(tier="small", sandboxes=host))
+    large = BUILTINS["execution"]({}, VerifierContext(tier="large", sandboxes=host))
+    req = chat("Write f.", tests="assert f() == 1\n")
+    slow = gen("```python\nimport time\ndef f():\n    time.sleep(1.0)\n    return 1\n```")
+    maths = GenerationRequest(messages=(Message("user", "What is 6 * 7?"),))
+    answer = gen("```python\nprint(6 * 7)\n```\nThe answer is 42.")
+    running = asyncio.create_task(small.score(req, slow))
+    await asyncio.sleep(0.3)
+    waiting = asyncio.create_task(large.score(maths, answer))  # the one place in the host's queue
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    with pytest.raises(OverloadedError, match="the host's sandboxes"):
+        await large.score(maths, answer)
+    assert (await running).value == 1.0
+    assert (await waiting).value == 1.0
+
+
+def test_host_slots_are_the_engines_not_a_param() -> None:
+    from router.verification import VerifierContext
+    from verifiers.builtins import BUILTINS
+
+    with pytest.raises(TypeError, match="host_slots"):
+        BUILTINS["code_tests"]({"host_slots": 1}, VerifierContext(tier="small"))
