@@ -126,7 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.run and len(suites) > 1:
         raise ConfigError("--run names one run; leave it out to run several suites (each into its own run)")
     tiers = plan_tiers(settings, args.tiers.split(",") if args.tiers else None)
-    explicit = [parse_verifier_option(v) for v in args.verifier]
+    explicit = [*_verifiers_of(args.verifiers_from), *(parse_verifier_option(v) for v in args.verifier)]
     cache_dir = Path(args.cache_dir) if args.cache_dir else settings.models.cache_dir
     status = 0
     runs: list[str] = []
@@ -287,6 +287,24 @@ def _run_mixed(
         out.write_text(markdown(rows, command=_mixed_command(args, limit), tiers=tiers), encoding="utf-8")
         print(f"wrote {out}", file=sys.stderr)
     return 0
+
+
+def _verifiers_of(run_dir: str | None) -> list[Any]:
+    """The verifier list another run scored with (`--verifiers-from`): how a committed run's costly
+    columns, which no default list holds, are scored again from empty."""
+    if run_dir is None:
+        return []
+    from evals.store import RunStore
+    from router.config import VerifierSpec
+
+    store = RunStore(Path(run_dir))
+    if not store.exists():
+        raise ConfigError(f"--verifiers-from {run_dir}: no eval run there (no manifest.json)")
+    try:
+        listed = store.manifest().get("verifiers", [])
+        return [VerifierSpec(name=v["name"], params=v["params"]) for v in listed]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"--verifiers-from {run_dir}: its manifest's verifier list is unreadable ({exc})") from None
 
 
 def default_verifiers(task: str) -> list[Any]:
@@ -647,6 +665,13 @@ def register(sub: Any, add: Any) -> None:
         metavar="NAME[:JSON]",
         help='score every tier with this verifier too, e.g. confidence:\'{"stat":"min"}\' (repeatable; '
         "default: the run's earlier list, else the cheap built-ins for the suite's task)",
+    )
+    p.add_argument(
+        "--verifiers-from",
+        default=None,
+        metavar="RUN_DIR",
+        help="score with the verifiers another run's manifest lists (a committed run's, to reproduce its "
+        "columns from empty); --verifier adds to them",
     )
     p.add_argument("--no-default-verifiers", action="store_true", help="only the tiers' own verifiers")
     p.add_argument("--run", default=None, help="run name (default: the suite's name)")

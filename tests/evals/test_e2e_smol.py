@@ -56,3 +56,14 @@ def test_eval_run_on_smollm2(tmp_path: Path, smol_path: Path, capsys) -> None:
     assert time.monotonic() - t0 < 20
     assert "everything was cached" in capsys.readouterr().err
     assert "## tiny" in (tmp_path / "report" / "README.md").read_text()
+
+    # another run scored with this run's verifier list, as a committed run's costly columns are
+    # reproduced from empty; a directory without a run is refused by name
+    copy_args = [*args[:6], "--runs-dir", str(tmp_path / "elsewhere"), "--run", "copy"]
+    copy_args += ["--verifiers-from", str(runs / "tiny")]
+    assert main([*copy_args[:-2], "--verifiers-from", str(tmp_path / "nowhere")]) != 0
+    assert "no eval run there" in capsys.readouterr().err
+    assert main(copy_args) == 0
+    copied = RunStore(tmp_path / "elsewhere" / "copy")
+    assert {s.verifier for s in copied.scores.records.values()} == {"confidence", "math_answer"}
+    assert [v["label"] for v in copied.manifest()["verifiers"]] == [v["label"] for v in store.manifest()["verifiers"]]
