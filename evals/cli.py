@@ -211,6 +211,8 @@ def _mixed_command(args: argparse.Namespace, limit: int | None) -> str:
         parts += ["--run", args.run]
     if args.tiers:
         parts += ["--tiers", args.tiers]
+    if args.verifiers_from:
+        parts += ["--verifiers-from", args.verifiers_from]
     for v in args.verifier:
         parts += ["--verifier", v]
     if args.report:
@@ -301,10 +303,12 @@ def _verifiers_of(run_dir: str | None) -> list[Any]:
     if not store.exists():
         raise ConfigError(f"--verifiers-from {run_dir}: no eval run there (no manifest.json)")
     try:
-        listed = store.manifest().get("verifiers", [])
-        return [VerifierSpec(name=v["name"], params=v["params"]) for v in listed]
+        listed = [VerifierSpec(name=v["name"], params=v["params"]) for v in store.manifest().get("verifiers", [])]
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"--verifiers-from {run_dir}: its manifest's verifier list is unreadable ({exc})") from None
+    if not listed:  # an empty list would read as "not given" and fall back to the defaults
+        raise ConfigError(f"--verifiers-from {run_dir}: that run lists no verifiers (use --no-default-verifiers)")
+    return listed
 
 
 def default_verifiers(task: str) -> list[Any]:

@@ -18,7 +18,7 @@ from router.cascade import Cascade, Judge, Tier
 from router.config import Settings, TierSettings, VerifierSpec
 from router.errors import ConfigError, ModelError
 from router.plugins import BackendRegistry, SharedRegistry, VerifierRegistry
-from router.slots import host_sandboxes
+from router.slots import Slots, host_sandboxes
 from router.tasks import TaskClassifier
 from router.verification import VerifierContext, VerifierError, VerifierSet, WeightedVerifier
 
@@ -118,6 +118,8 @@ class Engine:
     cascade: Cascade
     backends: Mapping[str, Backend]
     started: bool = field(default=False)
+    # the host's sandbox slots every verifier's run and every shadow comparison that runs code shares
+    sandboxes: Slots | None = None
 
     @classmethod
     def from_settings(
@@ -172,7 +174,7 @@ class Engine:
 
             classifier = TaskClassifier.load()
         cascade = Cascade(tiers, settings.cascade, classifier)
-        return cls(settings=settings, cascade=cascade, backends=built)
+        return cls(settings=settings, cascade=cascade, backends=built, sandboxes=sandboxes)
 
     async def start(self) -> None:
         # one at a time: two models loading at once only fight over memory bandwidth

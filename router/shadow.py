@@ -34,6 +34,7 @@ against the budget.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -54,6 +55,7 @@ from router.ledger import Ledger, LedgerEntry, ShadowPair
 from router.limits import day_start
 from router.live_quality import Tally, threshold_label
 from router.metrics import Metrics
+from router.slots import Slots
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +116,12 @@ class ShadowService:
         metrics: Metrics,
         *,
         rules: AgreementRegistry | None = None,
+        sandboxes: Slots | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
+        self.sandboxes = sandboxes
         self.cascade = cascade
         self.ledger = ledger
         self.metrics = metrics
@@ -305,7 +309,11 @@ class ShadowService:
         final = job.result.final
         answer = job.result.generation.text
         task = self._task(job.result)
-        found = await self.rules.compare(task, job.request, answer, shadow_text)
+        # the code rule runs the caller's tests in the sandbox: one of the host's slots, waited for
+        # (the lane's workers bound how many wait), as a verifier's run takes one
+        slots = self.sandboxes if task == "code" else None
+        async with slots.hold(wait=True) if slots is not None else contextlib.nullcontext():
+            found = await self.rules.compare(task, job.request, answer, shadow_text)
         store = self.settings.ledger.store_prompts
         prompt = prompt_json(job.request)
         return ShadowPair(

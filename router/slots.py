@@ -46,9 +46,11 @@ class Slots:
         return got
 
     @contextlib.asynccontextmanager
-    async def hold(self) -> AsyncIterator[None]:
+    async def hold(self, *, wait: bool = False) -> AsyncIterator[None]:
+        """A slot for the block. `wait`: never refused, for a caller whose waiters are bounded
+        elsewhere (shadow work, whose lanes have their own concurrency); it still counts as waiting."""
         sem, waiting = self._limit()
-        if sem.locked() and waiting[0] >= self.queue:
+        if not wait and sem.locked() and waiting[0] >= self.queue:
             raise OverloadedError(f"{self.owner}: every sandbox is busy; retry later", retry_after=2.0)
         waiting[0] += 1
         try:

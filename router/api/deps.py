@@ -25,7 +25,9 @@ class Services:
         self.engine = engine
         self.auth = Authenticator(settings.server)
         self.accounting = Accounting(settings, engine)
-        self.shadow = ShadowService(settings, engine.cascade, self.accounting.ledger, self.accounting.metrics)
+        self.shadow = ShadowService(
+            settings, engine.cascade, self.accounting.ledger, self.accounting.metrics, sandboxes=engine.sandboxes
+        )
 
 
 def get_services(request: Request) -> Services:

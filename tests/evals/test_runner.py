@@ -289,3 +289,30 @@ def test_verifiers_that_generate_get_the_evals_deadline_unless_their_spec_sets_o
     assert execution.generation_timeout_s == 900.0  # type: ignore[attr-defined]
     assert execution.timeout_s == 10.0  # type: ignore[attr-defined]  # a sandbox run's bound is the verifier's meaning
     assert execution.ctx.sandboxes is host  # type: ignore[attr-defined]  # the run's one limit on sandboxed runs
+
+
+def test_verifiers_from_another_run(tmp_path: Path) -> None:
+    """`eval run --verifiers-from RUN_DIR`: that run's list, in order; no run there, an unreadable
+    list or an empty one (which would read as "not given" and fall back to the defaults) are refused."""
+    import json
+
+    from evals.cli import _verifiers_of
+    from router.errors import ConfigError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    listed = [
+        {"name": "confidence", "params": {"stat": "min", "name": "confidence_min"}},
+        {"name": "math_answer", "params": {}},
+    ]
+    (run / "manifest.json").write_text(json.dumps({"format": 1, "verifiers": listed}))
+    assert [(v.name, v.params) for v in _verifiers_of(str(run))] == [(v["name"], v["params"]) for v in listed]
+    assert _verifiers_of(None) == []
+    with pytest.raises(ConfigError, match="no eval run there"):
+        _verifiers_of(str(tmp_path / "nowhere"))
+    (run / "manifest.json").write_text(json.dumps({"format": 1, "verifiers": [{"params": {}}]}))
+    with pytest.raises(ConfigError, match="unreadable"):
+        _verifiers_of(str(run))
+    (run / "manifest.json").write_text(json.dumps({"format": 1, "verifiers": []}))
+    with pytest.raises(ConfigError, match="lists no verifiers"):
+        _verifiers_of(str(run))

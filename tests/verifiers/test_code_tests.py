@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -511,10 +512,19 @@ async def test_code_tests_and_execution_share_the_hosts_slots() -> None:
     slow = gen("```python\nimport time\ndef f():\n    time.sleep(1.0)\n    return 1\n```")
     maths = GenerationRequest(messages=(Message("user", "What is 6 * 7?"),))
     answer = gen("```python\nprint(6 * 7)\n```\nThe answer is 42.")
+    sem, queued = host._limit()
+
+    async def until(done: Callable[[], bool]) -> None:
+        for _ in range(1000):
+            if done():
+                return
+            await asyncio.sleep(0.01)
+        raise TimeoutError
+
     running = asyncio.create_task(small.score(req, slow))
-    await asyncio.sleep(0.3)
+    await until(sem.locked)  # code_tests holds the one host slot
     waiting = asyncio.create_task(large.score(maths, answer))  # the one place in the host's queue
-    await asyncio.sleep(0.1)
+    await until(lambda: queued[0] == 1)
     assert not waiting.done()
     with pytest.raises(OverloadedError, match="the host's sandboxes"):
         await large.score(maths, answer)
@@ -526,5 +536,7 @@ def test_host_slots_are_the_engines_not_a_param() -> None:
     from router.verification import VerifierContext
     from verifiers.builtins import BUILTINS
 
-    with pytest.raises(TypeError, match="host_slots"):
+    with pytest.raises(TypeError, match="unexpected param 'host_slots'"):
         BUILTINS["code_tests"]({"host_slots": 1}, VerifierContext(tier="small"))
+    with pytest.raises(TypeError, match="the engine's, not a param"):
+        CodeTestsVerifier(host_slots=1)  # type: ignore[arg-type]
