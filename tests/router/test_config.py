@@ -111,3 +111,31 @@ def test_options_belong_to_plugin_backends_only(tmp_path: Path) -> None:
     cfg.write_text(cfg.read_text().replace("[tiers.price]", "[tiers.options]\nsize = 1\n[tiers.price]", 1))
     with pytest.raises(ConfigError, match="options are for plugin backends"):
         load_settings(cfg)
+
+
+def test_the_default_configs_commented_maths_policies_are_valid(tmp_path: Path) -> None:
+    """config.toml shows, commented, the maths policies the README's figures come from: each, with
+    its leading `#   ` taken off, makes a config that loads, and its verifiers build."""
+    from router.verification import VerifierContext
+
+    text = DEFAULT_CONFIG.read_text()
+    lines = text.splitlines()
+    blocks = []
+    for i, line in enumerate(lines):
+        if line == "#   [tiers.tasks.maths]":
+            block = []
+            for follow in lines[i:]:
+                if not follow.startswith("#   ") or follow.startswith("#   ("):
+                    break
+                block.append(follow[4:])
+            blocks.append(block)
+    assert len(blocks) == 2, blocks  # the cross_tier policy and the weighted mean
+    anchor = "# Code: the prompt's own examples"
+    registry = Registry.from_entry_points()
+    for block in blocks:
+        cfg = tmp_path / "config.toml"
+        cfg.write_text(text.replace(anchor, "\n".join(block) + "\n\n" + anchor, 1))
+        policy = load_settings(cfg).tiers[0].tasks["maths"]
+        assert policy.verifiers, block
+        for spec in policy.verifiers:
+            registry.create(spec.name, spec.params, VerifierContext(tier="small"))
