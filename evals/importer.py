@@ -6,9 +6,9 @@ router's logs, say it for the requests that actually arrive, and `eval sweep`, `
 tier's generation of that item (`evals.store`), and the existing runner (`evals.runner.run_eval`)
 does the rest on the stored answers, exactly as after `eval run`: it scores every answer with the
 tiers' configured verifiers and the eval's, and grades it. No model generates anything: each
-imported tier's backend refuses to (`_Imported`), and a verifier that would have to generate (a
-judge, self-consistency) is refused by name before anything is written, instead of scoring every
-answer 0.
+imported tier's backend refuses to (`_Imported`), and a verifier that asks a model for work (a
+judge, self-consistency, `cross_tier`, `execution`'s second opinion: `uses_model`) is refused before
+anything is written, instead of failing on every answer or abstaining on every one.
 
 The input format (JSON Lines, one object per line) is defined and explained in
 docs/eval-import.md; `parse_line` is its reference. How an answer is graded (a reference answer,
@@ -47,7 +47,9 @@ from router.config import LedgerSettings, OpenAIBackendSettings, PriceSettings, 
 from router.errors import ConfigError, UnavailableError
 from router.generation import Delta, Generation, GenerationRequest, Message
 from router.ledger import AttemptEntry, ShadowPair
+from router.plugins import VerifierRegistry
 from router.tasks import rule_task
+from router.verification import VerifierContext, VerifierError, uses_a_model
 
 FORMAT = "tierroute-import/1"
 
@@ -88,8 +90,14 @@ _ANSWER_KEYS = {
 _LABEL_KEYS = {"reference", "grader", "letters", "correct"}
 
 
-GENERATING = frozenset({"self_consistency", "judge"})  # verifiers that ask a tier's model for more text
 SHADOW_AGREEMENT = "shadow_agreement"  # per-tier labels that are the live agreement rule's verdict
+
+
+def _uses_a_model(registry: VerifierRegistry, spec: VerifierSpec, tier: str) -> bool:
+    try:
+        return uses_a_model(registry.create(spec.name, spec.params, VerifierContext(tier=tier)))
+    except VerifierError as exc:
+        raise ConfigError(f"verifier '{spec.name}' on tier {tier}: {exc}") from None
 
 
 class ImportFormatError(ConfigError):
@@ -554,11 +562,16 @@ def _write(
                     )
                 )
         plan = EvalPlan(suite=suite, items=items, settings=run_settings, tiers=order, verifiers=list(verifiers))
+        registry = VerifierRegistry.from_entry_points()
         for tier, _ in made:
-            generating = sorted({s.name for s in plan.verifier_specs(tier).values()} & GENERATING)
-            if generating:  # they would score every answer 0 ("all samples failed"): refuse, naming them
+            # they would fail on every answer or, reading with another tier (`cross_tier`), abstain on
+            # every one, a column that looks scored: refuse, naming them
+            generating = sorted(
+                label for label, spec in plan.verifier_specs(tier).items() if _uses_a_model(registry, spec, tier.name)
+            )
+            if generating:
                 raise ConfigError(
-                    f"verifier(s) {', '.join(generating)} on tier {tier.name} generate with a model, and an imported "
+                    f"verifier(s) {', '.join(generating)} on tier {tier.name} ask a model for work, and an imported "
                     "tier has none: leave them out (--verifier, or the tier's verifiers for this task in the config)"
                 )
         backends = {t: _Imported(t) for t in order}

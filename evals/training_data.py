@@ -19,9 +19,10 @@ from evals.sweep import ResultTable, load_table
 from router.errors import ConfigError
 from router.features import VerifierRef
 from router.generation import Generation, GenerationRequest
+from router.plugins import VerifierRegistry
+from router.verification import VerifierContext, VerifierError, uses_a_model
 from verifiers.learned import score_or_zero
 
-COSTLY = frozenset({"self_consistency", "judge"})  # verifiers that generate; see the module docstring
 PURE = frozenset({"confidence", "format", "math_answer"})  # functions of request and answer alone, microseconds
 
 
@@ -92,6 +93,15 @@ def _suite_of(manifest: dict[str, Any], explicit: str | None) -> Any:
         raise ConfigError(f"run {manifest['name']}: cannot find suite '{name}'; name it with --suite") from None
 
 
+def _uses_a_model(registry: VerifierRegistry, name: str, params: dict[str, Any]) -> bool:
+    """Whether the named verifier asks a model for work (`uses_model`); one that does not build here
+    (a plugin not installed) is judged by its stored scores' cost alone, as before."""
+    try:
+        return uses_a_model(registry.create(name, dict(params), VerifierContext(tier="")))
+    except VerifierError:
+        return False
+
+
 def feature_verifiers(
     runs: Sequence[RunData], *, include_costly: bool = False, deciding_tiers: bool = False
 ) -> list[VerifierRef]:
@@ -111,6 +121,7 @@ def feature_verifiers(
     estimator's held-out AUROC fell below the best single verifier's on GSM8K in five of seven
     splits (it beat it on HumanEval in all seven). Train with ``--suite-specific`` to use it
     where the suite was scored with it."""
+    registry = VerifierRegistry.from_entry_points()
     per_run = []
     for r in runs:
         refs = {}
@@ -118,7 +129,8 @@ def feature_verifiers(
             label, name = v["label"], v["name"]
             if label in (LEARNED, PREROUTER) or name == "learned":
                 continue
-            if not include_costly and (name in COSTLY or label in r.costly):
+            # costly: it asks a model for work on every request it scores, or its stored scores paid for some
+            if not include_costly and (label in r.costly or _uses_a_model(registry, name, v["params"])):
                 continue
             tiers = slice(0, -1) if deciding_tiers and len(r.table.tiers) > 1 else slice(None)
             if all(label in t.scores for it in r.table.items for t in it.tiers[tiers]):
@@ -144,7 +156,6 @@ def fill_scores(run: RunData, refs: Sequence[VerifierRef]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from router.plugins import VerifierRegistry as Registry
-    from router.verification import VerifierContext
 
     missing = [ref for ref in refs if any(ref.label not in t.scores for it in run.table.items for t in it.tiers)]
     if not missing:

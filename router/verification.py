@@ -120,6 +120,14 @@ def wanted_top_logprobs(verifier: Verifier) -> int:
     return wanted if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted > 0 else 0
 
 
+def uses_a_model(verifier: Verifier) -> bool:
+    """Whether scoring asks a tier's model for work: more text (`self_consistency`, `judge`,
+    `execution`'s second opinion) or a reading of the answer (`cross_tier`). Such a verifier says so
+    with a bool attribute `uses_model`; a tier with no model (an imported run's) cannot score with it,
+    and a learned estimator does not take it as a feature unless asked to."""
+    return getattr(verifier, "uses_model", False) is True
+
+
 class VerifierMaker(Protocol):
     """Builds verifiers by name (a tier's `router.plugins.SharedRegistry` in the service)."""
 
@@ -163,6 +171,7 @@ class SharedVerifier:
         self.inner = inner
         self.name = inner.name
         self.top_logprobs = wanted_top_logprobs(inner)
+        self.uses_model = uses_a_model(inner)
         self.users = 0  # members built on this instance; with one, there is nothing to share
 
     async def score(self, request: GenerationRequest, candidate: Generation) -> Score:

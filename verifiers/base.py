@@ -26,6 +26,7 @@ from router.verification import (
     VerifierFactory,
     VerifierSet,
     WeightedVerifier,
+    uses_a_model,
 )
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "WeightedVerifier",
     "require_integers",
     "require_numbers",
+    "uses_a_model",
 ]
 
 

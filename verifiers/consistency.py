@@ -39,6 +39,7 @@ def generation_cost(generations: Sequence[Generation], tier: str | None) -> Veri
 class SelfConsistencyVerifier:
     # bounds this verifier's own generations in serving; an eval run stretches it (evals.runner)
     deadline_params: ClassVar[tuple[str, ...]] = ("timeout_s",)
+    uses_model: ClassVar[bool] = True  # scoring asks a tier's model for work (router.verification.uses_a_model)
     k: int = 3
     temperature: float = 0.7
     tier: str | None = None  # None: the tier being verified samples its own answers

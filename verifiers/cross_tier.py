@@ -59,6 +59,7 @@ def continuation_stats(logprobs: Sequence[float], top1: Sequence[bool]) -> dict[
 class CrossTierVerifier:
     # bounds this verifier's own generations in serving; an eval run stretches it (evals.runner)
     deadline_params: ClassVar[tuple[str, ...]] = ("timeout_s",)
+    uses_model: ClassVar[bool] = True  # scoring asks a tier's model for work (router.verification.uses_a_model)
     tier: str
     stat: str = "mean"
     max_chars: int = 8000

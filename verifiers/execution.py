@@ -248,6 +248,11 @@ class ExecutionVerifier:
         object.__setattr__(self, "_sandboxes", verifier_slots(self.name, self.slots, self.max_queue))
 
     @property
+    def uses_model(self) -> bool:
+        """Scoring asks the tier's model for work only for the second opinion."""
+        return self.second_opinion
+
+    @property
     def slots(self) -> int:
         return self.max_concurrency or os.cpu_count() or 2
 

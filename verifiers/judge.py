@@ -74,6 +74,7 @@ def _clip(text: str, n: int) -> str:
 class JudgeVerifier:
     # bounds this verifier's own generations in serving; an eval run stretches it (evals.runner)
     deadline_params: ClassVar[tuple[str, ...]] = ("timeout_s",)
+    uses_model: ClassVar[bool] = True  # scoring asks a tier's model for work (router.verification.uses_a_model)
     tier: str
     max_tokens: int = 256
     temperature: float = 0.0

@@ -11,7 +11,7 @@ from typing import Any
 
 from router.estimators import Estimator, EstimatorError, load_estimator
 from router.generation import Generation, GenerationRequest
-from verifiers.base import Score, Verifier, VerifierContext, VerifierCost, VerifierError
+from verifiers.base import Score, Verifier, VerifierContext, VerifierCost, VerifierError, uses_a_model
 
 
 async def score_or_zero(verifier: Verifier, request: GenerationRequest, candidate: Generation) -> Score:
@@ -38,6 +38,11 @@ class LearnedVerifier:
         self.model = estimator.model_for(tier)
         self.members = list(members)
         self.name = name
+
+    @property
+    def uses_model(self) -> bool:
+        """Whether any feature's verifier asks a tier's model for work (it runs them all)."""
+        return any(uses_a_model(v) for _, v in self.members)
 
     @classmethod
     def load(

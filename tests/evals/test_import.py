@@ -256,11 +256,17 @@ def test_a_failed_import_leaves_nothing_behind(
     assert main([*argv[:4], str(data), *argv[5:]]) != 0
     assert "line 3: no answer from tier(s) large" in capsys.readouterr().err
     assert list(runs.iterdir()) == []
-    # a verifier that would have to generate is refused by name
+    # a verifier that asks a model for work is refused by name: one that generates, and one that
+    # reads with another tier (it would abstain on every answer, a column that looks scored)
     good = write_jsonl(tmp_path / "good.jsonl", logged(3)[0])
-    assert main([*argv[:4], str(good), *argv[5:], "--verifier", "self_consistency"]) != 0
-    assert "self_consistency on tier small generate with a model" in capsys.readouterr().err
-    assert list(runs.iterdir()) == []
+    for verifier, label in (
+        ("self_consistency", "self_consistency"),
+        ('cross_tier:{"tier":"large"}', 'cross_tier[tier="large"]'),
+        ('execution:{"second_opinion":true}', "execution[second_opinion=true]"),
+    ):
+        assert main([*argv[:4], str(good), *argv[5:], "--verifier", verifier]) != 0
+        assert f"{label} on tier small ask a model for work" in capsys.readouterr().err
+        assert list(runs.iterdir()) == []
     # an existing run is never overwritten
     (runs / "r").mkdir()
     assert main([*argv[:4], str(good), *argv[5:]]) != 0

@@ -294,10 +294,13 @@ def test_a_verifier_scored_only_on_tiers_that_escalate_is_a_feature_with_decidin
         ],
     }
     run = replace(run, table=replace(run.table, items=items, manifest=manifest))
-    assert "cross_tier" not in [v.label for v in feature_verifiers([run])]
-    assert "cross_tier" in [v.label for v in feature_verifiers([run], deciding_tiers=True)]
+    assert "cross_tier" not in [v.label for v in feature_verifiers([run], include_costly=True)]
+    assert "cross_tier" in [v.label for v in feature_verifiers([run], include_costly=True, deciding_tiers=True)]
+    # it reads with the large tier's model on every request: a feature only when costly ones are
+    # allowed, even where this run's stored scores carry no cost
+    assert "cross_tier" not in [v.label for v in feature_verifiers([run], deciding_tiers=True)]
 
-    result = train([run], tmp_path / "est", n_buckets=BUCKETS, deciding_tiers=True)
+    result = train([run], tmp_path / "est", n_buckets=BUCKETS, deciding_tiers=True, include_costly=True)
     blob = json.loads(next(result.out / a["file"] for a in result.artifacts if a["kind"] == "verifier").read_text())
     assert list(blob["models"]) == ["small"]
     table = attach(run.table, load_predictions(result.out), seed=0, fraction=0.5)
