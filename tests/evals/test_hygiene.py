@@ -14,6 +14,7 @@ from evals.data import GSM8K_TEST, HUMANEVAL, fetch, read_jsonl
 from evals.runner import EvalPlan, run_eval
 from evals.store import RunStore
 from evals.suites import get_suite
+from router.backends.base import ContinuationScore
 from router.config import VerifierSpec, load_settings
 from router.generation import Generation, GenerationRequest
 from tests.evals.helpers import Calls, ScriptedBackend, registry, write_config
@@ -138,3 +139,87 @@ async def test_structured_reference_never_reaches_a_verifier(tmp_path: Path) -> 
         for form in (json.dumps(row["reference"]), json.dumps(row["reference"], ensure_ascii=False)):
             assert form not in text
         assert "reference" not in json.dumps(req.metadata)
+
+
+class ReadingBackend(ScriptedBackend):
+    """A scripted tier that can also read a given answer (what `cross_tier` asks of the next tier),
+    keeping every request and answer it was given to read."""
+
+    def __init__(self, name: str, reply) -> None:
+        super().__init__(name, reply)
+        self.read: list[tuple[GenerationRequest, str]] = []
+
+    async def score_continuation(self, request: GenerationRequest, continuation: str) -> ContinuationScore:
+        self.read.append((request, continuation))
+        n = max(1, len(continuation.split()))
+        return ContinuationScore((-0.1,) * n, (True,) * n, prompt_tokens=n + 10, continuation_tokens=n, seconds=0.0)
+
+
+async def model_using_run(tmp_path: Path, suite_name: str, reply, specs: list[VerifierSpec]):
+    """The real verifiers that ask a tier's model for work, on real items, through the runner: what
+    they were handed, and everything their own requests to the tiers carried."""
+    from router.plugins import VerifierRegistry
+
+    suite = get_suite(suite_name)
+    items = suite.select(suite.load(), 3, 0)
+    plan = EvalPlan(
+        suite=suite,
+        items=items,
+        settings=load_settings(write_config(tmp_path)),
+        tiers=["small", "large"],
+        verifiers=specs,
+    )
+    seen: list[GenerationRequest] = []
+    builtins = VerifierRegistry.from_entry_points()
+    reg = registry()
+    for spec in specs:
+        make = builtins.get(spec.name)
+
+        def recording(params, ctx, make=make):
+            inner = make(params, ctx)
+
+            class Recording:
+                name = inner.name
+
+                async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
+                    seen.append(request)
+                    return await inner.score(request, candidate)
+
+            return Recording()
+
+        reg.register(spec.name, recording)
+    backends = {"small": ReadingBackend("small", reply), "large": ReadingBackend("large", reply)}
+    with RunStore(tmp_path / "runs" / suite.name) as store:
+        summary = await run_eval(plan, store, registry=reg, backends=backends)
+    assert summary.failed == []
+    asked = [r for b in backends.values() for r in b.requests]
+    read = [r for b in backends.values() for r, _ in b.read]
+    return items, seen, asked, read
+
+
+async def test_gsm8k_solutions_never_reach_the_verifiers_that_ask_a_model(tmp_path: Path) -> None:
+    """self_consistency's samples and cross_tier's reading by the next tier carry the request a
+    caller would send, never the solution."""
+    specs = [
+        VerifierSpec(name="self_consistency", params={"k": 2}),
+        VerifierSpec(name="cross_tier", params={"tier": "large"}),
+    ]
+    items, seen, asked, read = await model_using_run(tmp_path, "gsm8k", lambda r: "\\boxed{1}", specs)
+    assert len(seen) >= 2 * 3 * 2  # both verifiers, every answer of both tiers
+    assert len(asked) > 2 * 3 and read  # the samples were asked, the answers were read
+    rows = list(read_jsonl(fetch(GSM8K_TEST)))
+    for req in seen + asked + read:
+        text = everything_in(req)
+        assert "####" not in text
+        row = next(r for r in rows if r["question"].strip() in req.last_user_text())
+        assert row["answer"].split("####")[0].strip()[:60] not in text
+
+
+async def test_mmlu_answer_key_never_reaches_choice_or_cross_tier(tmp_path: Path) -> None:
+    specs = [VerifierSpec(name="choice"), VerifierSpec(name="cross_tier", params={"tier": "large"})]
+    items, seen, asked, read = await model_using_run(tmp_path, "mmlu", lambda r: "A", specs)
+    assert len(seen) == 2 * 3 * 2 and read
+    for req in seen + asked + read:
+        assert not {"reference", "answer_key", "correct_answer", "letters"} & set(req.metadata)
+        text = everything_in(req)
+        assert "AnswerKey" not in text and "correct_answer" not in text
