@@ -39,17 +39,10 @@ class RecordingCodeTests:
         return score
 
 
-async def spy_run(
-    tmp_path: Path, suite_name: str, reply, n: int, code_tests: RecordingCodeTests | None = None
-) -> tuple[Calls, dict[str, ScriptedBackend], list]:
+async def run_suite(tmp_path: Path, suite_name: str, n: int, specs: list[VerifierSpec], reg, backends) -> list:
+    """The first `n` items of the suite through the eval runner, every tier scored with `specs`."""
     suite = get_suite(suite_name)
     items = suite.select(suite.load(), n, 0)
-    calls = Calls()
-    reg = registry(calls)
-    specs = [VerifierSpec(name="spy")]
-    if code_tests is not None:
-        reg.register("code_tests", lambda params, ctx: code_tests)
-        specs.append(VerifierSpec(name="code_tests"))
     plan = EvalPlan(
         suite=suite,
         items=items,
@@ -57,10 +50,23 @@ async def spy_run(
         tiers=["small", "large"],
         verifiers=specs,
     )
-    backends = {"small": ScriptedBackend("small", reply), "large": ScriptedBackend("large", reply)}
     with RunStore(tmp_path / "runs" / suite.name) as store:
         summary = await run_eval(plan, store, registry=reg, backends=backends)
     assert summary.failed == []
+    return items
+
+
+async def spy_run(
+    tmp_path: Path, suite_name: str, reply, n: int, code_tests: RecordingCodeTests | None = None
+) -> tuple[Calls, dict[str, ScriptedBackend], list]:
+    calls = Calls()
+    reg = registry(calls)
+    specs = [VerifierSpec(name="spy")]
+    if code_tests is not None:
+        reg.register("code_tests", lambda params, ctx: code_tests)
+        specs.append(VerifierSpec(name="code_tests"))
+    backends = {"small": ScriptedBackend("small", reply), "large": ScriptedBackend("large", reply)}
+    items = await run_suite(tmp_path, suite_name, n, specs, reg, backends)
     return calls, backends, items
 
 
@@ -160,15 +166,6 @@ async def model_using_run(tmp_path: Path, suite_name: str, reply, specs: list[Ve
     they were handed, and everything their own requests to the tiers carried."""
     from router.plugins import VerifierRegistry
 
-    suite = get_suite(suite_name)
-    items = suite.select(suite.load(), 3, 0)
-    plan = EvalPlan(
-        suite=suite,
-        items=items,
-        settings=load_settings(write_config(tmp_path)),
-        tiers=["small", "large"],
-        verifiers=specs,
-    )
     seen: list[GenerationRequest] = []
     builtins = VerifierRegistry.from_entry_points()
     reg = registry()
@@ -189,9 +186,7 @@ async def model_using_run(tmp_path: Path, suite_name: str, reply, specs: list[Ve
 
         reg.register(spec.name, recording)
     backends = {"small": ReadingBackend("small", reply), "large": ReadingBackend("large", reply)}
-    with RunStore(tmp_path / "runs" / suite.name) as store:
-        summary = await run_eval(plan, store, registry=reg, backends=backends)
-    assert summary.failed == []
+    items = await run_suite(tmp_path, suite_name, 3, specs, reg, backends)
     asked = [r for b in backends.values() for r in b.requests]
     read = [r for b in backends.values() for r, _ in b.read]
     return items, seen, asked, read

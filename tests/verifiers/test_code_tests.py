@@ -5,6 +5,7 @@ import concurrent.futures
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -382,9 +383,10 @@ async def test_a_value_too_big_to_report_fails_its_test_without_being_called_for
     assert s.details["failures"] == {"not_plain_data": 1}
 
 
-def test_a_full_sandbox_queue_is_a_503_with_retry_after(tmp_path: Path) -> None:
-    """Through the real HTTP app: the verifier's typed refusal reaches the client as 503 +
-    Retry-After in OpenAI's error shape, and the service answers normally afterwards."""
+def slow_code_requests(tmp_path: Path, params: str, n: int, sandbox: str = "") -> tuple[list[Any], int]:
+    """`n` concurrent chat requests through the real HTTP app whose client tests each run a 1.5 s
+    answer in the sandbox, under a `code_tests` with `params` (and `[sandbox]` settings); the replies,
+    and the status of one more request once they are done."""
     import httpx
 
     from router.api.app import create_app
@@ -392,9 +394,9 @@ def test_a_full_sandbox_queue_is_a_503_with_retry_after(tmp_path: Path) -> None:
     from router.config import load_settings
     from tests.conftest import UvicornThread, smol_config
 
-    verifier = '[[tiers.verifiers]]\nname = "code_tests"\nparams = { max_concurrency = 1, max_queue = 1 }\n'
+    verifier = f'[[tiers.verifiers]]\nname = "code_tests"\nparams = {{ {params} }}\n'
     server = "allow_unauthenticated = true\nallow_client_tests_without_keys = true"
-    cfg = smol_config(tmp_path, threshold=0.9, verifiers=verifier, large="local", server=server)
+    cfg = smol_config(tmp_path, threshold=0.9, verifiers=verifier, server=server, sandbox=sandbox)
     slow = "def f(): return __import__('time').sleep(1.5) or 1"
     backends = {"small": InstantBackend("small", slow), "large": InstantBackend("large", "def f(): return 1")}
     body = {
@@ -408,15 +410,22 @@ def test_a_full_sandbox_queue_is_a_503_with_retry_after(tmp_path: Path) -> None:
             def post() -> httpx.Response:
                 return client.post("/v1/chat/completions", json=body)
 
-            with concurrent.futures.ThreadPoolExecutor(4) as pool:
-                replies = list(pool.map(lambda _: post(), range(4)))
-            refused = [r for r in replies if r.status_code == 503]
-            assert refused, [r.status_code for r in replies]
-            assert {r.status_code for r in replies} <= {200, 503}
-            for r in refused:
-                assert int(r.headers["Retry-After"]) >= 1
-                assert set(r.json()["error"]) == {"message", "type", "param", "code"}
-            assert post().status_code == 200
+            with concurrent.futures.ThreadPoolExecutor(n) as pool:
+                replies = list(pool.map(lambda _: post(), range(n)))
+            return replies, post().status_code
+
+
+def test_a_full_sandbox_queue_is_a_503_with_retry_after(tmp_path: Path) -> None:
+    """Through the real HTTP app: the verifier's typed refusal reaches the client as 503 +
+    Retry-After in OpenAI's error shape, and the service answers normally afterwards."""
+    replies, after = slow_code_requests(tmp_path, "max_concurrency = 1, max_queue = 1", 4)
+    refused = [r for r in replies if r.status_code == 503]
+    assert refused, [r.status_code for r in replies]
+    assert {r.status_code for r in replies} <= {200, 503}
+    for r in refused:
+        assert int(r.headers["Retry-After"]) >= 1
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert after == 200
 
 
 async def test_a_callers_prompt_examples_run_only_as_literal_calls_without_the_permission() -> None:
@@ -461,40 +470,16 @@ def test_the_host_limit_holds_across_verifiers_through_the_api(tmp_path: Path) -
     """`[sandbox]` caps sandboxed runs for the whole process: the verifier's own limit (4 slots,
     4 waiting) would take all six requests, the host's (1 running, 1 waiting) refuses some with a
     503 that names it, and the service answers again once the runs are done."""
-    import httpx
-
-    from router.api.app import create_app
-    from router.backends.instant import InstantBackend
-    from router.config import load_settings
-    from tests.conftest import UvicornThread, smol_config
-
-    verifier = '[[tiers.verifiers]]\nname = "code_tests"\nparams = { max_concurrency = 4, max_queue = 4 }\n'
-    server = "allow_unauthenticated = true\nallow_client_tests_without_keys = true"
-    cfg = smol_config(
-        tmp_path, threshold=0.9, verifiers=verifier, server=server, sandbox="max_concurrency = 1\nmax_queue = 1"
+    replies, after = slow_code_requests(
+        tmp_path, "max_concurrency = 4, max_queue = 4", 6, sandbox="max_concurrency = 1\nmax_queue = 1"
     )
-    slow = "def f(): return __import__('time').sleep(1.5) or 1"
-    backends = {"small": InstantBackend("small", slow), "large": InstantBackend("large", "def f(): return 1")}
-    body = {
-        "model": "small",
-        "messages": [{"role": "user", "content": "Write f."}],
-        "tierroute": {"tests": "assert f() == 1"},
-    }
-    with UvicornThread(create_app(load_settings(cfg), backends=backends)) as srv:
-        with httpx.Client(base_url=srv.url, timeout=30) as client:
-
-            def post() -> httpx.Response:
-                return client.post("/v1/chat/completions", json=body)
-
-            with concurrent.futures.ThreadPoolExecutor(6) as pool:
-                replies = list(pool.map(lambda _: post(), range(6)))
-            codes = sorted(r.status_code for r in replies)
-            assert codes.count(200) >= 2 and codes.count(503) >= 1 and set(codes) <= {200, 503}, codes
-            for r in replies:
-                if r.status_code == 503:
-                    assert "the host's sandboxes" in r.json()["error"]["message"]
-                    assert int(r.headers["Retry-After"]) >= 1
-            assert post().status_code == 200
+    codes = sorted(r.status_code for r in replies)
+    assert codes.count(200) >= 2 and codes.count(503) >= 1 and set(codes) <= {200, 503}, codes
+    for r in replies:
+        if r.status_code == 503:
+            assert "the host's sandboxes" in r.json()["error"]["message"]
+            assert int(r.headers["Retry-After"]) >= 1
+    assert after == 200
 
 
 async def test_code_tests_and_execution_share_the_hosts_slots() -> None:
