@@ -48,15 +48,17 @@ class Slots:
     @contextlib.asynccontextmanager
     async def hold(self, *, wait: bool = False) -> AsyncIterator[None]:
         """A slot for the block. `wait`: never refused, for a caller whose waiters are bounded
-        elsewhere (shadow work, whose lanes have their own concurrency); it still counts as waiting."""
+        elsewhere (shadow work, whose lanes have their own concurrency); such a waiter takes no
+        place in the queue, so it never makes a client's run be refused."""
         sem, waiting = self._limit()
         if not wait and sem.locked() and waiting[0] >= self.queue:
             raise OverloadedError(f"{self.owner}: every sandbox is busy; retry later", retry_after=2.0)
-        waiting[0] += 1
+        counted = 0 if wait else 1
+        waiting[0] += counted
         try:
             await sem.acquire()
         finally:
-            waiting[0] -= 1
+            waiting[0] -= counted
         try:
             yield
         finally:

@@ -58,3 +58,23 @@ async def test_a_code_comparison_waits_for_a_host_sandbox_slot(tmp_path: Path) -
         assert [(p.rule, p.agree) for p in pairs] == [("code_tests", True)]
     finally:
         await svc.close()
+
+
+async def test_a_waiting_shadow_comparison_takes_no_place_in_the_hosts_queue() -> None:
+    """Shadow work waits for a host slot without taking a client's place in the queue: with the one
+    slot busy and a shadow comparison waiting, a client's run still gets the one queue place."""
+    host = Slots("the host's sandboxes", 1, 1)
+    order: list[str] = []
+
+    async def take(who: str, *, wait: bool) -> None:
+        async with host.hold(wait=wait):
+            order.append(who)
+
+    async with host.hold():
+        shadow = asyncio.create_task(take("shadow", wait=True))
+        await asyncio.sleep(0.05)
+        client = asyncio.create_task(take("client", wait=False))  # the queue's one place is still free
+        await asyncio.sleep(0.05)
+        assert not client.done()  # waiting, not refused
+    await asyncio.gather(shadow, client)
+    assert sorted(order) == ["client", "shadow"]
