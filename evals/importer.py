@@ -49,7 +49,7 @@ from router.generation import Delta, Generation, GenerationRequest, Message
 from router.ledger import AttemptEntry, ShadowPair
 from router.plugins import VerifierRegistry
 from router.tasks import rule_task
-from router.verification import VerifierContext, VerifierError, uses_a_model
+from router.verification import VerifierError, spec_uses_a_model
 
 FORMAT = "tierroute-import/1"
 
@@ -95,7 +95,7 @@ SHADOW_AGREEMENT = "shadow_agreement"  # per-tier labels that are the live agree
 
 def _uses_a_model(registry: VerifierRegistry, spec: VerifierSpec, tier: str) -> bool:
     try:
-        return uses_a_model(registry.create(spec.name, spec.params, VerifierContext(tier=tier)))
+        return spec_uses_a_model(registry, spec.name, spec.params)
     except VerifierError as exc:
         raise ConfigError(f"verifier '{spec.name}' on tier {tier}: {exc}") from None
 

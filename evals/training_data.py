@@ -20,7 +20,7 @@ from router.errors import ConfigError
 from router.features import VerifierRef
 from router.generation import Generation, GenerationRequest
 from router.plugins import VerifierRegistry
-from router.verification import VerifierContext, VerifierError, uses_a_model
+from router.verification import VerifierContext, VerifierError, spec_uses_a_model
 from verifiers.learned import score_or_zero
 
 PURE = frozenset({"confidence", "format", "math_answer"})  # functions of request and answer alone, microseconds
@@ -97,7 +97,7 @@ def _uses_a_model(registry: VerifierRegistry, name: str, params: dict[str, Any])
     """Whether the named verifier asks a model for work (`uses_model`); one that does not build here
     (a plugin not installed) is judged by its stored scores' cost alone, as before."""
     try:
-        return uses_a_model(registry.create(name, dict(params), VerifierContext(tier="")))
+        return spec_uses_a_model(registry, name, params)
     except VerifierError:
         return False
 

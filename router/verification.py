@@ -134,6 +134,13 @@ class VerifierMaker(Protocol):
     def create(self, name: str, params: dict[str, Any], ctx: VerifierContext) -> Verifier: ...
 
 
+def spec_uses_a_model(maker: VerifierMaker, name: str, params: dict[str, Any]) -> bool:
+    """`uses_a_model` of the verifier a name and params make (built with no backends: building is
+    cheap, and what it would ask of a model is a property of the kind and its params). Raises
+    VerifierError where they do not build."""
+    return uses_a_model(maker.create(name, dict(params), VerifierContext(tier="")))
+
+
 @dataclass
 class VerifierContext:
     """What a verifier may use besides the request: the tier's own backend and the others."""
