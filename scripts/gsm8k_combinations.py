@@ -80,12 +80,8 @@ def search(table: ResultTable, top_free: ResultTable, seed: int) -> None:
     _, members, kept = best
     label = "mean(" + ", ".join(f"{m}*{w:g}" for m, w in zip(members, kept, strict=True)) + ")"
     chosen, chosen_free = with_column(table, label, members, kept), with_column(top_free, label, members, kept)
-    _, held = split(chosen, seed, 0.5)
-    every, half, on_calib = (
-        summarize(chosen, label),
-        summarize(held, label),
-        summarize(split(chosen, seed, 0.5)[0], label),
-    )
+    calib_part, held = split(chosen, seed, 0.5)
+    every, half, on_calib = summarize(chosen, label), summarize(held, label), summarize(calib_part, label)
     print(f"\nchosen on the calibration half ({len(WEIGHTS) ** len(SEARCHED)} weightings of {', '.join(SEARCHED)}):")
     print(f"  {label}")
     print(f"  calibration half: AUROC {on_calib.auroc[0] or 0:.3f}, APGR {on_calib.apgr:.3f}")
