@@ -139,3 +139,28 @@ def test_the_default_configs_commented_maths_policies_are_valid(tmp_path: Path) 
         assert policy.verifiers, block
         for spec in policy.verifiers:
             registry.create(spec.name, spec.params, VerifierContext(tier="small"))
+
+
+@pytest.mark.parametrize(
+    ("sandbox", "key"),
+    [
+        ("max_concurrency = -1", "sandbox.max_concurrency"),
+        ("max_concurrency = 100000", "sandbox.max_concurrency"),
+        ('max_concurrency = "all"', "sandbox.max_concurrency"),
+        ("max_queue = -5", "sandbox.max_queue"),
+        ("max_queue = 1e12", "sandbox.max_queue"),
+        ("max_concurency = 2", "sandbox.max_concurency"),
+    ],
+)
+def test_bad_sandbox_limits_are_refused_naming_the_key(tmp_path: Path, sandbox: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_settings(smol_config(tmp_path, sandbox=sandbox))
+
+
+def test_sandbox_limits_default_to_the_cpu_count_and_four_waiting_per_slot(tmp_path: Path) -> None:
+    import os
+
+    default = load_settings(smol_config(tmp_path)).sandbox
+    assert default.slots == (os.cpu_count() or 2) and default.queue == 4 * default.slots
+    set_ = load_settings(smol_config(tmp_path, sandbox="max_concurrency = 3\nmax_queue = 1")).sandbox
+    assert (set_.slots, set_.queue) == (3, 1)
