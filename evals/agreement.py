@@ -1,4 +1,4 @@
-"""The built-in agreement rules of shadow escalation (`router.agreement`), one per task.
+"""The built-in agreement rules of shadow escalation (`router.quality.agreement`), one per task.
 
 Agreement is grading with the larger tier's answer in the reference's place, so the rules read
 answers exactly as the graders do (`evals.grading`): the final number of a maths answer, the
@@ -10,8 +10,8 @@ through the entry-point group ``tierroute.agreement`` as a third-party rule woul
 
 from __future__ import annotations
 
-from router.agreement import Agreement, RegisterRule
 from router.generation import GenerationRequest
+from router.quality.agreement import Agreement, RegisterRule
 
 _CODE_TIMEOUT_S = 10.0
 

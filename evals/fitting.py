@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from router.estimators import LinearModel, sigmoid
+from router.learned.estimators import LinearModel, sigmoid
 
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 GRAM_GAINS = (1.0, 4.0, 0.0)  # how much the hashed prompt grams may weigh; 0 drops them

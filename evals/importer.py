@@ -46,7 +46,7 @@ from router.backends.base import Backend
 from router.config import LedgerSettings, OpenAIBackendSettings, PriceSettings, Settings, TierSettings, VerifierSpec
 from router.errors import ConfigError, UnavailableError
 from router.generation import Delta, Generation, GenerationRequest, Message
-from router.ledger import AttemptEntry, ShadowPair
+from router.ledger.store import AttemptEntry, ShadowPair
 from router.plugins import VerifierRegistry
 from router.tasks import rule_task
 from router.verification import VerifierError, spec_uses_a_model
@@ -619,12 +619,12 @@ def read_ledger(
     settings: LedgerSettings | None = None,
 ) -> LedgerRead:
     """The ledger's shadow pairs (SQLite file or `postgresql://` URL, read through the same store
-    the service writes with; see router/ledger.py) as records: the accepted answer and the larger
+    the service writes with; see router/ledger/store.py) as records: the accepted answer and the larger
     tier's, labelled by the agreement rule the pair was judged by (the larger tier right, the
     accepted one right when they agreed). Only pairs that kept their prompt and both answers
     (`ledger.store_prompts`) can become items; one (tier, target) pair of tiers per run: `tiers`
     when given, else the most frequent. `settings` gives a PostgreSQL ledger its password variable."""
-    from router.ledger_stores import open_store
+    from router.ledger.stores import open_store
 
     if tiers is not None and len(tiers) != 2:
         raise ConfigError("--tiers for shadow pairs names two tiers: the accepting tier, then the shadow target")

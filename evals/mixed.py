@@ -58,7 +58,7 @@ def default_classifier(settings: Settings) -> TaskClassifier | None:
     """The classifier the service would use with these settings."""
     if not settings.cascade.task_classifier:
         return None
-    from router.task_model import TaskClassifier as Model
+    from router.learned.task_model import TaskClassifier as Model
 
     return Model.load()
 

@@ -38,12 +38,12 @@ from evals.store import (
     score_key,
 )
 from evals.suites.base import Item, Suite
+from router.admission.slots import Slots, host_sandboxes
 from router.config import Settings, TierSettings, VerifierSpec
 from router.errors import ConfigError, ModelError, RequestError, UnavailableError
 from router.generation import GenerationRequest
 from router.policy import TaskPolicy, task_policy
 from router.pricing import describe
-from router.slots import Slots, host_sandboxes
 from router.tasks import task_of_suite
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def parse_verifier_option(text: str) -> VerifierSpec:
 
 def model_identity(tier: TierSettings) -> str:
     if tier.llamacpp is not None:
-        from router.catalog import CATALOG
+        from router.models.catalog import CATALOG
 
         spec = tier.llamacpp.model
         entry = CATALOG.get(spec)

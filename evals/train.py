@@ -2,7 +2,7 @@
 
 What they learn from, per (item, tier) of one or more runs: the prompt the tier was sent, its
 answer (logprobs, length, finish reason), the stored scores of the eval's verifiers, and the
-grader's verdict (see `router.features` for the features; training and serving
+grader's verdict (see `router.learned.features` for the features; training and serving
 share that code). One model per tier and estimator: a logistic regression whose strength is
 chosen by cross-validated log-loss, then recalibrated by Platt scaling on its cross-validated
 logits. By default one model per tier serves all the runs given (their suites pooled);
@@ -43,8 +43,8 @@ from evals.fitting import fit_model, out_of_fold
 from evals.train_report import TrainResult, write_report
 from evals.training_data import RunData, feature_verifiers, fill_scores
 from router.errors import ConfigError
-from router.estimators import LinearModel, dump_estimator
-from router.features import FeatureSpec
+from router.learned.estimators import LinearModel, dump_estimator
+from router.learned.features import FeatureSpec
 
 DEFAULT_TARGET = Target("min-pgr", 0.8)
 

@@ -17,8 +17,8 @@ from evals.estimators import LEARNED, PREROUTER
 from evals.store import RunStore, generation_key
 from evals.sweep import ResultTable, load_table
 from router.errors import ConfigError
-from router.features import VerifierRef
 from router.generation import Generation, GenerationRequest
+from router.learned.features import VerifierRef
 from router.plugins import VerifierRegistry
 from router.verification import VerifierContext, VerifierError, spec_uses_a_model
 from verifiers.learned import score_or_zero

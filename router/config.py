@@ -189,9 +189,9 @@ class OpenAIBackendSettings(_Strict):
 
 
 class ShadowSettings(_Strict):
-    """Shadow escalation (`tiers[].shadow`, router.shadow): a sampled share of the answers this
+    """Shadow escalation (`tiers[].shadow`, router.quality.shadow): a sampled share of the answers this
     tier accepts is also asked of a larger tier in the background, after the client has its
-    answer, to estimate the tier's live accuracy and watch it for drift (router.drift)."""
+    answer, to estimate the tier's live accuracy and watch it for drift (router.quality.drift)."""
 
     rate: float = Field(ge=0, le=1, description="Share of this tier's accepted answers also sent to the target.")
     target: str | None = Field(None, description="The tier asked in the shadow; unset: the next tier.")

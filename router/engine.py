@@ -13,17 +13,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from router import policy
+from router.admission.slots import Slots, host_sandboxes
 from router.backends.base import Backend
 from router.cascade import Cascade, Judge, Tier
 from router.config import Settings, TierSettings, VerifierSpec
 from router.errors import ConfigError, ModelError
 from router.plugins import BackendRegistry, SharedRegistry, VerifierRegistry
-from router.slots import Slots, host_sandboxes
 from router.tasks import TaskClassifier
 from router.verification import VerifierContext, VerifierError, VerifierSet, WeightedVerifier
 
 if TYPE_CHECKING:
-    from router.estimators import PreRouter
+    from router.learned.estimators import PreRouter
 
 
 def load_prerouter(tier: TierSettings) -> PreRouter | None:
@@ -31,7 +31,7 @@ def load_prerouter(tier: TierSettings) -> PreRouter | None:
     tampered or malformed file is a ConfigError naming the key."""
     if tier.prerouter is None:
         return None
-    from router.estimators import EstimatorError, PreRouter
+    from router.learned.estimators import EstimatorError, PreRouter
 
     cfg = tier.prerouter
     try:
@@ -50,7 +50,7 @@ def check_resources(
     """What would stop the service starting, each naming the config key: unknown backends,
     missing or corrupt model files (except for the tiers in `skip_models`, whose backend is
     supplied), unknown verifiers, pre-router files that are missing or not the configured ones."""
-    from router.catalog import resolve_model
+    from router.models.catalog import resolve_model
 
     problems: list[str] = []
     reg = registry or VerifierRegistry.from_entry_points()
@@ -170,7 +170,7 @@ class Engine:
                     raise ConfigError(f"tiers ({t.name}).tasks.{task}: {exc}") from None
             tiers.append(Tier(t, built[t.name], VerifierSet(members, t.combine), load_prerouter(t), tasks))
         if classifier is None and settings.cascade.task_classifier:
-            from router.task_model import TaskClassifier  # numpy only; loaded once per engine
+            from router.learned.task_model import TaskClassifier  # numpy only; loaded once per engine
 
             classifier = TaskClassifier.load()
         cascade = Cascade(tiers, settings.cascade, classifier)

@@ -29,7 +29,7 @@ class ToolSpec:
     parameters_json: str | None = None
     strict: bool = False
     # the schema this service decodes forced calls under and validates arguments against, when it
-    # is not `parameters` itself: a non-strict function's, loosened (router.grammars)
+    # is not `parameters` itself: a non-strict function's, loosened (router.structured.grammars)
     checked_json: str | None = None
 
     @functools.cached_property
@@ -193,7 +193,7 @@ class Generation:
     # per generated token, when the request asked for top_logprobs and the backend gives them
     top_logprobs: tuple[TokenLogprob, ...] | None = None
     # calls a backend received as structured data (an upstream's `tool_calls`); None: the answer
-    # is all in `text`, where a local model writes its calls (`router.tools.answer` reads them)
+    # is all in `text`, where a local model writes its calls (`router.structured.tools.answer` reads them)
     tool_calls: tuple[ToolCall, ...] | None = None
     # decoded under a grammar from the request's response_format (True); asked of an upstream
     # that enforces it or not as it does (None); free text (False)

@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.backends.base import Backend
-from router.ledger import LedgerEntry
+from router.ledger.store import LedgerEntry
 from router.tasks import TASKS
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
@@ -172,7 +172,7 @@ class Metrics:
                 self.scores.labels(a.tier, name).observe(value)
 
     def observe_shadow(self, entry: LedgerEntry) -> None:
-        """A shadow generation (router.shadow): its money and tokens, under the operator key. It
+        """A shadow generation (router.quality.shadow): its money and tokens, under the operator key. It
         is not a served request, so the request, attempt and escalation counts leave it out."""
         self.key_cost.labels(entry.key_id).inc(entry.cost_usd)
         for a in entry.attempts:
@@ -185,7 +185,7 @@ class Metrics:
 
 
 class ShadowMetrics:
-    """Shadow escalation and drift (router.shadow, router.drift). Rates are gauges set as pairs
+    """Shadow escalation and drift (router.quality.shadow, router.quality.drift). Rates are gauges set as pairs
     arrive; `threshold` labels take only the configured thresholds, so series stay few."""
 
     def __init__(self, r: CollectorRegistry) -> None:
@@ -232,7 +232,7 @@ class ShadowMetrics:
         )
         self.alarm = Gauge(
             "tierroute_shadow_drift_alarm",
-            "1 while a drift alarm is raised (router.drift), per tier, task, signal and direction.",
+            "1 while a drift alarm is raised (router.quality.drift), per tier, task, signal and direction.",
             ["tier", "task", "signal", "direction"],
             registry=r,
         )

@@ -53,7 +53,7 @@ class TaskLabel:
 
 
 class TaskClassifier(Protocol):
-    """A learned fallback for what the rules leave open (e.g. `router.task_model.TaskClassifier`)."""
+    """A learned fallback for what the rules leave open (e.g. `router.learned.task_model.TaskClassifier`)."""
 
     def predict(self, text: str) -> tuple[str, float]: ...
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from router import policy
+from router.admission.slots import Slots
 from router.generation import Generation, GenerationRequest
-from router.slots import Slots
 
 if TYPE_CHECKING:
     from router.backends.base import Backend
@@ -152,7 +152,7 @@ class VerifierContext:
     # SharedRegistry, so a feature verifier the tier also runs is scored once per answer
     registry: VerifierMaker | None = None
     # the host's sandbox slots, one per engine (or eval run), shared by every verifier that runs
-    # code on every tier (`router.slots`); None: only the verifier's own limit applies
+    # code on every tier (`router.admission.slots`); None: only the verifier's own limit applies
     sandboxes: Slots | None = None
 
 

@@ -17,9 +17,9 @@ import time
 import llama_cpp
 
 from router.backends.llamacpp import LlamaCppBackend
-from router.catalog import CATALOG, ModelStore
 from router.config import LlamaCppSettings
 from router.generation import GenerationRequest, Message
+from router.models.catalog import CATALOG, ModelStore
 
 PROMPTS = [f"Write a Python function number {i} that computes something useful, with a docstring." for i in range(64)]
 _spent = {"decode_s": 0.0, "steps": 0}

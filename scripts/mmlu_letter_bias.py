@@ -82,9 +82,9 @@ def offline(run_dir: Path) -> None:
 
 def probe(n: int) -> None:
     from router.backends.llamacpp import LlamaCppBackend
-    from router.catalog import resolve_model
     from router.config import LlamaCppSettings
     from router.generation import GenerationRequest, Message
+    from router.models.catalog import resolve_model
 
     suite = get_suite("mmlu")
     manifest = json.loads((Path("evals/results/mmlu") / "manifest.json").read_text())

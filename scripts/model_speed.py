@@ -15,9 +15,9 @@ import asyncio
 import time
 
 from router.backends.llamacpp import LlamaCppBackend
-from router.catalog import CATALOG, ModelStore
 from router.config import LlamaCppSettings
 from router.generation import Delta, GenerationRequest
+from router.models.catalog import CATALOG, ModelStore
 
 PROMPT = 'def is_prime(n: int) -> bool:\n    """Return True when n is a prime number."""\n'
 

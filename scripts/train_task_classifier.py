@@ -1,4 +1,4 @@
-"""Fit the task classifier (`router.task_model`) and measure it on held-out prompts.
+"""Fit the task classifier (`router.learned.task_model`) and measure it on held-out prompts.
 
     .venv/bin/python scripts/train_task_classifier.py [--out router/data/task_model.json] [--no-write]
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from evals.suites import get_suite
 from router.generation import GenerationRequest, Message
-from router.task_model import DEFAULT_PATH, fit
+from router.learned.task_model import DEFAULT_PATH, fit
 from router.tasks import detect_task
 
 PROMPTS = Path(__file__).resolve().parents[1] / "evals" / "data" / "open_ended_prompts.jsonl"

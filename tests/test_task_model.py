@@ -19,7 +19,7 @@ import pytest
 
 from evals.suites import gsm8k, humaneval, mmlu
 from router.errors import ConfigError
-from router.task_model import DEFAULT_PATH, FORMAT, VERSION, TaskClassifier, TaskModelError, features, fit
+from router.learned.task_model import DEFAULT_PATH, FORMAT, VERSION, TaskClassifier, TaskModelError, features, fit
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "evals" / "data" / "open_ended_prompts.jsonl"

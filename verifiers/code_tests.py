@@ -76,8 +76,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.admission.slots import Slots, hold_all, verifier_slots
 from router.generation import Generation, GenerationRequest
-from router.slots import Slots, hold_all, verifier_slots
 from verifiers.base import Score, VerifierContext, require_integers, require_numbers
 from verifiers.extract import compiles, defined_names, definitions, extract_code, fenced_blocks, foreign_language
 from verifiers.sandbox import Limits, SandboxUnavailableError, start_python

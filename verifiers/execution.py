@@ -62,8 +62,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from router.admission.slots import Slots, hold_all, verifier_slots
 from router.generation import Generation, GenerationRequest, Message
-from router.slots import Slots, hold_all, verifier_slots
 from verifiers.base import Score, VerifierContext, VerifierCost, require_integers, require_numbers
 from verifiers.code_tests import MAX_ANSWER_CHARS, MAX_PROCS
 from verifiers.consistency import generation_cost

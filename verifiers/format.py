@@ -7,7 +7,7 @@ order and the first failure names itself in the reason; JSON may be the whole an
 client parses the message content as it is, fences and all), an object for `json_object`, valid
 against the schema for `json_schema` (`verifiers.jsonschema_check`, the checker the `tool_call`
 verifier uses too). The grammar a local tier decodes under enforces most of a
-schema, not all of it (numeric bounds, `uniqueItems`, long length bounds: see `router.grammars`),
+schema, not all of it (numeric bounds, `uniqueItems`, long length bounds: see `router.structured.grammars`),
 and an answer cut off at `max_tokens` is unfinished JSON; both fail here, so they escalate.
 
 With no params the verifier checks only the request's format, and abstains on a request without

@@ -2,7 +2,7 @@
 (the `format` verifier) and a function's parameters (the `tool_call` verifier) alike.
 
 Both schemas come from the client, so both were read before any model saw them by
-`router.grammars.check_schema` (size, depth, only local `$ref`s, only keywords constrained
+`router.structured.grammars.check_schema` (size, depth, only local `$ref`s, only keywords constrained
 decoding and validation honour, a valid JSON Schema): what reaches this module is a schema the
 `jsonschema` library can validate against without fetching anything. One thing stays hostile: a
 `pattern` runs against text a model wrote (or an upstream sent), and Python's backtracking `re`
@@ -24,7 +24,7 @@ from typing import Any
 
 import regex
 
-from router.grammars import GRAMMAR_CACHE, schema_key
+from router.structured.grammars import GRAMMAR_CACHE, schema_key
 
 PATTERN_TIMEOUT_S = 0.05
 MAX_ERRORS_READ = 8

@@ -1,5 +1,5 @@
 """The `learned` verifier: the probability, estimated from what the cascade has once a tier has
-answered, that the answer is right (the model and its file format: `router.estimators`)."""
+answered, that the answer is right (the model and its file format: `router.learned.estimators`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from router.estimators import Estimator, EstimatorError, load_estimator
 from router.generation import Generation, GenerationRequest
+from router.learned.estimators import Estimator, EstimatorError, load_estimator
 from verifiers.base import Score, Verifier, VerifierContext, VerifierCost, VerifierError, uses_a_model
 
 

@@ -10,9 +10,9 @@ when handed a result: they call again instead of answering).
 
 It abstains when the request offers no tools (or `tool_choice` is `none`), and when the answer, as
 `tool_choice: auto` allows, is plain text: whether that text is right is for the other verifiers.
-The calls are read by `router.tools.answer`, the reading the HTTP layer shows the client.
+The calls are read by `router.structured.tools.answer`, the reading the HTTP layer shows the client.
 Arguments are checked by `verifiers.jsonschema_check`, the checker of response_format answers too
-(the functions' schemas passed `router.grammars.check_schema` with the request), in a worker
+(the functions' schemas passed `router.structured.grammars.check_schema` with the request), in a worker
 thread: a client's `pattern` may run to its time limit.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.generation import Generation, GenerationRequest, NamedTool, ToolCall, ToolSpec
-from router.tools import answer
+from router.structured.tools import answer
 from verifiers.base import Score, VerifierContext
 from verifiers.jsonschema_check import first_error
 

@@ -21,9 +21,9 @@ from fastapi import FastAPI, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from router.admission.auth import allowed_hosts, docs_enabled
 from router.api import errors, routes_completions, routes_health, routes_models
 from router.api.deps import PrincipalDep, Services, ServicesDep
-from router.auth import allowed_hosts, docs_enabled
 from router.config import Settings
 from router.engine import Engine
 from router.errors import RequestError

@@ -10,11 +10,11 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from router.accounting import Accounting
-from router.auth import Authenticator, Principal
+from router.admission.accounting import Accounting
+from router.admission.auth import Authenticator, Principal
 from router.config import Settings
 from router.engine import Engine
-from router.shadow import ShadowService
+from router.quality.shadow import ShadowService
 
 
 class Services:

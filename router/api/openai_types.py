@@ -54,8 +54,8 @@ from router.generation import (
     ToolSpec,
 )
 from router.generation import ResponseFormat as GenerationFormat
-from router.grammars import check_schema, loosened_tool_schema
-from router.tools import ToolAnswer, argument_fragments
+from router.structured.grammars import check_schema, loosened_tool_schema
+from router.structured.tools import ToolAnswer, argument_fragments
 
 Number = Annotated[float, Strict(), AllowInfNan(False)]  # a JSON number (an int is fine), finite
 
@@ -222,7 +222,7 @@ class JsonSchemaSpec(_Lenient):
     name: StrictStr = Field(min_length=1, max_length=64)
     description: StrictStr | None = Field(None, max_length=4096)
     # `schema` would shadow BaseModel.schema; the wire name is kept by the alias. Its contents are
-    # checked by router.grammars (size, depth, constructs) when the typed request is made.
+    # checked by router.structured.grammars (size, depth, constructs) when the typed request is made.
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: StrictBool | None = None
 
@@ -267,7 +267,7 @@ class _Common(_Lenient):
     stream_options: StreamOptions | None = None
     user: StrictStr | None = Field(None, max_length=512)
     tierroute: TierrouteOptions | None = None
-    # response_format: enforced (router.grammars on local tiers, passed to remote ones, checked by
+    # response_format: enforced (router.structured.grammars on local tiers, passed to remote ones, checked by
     # the format verifier) and read to tell the request's task (router.tasks). tools: read for the task.
     response_format: ResponseFormat | None = None
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
@@ -493,7 +493,7 @@ class ChatCompletionRequest(_Common):
         # the check a response_format schema gets: a forced call's arguments are decoded under a
         # grammar of its schema, and every call's are validated against it (verifiers.tool_call).
         # A non-strict function's schema is a hint, as at OpenAI: what the grammar cannot honour is
-        # taken out of the schema enforced here, not refused (router.grammars.loosened_tool_schema)
+        # taken out of the schema enforced here, not refused (router.structured.grammars.loosened_tool_schema)
         checked: list[ToolSpec] = []
         for i, spec in enumerate(specs):
             param = f"tools.{i}.function.parameters"

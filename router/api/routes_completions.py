@@ -11,14 +11,14 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from router import tools
-from router.accounting import Ticket
+from router.admission.accounting import Ticket
+from router.admission.auth import Principal
 from router.api import openai_types as ot
 from router.api.deps import PrincipalDep, Services, ServicesDep
 from router.api.errors import error_response
-from router.auth import Principal
 from router.cascade import Answering, CascadeResult, Final, Spent, Tier
 from router.generation import Delta, GenerationRequest, TokenLogprob
+from router.structured import tools
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1")
@@ -154,7 +154,7 @@ async def _respond(
         pending: list[TokenLogprob] = []  # tokens whose text has not been streamed yet
         pending_at = 0  # where the first of them begins
         # with tools offered, text that may be a call is held back and read whole at the end
-        # (router.tools: the calls a client gets are the ones that were verified)
+        # (router.structured.tools: the calls a client gets are the ones that were verified)
         content = tools.ContentFilter() if request.offers_tools else None
         result: CascadeResult | None = None
         try:

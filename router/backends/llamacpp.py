@@ -12,7 +12,7 @@ the answer tokenized as plain text. An answer that does not fit the context with
 refused with `ContextLengthError`, not truncated: a score of part of an answer would be read as a
 score of all of it.
 
-A request with a `response_format` decodes under the grammar `router.grammars` makes of it (one
+A request with a `response_format` decodes under the grammar `router.structured.grammars` makes of it (one
 grammar state per sequence in the engine, so constrained and free sequences share decode steps);
 its answer is marked `constrained`. `logit_bias` and the penalties reshape each sequence's logits
 in the engine; a bias on a token id outside this model's vocabulary is a 400, as OpenAI answers.
@@ -51,11 +51,11 @@ from router.backends.llama_engine import (
     TokenEvent,
     vocab_mismatch,
 )
-from router.catalog import resolve_model
 from router.errors import ContextLengthError, DeadlineError, ModelError, RequestError
 from router.generation import Delta, Generation, GenerationRequest
-from router.grammars import request_grammar
-from router.tools import chat_inputs, template_renders_tools
+from router.models.catalog import resolve_model
+from router.structured.grammars import request_grammar
+from router.structured.tools import chat_inputs, template_renders_tools
 
 # No tokenizer we serve averages more characters per token than this, even on runs of spaces or
 # repeated punctuation, so a longer prompt cannot fit the context and is refused untokenized.
@@ -215,7 +215,7 @@ class LlamaCppBackend(Backend):
             raise ModelError(f"model {self.model_path.name} has no chat template; use /v1/completions")
         from jinja2 import TemplateError
 
-        # tools and tool turns through the template's own tools section, or router.tools' fallback
+        # tools and tool turns through the template's own tools section, or router.structured.tools' fallback
         messages, tools = chat_inputs(request, native=self._renders_tools)
         try:
             rendered = self._formatter(messages=messages, tools=tools)

@@ -2,7 +2,7 @@
 
 One logical request gives one `Generation` or one exception, never both and never two:
 
-- The SDK's own retries are off. `router.retry.RetryPolicy` (tenacity) retries what is the
+- The SDK's own retries are off. `router.backends.retry.RetryPolicy` (tenacity) retries what is the
   upstream's passing trouble: connection errors, timeouts, HTTP 408/409/429/5xx, and a 200 whose
   body is not a well-formed completion. It backs off with jitter, honours `Retry-After`, and never
   runs past the deadline: `request.deadline` or now + the tier's `timeout_s`, whichever is sooner.
@@ -11,7 +11,7 @@ One logical request gives one `Generation` or one exception, never both and neve
 - `stream` retries only until the first piece of text has been yielded. After that a failure
   raises, because retrying would repeat text the caller already has, and returning what arrived as
   if it were complete would pass off a truncated answer.
-- Each attempt passes through the tier's `CircuitBreaker` (see `router.breaker`): every failed
+- Each attempt passes through the tier's `CircuitBreaker` (see `router.backends.breaker`): every failed
   attempt counts as a failure; a deliberate answer, including a 4xx rejecting our request, counts
   as the upstream being alive.
 
@@ -40,7 +40,7 @@ An upstream is not trusted any more than a client is (DESIGN.md, security bounda
   an allowance per message for the chat template, the completion's at most the `max_tokens` we
   sent plus a small slack. Anything else and the whole usage is refused with a warning in the log,
   and the counts are estimated as for a server that reports none (never above `max_tokens`).
-- `Retry-After` is clamped by `router.retry.parse_retry_after` to [0, the tier's timeout], and
+- `Retry-After` is clamped by `router.backends.retry.parse_retry_after` to [0, the tier's timeout], and
   retries never sleep past the deadline whatever it says. A client whose request failed at this
   tier gets one rule, for plain and streamed requests alike: the upstream's value or the
   breaker's remaining cool-down, whichever is longer; when neither says anything,
@@ -96,7 +96,9 @@ import httpx2
 import openai
 
 from router.backends.base import Backend, ContinuationScore, ScoringUnsupportedError
+from router.backends.breaker import CircuitBreaker, Permit
 from router.backends.prompt_scoring import ScoredTokens, read_echo, read_vllm, render_chat
+from router.backends.retry import RetryPolicy, parse_retry_after
 from router.backends.upstream_io import (
     LOG_TEXT_CHARS,
     CappedTransport,
@@ -114,7 +116,6 @@ from router.backends.upstream_io import (
     token_logprobs,
     typed_field,
 )
-from router.breaker import CircuitBreaker, Permit
 from router.errors import (
     ConfigError,
     ContextLengthError,
@@ -133,8 +134,7 @@ from router.generation import (
     TokenLogprob,
     ToolCall,
 )
-from router.retry import RetryPolicy, parse_retry_after
-from router.tools import MAX_CALLS, new_call_id
+from router.structured.tools import MAX_CALLS, new_call_id
 
 if TYPE_CHECKING:
     from router.config import OpenAIBackendSettings, Settings, TierSettings

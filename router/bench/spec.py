@@ -93,8 +93,8 @@ def read_pair(plain_config: Path, draft_config: Path, cache_dir: Path | None = N
     """The pair both engines run, from the two configs: refused unless they differ only in the
     draft keys, name a draft model, and fix the thread count (0, "the machine's cores", could be
     read differently by the two engines)."""
-    from router.catalog import resolve_model
     from router.errors import TierrouteError
+    from router.models.catalog import resolve_model
 
     plain, draft = _raw_tier(plain_config), _raw_tier(draft_config)
     if any(k in plain["llamacpp"] for k in DRAFT_KEYS):

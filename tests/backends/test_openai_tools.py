@@ -15,7 +15,7 @@ from router.backends.openai import OpenAIBackend
 from router.config import OpenAIBackendSettings
 from router.errors import UpstreamError
 from router.generation import GenerationRequest, Message, NamedTool, ToolCall, ToolSpec
-from router.tools import MAX_CALLS
+from router.structured.tools import MAX_CALLS
 from tests.backends.fault_upstream import FaultUpstream, chat_chunk, raw, sse
 from tests.backends.test_openai_backend import backend_for, collect
 from tests.conftest import llama_cpp_server

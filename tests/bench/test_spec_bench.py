@@ -232,7 +232,17 @@ def test_bench_spec_end_to_end_on_smollm2(tmp_path: Path, pair_configs: tuple[Pa
 def test_a_sigterm_to_the_bench_stops_the_server_it_launched(pair_configs: tuple[Path, Path]) -> None:
     plain, drafted = pair_configs
     bench = subprocess.Popen(
-        [sys.executable, "-m", "router.cli", "--config", str(plain), "bench", "spec", "--draft-config", str(drafted)]
+        [
+            sys.executable,
+            "-m",
+            "router.cli",
+            "--config",
+            str(plain),
+            "bench",
+            "spec",
+            "--draft-config",
+            str(drafted),
+        ]
         + ["--variants", "tierroute", "--concurrency", "1", "--requests", "200", "--max-tokens", "32"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.agreement import TEXT_THRESHOLD, AgreementRegistry, normalise, text_agreement
 from router.generation import GenerationRequest, Message
+from router.quality.agreement import TEXT_THRESHOLD, AgreementRegistry, normalise, text_agreement
 
 Q = GenerationRequest(messages=(Message("user", "A question"),))
 

@@ -280,8 +280,8 @@ def _ledger(path: Path | str, n: int) -> list[bool]:
     the token counts and times an import reads."""
     from dataclasses import replace
 
-    from router.ledger import ShadowPair
-    from router.ledger_stores import open_store
+    from router.ledger.store import ShadowPair
+    from router.ledger.stores import open_store
     from tests.router.test_ledger import attempt, entry
 
     store = open_store(path)

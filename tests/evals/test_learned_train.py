@@ -22,7 +22,7 @@ from evals.training_data import feature_verifiers, load_run
 from router.cli import main
 from router.config import VerifierSpec
 from router.errors import ConfigError
-from router.estimators import PreRouter
+from router.learned.estimators import PreRouter
 from tests.evals.learned_helpers import make_run
 from verifiers.base import Registry, VerifierContext
 from verifiers.learned import LearnedVerifier

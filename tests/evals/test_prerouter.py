@@ -16,11 +16,11 @@ from evals.sweep import CONFIG, CascadePolicy, ItemOutcome, PreRoutePolicy, Resu
 from router.cascade import Cascade
 from router.config import CascadeSettings, PriceSettings, TierSettings
 from router.errors import ConfigError
-from router.estimators import LinearModel, dump_estimator
-from router.features import FeatureSpec, gram_bucket
 from router.generation import GenerationRequest, Message
-from router.ledger import LedgerEntry
-from router.wheels import sha256_file
+from router.learned.estimators import LinearModel, dump_estimator
+from router.learned.features import FeatureSpec, gram_bucket
+from router.ledger.store import LedgerEntry
+from router.models.wheels import sha256_file
 from tests.verifiers.scripted import ScriptedBackend, tier
 
 PRICE = PriceSettings(usd_per_hour=3.6)

@@ -262,8 +262,8 @@ def test_verifiers_that_generate_get_the_evals_deadline_unless_their_spec_sets_o
     # a serving bound (self_consistency's 120 s) times samples out under batched eval load, and a
     # timeout is no verdict: the eval's own deadline applies, without changing the label or cache key
     from evals.runner import _make_verifiers, _missing
+    from router.admission.slots import host_sandboxes
     from router.plugins import VerifierRegistry
-    from router.slots import host_sandboxes
 
     plan = plan_for(tmp_path, verifiers=())
     plan.timeout_s = 900.0

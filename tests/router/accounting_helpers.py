@@ -13,11 +13,11 @@ from typing import Any
 
 import httpx
 
+from router.admission.auth import hash_key, new_key
 from router.api.app import create_app
-from router.auth import hash_key, new_key
 from router.config import load_settings
 from router.generation import Generation, GenerationRequest
-from router.ledger import LedgerEntry, SQLiteStore
+from router.ledger.store import LedgerEntry, SQLiteStore
 from tests.conftest import smol_config
 from verifiers.base import Registry, Score, VerifierCost
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from router.cascade import Cascade, Tier
 from router.config import CascadeSettings, Settings, load_settings
 from router.generation import GenerationRequest, Message
-from router.ledger import Ledger, LedgerEntry
+from router.ledger.store import Ledger, LedgerEntry
 from router.metrics import Metrics
-from router.shadow import ShadowService
+from router.quality.shadow import ShadowService
 from router.verification import VerifierContext, VerifierSet, WeightedVerifier
 from tests.conftest import SMOL, write_config
 from tests.verifiers.scripted import ScriptedBackend

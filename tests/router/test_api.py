@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
+from router.admission.auth import hash_key, new_key
 from router.api.app import create_app
-from router.auth import hash_key, new_key
 from router.config import load_settings
 from tests.conftest import UvicornThread, free_port, smol_config
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from router import wheels
-from router.catalog import CATALOG, CatalogEntry, ModelStore, resolve_model
 from router.errors import IntegrityError, ModelError
-from router.wheels import WheelMember
+from router.models import wheels
+from router.models.catalog import CATALOG, CatalogEntry, ModelStore, resolve_model
+from router.models.wheels import WheelMember
 
 
 def _fake_wheels(tmp: Path, chunks: list[bytes]) -> dict[str, Path]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from router.drift import BernoulliCusum, DriftMonitor, H, shifted
+from router.quality.drift import BernoulliCusum, DriftMonitor, H, shifted
 from tests.router.shadow_helpers import serve, service, settings
 
 CHANGE_AT = 600  # requests the small tier serves at its usual 10% error rate

@@ -1,4 +1,4 @@
-"""router.grammars without a model: what a schema may hold, and the grammar made of it."""
+"""router.structured.grammars without a model: what a schema may hold, and the grammar made of it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from router.errors import RequestError
 from router.generation import ResponseFormat
-from router.grammars import MAX_GRAMMAR_REPEAT, check_schema, grammar_for
+from router.structured.grammars import MAX_GRAMMAR_REPEAT, check_schema, grammar_for
 
 
 def schema_format(schema: dict) -> ResponseFormat:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from router.auth import Authenticator
+from router.admission.auth import Authenticator
 from router.cli import main
 from router.config import ServerSettings, load_settings
 from router.errors import AuthError

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from router.errors import ConfigError
-from router.ledger import SCHEMA_VERSION, AttemptEntry, Ledger, LedgerEntry, PendingEntry, SQLiteStore
-from router.ledger_stores import open_store
+from router.ledger.store import SCHEMA_VERSION, AttemptEntry, Ledger, LedgerEntry, PendingEntry, SQLiteStore
+from router.ledger.stores import open_store
 from tests.router.accounting_helpers import (
     ESCALATE_ON_MARK,
     MARK,

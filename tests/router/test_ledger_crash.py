@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from router.ledger import LedgerEntry, PendingEntry, SQLiteStore
+from router.ledger.store import LedgerEntry, PendingEntry, SQLiteStore
 from tests.conftest import TIERROUTE, serve_process
 from tests.router.accounting_helpers import (
     assert_matches,

@@ -31,7 +31,7 @@ import httpx
 import openai
 import pytest
 
-from router.ledger import SQLiteStore
+from router.ledger.store import SQLiteStore
 from tests.backends.fault_upstream import (
     _SSE_HEADERS,
     TOKENS,

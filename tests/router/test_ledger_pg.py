@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 import psycopg
 import pytest
 
+from router.admission.limits import Reservation, SharedLimits
 from router.config import ApiKeyEntry, load_settings
 from router.errors import ConfigError, QuotaError, RateLimitError, UnavailableError
-from router.ledger import DuplicateEntry, PendingEntry, ShadowPair, SQLiteStore
-from router.ledger_pg import MIGRATIONS, PostgresStore
-from router.ledger_stores import open_store
-from router.limits import Reservation, SharedLimits
+from router.ledger.postgres import MIGRATIONS, PostgresStore
+from router.ledger.store import DuplicateEntry, PendingEntry, ShadowPair, SQLiteStore
+from router.ledger.stores import open_store
 from tests.conftest import TIERROUTE
 from tests.router.accounting_helpers import auth, chat, config_with_keys, running, tierroute_of
 from tests.router.test_ledger import attempt, entry

@@ -32,7 +32,7 @@ import httpx
 import psycopg
 import pytest
 
-from router.ledger_pg import PostgresStore
+from router.ledger.postgres import PostgresStore
 from tests.backends.fault_upstream import FaultUpstream, delayed, ok
 from tests.conftest import TIERROUTE, serve_process, write_config
 from tests.router.accounting_helpers import auth, chat, keys_section
@@ -40,7 +40,7 @@ from tests.router.accounting_helpers import auth, chat, keys_section
 pytest_plugins = ["tests.router.pg_server"]  # the session's PostgreSQL server: `pg`, `db`
 
 
-TIMEOUT_S = 5  # the tier's timeout: a reservation lives TIMEOUT_S + 60 s (router.accounting)
+TIMEOUT_S = 5  # the tier's timeout: a reservation lives TIMEOUT_S + 60 s (router.admission.accounting)
 BUDGET = 3e-4  # "capped"'s daily budget, about 20 requests' cost
 PER_MINUTE = 25  # "paced"'s rate limit
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import openai
 import pytest
 
-from router.auth import Principal
+from router.admission.auth import Principal
+from router.admission.limits import Limits, RateLimiter, day_start, month_start
 from router.config import ApiKeyEntry
 from router.errors import QuotaError, RateLimitError
-from router.limits import Limits, RateLimiter, day_start, month_start
 from tests.router.accounting_helpers import auth, chat, config_with_keys, read_ledger, running
 
 T0 = float(calendar.timegm((2025, 3, 31, 23, 59, 0)))  # one minute before a day and a month end

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from router.live_quality import wilson
+from router.quality.live import wilson
 from tests.router.shadow_helpers import serve, service, settings
 
 RUNS = 200

@@ -10,7 +10,7 @@ import random
 from pathlib import Path
 
 from router.cli import main as cli_main
-from router.ledger import Ledger, SQLiteStore
+from router.ledger.store import Ledger, SQLiteStore
 from tests.router.shadow_helpers import serve, service, settings
 
 

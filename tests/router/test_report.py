@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from router import reports
 from router.cli import main
-from router.ledger import SHADOW_KEY, AttemptEntry, LedgerEntry
+from router.ledger.store import SHADOW_KEY, AttemptEntry, LedgerEntry
+from router.reports import costs as reports
 from tests.router.accounting_helpers import ESCALATE_ON_MARK, MARK, auth, chat, config_with_keys, running, tierroute_of
 
 DAY1 = float(calendar.timegm((2025, 5, 1, 10, 0, 0)))

@@ -21,8 +21,7 @@ import httpx
 import openai
 import pytest
 
-from router import shadow as shadow_module
-from router.accounting import worst_case_usd
+from router.admission.accounting import worst_case_usd
 from router.api.app import create_app
 from router.backends.base import Backend
 from router.backends.instant import InstantBackend
@@ -30,6 +29,7 @@ from router.cli import main as cli_main
 from router.config import SHADOW_KEY, load_settings
 from router.errors import ConfigError
 from router.generation import Delta, Generation, GenerationRequest, Message
+from router.quality import shadow as shadow_module
 from tests.conftest import SMOL, UvicornThread, smol_config, write_config
 from tests.router.accounting_helpers import ESCALATE_ON_MARK, MARK, registry
 from tests.verifiers.scripted import ScriptedBackend

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from router.ledger import SCHEMA_VERSION, Ledger, ShadowPair, SQLiteStore
+from router.ledger.store import SCHEMA_VERSION, Ledger, ShadowPair, SQLiteStore
 from tests.router.test_ledger import _V2_REQUESTS
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from router.admission.slots import Slots
 from router.cascade import Cascade, Tier
 from router.config import CascadeSettings
 from router.generation import GenerationRequest, Message
 from router.metrics import Metrics
-from router.shadow import ShadowService
-from router.slots import Slots
+from router.quality.shadow import ShadowService
 from router.verification import VerifierContext, VerifierSet, WeightedVerifier
 from tests.router.shadow_helpers import drain, settings
 from tests.verifiers.scripted import ScriptedBackend

@@ -17,11 +17,11 @@ import jsonschema
 import openai
 import pytest
 
-from router import tools
 from router.api.app import create_app
 from router.config import load_settings
 from router.generation import GenerationRequest, Message, NamedTool, ToolSpec
-from router.grammars import request_grammar
+from router.structured import tools
+from router.structured.grammars import request_grammar
 from tests.conftest import UvicornThread, smol_config
 
 UNIT = {"enum": ["celsius", "fahrenheit"]}
@@ -156,7 +156,7 @@ NOT_STRICT = {
 
 
 def test_a_non_strict_schema_is_loosened_only_where_the_grammar_cannot_follow() -> None:
-    from router.grammars import loosened_tool_schema
+    from router.structured.grammars import loosened_tool_schema
 
     loose, dropped = loosened_tool_schema(NOT_STRICT, "tools.0.function.parameters")
     assert sorted(dropped) == [

@@ -1,4 +1,4 @@
-"""router.tools: tools rendered into the prompt (the model's own template, or the fallback system
+"""router.structured.tools: tools rendered into the prompt (the model's own template, or the fallback system
 prompt), calls read back from the text, and the stream filter that holds back what may be a call."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from router import tools
 from router.generation import Generation, GenerationRequest, Message, NamedTool, ToolCall, ToolSpec
+from router.structured import tools
 from verifiers.jsonschema_check import first_error
 
 WEATHER = ToolSpec(

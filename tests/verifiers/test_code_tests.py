@@ -486,7 +486,7 @@ async def test_code_tests_and_execution_share_the_hosts_slots() -> None:
     """One host limit for every verifier that runs code on every tier (as the engine builds them):
     while code_tests on one tier runs, execution on another waits for the one slot, and with no room
     to wait it is refused; each alone would have had slots of its own."""
-    from router.slots import Slots
+    from router.admission.slots import Slots
     from verifiers.base import VerifierContext
     from verifiers.builtins import BUILTINS
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from router.estimators import EstimatorError, LinearModel, PreRouter, dump_estimator, load_estimator
-from router.features import (
+from router.generation import GenerationRequest, Message
+from router.learned.estimators import EstimatorError, LinearModel, PreRouter, dump_estimator, load_estimator
+from router.learned.features import (
     ANSWER_FEATURES,
     PROMPT_FEATURES,
     FeatureSpec,
@@ -25,8 +26,7 @@ from router.features import (
     hashed_grams,
     logprob_stats,
 )
-from router.generation import GenerationRequest, Message
-from router.wheels import sha256_file
+from router.models.wheels import sha256_file
 from tests.verifiers.scripted import gen
 from verifiers.base import (
     Registry,
@@ -91,7 +91,7 @@ def test_prompt_only_features_read_no_answer() -> None:
 def test_gram_hashing_is_the_same_in_every_process() -> None:
     here = hashed_grams("the quick brown fox jumps", 64).tolist()
     code = (
-        "import json; from router.features import hashed_grams; "
+        "import json; from router.learned.features import hashed_grams; "
         "print(json.dumps(hashed_grams('the quick brown fox jumps', 64).tolist()))"
     )
     for seed in ("1", "12345"):  # Python's hash() would differ between these

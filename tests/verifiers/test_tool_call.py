@@ -114,5 +114,5 @@ def test_a_hostile_pattern_fails_in_bounded_time_and_a_schema_made_in_code_never
     error = first_error({"type": "array", "items": {"pattern": "^(a|aa)+$"}}, ["a" * 40 + "!"] * 200)
     assert error is not None and "took too long" in error
     assert time.monotonic() - started < 0.2 * 200 * PATTERN_TIMEOUT_S
-    # the API refuses such schemas (router.grammars.check_schema); one built in code fails the answer
+    # the API refuses such schemas (router.structured.grammars.check_schema); one built in code fails the answer
     assert "cannot be applied" in (first_error({"$ref": "#/nowhere"}, "x") or "")

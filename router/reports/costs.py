@@ -9,7 +9,7 @@ received; nothing is re-priced here. Groupings:
   tokens are what was spent at that tier, `escalation` is the share of its attempts rejected (sent
   on), latency is its generation time. `answered` counts the requests the tier answered, and
   `top-tier cost` and `savings` belong to those requests, so every column still sums to the total.
-  Shadow generations (the operator key `_shadow`, `router.shadow`) are not client traffic: their
+  Shadow generations (the operator key `_shadow`, `router.quality.shadow`) are not client traffic: their
   attempts are rows of their own, `<tier> (shadow)`, so a tier's requests, answers and escalation
   rate are the clients' while the shadow spend still sums into the total.
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
-from router.ledger import SHADOW_KEY, AttemptEntry, LedgerEntry
+from router.ledger.store import SHADOW_KEY, AttemptEntry, LedgerEntry
 
 GroupBy = Literal["tier", "key", "day", "model"]
 GROUPINGS: tuple[GroupBy, ...] = ("tier", "key", "day", "model")

@@ -35,8 +35,8 @@ def _settings(args: argparse.Namespace) -> LedgerSettings | None:
 
 
 def cmd_ledger_migrate(args: argparse.Namespace) -> int:
-    from router.ledger import SCHEMA_VERSION
-    from router.ledger_stores import is_postgres, open_store
+    from router.ledger.store import SCHEMA_VERSION
+    from router.ledger.stores import is_postgres, open_store
 
     settings = _settings(args)
     if args.ledger is None and settings is None:
@@ -47,8 +47,8 @@ def cmd_ledger_migrate(args: argparse.Namespace) -> int:
     store.open()  # opening a ledger read-write applies what it lacks
     store.close()
     if is_postgres(location):
-        from router.ledger_pg import SCHEMA_VERSION as PG_SCHEMA_VERSION
-        from router.ledger_pg import PostgresStore
+        from router.ledger.postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
+        from router.ledger.postgres import PostgresStore
 
         done = store.migrated if isinstance(store, PostgresStore) else []
         print(f"{location}: applied migrations {done or 'none (up to date)'}; schema version {PG_SCHEMA_VERSION}")
@@ -58,8 +58,8 @@ def cmd_ledger_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger_copy(args: argparse.Namespace) -> int:
-    from router.ledger import DuplicateEntry
-    from router.ledger_stores import open_store
+    from router.ledger.store import DuplicateEntry
+    from router.ledger.stores import open_store
 
     settings = _settings(args)
     source = open_store(_location(args.source), read_only=True, settings=settings)

@@ -32,7 +32,7 @@ OpenAI streams calls (`delta.tool_calls` with index, id, name, then argument fra
 `call_schema` is the JSON Schema of the object inside a valid `<tool_call>` block under the
 request's tools and `tool_choice`. A request that forces a call (`tool_choice` `required` or a
 named function) leaves the model nothing to write but one, so a local tier decodes it under a
-grammar of `forced_call_schema` (router.grammars): the answer is that object, without tags, which
+grammar of `forced_call_schema` (router.structured.grammars): the answer is that object, without tags, which
 `parse_tool_calls` reads as it reads Qwen's untagged calls. Arguments follow the function's schema,
 `strict` or not: every function's schema passed the response_format check with the request (a
 non-strict one after what a grammar cannot honour was taken out: `ToolSpec.checked`), so each can

@@ -38,7 +38,7 @@ def toml_entry(
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
-    from router.auth import hash_key, new_key
+    from router.admission.auth import hash_key, new_key
 
     if not _NAME.match(args.name):
         print("error: a key name is 1-64 characters of letters, digits and _.@-", file=sys.stderr)

@@ -1,18 +1,18 @@
 """`tierroute report quality`: how good each tier's accepted answers are in production, from the
-ledger's requests and shadow pairs (`router.shadow`).
+ledger's requests and shadow pairs (`router.quality.shadow`).
 
 Per tier and threshold (a recalibrated threshold is a new population, so it gets its own row):
 
 - `tried`, `accepted`, `acceptance`: the tier's answers on 'auto' requests, and the share that
   passed its threshold (the last tier accepts everything and is left out);
 - `pairs`, `agreed`, `agreement` with its 95% Wilson interval: the shadow-sampled share of the
-  accepted answers, compared with the target tier's answers (`router.agreement`);
+  accepted answers, compared with the target tier's answers (`router.quality.agreement`);
 - `est. accuracy`: the estimated accuracy of the accepted answers, which is the agreement rate:
   agreement with the larger tier stands in for correctness. It is exact only where the larger
   tier is always right; both tiers wrong alike reads as right, and a strict rule (free text)
   reads right answers worded differently as wrong.
 
-Drift: the same detectors the service runs live (`router.drift`), replayed over the window in
+Drift: the same detectors the service runs live (`router.quality.drift`), replayed over the window in
 time order with the config's baselines, so the report lists the alarms the service raised (a
 window that starts mid-history learns its baselines afresh, and may differ).
 
@@ -32,10 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from router.config import SHADOW_KEY, Settings
-from router.drift import Alarm, DriftMonitor, Signal
-from router.ledger import LedgerEntry, ShadowPair
-from router.live_quality import Tally, threshold_label, wilson
-from router.reports import png_base64
+from router.ledger.store import LedgerEntry, ShadowPair
+from router.quality.drift import Alarm, DriftMonitor, Signal
+from router.quality.live import Tally, threshold_label, wilson
+from router.reports.costs import png_base64
 
 
 @dataclass

@@ -5,14 +5,14 @@ The API calls `ShadowService.offer` once a response is complete (a plain respons
 task, a stream's code after its last chunk); `offer` does no I/O and never waits, so the client
 never pays for it. For every answer a tier accepted on an 'auto' request it:
 
-- feeds the drift detectors the acceptance of every tier the request tried (`router.drift`);
+- feeds the drift detectors the acceptance of every tier the request tried (`router.quality.drift`);
 - with probability `tiers[].shadow.rate`, queues the request for the tier's shadow target.
 
 Each sampled tier has a lane: a bounded queue (`max_queue`) and `max_concurrency` workers. A job
 that finds the queue full is dropped and counted (`tierroute_shadow_dropped{reason="queue_full"}`);
 nothing ever waits for room. A worker estimates the job's worst case before sending it (the
 target's price for the prompt's token bound and the tier's max_tokens, or its whole timeout for a
-time-priced tier: `router.accounting.worst_case_usd`), refuses it when that and what the day has
+time-priced tier: `router.admission.accounting.worst_case_usd`), refuses it when that and what the day has
 spent and reserved would pass `usd_per_day`, and charges the real cost after. So the day's spend
 never passes the budget. The day is the UTC day; at a restart, the day's spend is read back from
 the ledger's shadow pairs.
@@ -20,8 +20,8 @@ the ledger's shadow pairs.
 A shadow request is a generation only: the target's verifiers are not run (the client is not
 waiting on its answer, and nothing is decided by it). It is written to the ledger as a request of
 the operator key `_shadow` (never the client's), so `report costs --by key` shows its cost, and
-the pair is compared by the task's agreement rule (`router.agreement`) and written to
-`shadow_pairs` (schema in `router.ledger`), with the prompt and answers in full only when
+the pair is compared by the task's agreement rule (`router.quality.agreement`) and written to
+`shadow_pairs` (schema in `router.ledger.store`), with the prompt and answers in full only when
 `ledger.store_prompts` is on.
 
 At shutdown, work still running after a short grace is stopped, and what it had generated is
@@ -44,18 +44,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from router import policy
-from router.accounting import worst_case_usd
-from router.agreement import AgreementRegistry
+from router.admission.accounting import worst_case_usd
+from router.admission.limits import day_start
+from router.admission.slots import Slots
 from router.backends.base import Backend
 from router.cascade import Attempt, Cascade, CascadeResult
 from router.config import SHADOW_KEY, Settings, ShadowSettings
-from router.drift import Alarm, DriftMonitor, Signal
 from router.generation import Delta, Generation, GenerationRequest
-from router.ledger import Ledger, LedgerEntry, ShadowPair
-from router.limits import day_start
-from router.live_quality import Tally, threshold_label
+from router.ledger.store import Ledger, LedgerEntry, ShadowPair
 from router.metrics import Metrics
-from router.slots import Slots
+from router.quality.agreement import AgreementRegistry
+from router.quality.drift import Alarm, DriftMonitor, Signal
+from router.quality.live import Tally, threshold_label
 
 log = logging.getLogger(__name__)
 

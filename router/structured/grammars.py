@@ -35,7 +35,7 @@ nesting. A model that loops on an array item or a sentence is made to close it a
 answer that still runs past the budget (many long members) is cut off and escalates as before.
 
 A request that must call a function (`tool_choice` `required` or a named function) is decoded
-under the grammar of one call (`router.tools.forced_call_schema`): the function's name and, for a
+under the grammar of one call (`router.structured.tools.forced_call_schema`): the function's name and, for a
 `strict` function, arguments valid for its schema. `request_grammar` picks what a request gets.
 """
 
@@ -47,9 +47,9 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from router import tools
 from router.errors import RequestError
 from router.generation import GenerationRequest, ResponseFormat
+from router.structured import tools
 
 MAX_SCHEMA_BYTES = 32_000  # compact JSON; OpenAI's own structured-output limits are of this order
 MAX_SCHEMA_DEPTH = 24  # nested objects and arrays in the schema document itself

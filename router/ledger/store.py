@@ -3,8 +3,8 @@
 Two layers:
 
 - a `LedgerStore` is the storage: synchronous, one transaction per write, no knowledge of
-  asyncio. `SQLiteStore` is the embedded default; `router.ledger_pg.PostgresStore` implements the
-  same methods on a database every replica shares, and `router.ledger_stores.open_store` picks
+  asyncio. `SQLiteStore` is the embedded default; `router.ledger.postgres.PostgresStore` implements the
+  same methods on a database every replica shares, and `router.ledger.stores.open_store` picks
   one from the config.
 - `Ledger` is what the service talks to: it owns one writer thread, and every store call runs on
   it, so a write never blocks the event loop and the store's single connection never crosses
@@ -19,7 +19,7 @@ the final chunk (the one with the cost) is sent. So there is no delivered answer
 when the settling write fails (a full or failing disk), the pending row stands for the stream at
 its worst-case cost, budgets count it at that cost (also after a restart), and the settled entry
 is kept in memory and written as soon as a later write succeeds. While writes fail, every new
-request gets a pending row first (see `router.accounting`). A kill -9 leaves the pending rows of
+request gets a pending row first (see `router.admission.accounting`). A kill -9 leaves the pending rows of
 the streams in flight, never a half request; the reverse can happen (a row committed, the
 process killed before the bytes left), and such a row is a request the client never saw
 completed.
@@ -30,7 +30,7 @@ mode with `synchronous=NORMAL`: a commit survives the process dying at any insta
 per request; a power cut of the whole machine may lose the last commits (use `FULL` for that, at
 an fsync per request).
 
-Shadow pairs (schema 4, `router.shadow`): a sampled share of accepted answers is also asked of a
+Shadow pairs (schema 4, `router.quality.shadow`): a sampled share of accepted answers is also asked of a
 larger tier, off the client's path; the shadow generation is an ordinary request row charged to
 the operator key `_shadow` (so `report costs --by key` shows it), and the comparison of the two
 answers is one row of `shadow_pairs`, written through the same writer thread:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def _window(args: argparse.Namespace) -> tuple[float | None, float | None] | None:
     """--since and --until as times; None (after saying why) when one does not parse."""
-    from router import reports
+    from router.reports import costs as reports
 
     try:
         return (
@@ -28,8 +28,8 @@ def _window(args: argparse.Namespace) -> tuple[float | None, float | None] | Non
 
 
 def cmd_report_costs(args: argparse.Namespace) -> int:
-    from router import reports
-    from router.ledger_stores import open_store
+    from router.ledger.stores import open_store
+    from router.reports import costs as reports
 
     span = _window(args)
     if span is None:
@@ -69,8 +69,8 @@ def cmd_report_costs(args: argparse.Namespace) -> int:
 
 
 def cmd_report_quality(args: argparse.Namespace) -> int:
-    from router import quality_report
-    from router.ledger_stores import open_store
+    from router.ledger.stores import open_store
+    from router.reports import quality as quality_report
 
     span = _window(args)
     if span is None:
@@ -159,7 +159,7 @@ def _print_table(rows: Any, total: Any, by: str, window: str, prices: list[tuple
     from rich.console import Console
     from rich.table import Table
 
-    from router import reports
+    from router.reports import costs as reports
 
     header, body = reports.table_rows(rows, total, by)  # type: ignore[arg-type]
     table = Table(*header, title=f"costs by {by}, {window}", caption=str(path))

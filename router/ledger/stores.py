@@ -1,5 +1,5 @@
 """Which store a ledger location names: a `postgresql://` URL opens the shared PostgreSQL ledger,
-anything else is a SQLite file. Kept apart from `router.ledger` because the PostgreSQL store
+anything else is a SQLite file. Kept apart from `router.ledger.store` because the PostgreSQL store
 builds on that module's types: the choice sits above both, and psycopg is imported only by those
 who open a PostgreSQL ledger.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from router.config import LedgerSettings, postgres_url_problem
 from router.errors import ConfigError
-from router.ledger import LedgerStore, SQLiteStore
+from router.ledger.store import LedgerStore, SQLiteStore
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
@@ -36,7 +36,7 @@ def open_store(
     problem = postgres_url_problem(text)
     if problem is not None:
         raise ConfigError(problem)
-    from router.ledger_pg import PostgresStore  # psycopg only for those who open a PostgreSQL ledger
+    from router.ledger.postgres import PostgresStore  # psycopg only for those who open a PostgreSQL ledger
 
     return PostgresStore(
         text,

@@ -14,7 +14,7 @@ row before any work, so nothing is generated that cannot be recorded; the first 
 succeeds ends that.
 
 On a PostgreSQL ledger the budgets and rate limits of a limited key are shared by every replica
-(`router.limits.SharedLimits`): `ready` admits the request through the database, in the
+(`router.admission.limits.SharedLimits`): `ready` admits the request through the database, in the
 transaction that writes its pending row (its reservation), so such a request, plain or streamed,
 has its row before any work; a request that ends without a record drops it again.
 """
@@ -28,15 +28,15 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from router.auth import Principal
+from router.admission.auth import Principal
+from router.admission.limits import Hold, Limits, Reservation, SharedCounter, SharedLimits, day_start, month_start
 from router.cascade import CascadeResult, Tier
 from router.config import Settings
 from router.engine import Engine
 from router.errors import QuotaError, RateLimitError, UnavailableError
 from router.generation import GenerationRequest
-from router.ledger import Ledger, LedgerEntry, PendingEntry
-from router.ledger_stores import open_store
-from router.limits import Hold, Limits, Reservation, SharedCounter, SharedLimits, day_start, month_start
+from router.ledger.store import Ledger, LedgerEntry, PendingEntry
+from router.ledger.stores import open_store
 from router.metrics import Metrics
 from router.pricing import Usage, cost_usd
 

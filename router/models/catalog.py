@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from router.errors import IntegrityError, ModelError
-from router.wheels import Progress, WheelMember, assemble, sha256_file
+from router.models.wheels import Progress, WheelMember, assemble, sha256_file
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """Whether a tier's accepted answer and a larger tier's answer to the same request agree.
 
-Shadow escalation (`router.shadow`) uses agreement with the larger tier as its stand-in for
+Shadow escalation (`router.quality.shadow`) uses agreement with the larger tier as its stand-in for
 "right": production traffic has no reference answers. What counts as agreeing depends on the
 task, so a rule is chosen by the request's task (`router.tasks`):
 
 - `maths`: the final numbers agree (the extractor graders and the `math_answer` verifier use);
 - `choice`: the same option letter (the MMLU grader's extraction);
-- `code`: where the caller sent tests (only a key allowed to may, see `router.auth`), both
+- `code`: where the caller sent tests (only a key allowed to may, see `router.admission.auth`), both
   answers run them in the sandbox and agree when the same tests pass; without tests, text;
 - anything else, and any task whose rule cannot read both answers: normalised text similarity
   (below).

@@ -40,7 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from router.auth import Principal
+from router.admission.auth import Principal
 from router.config import ApiKeyEntry
 from router.errors import QuotaError, RateLimitError, UnavailableError
 

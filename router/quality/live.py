@@ -1,7 +1,7 @@
 """Live quality estimates: tallies per tier and threshold, and their Wilson intervals.
 
 With no reference answers in production, the accuracy of a tier's accepted answers is estimated
-by their agreement with a larger tier on the shadow-sampled share (`router.shadow`): that is a
+by their agreement with a larger tier on the shadow-sampled share (`router.quality.shadow`): that is a
 proxy, exact only where the larger tier is always right; where both are wrong alike it reads high,
 and where the agreement rule is strict (free text) it reads low. The acceptance rate is the share
 of the tier's answers that passed its threshold. Tallies are kept per threshold because a

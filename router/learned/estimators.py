@@ -2,7 +2,7 @@
 (`verifiers.learned`) and the prompt-only pre-router (here, since it is not a verifier: the cascade
 asks it, before a tier generates, whether to skip the tier).
 
-Both are logistic regressions over the features of `router.features`, recalibrated by
+Both are logistic regressions over the features of `router.learned.features`, recalibrated by
 Platt scaling, trained by ``tierroute eval train`` on stored eval results (see `evals.train`),
 one model per tier, and shipped as one plain JSON file per estimator:
 
@@ -34,7 +34,7 @@ from router.generation import GenerationRequest
 if TYPE_CHECKING:
     import numpy as np
 
-    from router.features import FeatureSpec
+    from router.learned.features import FeatureSpec
 
 FORMAT = "tierroute-estimator"
 FORMAT_VERSION = 1
@@ -136,7 +136,7 @@ def dump_estimator(
 
 def load_estimator(path: Path | str, sha256: str, kind: str) -> Estimator:
     """Read an artifact after checking its hash against `sha256` (as the config names it)."""
-    from router.features import FeatureSpec
+    from router.learned.features import FeatureSpec
 
     if not isinstance(sha256, str) or len(sha256) != 64 or not set(sha256.lower()) <= _SHA256_HEX:
         raise EstimatorError("sha256 must be the artifact's 64-hex-digit SHA-256 (printed by `tierroute eval train`)")

@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from evals import cli as eval_cli
-from router import bench, keys_cli, ledger_cli, report_cli
+from router import bench
+from router.cli import keys as keys_cli
+from router.cli import ledger as ledger_cli
+from router.cli import report as report_cli
 from router.errors import TierrouteError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -35,7 +38,7 @@ def _err(message: str) -> int:
 def cmd_models_list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from router.catalog import CATALOG, ModelStore
+    from router.models.catalog import CATALOG, ModelStore
 
     store = ModelStore(_cache_dir(args))
     table = Table("name", "description", "size", "pulled", "source")
@@ -50,7 +53,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 def cmd_models_pull(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    from router.catalog import CATALOG, ModelStore
+    from router.models.catalog import CATALOG, ModelStore
 
     names = list(CATALOG) if args.name == "all" else [args.name]
     for name in names:
@@ -79,7 +82,7 @@ def cmd_models_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_models_path(args: argparse.Namespace) -> int:
-    from router.catalog import resolve_model
+    from router.models.catalog import resolve_model
 
     print(resolve_model(args.name, _cache_dir(args)))
     return 0
@@ -200,7 +203,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
         )
         settings = settings.model_copy(update={"server": server})
-    from router.auth import check_bind
+    from router.admission.auth import check_bind
 
     check_bind(settings.server)
     _return_large_blocks()

@@ -1,8 +1,8 @@
 """The ledger in PostgreSQL: one database that every replica of the service writes and reads.
 
-It is the same ledger as `SQLiteStore` (the tables and columns of `router.ledger`'s docstring,
+It is the same ledger as `SQLiteStore` (the tables and columns of `router.ledger.store`'s docstring,
 one transaction per request, a settled row replacing its pending row atomically), plus what
-replicas need to agree on a key's limits (`router.limits.SharedLimits`):
+replicas need to agree on a key's limits (`router.admission.limits.SharedLimits`):
 
     limit_keys   key_id PK                  one row per key: admissions lock it (SELECT ... FOR UPDATE),
                                             so a key's admissions are serial across replicas
@@ -39,8 +39,9 @@ from typing import Any
 import psycopg
 import psycopg_pool
 
+from router.admission.limits import WINDOW_S, KeyWindow, Reservation, day_start, month_start
 from router.errors import ConfigError
-from router.ledger import (
+from router.ledger.store import (
     ATTEMPT_COLUMNS,
     PAIR_COLUMNS,
     REQUEST_COLUMNS,
@@ -56,7 +57,6 @@ from router.ledger import (
     pair_row,
     request_row,
 )
-from router.limits import WINDOW_S, KeyWindow, Reservation, day_start, month_start
 
 log = logging.getLogger(__name__)
 

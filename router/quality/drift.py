@@ -41,7 +41,7 @@ We chose a config value over storing the baseline beside the thresholds that `ev
 calibration's figure into the config by hand; the learned baseline covers the rest.
 
 An alarm stays raised until the sum falls back to 0 (the rate came back), so a lasting drift is
-one alarm, not one per request. The same detector runs live (`router.shadow`) and over the
+one alarm, not one per request. The same detector runs live (`router.quality.shadow`) and over the
 ledger's history (`tierroute report quality`), so the report shows the alarms the service raised.
 """
 

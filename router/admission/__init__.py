@@ -1,0 +1,1 @@
+"""Who may send a request and what it may spend: keys, budgets, rate limits, bounded slots, accounting."""

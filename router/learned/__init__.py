@@ -1,0 +1,1 @@
+"""Learned models the service applies: the task classifier, features, and fitted estimators."""
