@@ -81,10 +81,10 @@ def _table_safe_code(span: re.Match[str]) -> str:
     return "<code>" + html.escape(span[1], quote=False).replace("|", "&#124;") + "</code>"
 
 
-def _entries(folder: Path) -> Iterator[tuple[str, str]]:
+def _entries(root: Path, folder: Path) -> Iterator[tuple[str, str]]:
     """(path relative to the folder, description) for every file under it, depth first, sorted."""
     for path in sorted(folder.iterdir(), key=lambda p: (p.is_dir(), p.name)):
-        rel = path.relative_to(ROOT).as_posix()
+        rel = path.relative_to(root).as_posix()
         if path.name.startswith(".") or path.name in SKIP_DIRS:
             continue
         if path.is_dir():
@@ -92,7 +92,7 @@ def _entries(folder: Path) -> Iterator[tuple[str, str]]:
                 runs = sorted(p.name for p in path.iterdir() if p.is_dir())
                 yield f"{path.relative_to(folder).as_posix()}/", f"{COLLAPSED[rel]}: {', '.join(runs)}"
                 continue
-            for sub, text in _entries(path):
+            for sub, text in _entries(root, path):
                 yield f"{path.name}/{sub}", text
         elif path.suffix in {".py", ".sh", ".toml"}:
             yield path.name, summary(path)
@@ -100,7 +100,8 @@ def _entries(folder: Path) -> Iterator[tuple[str, str]]:
             yield path.name, ""
 
 
-def render() -> str:
+def render(root: Path = ROOT) -> str:
+    """The layout page for the tree at `root`."""
     lines = [
         "# Layout",
         "",
@@ -115,11 +116,11 @@ def render() -> str:
         "the committed eval report).",
     ]
     for name, about in FOLDERS.items():
-        folder = ROOT / name
+        folder = root / name
         if not folder.is_dir():
             continue
         lines += ["", f"## `{name}/`", "", about, "", "| file | what it is |", "|---|---|"]
-        for rel, text in _entries(folder):
+        for rel, text in _entries(root, folder):
             lines.append(f"| `{name}/{rel}` | {text} |")
     return "\n".join(lines) + "\n"
 
