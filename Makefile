@@ -1,5 +1,6 @@
 # Two entry points: `make serve` (set up, pull the default models, run the service) and
-# `make test` (set up, pull the test model, run the suite). Everything else is a step of those.
+# `make test` (set up, lint, pull the test model, build the docs strictly, run the suite). Everything
+# else is a step of those, or `make check`, the fast loop while working (tests not marked slow).
 PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.installed
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DCMAKE_C_FLAGS='-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS='-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16'
 WHEELS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tierroute/wheels/$(shell echo "$(LLAMA_CMAKE_ARGS)" | sha256sum | cut -c1-12)
 
-.PHONY: setup sandbox postgres models serve complete lint test clean
+.PHONY: setup sandbox postgres models serve complete lint check test clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,9 +56,16 @@ lint: setup
 	$(BIN)/ruff format --check router verifiers evals tests scripts bench
 	$(BIN)/mypy
 
+# the fast loop: the tests not marked slow (a slow test loads a real model or starts a server)
+check: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+
+# The docs site is built strictly (mkdocs.yml): a dead link or a moved heading fails the suite.
+# Never with --quiet: it hides the very warnings --strict counts, and the build passes anyway.
 test: setup lint
 	$(BIN)/tierroute models pull smollm2-135m-instruct-q4_1
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info site

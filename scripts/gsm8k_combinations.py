@@ -1,6 +1,6 @@
 """Whole-sweep and held-out AUROC and APGR of config-expressible combinations of GSM8K verifiers
 (the weighted `mean` a tier's `combine` applies), beside the verifiers alone, from the committed
-run: the figures the README gives for `mean(self_consistency, confidence_min)`.
+run: the figures docs/eval-results.md gives for `mean(self_consistency, confidence_min)`.
 
     .venv/bin/python scripts/gsm8k_combinations.py [--run evals/results/gsm8k] [--seed 0] [--search]
 

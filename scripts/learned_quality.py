@@ -1,5 +1,5 @@
 """Whole-sweep AUROC and APGR of a trained `learned` verifier beside the single verifiers, over all
-items and over the held-out half, on a committed run: the figures the README gives for the GSM8K
+items and over the held-out half, on a committed run: the figures docs/eval-results.md gives for the GSM8K
 learned verifier that reads `self_consistency` and `cross_tier`.
 
     .venv/bin/python scripts/learned_quality.py [--run evals/results/gsm8k] \

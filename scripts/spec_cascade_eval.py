@@ -249,7 +249,7 @@ def render(reports: Sequence[SuiteReport], figures: dict[str, str]) -> str:
         "",
         "    .venv/bin/python scripts/spec_cascade_eval.py",
         "",
-        'The speculative cascade (research mode, README "Speculative cascade") runs the large tier',
+        "The speculative cascade (research mode, docs/speculative-cascade.md) runs the large tier",
         "(Qwen2.5-Coder-1.5B) drafting with the small tier's model (Qwen2.5-Coder-0.5B); at each drafted",
         "position a deferral rule keeps the small model's token unchecked or defers to the large model's",
         "ordinary check. Each run's config and command are in evals/configs/ (`spec-cascade-*.toml`): greedy,",

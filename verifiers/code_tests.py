@@ -16,7 +16,7 @@ Tests come only from what a real caller sends:
   with literal arguments only, and the value is a literal; each becomes ``f(args) == value``,
   judged outside the sandbox like an assert.
 
-Never a grader's reference tests: see "Eval hygiene" in DESIGN.md.
+Never a grader's reference tests: see "Eval hygiene" in docs/design.md.
 
 Who decides a test passed. The answer's code runs first in its process and can take that process
 over (replace functions, read every frame, write to any descriptor, exit). So the process that runs

@@ -15,7 +15,7 @@ One logical request gives one `Generation` or one exception, never both and neve
   attempt counts as a failure; a deliberate answer, including a 4xx rejecting our request, counts
   as the upstream being alive.
 
-An upstream is not trusted any more than a client is (DESIGN.md, security boundary):
+An upstream is not trusted any more than a client is (docs/design.md, security boundary):
 
 - Size. Every response passes through `upstream_io.CappedTransport`, the httpx transport under the SDK's
   client. It asks for `Accept-Encoding: identity` and refuses a compressed body (its size on the

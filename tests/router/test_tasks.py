@@ -241,7 +241,7 @@ def test_the_readmes_escalate_all_policy_rejects_every_answer(tmp_path: Path, sm
 
     from router.generation import Generation
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "task-policies.md").read_text()
     snippet = readme.split("# escalate every open-ended request: a check no answer passes\n", 1)[1].split("```", 1)[0]
     engine = Engine.from_settings(load_settings(config(tmp_path, snippet)))
     judge = engine.cascade.tiers[0].judge("open_ended")
