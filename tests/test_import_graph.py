@@ -22,7 +22,7 @@ PACKAGES = ("router", "verifiers", "evals")
 # What each package may not import: the core knows no implementation, verifiers know no evals.
 FORBIDDEN = {"router": ("verifiers", "evals"), "verifiers": ("evals",)}
 # The command line is the one composition root that puts every package's commands together.
-COMPOSITION_ROOTS = {"router.cli", "router.cli"}
+COMPOSITION_ROOTS = {"router.cli.main"}
 
 
 def modules() -> dict[str, Path]:
