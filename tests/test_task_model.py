@@ -19,6 +19,7 @@ import pytest
 
 from evals.suites import gsm8k, humaneval, mmlu
 from router.errors import ConfigError
+from router.learned import task_model
 from router.learned.task_model import DEFAULT_PATH, FORMAT, VERSION, TaskClassifier, TaskModelError, features, fit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,15 +104,25 @@ def test_probabilities_sum_to_one(model: TaskClassifier) -> None:
     ],
     ids=["empty", "blank", "control", "surrogates", "emoji", "one-token", "10MB", "lower-grows", "symbols"],
 )
-def test_malformed_and_huge_input_is_answered_quickly(model: TaskClassifier, text: str) -> None:
-    start = time.perf_counter()
+def test_malformed_and_huge_input_is_read_in_bounded_size(
+    model: TaskClassifier, text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The text is clipped before it is read, so a 10 MB prompt costs what a 3 KB one does. What the
+    # tokenizer is handed is asserted, not a wall-clock time (a loaded machine makes any bound
+    # either loose or flaky; scripts/train_task_classifier.py reports the real figure).
+    read: list[int] = []
+    pattern = task_model._TOKEN
+
+    class Recording:
+        def findall(self, s: str) -> list[str]:
+            read.append(len(s))
+            return pattern.findall(s)
+
+    monkeypatch.setattr(task_model, "_TOKEN", Recording())
     label, p = model.predict(text)
-    elapsed = time.perf_counter() - start
     assert label in model.classes
     assert 0.0 < p <= 1.0
-    # The text is clipped before it is read: a 10 MB prompt costs what a 3 KB one does (loose bound
-    # for a shared machine; the script reports the real figure).
-    assert elapsed < 0.05
+    assert read and max(read) <= 2 * (task_model.HEAD_CHARS + task_model.TAIL_CHARS + 1)
 
 
 def test_a_few_kb_prompt_costs_well_under_a_few_ms(model: TaskClassifier) -> None:
