@@ -112,11 +112,12 @@ def bound_mb(mode_name: str, memory_mb: int, disk_mb: int, max_procs: int) -> in
 
 def describe(mode: MemoryMode) -> str:
     """One line for the start-up log: the mode, why, and the bound's terms on this host."""
-    files = f"(max_procs x {MAX_OPEN_FILES} + {MAX_OPEN_FILES + _SCM_MAX_FD}) x {per_file_kib()} KiB of socket/pipe buffers"
+    files = f"(max_procs x {MAX_OPEN_FILES} + {MAX_OPEN_FILES + _SCM_MAX_FD}) x {per_file_kib()} KiB of buffers"
     if mode.cgroups is not None:
         held = f"memory.max = memory_mb + disk_mb + {SHM_MB + CGROUP_SLACK_MB} MiB"
     else:
-        held = f"max_procs x (memory_mb + {per_process_kernel_kib(0) // 1024} MiB + memory_mb/512) + disk_mb + {SHM_MB} MiB"
+        kernel = per_process_kernel_kib(0) // 1024
+        held = f"max_procs x (memory_mb x 1.002 + {kernel} MiB) + disk_mb + {SHM_MB} MiB"
     return f"sandbox memory mode {mode.name} ({mode.why}): a box holds at most {held} + {files}"
 
 

@@ -129,7 +129,8 @@ def _words(path: Path) -> set[str]:
 
 
 def _writable(directory: Path) -> bool:
-    return all(os.access(p, os.W_OK) for p in (directory, directory / "cgroup.procs", directory / "cgroup.subtree_control"))
+    files = (directory, directory / "cgroup.procs", directory / "cgroup.subtree_control")
+    return all(os.access(p, os.W_OK) for p in files)
 
 
 def _delegated(directory: Path) -> bool:

@@ -26,25 +26,29 @@ What every run gets (a run that cannot have all of it does not run; see `availab
   no groups before any of the answer's code exists: the code runs as host uid 65534 with no
   capabilities. When the service is an ordinary user, bubblewrap makes a user namespace where the
   code is uid 65534; on the host it is then the service's uid, confined by the namespaces above;
-- a seccomp filter (a classic BPF program assembled here; other architectures are refused)
+- a seccomp filter (`verifiers.seccomp`, a classic BPF program; other architectures are refused)
   that denies memfd_create and SysV shared memory, message queues and semaphores (RAM outside
-  RLIMIT_AS), ptrace,
-  process_vm_readv/writev, pidfd_open/getfd/send_signal, keyctl and friends, bpf,
-  perf_event_open, userfaultfd, io_uring, mount and the new mount API, unshare, setns, clone
-  with any namespace flag (clone3 reports ENOSYS so libc falls back to clone), module and kexec
-  calls, open_by_handle_at;
-- rlimits on address space, CPU seconds, file size, open files, processes and core dumps; an empty
-  environment (three thread-count variables aside); a wall-clock timeout after which the namespace
-  is killed.
+  RLIMIT_AS), ptrace, process_vm_readv/writev, pidfd_open/getfd/send_signal, keyctl and friends,
+  bpf, perf_event_open, userfaultfd, io_uring and the AIO calls, mount and the new mount API,
+  unshare, setns, clone with any namespace flag (clone3 reports ENOSYS so libc falls back to
+  clone), module and kexec calls, open_by_handle_at, vmsplice; every socket family but AF_UNIX
+  (EAFNOSUPPORT: no AF_VSOCK, which the network namespace does not cover, no netlink, no packet
+  sockets), and resizing a socket's buffers or a pipe;
+- rlimits on address space, CPU seconds, file size, open files (64), processes and core dumps; an
+  empty environment (three thread-count variables aside); a wall-clock timeout after which the
+  namespace is killed;
+- where the service was given a delegated cgroup v2 subtree, a cgroup per box with ``memory.max``
+  and ``pids.max`` (`verifiers.box_memory` says which mode runs, logs it at start-up and puts it
+  last in ``isolation``: ``cgroup-memory`` or ``rlimit-memory``).
 
-What it does not give: RLIMIT_AS is per process, so a run can hold at most roughly
-``max_procs * memory_mb`` plus its tmpfs caps; a cgroup would cap the total, but needs a
-delegating daemon (systemd) this project does not assume. Time measured by CPU rlimits is per
-process too; the wall timeout bounds the whole. Kernel bugs reachable through the allowed
-syscalls are out of scope; run the service in a VM or gVisor where that matters. RLIMIT_NPROC
-counts a host uid's processes: concurrent boxes share uid 65534's count (the service's own uid's,
-when the service is not root). No audit hook is kept: it added nothing the kernel does not
-already enforce, and a hook that code can disarm invites trusting it.
+What it does not give: without the cgroup, RLIMIT_AS is per process, so a run can hold about
+``max_procs * memory_mb`` plus its tmpfs caps plus the kernel buffers of its pipes and sockets
+(`verifiers.box_memory.bound_mb` computes the whole bound for either mode). Time measured by CPU
+rlimits is per process too; the wall timeout bounds the whole. Kernel bugs reachable through the
+allowed syscalls are out of scope; run the service in a VM or gVisor where that matters.
+RLIMIT_NPROC counts a host uid's processes: concurrent boxes share uid 65534's count (the
+service's own uid's, when the service is not root). No audit hook is kept: it added nothing the
+kernel does not already enforce, and a hook that code can disarm invites trusting it.
 
 The box runs only the standard library: no third-party packages are visible.
 """
@@ -54,8 +58,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import math
 import logging
+import math
 import os
 import re
 import shutil
@@ -297,8 +301,8 @@ def _setup() -> tuple[str | None, MemoryMode]:
 def _setup_once() -> tuple[str | None, MemoryMode]:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        reason = "bubblewrap (bwrap) is not installed; run `make setup` or `apt-get install bubblewrap`"
-        return reason, MemoryMode("rlimit-memory", reason)
+        missing = "bubblewrap (bwrap) is not installed; run `make setup` or `apt-get install bubblewrap`"
+        return missing, MemoryMode("rlimit-memory", missing)
     try:
         seccomp_program()
         _layout()
