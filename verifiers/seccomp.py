@@ -19,7 +19,8 @@ What it refuses, and why each answer is the one it is:
 - ``setsockopt(SOL_SOCKET, SO_SNDBUF | SO_RCVBUF | SO_SNDBUFFORCE | SO_RCVBUFFORCE)``: EPERM.
   Socket buffers are kernel memory that neither RLIMIT_AS nor, for ``AF_UNIX``, a cgroup's
   ``memory.max`` counts; left at the host's default (``net.core.wmem_default``) one socket holds
-  at most about twice that, where a raised buffer held up to 2 x ``wmem_max`` (16 MiB here);
+  at most about twice that, where a raised buffer let it hold 4 x ``wmem_max`` (16 MiB on a host
+  with the common 4 MiB);
 - ``fcntl(F_SETPIPE_SZ)``: EPERM, so a pipe holds at most its default 16 pages; ``vmsplice``:
   EPERM, because a pipe that references a transparent huge page keeps all 2 MiB of it alive
   after the process unmaps it;
