@@ -26,25 +26,29 @@ What every run gets (a run that cannot have all of it does not run; see `availab
   no groups before any of the answer's code exists: the code runs as host uid 65534 with no
   capabilities. When the service is an ordinary user, bubblewrap makes a user namespace where the
   code is uid 65534; on the host it is then the service's uid, confined by the namespaces above;
-- a seccomp filter (a classic BPF program assembled here; other architectures are refused)
+- a seccomp filter (`verifiers.seccomp`, a classic BPF program; other architectures are refused)
   that denies memfd_create and SysV shared memory, message queues and semaphores (RAM outside
-  RLIMIT_AS), ptrace,
-  process_vm_readv/writev, pidfd_open/getfd/send_signal, keyctl and friends, bpf,
-  perf_event_open, userfaultfd, io_uring, mount and the new mount API, unshare, setns, clone
-  with any namespace flag (clone3 reports ENOSYS so libc falls back to clone), module and kexec
-  calls, open_by_handle_at;
-- rlimits on address space, CPU seconds, file size, open files, processes and core dumps; an empty
-  environment (three thread-count variables aside); a wall-clock timeout after which the namespace
-  is killed.
+  RLIMIT_AS), ptrace, process_vm_readv/writev, pidfd_open/getfd/send_signal, keyctl and friends,
+  bpf, perf_event_open, userfaultfd, io_uring and the AIO calls, mount and the new mount API,
+  unshare, setns, clone with any namespace flag (clone3 reports ENOSYS so libc falls back to
+  clone), module and kexec calls, open_by_handle_at, vmsplice; every socket family but AF_UNIX
+  (EAFNOSUPPORT: no AF_VSOCK, which the network namespace does not cover, no netlink, no packet
+  sockets), and resizing a socket's buffers or a pipe;
+- rlimits on address space, CPU seconds, file size, open files (64), processes and core dumps; an
+  empty environment (three thread-count variables aside); a wall-clock timeout after which the
+  namespace is killed;
+- where the service was given a delegated cgroup v2 subtree, a cgroup per box with ``memory.max``
+  and ``pids.max`` (`verifiers.box_memory` says which mode runs, logs it at start-up and puts it
+  last in ``isolation``: ``cgroup-memory`` or ``rlimit-memory``).
 
-What it does not give: RLIMIT_AS is per process, so a run can hold at most roughly
-``max_procs * memory_mb`` plus its tmpfs caps; a cgroup would cap the total, but needs a
-delegating daemon (systemd) this project does not assume. Time measured by CPU rlimits is per
-process too; the wall timeout bounds the whole. Kernel bugs reachable through the allowed
-syscalls are out of scope; run the service in a VM or gVisor where that matters. RLIMIT_NPROC
-counts a host uid's processes: concurrent boxes share uid 65534's count (the service's own uid's,
-when the service is not root). No audit hook is kept: it added nothing the kernel does not
-already enforce, and a hook that code can disarm invites trusting it.
+What it does not give: without the cgroup, RLIMIT_AS is per process, so a run can hold about
+``max_procs * memory_mb`` plus its tmpfs caps plus the kernel buffers of its pipes and sockets
+(`verifiers.box_memory.bound_mb` computes the whole bound for either mode). Time measured by CPU
+rlimits is per process too; the wall timeout bounds the whole. Kernel bugs reachable through the
+allowed syscalls are out of scope; run the service in a VM or gVisor where that matters.
+RLIMIT_NPROC counts a host uid's processes: concurrent boxes share uid 65534's count (the
+service's own uid's, when the service is not root). No audit hook is kept: it added nothing the
+kernel does not already enforce, and a hook that code can disarm invites trusting it.
 
 The box runs only the standard library: no third-party packages are visible.
 """
@@ -54,25 +58,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import math
 import os
-import platform
 import re
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from verifiers import box_memory, seccomp
+from verifiers.box_memory import MemoryMode
+from verifiers.cgroup_box import BoxCgroup
+
+log = logging.getLogger(__name__)
+
 SANDBOX_UID = 65534  # nobody
 WORKDIR = "/sandbox"
 
-_SHM_BYTES = 1 << 20
+_SHM_BYTES = box_memory.SHM_MB << 20
 _GRACE_S = 1.0  # how long to wait for the output pipes to close after the process exits
 _PROBE_TIMEOUT_S = 20.0
 _MAX_FILES = 64
@@ -117,122 +127,12 @@ class Limits:
             raise ValueError("memory_mb >= 32, max_file_mb >= 0, disk_mb >= 1 and max_procs >= 1 are required")
 
 
-# ----------------------------------------------------------------------------------------------
-# the seccomp program
-
-_AUDIT_ARCH_X86_64 = 0xC000003E
-_X32_SYSCALL_BIT = 0x40000000
-_RET_ALLOW = 0x7FFF0000
-_RET_KILL_PROCESS = 0x80000000
-_RET_ERRNO = 0x00050000
-_EPERM, _ENOSYS = 1, 38
-# CLONE_NEWTIME | CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER
-# | CLONE_NEWPID | CLONE_NEWNET
-_CLONE_NS_FLAGS = 0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
-
-# x86_64 numbers (arch/x86/entry/syscalls/syscall_64.tbl)
-_DENIED_X86_64 = {
-    "shmget": 29,
-    # SysV message queues and semaphores: kernel memory that RLIMIT_AS does not count
-    "semget": 64,
-    "msgget": 68,
-    "msgsnd": 69,
-    "shmat": 30,
-    "shmctl": 31,
-    "ptrace": 101,
-    "syslog": 103,
-    "personality": 135,
-    "uselib": 134,
-    "vhangup": 153,
-    "pivot_root": 155,
-    "chroot": 161,
-    "acct": 163,
-    "mount": 165,
-    "umount2": 166,
-    "swapon": 167,
-    "swapoff": 168,
-    "reboot": 169,
-    "iopl": 172,
-    "ioperm": 173,
-    "init_module": 175,
-    "delete_module": 176,
-    "quotactl": 179,
-    "lookup_dcookie": 212,
-    "kexec_load": 246,
-    "add_key": 248,
-    "request_key": 249,
-    "keyctl": 250,
-    "unshare": 272,
-    "perf_event_open": 298,
-    "name_to_handle_at": 303,
-    "open_by_handle_at": 304,
-    "setns": 308,
-    "process_vm_readv": 310,
-    "process_vm_writev": 311,
-    "kcmp": 312,
-    "finit_module": 313,
-    "memfd_create": 319,
-    "kexec_file_load": 320,
-    "bpf": 321,
-    "userfaultfd": 323,
-    "pidfd_send_signal": 424,
-    "io_uring_setup": 425,
-    "io_uring_enter": 426,
-    "io_uring_register": 427,
-    "open_tree": 428,
-    "move_mount": 429,
-    "fsopen": 430,
-    "fsconfig": 431,
-    "fsmount": 432,
-    "fspick": 433,
-    "pidfd_open": 434,
-    "pidfd_getfd": 438,
-    "mount_setattr": 442,
-    "memfd_secret": 447,
-}
-_CLONE_X86_64, _CLONE3_X86_64 = 56, 435
-
-
 def seccomp_program(machine: str | None = None) -> bytes:
-    """The filter as ``struct sock_filter[]`` bytes, for bwrap's ``--seccomp FD``.
-
-    Another architecture's syscalls (i386 or x32 entry points on an x86_64 kernel) kill the
-    process: the numbers below mean something else there."""
-    machine = machine or platform.machine()
-    if machine not in ("x86_64", "amd64"):
-        raise SandboxUnavailableError(f"no seccomp syscall table for architecture {machine!r} (only x86_64)")
-    ld_w_abs, jeq_k, jge_k, jset_k, ret_k = 0x20, 0x15, 0x35, 0x45, 0x06
-    prog: list[tuple[int, str | int, str | int, int]] = []  # code, jump-true, jump-false, k
-
-    def jump(code: int, k: int, jt: str | int, jf: str | int = 0) -> None:
-        prog.append((code, jt, jf, k))
-
-    labels: dict[str, int] = {}
-    jump(ld_w_abs, 4, 0)  # seccomp_data.arch
-    jump(jeq_k, _AUDIT_ARCH_X86_64, 0, "kill")
-    jump(ld_w_abs, 0, 0)  # seccomp_data.nr
-    jump(jge_k, _X32_SYSCALL_BIT, "kill")
-    jump(jeq_k, _CLONE_X86_64, "clone")
-    jump(jeq_k, _CLONE3_X86_64, "enosys")
-    for nr in sorted(_DENIED_X86_64.values()):
-        jump(jeq_k, nr, "deny")
-    jump(ret_k, _RET_ALLOW, 0)
-    labels["clone"] = len(prog)
-    jump(ld_w_abs, 16, 0)  # low word of args[0], the clone flags
-    jump(jset_k, _CLONE_NS_FLAGS, "deny")
-    jump(ret_k, _RET_ALLOW, 0)
-    labels["deny"] = len(prog)
-    jump(ret_k, _RET_ERRNO | _EPERM, 0)
-    labels["enosys"] = len(prog)
-    jump(ret_k, _RET_ERRNO | _ENOSYS, 0)
-    labels["kill"] = len(prog)
-    jump(ret_k, _RET_KILL_PROCESS, 0)
-    out = bytearray()
-    for i, (code, jt, jf, k) in enumerate(prog):
-        offsets = [labels[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf)]
-        assert all(0 <= o <= 255 for o in offsets), "seccomp jump out of range"
-        out += struct.pack("<HBBI", code, offsets[0], offsets[1], k)
-    return bytes(out)
+    """The filter (`verifiers.seccomp`) as ``struct sock_filter[]`` bytes, for bwrap's ``--seccomp FD``."""
+    try:
+        return seccomp.program(machine)
+    except seccomp.UnsupportedArchitectureError as exc:
+        raise SandboxUnavailableError(str(exc)) from exc
 
 
 # ----------------------------------------------------------------------------------------------
@@ -335,7 +235,7 @@ def _prelude_args(limits: Limits) -> list[str]:
         ("RLIMIT_CPU", cpu, cpu + 1),  # SIGXCPU first, SIGKILL a second later
         ("RLIMIT_AS", limits.memory_mb << 20, limits.memory_mb << 20),
         ("RLIMIT_FSIZE", limits.max_file_mb << 20, limits.max_file_mb << 20),
-        ("RLIMIT_NOFILE", 256, 256),
+        ("RLIMIT_NOFILE", box_memory.MAX_OPEN_FILES, box_memory.MAX_OPEN_FILES),
         ("RLIMIT_NPROC", limits.max_procs, limits.max_procs),
         ("RLIMIT_CORE", 0, 0),
     ]
@@ -379,25 +279,57 @@ exec(code, main.__dict__)
 
 def available() -> str | None:
     """None when sandboxed runs work here, else why not (for `config check` and `serve`)."""
-    return _probe()
+    return _setup()[0]
+
+
+def memory_mode() -> MemoryMode:
+    """How this host bounds a box's memory (`verifiers.box_memory`); decided, set up and logged
+    once per process, with the first sandboxed run or availability check."""
+    return _setup()[1]
+
+
+_SETUP_LOCK = threading.Lock()
+
+
+def _setup() -> tuple[str | None, MemoryMode]:
+    # a lock around the cache: the cgroup set-up may move this process, and must happen once
+    with _SETUP_LOCK:
+        return _setup_once()
 
 
 @functools.cache
-def _probe() -> str | None:
+def _setup_once() -> tuple[str | None, MemoryMode]:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        return "bubblewrap (bwrap) is not installed; run `make setup` or `apt-get install bubblewrap`"
+        missing = "bubblewrap (bwrap) is not installed; run `make setup` or `apt-get install bubblewrap`"
+        return missing, MemoryMode("rlimit-memory", missing)
     try:
         seccomp_program()
         _layout()
     except (SandboxUnavailableError, OSError, subprocess.SubprocessError) as exc:
-        return str(exc)
+        return str(exc), MemoryMode("rlimit-memory", str(exc))
+    mode = box_memory.choose()
+    reason = _probe(bwrap, mode)
+    if reason is not None and mode.cgroups is not None:
+        # the cgroup path failed where detection said it would work: say so, run without it
+        if _probe(bwrap, MemoryMode("rlimit-memory", "")) is None:
+            mode, reason = MemoryMode("rlimit-memory", f"a box could not run in its cgroup: {reason}"), None
+    if reason is None:
+        (log.info if mode.cgroups is not None else log.warning)("%s", box_memory.describe(mode))
+    return reason, mode
+
+
+def _probe(bwrap: str, mode: MemoryMode) -> str | None:
     code = b"import os\nprint(os.getuid(), os.geteuid(), os.getpid())\n"
     fds = []
+    cgroup = None
+    limits = Limits(timeout_s=_PROBE_TIMEOUT_S)
     try:
         fds = [_memfd("sandbox-probe", code), _memfd("sandbox-seccomp", _filter())]
-        limits = Limits(timeout_s=_PROBE_TIMEOUT_S)
         argv = _bwrap_argv(bwrap, limits, [(fds[0], "main.py")], fds[1]) + _python_argv(limits)
+        if mode.cgroups is not None and mode.sh is not None:
+            cgroup = mode.cgroups.new_box(_cgroup_bytes(limits), limits.max_procs + box_memory.BWRAP_TASKS)
+            argv = cgroup.entry_argv(mode.sh) + argv
         # synchronous: `config check` and start-up may call this inside a running event loop
         done = subprocess.run(
             argv,
@@ -414,6 +346,8 @@ def _probe() -> str | None:
     finally:
         for fd in fds:
             os.close(fd)
+        if cgroup is not None:
+            cgroup.remove_blocking()
     if done.returncode != 0:
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
         return f"bubblewrap cannot build the sandbox here: {tail[0][:300]}"
@@ -421,6 +355,10 @@ def _probe() -> str | None:
     if seen[:2] != [str(SANDBOX_UID)] * 2 or len(seen) < 3 or not seen[2].isdigit() or int(seen[2]) > 4:
         return f"the sandbox did not isolate as expected (saw {' '.join(seen)[:100]!r})"
     return None
+
+
+def _cgroup_bytes(limits: Limits) -> int:
+    return box_memory.cgroup_memory_bytes(limits.memory_mb, limits.disk_mb)
 
 
 @functools.cache
@@ -457,12 +395,19 @@ def _bwrap_or_raise() -> str:
 class SandboxProcess:
     """A started box: its stdin and stdout are the caller's to talk to, stderr is kept (capped)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, max_output_bytes: int) -> None:
+    def __init__(
+        self, proc: asyncio.subprocess.Process, max_output_bytes: int, cgroup: BoxCgroup | None = None
+    ) -> None:
         self.proc = proc
         assert proc.stdout is not None and proc.stderr is not None
         self.stdin = proc.stdin
         self.stdout = proc.stdout
         self._err = asyncio.ensure_future(_drain(proc.stderr, max_output_bytes))
+        self._cgroup = cgroup
+
+    def memory_exceeded(self) -> bool:
+        """Whether the box's cgroup (cgroup-memory mode) killed it for reaching ``memory.max``."""
+        return self._cgroup is not None and self._cgroup.memory_exceeded()
 
     async def stderr(self) -> tuple[bytes, bool]:
         with contextlib.suppress(TimeoutError):
@@ -473,6 +418,8 @@ class SandboxProcess:
         # bwrap's own pid-1 in the box has PDEATHSIG=SIGKILL: when it dies the kernel kills every
         # process in the namespace, whatever session or group they moved to
         _kill_group(self.proc.pid)
+        if self._cgroup is not None:
+            self._cgroup.kill()
 
 
 @contextlib.asynccontextmanager
@@ -494,9 +441,11 @@ async def start_python(
         if name == "main.py" or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
             raise ValueError(f"sandbox file name {name!r} must be a plain file name other than main.py")
     payload = {"main.py": code, **files}
+    mode = await asyncio.to_thread(memory_mode)
     fds: list[int] = []
     proc: asyncio.subprocess.Process | None = None
     box: SandboxProcess | None = None
+    cgroup: BoxCgroup | None = None
     try:
         file_fds = []
         for name, content in payload.items():
@@ -506,6 +455,15 @@ async def start_python(
         fds.append(_memfd("sandbox-seccomp", _filter()))
         await asyncio.to_thread(_layout)
         argv = _bwrap_argv(bwrap, limits, file_fds, fds[-1]) + _python_argv(limits)
+        if mode.cgroups is not None and mode.sh is not None:
+            try:
+                cgroup = await asyncio.to_thread(
+                    mode.cgroups.new_box, _cgroup_bytes(limits), limits.max_procs + box_memory.BWRAP_TASKS
+                )
+            except OSError as exc:
+                # the stated bound needs the cgroup: a box without one does not run
+                raise SandboxUnavailableError(f"could not make the box's cgroup: {exc}") from exc
+            argv = cgroup.entry_argv(mode.sh) + argv
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
@@ -521,23 +479,29 @@ async def start_python(
         for fd in fds:
             os.close(fd)
         fds.clear()
-        box = SandboxProcess(proc, max_output_bytes)
+        box = SandboxProcess(proc, max_output_bytes, cgroup)
         yield box
     finally:
-        for fd in fds:
-            os.close(fd)
-        if proc is not None:
-            if proc.returncode is None:
-                _kill_group(proc.pid)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), 5.0)
-            if box is not None:
-                box._err.cancel()
+        try:
+            for fd in fds:
+                os.close(fd)
+            if proc is not None:
+                if proc.returncode is None:
+                    _kill_group(proc.pid)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 5.0)
+                if box is not None:
+                    box._err.cancel()
+        finally:
+            if cgroup is not None:  # even when the wait above was cancelled
+                await cgroup.remove()
 
 
 def isolation_layers() -> tuple[str, ...]:
+    """The layers every box is built with here; the last names the memory mode (`memory_mode`)."""
     uid = "uid:65534" if os.geteuid() == 0 else "userns-uid:65534"
-    return ("bwrap", "mountns", "pidns", "netns", "ipcns", uid, "seccomp", "rlimits", "tmpfs-caps")
+    layers = ("bwrap", "mountns", "pidns", "netns", "ipcns", uid, "seccomp", "af-unix-only", "rlimits", "tmpfs-caps")
+    return (*layers, memory_mode().name)
 
 
 async def run_python_async(
@@ -597,7 +561,7 @@ async def run_python_async(
             stdout=stdout.decode("utf-8", "replace"),
             stderr=stderr_text,
             timed_out=timed_out,
-            killed_reason=_killed_reason(returncode, stderr_text, timed_out),
+            killed_reason="memory" if box.memory_exceeded() else _killed_reason(returncode, stderr_text, timed_out),
             duration_s=time.monotonic() - start,
             output_truncated=out_cut or err_cut,
             isolation=isolation_layers(),

@@ -142,8 +142,11 @@ async def test_network_is_refused() -> None:
 
 
 async def test_the_network_namespace_has_only_its_own_loopback() -> None:
-    r = await run_python_async("import socket; print([n for _, n in socket.if_nameindex()])")
-    assert json.loads(r.stdout.replace("'", '"')) == ["lo"]
+    # /proc/net is the reader's network namespace; if_nameindex() would need a netlink socket,
+    # which the box may not make
+    code = "import json; print(json.dumps([ln.split(':')[0].strip() for ln in open('/proc/net/dev').readlines()[2:]]))"
+    r = await run_python_async(code)
+    assert json.loads(r.stdout) == ["lo"], r.stderr
 
 
 async def test_writing_outside_the_directory_fails_and_nothing_appears_outside(tmp_path: Path) -> None:

@@ -1,0 +1,296 @@
+"""Memory the kernel holds for a box, sockets outside its network namespace, host-wide AIO: each
+attack runs in a real box and is judged from outside it (issue 26, items 3, 4 and 8).
+
+Before these rules one code_tests run held 1,768 MiB of host memory in 120 socket pairs with
+raised buffers while its processes were capped at 512 MiB, a box bound a vsock port that was then
+taken on the host, and a box took the host's ``fs.aio-nr`` to its maximum. The memory test
+compares the host's MemAvailable while the box holds everything it could queue with the bound
+`verifiers.box_memory.bound_mb` states; other work on the machine moves MemAvailable too, so the
+attack is sized to exceed that bound several times over were a rule missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from verifiers import box_memory, sandbox
+from verifiers.box_memory import MemoryMode
+from verifiers.cgroup_box import BoxCgroup, BoxCgroups
+from verifiers.sandbox import Limits, available, memory_mode, run_python_async, start_python
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(available() is not None, reason=f"no sandbox here: {available()}"),
+]
+
+# Every process of the box queues what it can in socket pairs (buffers raised where allowed),
+# pipes (grown where allowed), and files sent in flight over a socket and closed, until its open
+# files run out or it has queued CAP bytes. 4 processes x 384 MiB: were a rule missing, the box
+# would hold about 1.5 GiB, against a stated bound of about 620 MiB.
+BUFFER_HOG = """
+import fcntl, json, os, socket, time
+CAP = 384 << 20
+for _ in range(3):
+    if os.fork() == 0:
+        break
+report = {"sndbuf": "raised", "pipe_size": "raised", "queued": 0, "in_flight": 0, "stopped": None}
+carrier = socket.socketpair()
+carrier[0].setblocking(False)
+keep = []
+def fill(send):
+    try:
+        while report["queued"] < CAP:
+            report["queued"] += send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+try:
+    while report["queued"] < CAP:
+        x, y = socket.socketpair()
+        for s in (x, y):
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 30)
+            except OSError as exc:
+                report["sndbuf"] = exc.errno
+            s.setblocking(False)
+            fill(s.send)
+        r, w = os.pipe()
+        try:
+            fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ
+        except OSError as exc:
+            report["pipe_size"] = exc.errno
+        os.set_blocking(w, False)
+        fill(lambda data: os.write(w, data))
+        try:
+            socket.send_fds(carrier[0], [b"f"], [x.fileno(), y.fileno(), r, w])
+            x.close(), y.close(), os.close(r), os.close(w)
+            report["in_flight"] += 4
+        except OSError:
+            keep.append((x, y, r, w))
+except OSError as exc:
+    report["stopped"] = exc.errno
+print(json.dumps(report), flush=True)
+time.sleep(60)
+"""
+
+
+def mem_available_mib() -> float:
+    with open("/proc/meminfo") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("MemAvailable:")) / 1024
+
+
+def sampled_mib(n: int = 5) -> float:
+    samples = []
+    for _ in range(n):
+        samples.append(mem_available_mib())
+        time.sleep(0.1)
+    return statistics.median(samples)
+
+
+async def test_a_box_cannot_hold_kernel_buffers_beyond_its_stated_bound() -> None:
+    limits = Limits(timeout_s=60, memory_mb=64, max_procs=4)
+    bound = box_memory.bound_mb(memory_mode().name, limits.memory_mb, limits.disk_mb, limits.max_procs)
+    before = await asyncio.to_thread(sampled_mib)
+    async with start_python(BUFFER_HOG, limits=limits, stdin=False) as box:
+        reports = [json.loads(await asyncio.wait_for(box.stdout.readline(), 60)) for _ in range(4)]
+        await asyncio.sleep(0.5)
+        held = before - await asyncio.to_thread(sampled_mib)  # while the box holds all of it
+        box.kill()
+    for report in reports:
+        assert report["sndbuf"] == 1 and report["pipe_size"] == 1, report  # EPERM
+        assert report["stopped"] in (24, None), report  # EMFILE once its open files ran out
+    queued_mib = sum(r["queued"] for r in reports) / (1 << 20)
+    files = box_memory.buffered_files(limits.max_procs)
+    assert queued_mib <= files * box_memory.per_file_kib() / 1024, (queued_mib, reports)
+    assert sum(r["in_flight"] for r in reports) <= box_memory.MAX_OPEN_FILES + 253 + 4
+    # from outside: what the host lost while the box held its buffers
+    assert held < bound, f"the box held {held:.0f} MiB of host memory; the stated bound is {bound} MiB"
+    await asyncio.sleep(0.5)
+    assert before - await asyncio.to_thread(sampled_mib) < 300, "the box's memory was not given back"
+
+
+VSOCK_AND_FAMILIES = """
+import json, socket, time
+PORT = {port}
+seen = {{}}
+def attempt(name, fn):
+    try:
+        fn()
+        seen[name] = "ok"
+    except OSError as exc:
+        seen[name] = exc.errno
+def vsock_bind():
+    s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    s.bind((socket.VMADDR_CID_ANY, PORT))
+    s.listen()
+    globals()["held"] = s
+def vsock_connect():
+    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM).connect((2, PORT))  # the host
+attempt("vsock bind", vsock_bind)
+attempt("vsock connect", vsock_connect)
+attempt("vsock pair", lambda: socket.socketpair(socket.AF_VSOCK))
+for family, kind in (("AF_INET", 1), ("AF_INET6", 2), ("AF_NETLINK", 3), ("AF_PACKET", 3)):
+    attempt(family, lambda: socket.socket(getattr(socket, family), kind))
+attempt("unix", lambda: socket.socketpair(socket.AF_UNIX))
+print(json.dumps(seen), flush=True)
+time.sleep(30)
+"""
+
+
+async def test_a_box_can_neither_bind_nor_connect_a_vsock_nor_open_a_network_family() -> None:
+    port = random.randint(20000, 60000)
+    async with start_python(VSOCK_AND_FAMILIES.format(port=port), limits=Limits(timeout_s=40), stdin=False) as box:
+        seen = json.loads(await asyncio.wait_for(box.stdout.readline(), 30))
+        host_bind = _host_vsock_bind(port)  # while the box lives: the port is still free on the host
+        box.kill()
+    assert seen.pop("unix") == "ok"
+    assert seen == dict.fromkeys(seen, 97), seen  # EAFNOSUPPORT for every one
+    assert set(seen) == {"vsock bind", "vsock connect", "vsock pair", "AF_INET", "AF_INET6", "AF_NETLINK", "AF_PACKET"}
+    assert host_bind in ("bound", "no vsock on this host"), host_bind
+
+
+def _host_vsock_bind(port: int) -> str:
+    try:
+        s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    except (OSError, AttributeError):
+        return "no vsock on this host"
+    try:
+        s.bind((socket.VMADDR_CID_ANY, port))
+        return "bound"
+    except OSError as exc:
+        return f"refused: {exc}"
+    finally:
+        s.close()
+
+
+AIO_HOG = """
+import ctypes, json, time
+libc = ctypes.CDLL(None, use_errno=True)
+contexts, errors = 0, set()
+for _ in range(200):
+    ctx = ctypes.c_ulong(0)
+    if libc.syscall(206, 65536, ctypes.byref(ctx)) == 0:  # io_setup
+        contexts += 1
+    else:
+        errors.add(ctypes.get_errno())
+for name, nr in (("io_submit", 209), ("io_getevents", 208), ("io_destroy", 207), ("io_cancel", 210), ("io_pgetevents", 333)):
+    libc.syscall(nr, 0, 0, 0, 0, 0)
+    errors.add(ctypes.get_errno())
+print(json.dumps({"contexts": contexts, "errors": sorted(errors)}), flush=True)
+time.sleep(30)
+"""
+
+
+def _aio_nr() -> int:
+    with open("/proc/sys/fs/aio-nr") as fh:
+        return int(fh.read())
+
+
+async def test_a_box_cannot_take_the_hosts_aio_contexts() -> None:
+    before = _aio_nr()
+    async with start_python(AIO_HOG, limits=Limits(timeout_s=40), stdin=False) as box:
+        seen = json.loads(await asyncio.wait_for(box.stdout.readline(), 30))
+        during = _aio_nr()
+        host_ok = _host_io_setup()
+        box.kill()
+    assert seen == {"contexts": 0, "errors": [38]}, seen  # ENOSYS, as a kernel without AIO says
+    assert during - before < 65536, (before, during)  # one context of the box's would add 65536
+    assert host_ok
+
+
+def _host_io_setup() -> bool:
+    libc = ctypes.CDLL(None, use_errno=True)
+    ctx = ctypes.c_ulong(0)
+    if libc.syscall(206, 128, ctypes.byref(ctx)) != 0:
+        return False
+    libc.syscall(207, ctx)
+    return True
+
+
+async def test_everyday_code_that_needs_a_socketpair_or_files_still_runs() -> None:
+    # asyncio's loop and multiprocessing make AF_UNIX pairs and pipes; Pool(8) opens about 26 files
+    code = textwrap.dedent("""
+        import asyncio, multiprocessing
+        async def main():
+            await asyncio.sleep(0)
+            return "loop"
+        print(asyncio.run(main()))
+        with multiprocessing.Pool(8) as pool:
+            print(sum(pool.map(abs, range(-5, 5))))
+    """)
+    r = await run_python_async(code, timeout_s=30, max_procs=16)
+    assert r.ok, r.stderr[-1000:]
+    assert r.stdout.split() == ["loop", "25"]
+
+
+async def test_the_memory_mode_is_named_in_every_result_and_logged_at_start_up() -> None:
+    r = await run_python_async("print(1)")
+    assert r.isolation[-1] == memory_mode().name in ("cgroup-memory", "rlimit-memory")
+    assert "af-unix-only" in r.isolation
+    out = subprocess.run(
+        [sys.executable, "-c", "from verifiers import sandbox; assert sandbox.available() is None"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"sandbox memory mode {memory_mode().name}" in out.stderr
+    assert "a box holds at most" in out.stderr
+
+
+@pytest.mark.skipif(memory_mode().name != "cgroup-memory", reason="no delegated cgroup v2 here")
+async def test_in_cgroup_mode_the_box_is_capped_as_a_whole_and_its_cgroup_removed() -> None:
+    # 4 processes of 200 MiB each fit their RLIMIT_AS of 256 MiB, not a memory.max of 256 + 64 + 33
+    code = textwrap.dedent("""
+        import os, time
+        for _ in range(3):
+            if os.fork() == 0:
+                break
+        block = bytearray(200 << 20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        time.sleep(5)
+    """)
+    mode = memory_mode()
+    assert mode.cgroups is not None
+    before = {p.name for p in mode.cgroups.parent.iterdir() if p.name.startswith("tierroute-box-")}
+    r = await run_python_async(code, memory_mb=256, max_procs=8, timeout_s=30)
+    assert r.killed_reason == "memory", (r.returncode, r.stderr[-500:])
+    after = {p.name for p in mode.cgroups.parent.iterdir() if p.name.startswith("tierroute-box-")}
+    assert after <= before
+
+
+async def test_a_box_enters_its_cgroup_before_bubblewrap_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cgroup path on a stand-in directory (this host has no delegated cgroup v2): the files
+    # are plain, so what is checked is the order and the values, not the kernel's enforcement.
+    # The shell stage writes "0" (itself) into cgroup.procs and then becomes bwrap.
+    stand_in = MemoryMode("cgroup-memory", "a stand-in", BoxCgroups(tmp_path), shutil.which("sh"))
+    monkeypatch.setattr(sandbox, "memory_mode", lambda: stand_in)
+    r = await run_python_async("import os\nprint(os.getpid())", memory_mb=100, disk_mb=20, max_procs=5)
+    assert r.ok and r.stdout.strip() == "2", r.stderr  # bwrap's pid 1, then the code: as without it
+    (box,) = list(tmp_path.iterdir())  # a plain directory with files cannot be removed; a cgroup can
+    assert box.name.startswith(f"tierroute-box-{os.getpid()}-")
+    assert (box / "cgroup.procs").read_text() == "0\n"
+    assert (box / "memory.max").read_text() == str((100 + 20 + 1 + 32) << 20)
+    assert (box / "pids.max").read_text() == "7"  # max_procs and bubblewrap's two
+    assert (box / "cgroup.kill").read_text() == "1"  # whatever was left was killed on leaving
+    (box / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\noom_group_kill 1\n")
+    assert BoxCgroup(box).memory_exceeded()
+    (box / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
+    assert not BoxCgroup(box).memory_exceeded()
