@@ -31,14 +31,23 @@ equals nothing). The expectation never enters the sandbox:
 - ``assert A <op> B`` with one comparison: the worker evaluates the sides (only the side that is
   not a literal, when one is) and the checker applies the operator to the plain values;
 - ``assert not X`` / ``assert X``: the worker evaluates X, the checker asks for falsy / truthy;
+- an assert that holds more (``abs(f(x) - y) < tol``, ``math.isclose``, a chained comparison,
+  ``len(f(x)) == 3``): the checker computes it from the values of its leaves, which are all the
+  worker is asked for (`verifiers.outside_judge`); an ``and``-joined assert is one check per link;
 - a ``def test_*()`` whose body is straight-line code (assignments, calls, asserts) is run as
   those statements, its asserts split as above.
 
 What stays in-process (counted in ``details["in_process"]``): a test function with loops or
 branches, a test script, a test given as a list of strings that is not one assert. Their verdict
-is "ran without raising", which code that takes over its own interpreter can fake. A worker that
-exits early, stalls, or answers out of protocol fails every test it did not answer in protocol;
-an answer out of protocol is counted as ``forged``.
+is "ran without raising", which code that takes over its own interpreter can fake. Those, and the
+tests whose expectation the worker computes itself (``f(1) == ref(1)``, ``check(f(1), 2)``,
+``all(...)``), are counted in ``details["forgeable"]``. A worker that exits early, stalls, or
+answers out of protocol fails every test it did not answer in protocol; an answer out of protocol
+is counted as ``forged``.
+
+The program is the answer's code with the prompt's imports and helpers, held to
+`verifiers.prompt_code`'s rule for callers without the tests permission: none of the client's
+prompt code runs for them. The answer's own code always runs (in the sandbox).
 
 The score's reason and details carry counts and a fixed vocabulary only (see ``KINDS``): never the
 sandbox's output, which would make the response an exfiltration channel. The full text (labels,
