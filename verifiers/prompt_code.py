@@ -16,9 +16,10 @@ annotations, class bases and class bodies when it reaches a definition, so
 - For every other caller, only what runs nothing the client wrote at definition time is kept:
   imports (they run modules of the box's standard library, chosen by the client but not written by
   it); functions whose default values are literals (``ast.literal_eval``); classes whose bases are
-  names the prompt does not define itself and whose bodies hold only such functions, such classes,
-  a docstring and literal assignments; annotations only when they are *plain* (names the prompt
-  does not define, attributes and subscripts of them, string constants, ``|``), else dropped;
+  builtin classes (``object``, ``ValueError``; not an enum, whose creation runs the class's own
+  ``__init__``) and whose bodies hold only such functions, such classes, a docstring and literal
+  assignments; annotations only when they are *plain* (builtin classes and ``typing``'s names,
+  subscripts of them, string constants, ``|``), else dropped;
   decorators only from a short list of the standard library's that wrap and call nothing
   (``staticmethod``, ``classmethod``, ``property`` and its ``.setter``, ``functools.cache``,
   ``lru_cache``, ``cached_property``, ``total_ordering``, ``dataclasses.dataclass``,
@@ -54,6 +55,7 @@ _DECORATORS: dict[str, frozenset[str]] = {
     "abc": frozenset({"abstractmethod"}),
 }
 _PROPERTY_PARTS = frozenset({"setter", "getter", "deleter"})
+_TYPING = frozenset({"typing", "collections.abc"})
 
 
 @dataclass(frozen=True)
@@ -251,12 +253,11 @@ class _Rule:
         return out
 
     def klass(self, node: ast.ClassDef) -> ast.ClassDef | None:
-        """A class whose bases are the standard library's or the builtins' (never the prompt's own:
-        a base's ``__init_subclass__`` would run), with no keywords (``metaclass=``), allowed
-        decorators, and a body the rule keeps whole."""
+        """A class whose bases are builtin classes (`builtin_class`), with no keywords
+        (``metaclass=``), allowed decorators, and a body the rule keeps whole."""
         if getattr(node, "type_params", None) or node.keywords:
             return None
-        if not all(self.foreign(b) for b in node.bases):
+        if not all(self.builtin_class(b) for b in node.bases):
             return None
         if not all(self.decorator(d, {}) for d in node.decorator_list):
             return None
@@ -344,20 +345,39 @@ class _Rule:
 
     # ------------------------------------------------------------------ expressions
 
-    def foreign(self, node: ast.expr) -> bool:
-        """A name the prompt does not bind itself (a builtin, or bound by an import), or an
-        attribute of one: reading it runs only the standard library's code."""
-        while isinstance(node, ast.Attribute):
-            node = node.value
-        return isinstance(node, ast.Name) and node.id not in self.bound
+    def builtin_class(self, node: ast.expr) -> bool:
+        """A builtin class by its own name, which the prompt neither defines nor imports over.
+        Only those are bases: a class's creation runs its bases' hooks (``__init_subclass__``,
+        an enum's ``__init__`` for each member, a metaclass), and through an import (``from
+        solution import Base``, the program itself) they could be the prompt's."""
+        return (
+            isinstance(node, ast.Name)
+            and node.id not in self.bound
+            and node.id not in self.imported
+            and isinstance(getattr(builtins, node.id, None), type)
+        )
+
+    def typing_name(self, node: ast.expr) -> bool:
+        """A builtin class, or a name of ``typing`` or ``collections.abc`` (``List``,
+        ``typing.Optional``): what an annotation may name."""
+        if self.builtin_class(node):
+            return True
+        if isinstance(node, ast.Name) and node.id not in self.bound:
+            sources = self.imported.get(node.id, set())
+            return bool(sources) and all(src.rpartition(".")[0] in _TYPING for src in sources)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id not in self.bound:
+            return self.imported.get(node.value.id) in ({"typing"}, {"collections.abc"})
+        return False
 
     def plain(self, node: ast.expr) -> bool:
-        """An annotation whose evaluation runs only the standard library's code: foreign names,
-        attributes and subscripts of them, string and None constants, tuples, lists and ``|``."""
+        """An annotation whose evaluation runs only the standard library's code: builtin classes
+        and ``typing``'s names, subscripts of them, string and None constants, tuples, lists and
+        ``|``. Any other name could lead, by an attribute or a subscript, to the prompt's code
+        (``modules["solution"].T[0]`` runs ``T.__class_getitem__``)."""
         if isinstance(node, ast.Constant):
             return node.value is None or isinstance(node.value, str)
         if isinstance(node, ast.Name | ast.Attribute):
-            return self.foreign(node)
+            return self.typing_name(node)
         if isinstance(node, ast.Subscript):
             return self.plain(node.value) and self.plain(node.slice)
         if isinstance(node, ast.Tuple | ast.List):

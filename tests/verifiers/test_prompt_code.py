@@ -44,6 +44,15 @@ HOSTILE = {
     ),
     "decorator the prompt defines": f"def property(fn):\n    {RUN}\n\nclass Helper:\n    @property\n    def x(self):\n        return 1\n",
     "class annotation": f"class Helper:\n    x: {RUN} = 1\n",
+    "enum member": f"from enum import Enum\n\nclass Helper(Enum):\n    A = 1\n    def __init__(self, v):\n        {RUN}\n",
+    "base through the program itself": (
+        f"class Base:\n    def __init_subclass__(cls):\n        {RUN}\n\n"
+        "from solution import Base as B\n\nclass Helper(B):\n    pass\n"
+    ),
+    "annotation through sys.modules": (
+        f"from sys import modules\n\nclass T:\n    def __class_getitem__(cls, k):\n        {RUN}\n\n"
+        "def helper(x: modules['solution'].T[0]):\n    pass\n"
+    ),
     "top-level statement": f"{RUN}\n",
     "top-level assignment": f"LIMIT = {RUN}\n",
 }
@@ -61,7 +70,14 @@ def ask(construct: str) -> str:
 
 
 # the constructs whose code sits in a function's body: the definition may be kept, not run
-IN_A_BODY = {"decorator from an import", "base the prompt defines", "decorator the prompt defines"}
+IN_A_BODY = {
+    "decorator from an import",
+    "base the prompt defines",
+    "decorator the prompt defines",
+    "enum member",
+    "base through the program itself",
+    "annotation through sys.modules",
+}
 
 
 @pytest.mark.parametrize("name", sorted(set(HOSTILE) - IN_A_BODY))
