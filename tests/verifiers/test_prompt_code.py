@@ -131,6 +131,11 @@ def test_what_the_rule_keeps() -> None:
     # an annotation naming the prompt's own class could reach its code: dropped, the def kept
     own = dict(safe_definitions("class T:\n    pass\n\ndef g(x: T[int]) -> T:\n    return x\n"))
     assert own["g"] == "def g(x):\n    return x"
+    # nothing that rebinds a builtin: the answer's own len() or open() would call the client's code
+    shadows = (
+        "import os\nfrom os import system as len\nfrom os import *\nfrom typing import *\ndef print(*a):\n    pass\n"
+    )
+    assert [src for _, src in safe_definitions(shadows)] == ["import os", "from typing import *"]
 
 
 def test_a_completion_keeps_its_prompt_only_as_the_rule_allows() -> None:
