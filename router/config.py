@@ -99,8 +99,25 @@ class SpecCascadeSettings(_Strict):
     )
 
 
+_SHA256 = r"^[0-9a-fA-F]{64}$"
+
+
 class LlamaCppSettings(_Strict):
     model: str = Field(description="Catalog name, a local .gguf path, or 'hf:REPO/FILE'.")
+    model_sha256: str | None = Field(
+        None,
+        pattern=_SHA256,
+        description="The SHA-256 of a local or hf: model file: any other file is refused, and such a "
+        "model with no pin is refused unless allow_unpinned. A catalog model carries its own pin.",
+    )
+    draft_model_sha256: str | None = Field(
+        None, pattern=_SHA256, description="The same pin for draft_model, when it is a local or hf: file."
+    )
+    allow_unpinned: bool = Field(
+        False,
+        description="Load a local or hf: model (or draft model) that has no sha256 pin: whatever file is "
+        "at that path or on the hub then runs in this process. A warning is logged at every load.",
+    )
     n_ctx: int = Field(4096, ge=256, description="Context size shared by all parallel sequences' KV.")
     n_threads: int = Field(0, ge=0, description="CPU threads; 0 means the machine's physical cores.")
     n_batch: int = Field(512, ge=16, description="Most tokens in one decode step (prefill chunk).")

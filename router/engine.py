@@ -61,7 +61,12 @@ def check_resources(
             problems.append(f"{key}.backend: unknown backend '{tier.backend}'; known: {', '.join(breg.names())}")
         if tier.llamacpp is not None and tier.name not in skip_models:
             try:
-                resolve_model(tier.llamacpp.model, settings.models.cache_dir)
+                resolve_model(
+                    tier.llamacpp.model,
+                    settings.models.cache_dir,
+                    sha256=tier.llamacpp.model_sha256,
+                    allow_unpinned=tier.llamacpp.allow_unpinned,
+                )
             except ModelError as exc:
                 problems.append(f"{key}.llamacpp.model: {exc}")
             else:

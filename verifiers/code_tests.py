@@ -31,14 +31,23 @@ equals nothing). The expectation never enters the sandbox:
 - ``assert A <op> B`` with one comparison: the worker evaluates the sides (only the side that is
   not a literal, when one is) and the checker applies the operator to the plain values;
 - ``assert not X`` / ``assert X``: the worker evaluates X, the checker asks for falsy / truthy;
+- an assert that holds more (``abs(f(x) - y) < tol``, ``math.isclose``, a chained comparison,
+  ``len(f(x)) == 3``): the checker computes it from the values of its leaves, which are all the
+  worker is asked for (`verifiers.outside_judge`); an ``and``-joined assert is one check per link;
 - a ``def test_*()`` whose body is straight-line code (assignments, calls, asserts) is run as
   those statements, its asserts split as above.
 
 What stays in-process (counted in ``details["in_process"]``): a test function with loops or
 branches, a test script, a test given as a list of strings that is not one assert. Their verdict
-is "ran without raising", which code that takes over its own interpreter can fake. A worker that
-exits early, stalls, or answers out of protocol fails every test it did not answer in protocol;
-an answer out of protocol is counted as ``forged``.
+is "ran without raising", which code that takes over its own interpreter can fake. Those, and the
+tests whose expectation the worker computes itself (``f(1) == ref(1)``, ``check(f(1), 2)``,
+``all(...)``), are counted in ``details["forgeable"]``. A worker that exits early, stalls, or
+answers out of protocol fails every test it did not answer in protocol; an answer out of protocol
+is counted as ``forged``.
+
+The program is the answer's code with the prompt's imports and helpers, held to
+`verifiers.prompt_code`'s rule for callers without the tests permission: none of the client's
+prompt code runs for them. The answer's own code always runs (in the sandbox).
 
 The score's reason and details carry counts and a fixed vocabulary only (see ``KINDS``): never the
 sandbox's output, which would make the response an exfiltration channel. The full text (labels,
@@ -64,7 +73,6 @@ import functools
 import inspect
 import json
 import logging
-import math
 import operator
 import os
 import re
@@ -72,14 +80,17 @@ import secrets
 import textwrap
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from router.admission.slots import Slots, hold_all, verifier_slots
 from router.generation import Generation, GenerationRequest
+from verifiers import outside_judge
 from verifiers.base import Score, VerifierContext, require_integers, require_numbers
-from verifiers.extract import compiles, defined_names, definitions, extract_code, fenced_blocks, foreign_language
+from verifiers.extract import compiles, defined_names, foreign_language
+from verifiers.outside_judge import Failed, Judge, Opaque, contains_opaque, same, split_and, truth_of
+from verifiers.prompt_code import build_program
 from verifiers.sandbox import Limits, SandboxUnavailableError, start_python
 
 log = logging.getLogger(__name__)
@@ -131,7 +142,9 @@ class Check:
     """One request to the worker and how the checker judges the reply.
 
     judge: ``ran`` (no exception), ``truthy``, ``falsy``, ``compare`` (``op`` between the value and
-    ``expected``, or between the two values of an evaluated pair when ``pair``)."""
+    ``expected``, or between the two values of an evaluated pair when ``pair``), ``outside`` (the
+    expression is computed here from the values of its leaves, `verifiers.outside_judge`, and is
+    true, or is ``expected`` when that is a bool)."""
 
     op: str  # exec or eval
     source: str
@@ -140,6 +153,8 @@ class Check:
     expected: Any = None
     pair: bool = False
     literal_left: bool = False  # the literal was the left operand
+    forgeable: bool = False  # code that takes over the box could pass it (outside_judge.Judge.forgeable)
+    shadowed: frozenset[str] = frozenset()  # for ``outside``: builtins the test's setup rebinds
 
 
 @dataclass(frozen=True)
@@ -155,6 +170,7 @@ class Step:
     checks: tuple[Check, ...] = ()  # a test's requests; one ``ran`` check of ``source`` when empty
     expr: bool = False  # a doctest whose source is an expression
     own_ns: bool = False  # a test function's body: its locals stay its own
+    loose: bool = False  # a doctest whose expression holds what the box could use to forge its output
 
     @property
     def is_test(self) -> bool:
@@ -164,6 +180,11 @@ class Step:
     def in_process(self) -> bool:
         return self.kind == "test" and all(c.judge == "ran" for c in self.plan())
 
+    @property
+    def forgeable(self) -> bool:
+        """Whether code that takes over the box could make this test pass (in-process ones too)."""
+        return self.is_test and (self.in_process or self.loose or any(c.forgeable for c in self.plan()))
+
     def plan(self) -> tuple[Check, ...]:
         if self.checks:
             return self.checks
@@ -171,35 +192,25 @@ class Step:
 
 
 def assemble_program(request: GenerationRequest, text: str) -> str:
-    """The program to test: the code in the answer, after the prompt's own imports and helpers.
-
-    An answer often leaves out what the prompt already gave it (``from typing import List``, a
-    helper function the stub relies on); the prompt's imports, and its functions and classes that
-    the answer does not define itself, go in front. Nothing else of the prompt runs.
-
-    For a plain completion of a code prompt (HumanEval-style: a signature and docstring that the
-    model continues with a body), the prompt and the answer together.
-    """
-    code = extract_code(text)
-    prompt = request.last_user_text()
-    if not request.is_chat and not fenced_blocks(text):
-        joined = prompt + text
-        if compiles(joined) and (not compiles(code) or not defined_names(prompt) & defined_names(code)):
-            return joined
-    if not compiles(code):
-        return code
-    own = defined_names(code)
-    given = [src for name, src in definitions(extract_code(prompt)) if name not in own and src not in code]
-    return "\n\n".join([*given, code]) if given else code
+    """The program to test: the code in the answer, after the prompt's imports and helpers, or a
+    plain completion joined to its code prompt; for a caller without the tests permission, only
+    what of the prompt runs none of the client's code (`verifiers.prompt_code`)."""
+    return build_program(request, text).source
 
 
-def doctest_steps(text: str, *, trusted: bool = True) -> list[Step]:
+def doctest_steps(text: str, *, trusted: bool = True, answer: Iterable[str] = ()) -> list[Step]:
     """The ``>>>`` examples in ``text``, leniently parsed (indentation need not be consistent).
 
     A prompt is client text, so its examples are client code. Unless the caller may have code run
     (`trusted`: a key with the tests permission, or the operator's own eval data), only examples
     that call a function by name with literal arguments (``f(3, [1, 2], key="x")``) and state what
-    they should give are kept; setup lines and every other example are dropped unrun."""
+    they should give are kept; setup lines and every other example are dropped unrun.
+
+    An example that states ``True`` or ``False`` for an expression holding more than one value
+    (``abs(f(x) - 1.5) < 1e-6``) is judged outside the box like an assert; any other example whose
+    source is more than one value of the answer's (``answer``: the program's names) is counted
+    forgeable: the box sees everything it computes."""
+    judge = Judge(answer)
     lines = text.splitlines()
     steps: list[Step] = []
     i = 0
@@ -234,11 +245,17 @@ def doctest_steps(text: str, *, trusted: bool = True) -> list[Step]:
             continue
         label = ">>> " + _short(src)
         expr = _is_expression(src)
-        if want and want[0].startswith("Traceback (most recent call last)"):
+        node = ast.parse(src, mode="eval").body if expr else None
+        loose = node is None or not judge.sealed_leaf(node)
+        if node is not None and [w.strip() for w in want] in (["True"], ["False"]) and not judge.is_leaf(node):
+            stated = want[0].strip() == "True"
+            check = Check("eval", src, "outside", "exact", stated, forgeable=judge.forgeable(node))
+            steps.append(Step("test", src, label, "doctest", checks=(check,)))
+        elif want and want[0].startswith("Traceback (most recent call last)"):
             exc = want[-1].split(":", 1)[0].strip().rsplit(".", 1)[-1]
-            steps.append(Step("doctest", src, label, "doctest", exc=exc, expr=expr))
+            steps.append(Step("doctest", src, label, "doctest", exc=exc, expr=expr, loose=loose))
         elif want:
-            steps.append(Step("doctest", src, label, "doctest", want="\n".join(want), expr=expr))
+            steps.append(Step("doctest", src, label, "doctest", want="\n".join(want), expr=expr, loose=loose))
         else:
             steps.append(Step("setup", src, label, "doctest"))
     return steps
@@ -261,6 +278,30 @@ def _literal_call(src: str) -> bool:
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return False
     return True
+
+
+def _top_level_names(program: str) -> frozenset[str]:
+    """The names the program binds at its top level: its functions and classes, and the names it
+    assigns (``f = lambda x: ...``)."""
+    try:
+        tree = ast.parse(program)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return frozenset()
+    names = set(defined_names(program))
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return frozenset(names)
+
+
+def _called_name(src: str) -> str | None:
+    """The plain name ``src`` calls when it is one call expression, else None."""
+    try:
+        node = ast.parse(src, mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    return node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
 
 
 def _is_expression(src: str) -> bool:
@@ -625,33 +666,39 @@ def _input_output_examples(text: str, params: dict[str, list[str] | None]) -> li
     return found
 
 
-def caller_test_steps(tests: str | list[str] | tuple[str, ...]) -> list[Step]:
-    """Split the caller's test code into setup and tests (see the module docstring).
+def caller_test_steps(tests: str | list[str] | tuple[str, ...], answer: Iterable[str] = ()) -> list[Step]:
+    """Split the caller's test code into setup and tests (see the module docstring). ``answer``:
+    the program's top-level names, which tell a value the answer decides from one the box could
+    forge (`verifiers.outside_judge`).
 
     Raises SyntaxError when the tests do not parse."""
     if not isinstance(tests, str):
-        steps = []
-        for i, t in enumerate(tests):
+        bodies = []
+        for t in tests:
             try:
-                body = ast.parse(t).body
+                bodies.append(ast.parse(t).body)
             except (SyntaxError, ValueError):
-                body = []
-            checks = _assert_checks(body[0]) if len(body) == 1 and isinstance(body[0], ast.Assert) else ()
+                bodies.append([])
+        judge = _judge_for([node for body in bodies for node in body], answer)
+        steps = []
+        for i, (t, body) in enumerate(zip(tests, bodies, strict=True)):
+            checks = _assert_checks(body[0], judge) if len(body) == 1 and isinstance(body[0], ast.Assert) else ()
             steps.append(Step("test", t, f"tests[{i}]", "tests", checks=checks))
         return steps
     tree = ast.parse(tests)
+    judge = _judge_for(tree.body, answer)
     steps = []
     for node in tree.body:
         source = ast.unparse(node)
         if isinstance(node, ast.Assert):
-            steps.append(Step("test", source, _short(source), "tests", checks=_assert_checks(node)))
+            steps.append(Step("test", source, _short(source), "tests", checks=_assert_checks(node, judge)))
         elif isinstance(node, ast.FunctionDef) and node.name.startswith("test") and _takes_no_args(node):
             steps.append(Step("setup", source, f"def {node.name}", "tests"))
             straight = _straight_body(node)
             if straight is None:
                 steps.append(Step("test", f"{node.name}()", f"{node.name}()", "tests"))
             else:
-                checks = tuple(c for stmt in straight for c in _statement_checks(stmt))
+                checks = tuple(c for stmt in straight for c in _statement_checks(stmt, judge))
                 steps.append(Step("test", f"{node.name}()", f"{node.name}()", "tests", checks=checks, own_ns=True))
         else:
             steps.append(Step("setup", source, _short(source), "tests"))
@@ -678,10 +725,29 @@ def _straight_body(fn: ast.FunctionDef) -> list[ast.stmt] | None:
     return body or None
 
 
-def _statement_checks(stmt: ast.stmt) -> tuple[Check, ...]:
+def _statement_checks(stmt: ast.stmt, judge: Judge) -> tuple[Check, ...]:
     if isinstance(stmt, ast.Assert):
-        return _assert_checks(stmt)
+        return _assert_checks(stmt, judge)
     return (Check("exec", ast.unparse(stmt)),)
+
+
+def _judge_for(tests: list[ast.stmt], answer: Iterable[str]) -> Judge:
+    """The judge of these tests: every name their code binds is theirs, not the answer's, and a
+    builtin they rebind means what they made it mean (so it is evaluated in the box)."""
+    bound = {
+        n.id if isinstance(n, ast.Name) else n.name
+        for stmt in tests
+        for n in ast.walk(stmt)
+        if (isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load))
+        or isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    }
+    for stmt in tests:
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.Import | ast.ImportFrom):
+                bound.update(a.asname or a.name.split(".")[0] for a in n.names if a.name != "*")
+    # `import math` is how a test reaches math.isclose: binding math to math changes nothing
+    shadowed = {name for name in bound if name != "math"}
+    return Judge(set(answer) - bound, shadowed)
 
 
 def _literal(node: ast.expr) -> tuple[bool, Any]:
@@ -691,51 +757,44 @@ def _literal(node: ast.expr) -> tuple[bool, Any]:
         return False, None
 
 
-def _assert_checks(node: ast.Assert) -> tuple[Check, ...]:
-    """How the checker decides ``assert <test>`` without trusting the process that runs it."""
-    test = node.test
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return (Check("eval", ast.unparse(test.operand), "falsy"),)
+def _assert_checks(node: ast.Assert, judge: Judge | None = None) -> tuple[Check, ...]:
+    """How the checker decides ``assert <test>`` without trusting the process that runs it: each
+    link of an ``and``-joined test on its own, as separate asserts would be."""
+    judge = judge or Judge()
+    return tuple(_part_check(part, judge) for part in split_and(node.test))
+
+
+def _part_check(test: ast.expr, judge: Judge) -> Check:
+    """One link: the simple shapes (one value against a literal, a value's truth) as `judge`
+    decides them; anything holding more (``abs(f(x) - y) < tol``, ``isclose``, a chain) computed
+    here from its leaves' values (`verifiers.outside_judge`)."""
+    forgeable = judge.forgeable(test)
+    if judge.is_leaf(test):  # one value (identity between two values too: only the box can say)
+        return Check("eval", ast.unparse(test), "truthy", forgeable=forgeable)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and judge.is_leaf(test.operand):
+        return Check("eval", ast.unparse(test.operand), "falsy", forgeable=forgeable)
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
         op, left, right = test.ops[0], test.left, test.comparators[0]
         name = type(op).__name__
-        if isinstance(op, ast.Is | ast.IsNot):
-            # identity is only plain data against the singletons
-            for side, other in ((right, left), (left, right)):
-                if isinstance(side, ast.Constant) and side.value in (None, True, False):
-                    judge_name = "Is" if isinstance(op, ast.Is) else "IsNot"
-                    return (Check("eval", ast.unparse(other), "compare", judge_name, side.value),)
-            return (Check("eval", ast.unparse(test), "truthy"),)
         left_lit, left_val = _literal(left)
         right_lit, right_val = _literal(right)
-        if right_lit and not left_lit:
-            return (Check("eval", ast.unparse(left), "compare", name, right_val),)
-        if left_lit and not right_lit:
-            return (Check("eval", ast.unparse(right), "compare", name, left_val, literal_left=True),)
-        if not (left_lit and right_lit):
+        if isinstance(op, ast.Is | ast.IsNot):
+            # one side is None, True or False, or the comparison would be a leaf
+            value, const = (left, right_val) if right_lit else (right, left_val)
+            if judge.is_leaf(value):
+                return Check("eval", ast.unparse(value), "compare", name, const, forgeable=forgeable)
+        elif right_lit and not left_lit and judge.is_leaf(left):
+            return Check("eval", ast.unparse(left), "compare", name, right_val, forgeable=forgeable)
+        elif left_lit and not right_lit and judge.is_leaf(right):
+            return Check("eval", ast.unparse(right), "compare", name, left_val, literal_left=True, forgeable=forgeable)
+        elif judge.is_leaf(left) and judge.is_leaf(right):
             pair = f"({ast.unparse(left)}, {ast.unparse(right)})"
-            return (Check("eval", pair, "compare", name, pair=True),)
-    return (Check("eval", ast.unparse(test), "truthy"),)
+            return Check("eval", pair, "compare", name, pair=True, forgeable=forgeable)
+    return Check("eval", ast.unparse(test), "outside", forgeable=forgeable, shadowed=judge.shadowed)
 
 
 # ----------------------------------------------------------------------------------------------
 # the checker's side: plain values and verdicts
-
-
-class Opaque:
-    """A value the worker could only describe: an object of a type that is not plain data.
-    It equals nothing, so no test can pass by returning one where plain data is expected."""
-
-    def __init__(self, type_name: str, text: str) -> None:
-        self.type_name, self.text = type_name, text
-
-    def __repr__(self) -> str:
-        return self.text
-
-    def __eq__(self, other: object) -> bool:
-        return False
-
-    __hash__ = object.__hash__
 
 
 class _BadReply(ValueError):
@@ -745,7 +804,7 @@ class _BadReply(ValueError):
 # Rebuilding a set or dict hashes every item while the GIL is held: values crafted to collide
 # (ints equal modulo 2**61 - 1) make that quadratic and stall every thread, the event loop included;
 # with the reply size capped, 256 per container bounds the whole decode to a few million comparisons.
-MAX_HASHED_ITEMS = 256
+MAX_HASHED_ITEMS = outside_judge.MAX_HASHED_ITEMS
 MAX_PROCS = 8  # processes one code_tests run may have: with memory_mb each, its memory bound
 
 
@@ -790,41 +849,6 @@ def decode_value(tree: Any, depth: int = 0) -> Any:
     raise _BadReply("malformed value")
 
 
-def same(a: object, b: object) -> bool:
-    """Plain-data equality, with floats compared to a relative 1e-6 and bools kept apart from ints."""
-    if isinstance(a, Opaque) or isinstance(b, Opaque):
-        return False
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        if isinstance(a, int) and isinstance(b, int):
-            return a == b
-        try:
-            return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
-        except OverflowError:  # an int too large for a float: it equals no float
-            return False
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - plain values; a failure means they differ
-        return False
-
-
-def _contains_opaque(value: object, depth: int = 0) -> bool:
-    if isinstance(value, Opaque):
-        return True
-    if depth > 100:
-        return True
-    if isinstance(value, list | tuple | set | frozenset):
-        return any(_contains_opaque(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return any(_contains_opaque(k, depth + 1) or _contains_opaque(v, depth + 1) for k, v in value.items())
-    return False
-
-
 @dataclass(frozen=True)
 class Reply:
     ok: bool
@@ -851,7 +875,7 @@ def judge(check: Check, reply: Reply) -> str | None:
         return None
     value = reply.value
     if check.judge in ("truthy", "falsy"):
-        if _contains_opaque(value):
+        if contains_opaque(value):
             truth = reply.truth  # only the object knows its truth; returning True would do the same
             if truth is None:
                 return "not_plain_data"
@@ -870,7 +894,7 @@ def judge(check: Check, reply: Reply) -> str | None:
         if check.cmp in ("Is", "IsNot"):
             is_same = (value is check.expected) if not isinstance(value, Opaque) else False
             return None if is_same == (check.cmp == "Is") else "assertion"
-        if _contains_opaque(left) or _contains_opaque(right):
+        if contains_opaque(left) or contains_opaque(right):
             return "not_plain_data"
         if check.cmp == "Eq":
             result = same(left, right)
@@ -903,7 +927,7 @@ def judge_doctest(step: Step, reply: Reply) -> str | None:
         try:
             expected = ast.literal_eval(step.want.strip())
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            if _contains_opaque(value):
+            if contains_opaque(value):
                 return "mismatch"
             return None if " ".join(str(value).split()) == " ".join(step.want.split()) else "mismatch"
         return None if same(value, expected) else "mismatch"
@@ -922,6 +946,7 @@ class UnitResult:
     kind: str | None = None  # why it failed, one of KINDS
     in_process: bool = False
     detail: str = ""  # for the server log only
+    forgeable: bool = False  # code that takes over the box could have passed it
 
 
 @dataclass(frozen=True)
@@ -1034,7 +1059,11 @@ async def run_tests(
                 except _Stop as exc:
                     stop = exc
                     if step.is_test:
-                        units.append(UnitResult(step.label, step.group, False, exc.kind, step.in_process, exc.detail))
+                        units.append(
+                            UnitResult(
+                                step.label, step.group, False, exc.kind, step.in_process, exc.detail, step.forgeable
+                            )
+                        )
         if stop is not None:
             forged = stop.kind == "forged"
             notes.append(f"stopped: {stop.kind} {stop.detail}".strip())
@@ -1049,7 +1078,7 @@ async def run_tests(
     answered = len(units)
     kind_left = "forged" if forged else "not_run"
     for step in tests[answered:]:
-        units.append(UnitResult(step.label, step.group, False, kind_left, step.in_process))
+        units.append(UnitResult(step.label, step.group, False, kind_left, step.in_process, forgeable=step.forgeable))
     stderr = err.decode("utf-8", "replace")[-4000:]
     return HarnessRun(loaded, load_kind, units, time.monotonic() - start, forged, "\n".join([*notes, stderr]).strip())
 
@@ -1070,15 +1099,42 @@ async def _run_step(session: _Session, step: Step) -> list[UnitResult]:
             "" if kind is None else f"expected {step.want[:120]!r}, got {reply.printed[:120]!r} {reply.exc} {reply.msg}"
         )
         detail = detail[:400]
-        return [UnitResult(step.label, step.group, kind is None, kind, False, detail)]
+        return [UnitResult(step.label, step.group, kind is None, kind, False, detail, step.forgeable)]
     for check in step.plan():
-        reply = await session.ask({"op": check.op, "source": check.source, "ns": ns, "base": base})
-        kind = judge(check, reply)
-        if kind is not None:
+        if check.judge == "outside":
+            kind, outcome = await _judge_outside(session, check, ns, base)
+        else:
+            reply = await session.ask({"op": check.op, "source": check.source, "ns": ns, "base": base})
+            kind = judge(check, reply)
             outcome = f"{reply.exc}: {reply.msg}" if not reply.ok else f"-> {reply.value!r:.200}"
+        if kind is not None:
             detail = f"{check.source[:120]} {outcome}"
-            return [UnitResult(step.label, step.group, False, kind, step.in_process, detail)]
-    return [UnitResult(step.label, step.group, True, None, step.in_process)]
+            return [UnitResult(step.label, step.group, False, kind, step.in_process, detail, step.forgeable)]
+    return [UnitResult(step.label, step.group, True, None, step.in_process, forgeable=step.forgeable)]
+
+
+async def _judge_outside(session: _Session, check: Check, ns: str, base: str | None) -> tuple[str | None, str]:
+    """Compute ``check.source`` here, asking the box only for its leaves' values; the failure's
+    kind (None when it holds) and, for the log, what the box said last."""
+    said = [""]
+
+    async def ask(source: str) -> Any:
+        reply = await session.ask({"op": "eval", "source": source, "ns": ns, "base": base})
+        said[0] = f"{source[:60]} -> " + (f"{reply.exc}: {reply.msg}" if not reply.ok else f"{reply.value!r:.100}")
+        if not reply.ok:
+            raise Failed(_failure_kind(reply))
+        if isinstance(reply.value, Opaque):
+            reply.value.truth = reply.truth
+        return reply.value
+
+    judge_here = Judge(shadowed=check.shadowed)
+    try:
+        value = await judge_here.value(ast.parse(check.source, mode="eval").body, ask)
+        # a doctest states the bool it prints; an assert asks for truth
+        held = value is check.expected if check.cmp == "exact" else truth_of(value)
+    except Failed as exc:
+        return exc.kind, said[0]
+    return (None if held else ("mismatch" if check.cmp == "exact" else "assertion")), said[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1190,6 +1246,7 @@ class CodeTestsVerifier:
             by_source=by_source,
             failures=dict(sorted(failures.items())),
             in_process=sum(u.in_process for u in run.units),
+            forgeable=sum(u.forgeable for u in run.units),
         )
         value = 0.0 if run.forged else passed / total
         parts = ", ".join(
@@ -1206,7 +1263,8 @@ class CodeTestsVerifier:
         prompt = request.last_user_text()
         if len(text) > MAX_ANSWER_CHARS or len(prompt) > MAX_PROMPT_CHARS:
             return _Prepared(None, [], "too_large")
-        program = assemble_program(request, text)
+        built = build_program(request, text)
+        program = built.source
         if len(program) > MAX_ANSWER_CHARS + MAX_PROMPT_CHARS:
             return _Prepared(None, [], "too_large")
         try:
@@ -1218,6 +1276,7 @@ class CodeTestsVerifier:
             return _Prepared(None, [], "syntax_error")
         steps: list[Step] = []
         notes: list[str] = []
+        answer = _top_level_names(program)
         tests = request.metadata.get("tests")
         if tests is not None:
             if isinstance(tests, str) or (isinstance(tests, list | tuple) and all(isinstance(t, str) for t in tests)):
@@ -1225,17 +1284,21 @@ class CodeTestsVerifier:
                 if size > MAX_TESTS_CHARS:
                     return _Prepared(None, [], "too_large")
                 try:
-                    steps += caller_test_steps(tests)
+                    steps += caller_test_steps(tests, answer)
                 except (SyntaxError, ValueError, MemoryError, RecursionError):
                     # the caller's mistake; run it anyway as one test so it shows as failing
                     notes.append("metadata tests do not parse")
                     steps.append(Step("test", tests if isinstance(tests, str) else "", "tests (do not parse)", "tests"))
             else:
                 notes.append("metadata tests ignored: not a string or a list of strings")
+        examples: list[Step] = []
         if self.doctest:
-            steps += doctest_steps(prompt, trusted=bool(request.metadata.get("client_code")))
+            examples += doctest_steps(prompt, trusted=bool(request.metadata.get("client_code")), answer=answer)
         if self.stated:
-            steps += stated_steps(prompt)
+            examples += stated_steps(prompt)
+        # without the permission, an example of a function the prompt wrote and the answer did not
+        # would test the prompt, running the client's code to do it (verifiers.prompt_code)
+        steps += [s for s in examples if _called_name(s.source) not in built.prompt_only]
         if sum(s.is_test for s in steps) > MAX_UNITS:
             return _Prepared(None, [], "too_large")
         return _Prepared(program, steps, None, tuple(notes))

@@ -35,7 +35,10 @@ be fine, and `degeneration` already scores the cut). A program that does not run
 exception, a timeout, memory) scores ``crash_score`` (0): it cannot have printed the output the
 answer claims, so the stated answer rests on nothing.
 
-Trust. The program runs only in the sandbox (`verifiers.sandbox`: bubblewrap, seccomp, rlimits,
+Trust. Only the answer's code runs, never the prompt's (a completion is not joined to its
+prompt here). That code is the model's, and a model can be asked to echo a client's code, so it is
+treated as hostile whoever the caller: with this verifier on, it runs for every request whose
+answer shows a program. The program runs only in the sandbox (`verifiers.sandbox`: bubblewrap, seccomp, rlimits,
 no network, no host files), and what comes back is plain text read here, capped. The program can
 print whatever it likes, so it can make itself agree, or look like a missing module to force an
 abstention; neither gives it more than the answer's own text already has (it could state the

@@ -25,7 +25,7 @@ from typing import Any
 from router.generation import Generation, GenerationRequest, ResponseFormat
 from verifiers.base import Score, VerifierContext
 from verifiers.extract import fenced_blocks
-from verifiers.jsonschema_check import first_error
+from verifiers.jsonschema_check import PatternBudget, first_error
 
 
 def parse_json_answer(text: str) -> Any:
@@ -79,9 +79,10 @@ class FormatVerifier:
         text = candidate.text
         passed: list[str] = []
         configured = self._pattern is not None or self.json or self.json_schema is not None
+        budget = PatternBudget()  # one answer's pattern checks, the request's schema and the config's
         if request.response_format is not None:
-            # off the event loop: a client schema's patterns may each take up to PATTERN_TIMEOUT_S
-            asked = await asyncio.to_thread(_check_response_format, request.response_format, candidate)
+            # off the event loop: a client schema's patterns run up to the budget
+            asked = await asyncio.to_thread(_check_response_format, request.response_format, candidate, budget)
             if asked.value == 0.0 or not configured:
                 return asked
             passed.append("response_format")
@@ -98,7 +99,7 @@ class FormatVerifier:
                 return Score(0.0, f"not JSON: {exc}", {"failed": "json", "passed": passed})
             passed.append("json")
             if self.json_schema is not None:
-                error = first_error(self.json_schema, value)
+                error = await asyncio.to_thread(first_error, self.json_schema, value, budget)
                 if error is not None:
                     return Score(
                         0.0, f"JSON does not match the schema: {error}", {"failed": "json_schema", "passed": passed}
@@ -107,7 +108,7 @@ class FormatVerifier:
         return Score(1.0, "format ok: " + ", ".join(passed), {"passed": passed})
 
 
-def _check_response_format(fmt: ResponseFormat, candidate: Generation) -> Score:
+def _check_response_format(fmt: ResponseFormat, candidate: Generation, budget: PatternBudget) -> Score:
     details: dict[str, Any] = {"check": "response_format", "kind": fmt.kind}
     try:
         value = json.loads(candidate.text)
@@ -117,7 +118,7 @@ def _check_response_format(fmt: ResponseFormat, candidate: Generation) -> Score:
     if fmt.kind == "json_object" and not isinstance(value, dict):
         return Score(0.0, f"JSON mode asks for an object, not {type(value).__name__}", {**details, "failed": "object"})
     if fmt.schema is not None:
-        error = first_error(fmt.schema, value)
+        error = first_error(fmt.schema, value, budget)
         if error is not None:
             return Score(0.0, f"JSON does not match the request's schema: {error}", {**details, "failed": "schema"})
     return Score(1.0, f"answer is valid for the request's {fmt.kind}", details)

@@ -13,7 +13,8 @@ It abstains when the request offers no tools (or `tool_choice` is `none`), and w
 The calls are read by `router.structured.tools.answer`, the reading the HTTP layer shows the client.
 Arguments are checked by `verifiers.jsonschema_check`, the checker of response_format answers too
 (the functions' schemas passed `router.structured.grammars.check_schema` with the request), in a worker
-thread: a client's `pattern` may run to its time limit.
+thread: a client's `pattern` may run to its time limit, and all the calls of one answer share one
+pattern budget.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 from router.generation import Generation, GenerationRequest, NamedTool, ToolCall, ToolSpec
 from router.structured.tools import answer
 from verifiers.base import Score, VerifierContext
-from verifiers.jsonschema_check import first_error
+from verifiers.jsonschema_check import PatternBudget, first_error
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class ToolCallVerifier:
             if choice == "required" or isinstance(choice, NamedTool):
                 return Score(0.0, "no tool call, though tool_choice requires one", details)
             return Score.abstain("answered in text, without calling a tool")
+        budget = PatternBudget()  # every call's arguments share one answer's pattern time
         offered: dict[str, ToolSpec] = {}
         for spec in request.tools:
             offered.setdefault(spec.name, spec)  # a repeated name: the first definition counts
@@ -65,7 +67,7 @@ class ToolCallVerifier:
             if not isinstance(arguments, dict):
                 return Score(0.0, f"call {i} ({call.name}): arguments are not a JSON object", details)
             if tool.checked is not None:
-                error = await asyncio.to_thread(first_error, tool.checked, arguments)
+                error = await asyncio.to_thread(first_error, tool.checked, arguments, budget)
                 if error is not None:
                     return Score(0.0, f"call {i} ({call.name}): arguments do not match the schema {error}", details)
         repeated = _repeats(request, found.calls)

@@ -74,8 +74,12 @@ def draft_problem(settings: LlamaCppSettings, cache_dir: Path | None) -> str | N
     if settings.draft_model is None:
         return None
     try:
-        model = resolve_model(settings.model, cache_dir)
-        draft = resolve_model(settings.draft_model, cache_dir)
+        model = resolve_model(
+            settings.model, cache_dir, sha256=settings.model_sha256, allow_unpinned=settings.allow_unpinned
+        )
+        draft = resolve_model(
+            settings.draft_model, cache_dir, sha256=settings.draft_model_sha256, allow_unpinned=settings.allow_unpinned
+        )
         return vocab_mismatch(model, draft)
     except ModelError as exc:
         return str(exc)
@@ -124,9 +128,13 @@ class LlamaCppBackend(Backend):
     @classmethod
     def from_settings(cls, tier: TierSettings, settings: Settings) -> LlamaCppBackend:
         assert tier.llamacpp is not None
-        path = resolve_model(tier.llamacpp.model, settings.models.cache_dir)
-        draft = tier.llamacpp.draft_model
-        draft_path = None if draft is None else resolve_model(draft, settings.models.cache_dir)
+        own, cache = tier.llamacpp, settings.models.cache_dir
+        path = resolve_model(own.model, cache, sha256=own.model_sha256, allow_unpinned=own.allow_unpinned)
+        draft_path = None
+        if own.draft_model is not None:
+            draft_path = resolve_model(
+                own.draft_model, cache, sha256=own.draft_model_sha256, allow_unpinned=own.allow_unpinned
+            )
         return cls(tier.name, path, tier.llamacpp, tier.max_tokens, draft_path)
 
     async def start(self) -> None:

