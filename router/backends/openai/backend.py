@@ -82,14 +82,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
-import math
 import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx2
@@ -97,6 +95,9 @@ import openai
 
 from router.backends.base import Backend, ContinuationScore, ScoringUnsupportedError
 from router.backends.breaker import CircuitBreaker, Permit
+from router.backends.openai.call import Call, request_params
+from router.backends.openai.reading import read_response
+from router.backends.openai.streams import Accumulator, next_piece
 from router.backends.prompt_scoring import ScoredTokens, read_echo, read_vllm, render_chat
 from router.backends.retry import RetryPolicy, parse_retry_after
 from router.backends.upstream_io import (
@@ -106,15 +107,10 @@ from router.backends.upstream_io import (
     Malformed,
     SSEReader,
     Unacceptable,
-    clean_text,
     environment_proxy,
-    event_object,
     first_choice,
     json_object,
-    model_name,
     token_count,
-    token_logprobs,
-    typed_field,
 )
 from router.errors import (
     ConfigError,
@@ -124,17 +120,7 @@ from router.errors import (
     UnavailableError,
     UpstreamError,
 )
-from router.generation import (
-    Delta,
-    FinishReason,
-    Generation,
-    GenerationRequest,
-    Message,
-    NamedTool,
-    TokenLogprob,
-    ToolCall,
-)
-from router.structured.tools import MAX_CALLS, new_call_id
+from router.generation import Delta, Generation, GenerationRequest
 
 if TYPE_CHECKING:
     from router.config import OpenAIBackendSettings, Settings, TierSettings
@@ -150,17 +136,9 @@ _CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_erro
 # the error carries none of the codes above.
 _CONTEXT_MARKERS = ("context length", "context window", "context size", "maximum context")
 _DEADLINE_RETRY_AFTER_S = 1.0
-# Tokens a server may count past max_tokens: a stop sequence or end-of-text token it includes.
-_COMPLETION_SLACK = 8
-# A tokenizer gives at most one token per byte of text; a chat template adds a few per message, and
-# a hosted API may add a system prompt of its own.
-_TEMPLATE_TOKENS_PER_MESSAGE = 64
-_TEMPLATE_TOKENS = 4096
 # OpenAI's `param` and `code` are identifiers; anything else is prose and stays in the log.
 _IDENTIFIER = re.compile(r"^[A-Za-z0-9_.\[\]-]{1,64}$")
 
-# A token's text is a few characters; a longer "piece" is an upstream filling memory, cut here.
-MAX_PIECE_CHARS = 64
 
 _T = TypeVar("_T")
 
@@ -177,40 +155,6 @@ class _Retryable(Exception):
         self.detail = detail or summary
         self.retry_after = retry_after
         self.timed_out = timed_out
-
-
-@dataclass
-class _Call:
-    """One logical request: its deadline, its bounds, and what it has cost so far."""
-
-    request: GenerationRequest
-    deadline: float
-    started: float
-    max_tokens: int  # what the upstream is asked for
-    attempts: int = 0
-
-    def remaining(self) -> float:
-        return self.deadline - time.monotonic()
-
-    @functools.cached_property
-    def prompt_limit(self) -> int:
-        """The most prompt tokens a server could truthfully report for this request."""
-        request = self.request
-        messages = len(request.messages) if request.messages is not None else 1
-        return len(_prompt_text(request).encode("utf-8", "replace")) + (
-            _TEMPLATE_TOKENS_PER_MESSAGE * messages + _TEMPLATE_TOKENS
-        )
-
-    @property
-    def completion_limit(self) -> int:
-        return self.request.n * self.max_tokens + _COMPLETION_SLACK  # usage counts all n choices
-
-    @property
-    def piece_limit(self) -> int:
-        """The most pieces of text a stream may bring: a server sends a token or more per piece;
-        twice that leaves room for one that splits tokens, and still stops one that ignores
-        max_tokens long before the byte limit."""
-        return 2 * self.completion_limit
 
 
 class OpenAIBackend(Backend):
@@ -339,7 +283,7 @@ class OpenAIBackend(Backend):
                     ttft = time.monotonic() - call.started
                 yield Delta(piece, *acc.so_far(call), top_logprobs=acc.take_tops())
                 try:
-                    piece = await self._next_piece(events, acc, call)
+                    piece = await next_piece(events, acc, call)
                 except Exception as exc:
                     mapped = self._stream_cut(permit, exc, call, acc)
                     if mapped is exc:
@@ -397,7 +341,7 @@ class OpenAIBackend(Backend):
             seconds=time.monotonic() - call.started,
         )
 
-    async def _attempt_score(self, call: _Call, *, continuation: str, prompt: str | None) -> tuple[ScoredTokens, int]:
+    async def _attempt_score(self, call: Call, *, continuation: str, prompt: str | None) -> tuple[ScoredTokens, int]:
         client = self._ensure_client()
         permit = self._begin_attempt(call)
         request = call.request
@@ -449,7 +393,7 @@ class OpenAIBackend(Backend):
 
     # -- attempts --------------------------------------------------------------------------------
 
-    async def _with_retries(self, call: _Call, attempt_fn: Callable[[_Call], Awaitable[_T]]) -> _T:
+    async def _with_retries(self, call: Call, attempt_fn: Callable[[Call], Awaitable[_T]]) -> _T:
         retrying = self.policy.retrying(
             deadline=call.deadline,
             is_retryable=lambda exc: isinstance(exc, _Retryable),
@@ -467,7 +411,7 @@ class OpenAIBackend(Backend):
             self._retries_total += max(0, call.attempts - 1)
         raise AssertionError("tenacity ended without a result")  # pragma: no cover
 
-    def _begin_attempt(self, call: _Call) -> Permit:
+    def _begin_attempt(self, call: Call) -> Permit:
         if call.remaining() <= 0:
             # Checked before the breaker: an attempt we never make says nothing about the upstream.
             raise DeadlineError(
@@ -479,12 +423,14 @@ class OpenAIBackend(Backend):
         self._attempts_total += 1
         return permit
 
-    async def _attempt_generate(self, call: _Call) -> Generation:
+    async def _attempt_generate(self, call: Call) -> Generation:
         client = self._ensure_client()
         permit = self._begin_attempt(call)
         try:
             response = await self._open(client, call, stream=False)
-            generation = self._read_response(await _json_body(response, call), call)
+            generation = read_response(
+                await _json_body(response, call), call, tier=self.name, model=self.model, logprobs=self.gives_logprobs
+            )
         except BaseException as exc:
             mapped = self._settle(permit, exc, call)
             if mapped is exc:
@@ -493,7 +439,7 @@ class OpenAIBackend(Backend):
         permit.success()
         return generation
 
-    async def _attempt_open_stream(self, call: _Call) -> _OpenStream:
+    async def _attempt_open_stream(self, call: Call) -> _OpenStream:
         """Open the stream and read up to the first piece of text: the part that may be retried."""
         client = self._ensure_client()
         permit = self._begin_attempt(call)
@@ -501,14 +447,14 @@ class OpenAIBackend(Backend):
         try:
             response = await self._open(client, call, stream=True)
             events = SSEReader(response.http_response.aiter_raw(), max_events=self.config.max_stream_events)
-            acc = _Accumulator(
+            acc = Accumulator(
                 chat=call.request.is_chat,
                 logprobs="logprobs" not in self._refused,
                 tier=self.name,
                 top_k=call.request.top_logprobs if "logprobs" not in self._refused else 0,
                 calls={} if call.request.offers_tools else None,
             )
-            first = await self._next_piece(events, acc, call)
+            first = await next_piece(events, acc, call)
             if first is None and not acc.complete(events.done):
                 raise Malformed("the stream ended before any output or finish_reason")
         except BaseException as exc:
@@ -520,13 +466,13 @@ class OpenAIBackend(Backend):
             raise mapped from exc
         return _OpenStream(response, events, acc, permit, first)
 
-    async def _open(self, client: openai.AsyncOpenAI, call: _Call, *, stream: bool) -> Any:
+    async def _open(self, client: openai.AsyncOpenAI, call: Call, *, stream: bool) -> Any:
         """Send one call and return the response with its body unread, repeating the call once per
         optional parameter the server refuses. The body is read by the caller, through the capped
         transport, and parsed here rather than by the SDK."""
         endpoint = client.chat.completions if call.request.is_chat else client.completions
         while True:
-            params = self._params(call, stream=stream)
+            params = request_params(call, model=self.model, refused=self._refused, stream=stream)
             remaining = call.remaining()
             try:
                 async with asyncio.timeout(remaining):
@@ -540,109 +486,9 @@ class OpenAIBackend(Backend):
                 log.info("tier %s: the upstream refuses %s; no longer sent", self.name, refused)
                 self._refused.add(refused)
 
-    async def _next_piece(self, events: SSEReader, acc: _Accumulator, call: _Call) -> str | None:
-        """The next non-empty piece of text, or None when the stream has ended."""
-        while True:
-            async with asyncio.timeout(call.remaining()):
-                data = await events.next()
-            if data is None:
-                return None
-            piece = acc.add(event_object(data), call)
-            if piece:
-                return piece
-
-    def _params(self, call: _Call, *, stream: bool) -> dict[str, Any]:
-        request = call.request
-        params: dict[str, Any] = {
-            "model": self.model,
-            "max_tokens": call.max_tokens,
-            "temperature": request.temperature,
-            "top_p": request.top_p,
-        }
-        if request.seed is not None:
-            params["seed"] = request.seed
-        if request.n > 1 and not stream:  # the cascade asks for n > 1 only through generate
-            params["n"] = request.n
-        if request.stop:
-            params["stop"] = list(request.stop)
-        if request.messages is not None:
-            params["messages"] = [_upstream_message(m) for m in request.messages]
-            params.update(_tool_params(request))
-        else:
-            params["prompt"] = request.prompt
-        # passed through as the client sent them: the upstream enforces them (or refuses, which the
-        # client then hears) rather than this tier answering without them
-        if request.logit_bias:
-            params["logit_bias"] = {str(token): bias for token, bias in request.logit_bias}
-        if request.presence_penalty:
-            params["presence_penalty"] = request.presence_penalty
-        if request.frequency_penalty:
-            params["frequency_penalty"] = request.frequency_penalty
-        if request.response_format is not None:
-            if request.is_chat:
-                params["response_format"] = request.response_format.to_openai()
-            else:  # not the SDK's completions parameter, but vLLM's and llama.cpp's servers take it
-                params["extra_body"] = {"response_format": request.response_format.to_openai()}
-        if "logprobs" not in self._refused:
-            if request.is_chat:
-                # top_logprobs=0 is OpenAI's "none of the alternatives"; llama-cpp-python's server
-                # returns no logprobs at all without it.
-                params["logprobs"] = True
-                params["top_logprobs"] = request.top_logprobs
-            else:
-                params["logprobs"] = max(1, request.top_logprobs)
-        if stream:
-            params["stream"] = True
-            if "stream_options" not in self._refused:
-                params["stream_options"] = {"include_usage": True}
-        return params
-
-    def _read_response(self, body: dict[str, Any], call: _Call, index: int = 0) -> Generation:
-        choice = first_choice(body.get("choices"), required=True, index=index)
-        assert choice is not None
-        if call.request.is_chat:
-            message = typed_field(choice, "message", dict)
-            text = typed_field(message or {}, "content", str) or ""
-            calls = _tool_calls(message or {}) if call.request.offers_tools else None
-        else:
-            calls = None
-            text = typed_field(choice, "text", str) or ""
-        finish = typed_field(choice, "finish_reason", str)
-        logprobs = None
-        tops = None
-        if "logprobs" not in self._refused:
-            logprobs = token_logprobs(choice.get("logprobs"))
-            if call.request.top_logprobs:
-                tops = top_logprobs(choice.get("logprobs"), call.request.top_logprobs, call.completion_limit)
-        # usage covers every choice: choice 0 carries it (merged below), the others count their own
-        prompt_tokens, completion_tokens = (0, None) if index else _checked_usage(body.get("usage"), call, self.name)
-        if prompt_tokens is None:
-            prompt_tokens = _estimate_tokens(_prompt_text(call.request))
-        if completion_tokens is None:
-            counted = len(logprobs) if logprobs is not None else _estimate_tokens(text)
-            completion_tokens = min(counted, call.max_tokens)
-        generation = Generation(
-            text=clean_text(text),
-            finish_reason=_finish(finish),
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            token_logprobs=logprobs,
-            latency_s=time.monotonic() - call.started,
-            model=model_name(body.get("model")) or self.model,
-            top_logprobs=tops,
-            tool_calls=calls,
-            constrained=None if call.request.response_format is not None else False,
-        )
-        if index > 0 or call.request.n == 1:
-            return generation
-        others = tuple(self._read_response(body, call, i) for i in range(1, call.request.n))
-        if completion_tokens is None:
-            completion_tokens = generation.completion_tokens + sum(g.completion_tokens for g in others)
-        return replace(generation, completion_tokens=completion_tokens, others=others)
-
     # -- failures --------------------------------------------------------------------------------
 
-    def _new_call(self, request: GenerationRequest) -> _Call:
+    def _new_call(self, request: GenerationRequest) -> Call:
         now = time.monotonic()
         deadline = now + self.timeout_s
         if request.deadline is not None:
@@ -650,9 +496,9 @@ class OpenAIBackend(Backend):
         max_tokens = request.max_tokens
         if self.max_tokens is not None:
             max_tokens = min(max_tokens, self.max_tokens)
-        return _Call(request=request, deadline=deadline, started=now, max_tokens=max_tokens)
+        return Call(request=request, deadline=deadline, started=now, max_tokens=max_tokens)
 
-    def _settle(self, permit: Permit, exc: BaseException, call: _Call) -> BaseException:
+    def _settle(self, permit: Permit, exc: BaseException, call: Call) -> BaseException:
         """Report an attempt's failure to the breaker and the log; return what it should raise."""
         verdict = self._classify(exc)
         if verdict is None:  # cancelled, or not the upstream's doing
@@ -732,7 +578,7 @@ class OpenAIBackend(Backend):
             detail=detail,
         )
 
-    def _give_up(self, exc: _Retryable, call: _Call) -> UnavailableError:
+    def _give_up(self, exc: _Retryable, call: Call) -> UnavailableError:
         attempts = f"{call.attempts} attempt{'s' if call.attempts != 1 else ''}"
         if exc.timed_out or call.remaining() <= 0:
             return DeadlineError(
@@ -748,7 +594,7 @@ class OpenAIBackend(Backend):
             retry_after=self._client_retry_after(exc.retry_after),
         )
 
-    def _stream_cut(self, permit: Permit, exc: Exception, call: _Call, acc: _Accumulator) -> BaseException:
+    def _stream_cut(self, permit: Permit, exc: Exception, call: Call, acc: Accumulator) -> BaseException:
         mapped = self._settle(permit, exc, call)
         if isinstance(mapped, UnavailableError):  # refused whole, e.g. over the size limits
             self._failed_total += 1
@@ -786,355 +632,9 @@ class _Verdict:
 class _OpenStream:
     response: Any
     events: SSEReader
-    acc: _Accumulator
+    acc: Accumulator
     permit: Permit
     first: str | None
-
-
-@dataclass
-class _Accumulator:
-    """Folds stream chunks into the final answer."""
-
-    chat: bool
-    logprobs: bool
-    tier: str
-    top_k: int = 0  # top-k alternatives asked for; 0: none read
-    parts: list[str] = field(default_factory=list)
-    token_logprobs: list[float] | None = field(default_factory=list)
-    tops: list[TokenLogprob] | None = field(default_factory=list)
-    unsent_tops: int = 0  # index of the first token not yet handed out with a piece
-    finish_reason: str | None = None
-    chunks: int = 0  # completion chunks seen, with or without text
-    usage: tuple[int | None, int | None] = (None, None)
-    model: str | None = None
-    prompt_estimate: int | None = None  # when the server reports no usage
-    calls: dict[int, _StreamedCall] | None = None  # streamed tool calls by index; None: not read
-    call_fragments: int = 0
-
-    @property
-    def text(self) -> str:
-        return "".join(self.parts)
-
-    def add(self, chunk: dict[str, Any], call: _Call) -> str:
-        if "usage" in chunk and chunk["usage"] is not None:
-            self.usage = _checked_usage(chunk["usage"], call, self.tier)
-        model = model_name(chunk.get("model"))
-        if model:
-            self.model = model
-        choice = first_choice(chunk.get("choices"), required=False)
-        if choice is None:
-            return ""
-        self.chunks += 1
-        if self.chat:
-            delta = typed_field(choice, "delta", dict) or {}
-            piece = typed_field(delta, "content", str) or ""
-            if self.calls is not None:
-                self._add_calls(delta, call)
-        else:
-            piece = typed_field(choice, "text", str) or ""
-        finish = typed_field(choice, "finish_reason", str)
-        if piece and self.token_logprobs is not None:
-            lps = token_logprobs(choice.get("logprobs")) if self.logprobs else None
-            if lps is None:
-                self.token_logprobs = None  # one piece without them makes the set unusable
-            else:
-                self.token_logprobs.extend(lps)
-        if piece and self.top_k and self.tops is not None:
-            tops = top_logprobs(choice.get("logprobs"), self.top_k, call.completion_limit - len(self.tops))
-            if tops is None:
-                self.tops = None  # as for the logprobs: a gap would misplace every later token
-            else:
-                self.tops.extend(tops)
-        if finish:
-            self.finish_reason = finish
-        piece = clean_text(piece)
-        if piece:
-            self.parts.append(piece)
-            if len(self.parts) > call.piece_limit:
-                raise Unacceptable(
-                    f"a stream of more than {call.piece_limit} pieces of text for max_tokens={call.max_tokens}"
-                )
-        return piece
-
-    def _add_calls(self, delta: dict[str, Any], call: _Call) -> None:
-        """Fragments of tool calls, as OpenAI streams them: by index, the id and name first, the
-        arguments in pieces. Each fragment counts as a piece against the stream's bound."""
-        assert self.calls is not None
-        for raw in typed_field(delta, "tool_calls", list) or ():
-            if not isinstance(raw, dict):
-                raise Malformed(f"a streamed tool call is {type(raw).__name__}, not an object")
-            index = raw.get("index", 0)
-            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_CALLS:
-                raise Malformed(f"a streamed tool call's index is {str(index)[:32]!r}")
-            function = typed_field(raw, "function", dict) or {}
-            entry = self.calls.setdefault(index, _StreamedCall())
-            entry.id = entry.id or typed_field(raw, "id", str)
-            # OpenAI sends the name once; llama-cpp-python's server repeats it in every fragment
-            entry.name = entry.name or typed_field(function, "name", str) or ""
-            arguments = function.get("arguments")
-            entry.arguments += arguments if isinstance(arguments, str) else _arguments_text(arguments)
-            self.call_fragments += 1
-            if self.call_fragments > call.piece_limit:
-                raise Unacceptable(
-                    f"a stream of more than {call.piece_limit} tool-call fragments for max_tokens={call.max_tokens}"
-                )
-
-    def tool_calls(self) -> tuple[ToolCall, ...] | None:
-        if self.calls is None:
-            return None
-        ordered = [self.calls[i] for i in sorted(self.calls)]
-        return tuple(_tool_call(c.id, c.name, c.arguments) for c in ordered)
-
-    def take_tops(self) -> tuple[TokenLogprob, ...] | None:
-        """The tokens that arrived since the last piece handed out (None when none are kept)."""
-        if not self.top_k or self.tops is None:
-            return None
-        taken = tuple(self.tops[self.unsent_tops :])
-        self.unsent_tops = len(self.tops)
-        return taken
-
-    def complete(self, done: bool) -> bool:
-        """Whether the upstream said the answer is whole: a finish_reason, or [DONE] after a chunk."""
-        return self.finish_reason is not None or (done and self.chunks > 0)
-
-    def prompt_count(self, call: _Call) -> int:
-        """The prompt tokens the server reported, else an estimate (made once per call)."""
-        if self.usage[0] is not None:
-            return self.usage[0]
-        if self.prompt_estimate is None:
-            self.prompt_estimate = _estimate_tokens(_prompt_text(call.request))
-        return self.prompt_estimate
-
-    def completion_count(self, call: _Call) -> int:
-        """Servers send about one token per chunk; logprobs, when present, count exactly. Never
-        more than was asked for."""
-        if self.usage[1] is not None:
-            return self.usage[1]
-        counted = len(self.token_logprobs) if self.token_logprobs else len(self.parts)
-        return min(counted, call.max_tokens)
-
-    def so_far(self, call: _Call) -> tuple[int, int]:
-        """(prompt, completion) tokens spent so far, counted as `generation` counts them (a
-        stream cut short is priced from these)."""
-        return self.prompt_count(call), self.completion_count(call)
-
-    def generation(self, call: _Call, default_model: str, *, ttft_s: float | None) -> Generation:
-        text = self.text
-        logprobs = tuple(self.token_logprobs) if self.token_logprobs is not None and text else None
-        tops = tuple(self.tops) if self.top_k and self.tops is not None and text else None
-        completion_tokens = self.completion_count(call)
-        reason = self.finish_reason
-        if reason is None:  # [DONE] without a finish_reason: see the module docstring
-            reason = "length" if completion_tokens >= call.max_tokens else "stop"
-        return Generation(
-            text=text,
-            finish_reason=_finish(reason),
-            prompt_tokens=self.prompt_count(call),
-            completion_tokens=completion_tokens,
-            token_logprobs=logprobs,
-            latency_s=time.monotonic() - call.started,
-            ttft_s=ttft_s,
-            model=self.model or default_model,
-            top_logprobs=tops,
-            tool_calls=self.tool_calls(),
-            constrained=None if call.request.response_format is not None else False,
-        )
-
-
-# -- transport and stream framing ----------------------------------------------------------------
-
-
-# -- response reading ----------------------------------------------------------------------------
-
-
-def _checked_usage(usage: Any, call: _Call, tier: str) -> tuple[int | None, int | None]:
-    """The server's (prompt, completion) token counts, each None where it sent none; both None,
-    with a warning, when either is impossible for this request (module docstring)."""
-    if usage is None:
-        return None, None
-    if not isinstance(usage, dict):
-        log.warning("tier %s: upstream usage refused (not an object: %.200r); estimating", tier, usage)
-        return None, None
-    counts = []
-    for name, limit in (("prompt_tokens", call.prompt_limit), ("completion_tokens", call.completion_limit)):
-        value = usage.get(name)
-        count = token_count(value)
-        if value is not None and (count is None or count > limit):
-            log.warning(
-                "tier %s: upstream usage refused (%s=%.100r, at most %d possible); estimating",
-                tier,
-                name,
-                value,
-                limit,
-            )
-            return None, None
-        counts.append(count)
-    return counts[0], counts[1]
-
-
-def top_logprobs(logprobs: Any, k: int, max_tokens: int) -> tuple[TokenLogprob, ...] | None:
-    """Each token's piece, logprob and at most k alternatives, from a chat (`content`) or legacy
-    completions (`tokens`, `token_logprobs`, `top_logprobs`) shape, clamped as the module
-    docstring says; None when the shape is wrong or there are more than `max_tokens` tokens."""
-    if not isinstance(logprobs, dict):
-        return None
-    rows: list[tuple[Any, Any, Any]] = []
-    content = logprobs.get("content")
-    if isinstance(content, list):
-        for item in content:
-            if not isinstance(item, dict):
-                return None
-            rows.append((item.get("token"), item.get("logprob"), item.get("top_logprobs")))
-    else:
-        tokens, values, tops = logprobs.get("tokens"), logprobs.get("token_logprobs"), logprobs.get("top_logprobs")
-        if not isinstance(tokens, list) or not isinstance(values, list) or len(tokens) != len(values):
-            return None
-        if not isinstance(tops, list) or len(tops) != len(tokens):
-            return None
-        rows = list(zip(tokens, values, tops, strict=True))
-    if len(rows) > max_tokens:
-        return None
-    out: list[TokenLogprob] = []
-    for token, value, alternatives in rows:
-        logprob = _logprob(value)
-        if not isinstance(token, str) or logprob is None:
-            return None
-        out.append(TokenLogprob(_piece(token), logprob, _alternatives(alternatives, k)))
-    return tuple(out)
-
-
-def _alternatives(raw: Any, k: int) -> tuple[tuple[str, float], ...]:
-    """At most k (piece, logprob) pairs, likeliest first, from a chat list of objects or a
-    completions object mapping piece to logprob; what is not a well-formed pair is left out."""
-    pairs: list[tuple[str, float]] = []
-    if isinstance(raw, dict):
-        items: list[tuple[Any, Any]] = list(raw.items())[: 4 * k]  # bound the work on a huge object
-    elif isinstance(raw, list):
-        items = [(a.get("token"), a.get("logprob")) for a in raw[: 4 * k] if isinstance(a, dict)]
-    else:
-        return ()
-    for token, value in items:
-        logprob = _logprob(value)
-        if isinstance(token, str) and logprob is not None:
-            pairs.append((_piece(token), logprob))
-    pairs.sort(key=lambda pair: -pair[1])
-    return tuple(pairs[:k])
-
-
-def _logprob(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    number = float(value)
-    if not math.isfinite(number) or number > 1e-6:  # a probability above 1 is not one
-        return None
-    return min(number, 0.0)
-
-
-def _piece(token: str) -> str:
-    return clean_text(token[:MAX_PIECE_CHARS])
-
-
-def _finish(reason: str | None) -> FinishReason:
-    return "length" if reason == "length" else "stop"
-
-
-def _prompt_text(request: GenerationRequest) -> str:
-    if request.prompt is not None:
-        return request.prompt
-    # what the prompt holds: the messages, their calls, and the tools the template renders
-    parts = [m.content for m in request.messages or ()]
-    parts += [c.arguments for m in request.messages or () for c in m.tool_calls]
-    parts += [f"{t.name} {t.description or ''} {t.parameters_json or ''}" for t in request.tools]
-    return "\n".join(parts)
-
-
-# -- tool calls ----------------------------------------------------------------------------------
-
-# An upstream's call names and ids reach the client and the ledger: cut to a sane length.
-_MAX_CALL_NAME_CHARS = 256
-_MAX_CALL_ID_CHARS = 256
-
-
-@dataclass
-class _StreamedCall:
-    id: str | None = None
-    name: str = ""
-    arguments: str = ""
-
-
-def _upstream_message(m: Message) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": m.role, "content": m.content}
-    if m.tool_calls:
-        out["content"] = m.content or None  # as OpenAI's own: an answer of calls alone has no content
-        out["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in m.tool_calls
-        ]
-    if m.tool_call_id is not None:
-        out["tool_call_id"] = m.tool_call_id
-    return out
-
-
-def _tool_params(request: GenerationRequest) -> dict[str, Any]:
-    """tools, tool_choice and parallel_tool_calls as the client gave them (passed through)."""
-    if not request.tools:
-        return {}
-    params: dict[str, Any] = {"tools": [t.to_openai() for t in request.tools]}
-    choice = request.tool_choice
-    if isinstance(choice, NamedTool):
-        params["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
-    else:
-        params["tool_choice"] = choice
-    if not request.parallel_tool_calls:
-        params["parallel_tool_calls"] = False
-    return params
-
-
-def _tool_calls(message: dict[str, Any]) -> tuple[ToolCall, ...] | None:
-    """A response message's `tool_calls`, read as any upstream field is (see the module
-    docstring): a wrong type makes the answer malformed; names and ids are cut to a sane length
-    and at most `MAX_CALLS` calls are kept. None when there are none."""
-    raw = typed_field(message, "tool_calls", list)
-    if not raw:
-        return None
-    calls = []
-    for item in raw[:MAX_CALLS]:
-        if not isinstance(item, dict):
-            raise Malformed(f"a tool call is {type(item).__name__}, not an object")
-        function = typed_field(item, "function", dict)
-        if function is None:
-            raise Malformed("a tool call has no function")
-        name = typed_field(function, "name", str)
-        if not name:
-            raise Malformed("a tool call has no function name")
-        arguments = function.get("arguments")
-        text = arguments if isinstance(arguments, str) else _arguments_text(arguments)
-        calls.append(_tool_call(typed_field(item, "id", str), name, text))
-    return tuple(calls)
-
-
-def _arguments_text(arguments: Any) -> str:
-    # some servers send arguments as an object rather than its JSON text; anything else is wrong
-    if arguments is None:
-        return ""
-    if isinstance(arguments, dict):
-        return json.dumps(arguments, ensure_ascii=False)
-    raise Malformed(f"a tool call's arguments are {type(arguments).__name__}, not a string")
-
-
-def _tool_call(call_id: str | None, name: str, arguments: str) -> ToolCall:
-    if call_id is None or not 0 < len(call_id) <= _MAX_CALL_ID_CHARS or not call_id.isprintable():
-        call_id = new_call_id()  # the client echoes it back: ours rather than a malformed one
-    return ToolCall(
-        call_id,
-        clean_text(name[:_MAX_CALL_NAME_CHARS]),
-        clean_text(arguments),
-    )
-
-
-def _estimate_tokens(text: str) -> int:
-    # Only when the server reports no usage: about four characters a token in English.
-    return max(1, round(len(text) / 4)) if text else 0
 
 
 # -- upstream error reading ----------------------------------------------------------------------
@@ -1201,7 +701,7 @@ def _cause(exc: BaseException, kind: type[BaseException]) -> Any:
     return None
 
 
-async def _json_body(response: Any, call: _Call) -> dict[str, Any]:
+async def _json_body(response: Any, call: Call) -> dict[str, Any]:
     """The whole body of a response (through the capped transport, within the call's deadline),
     closed after, as one JSON object. A JSON body is UTF-8 (RFC 8259); what is not becomes U+FFFD
     rather than a failure."""
