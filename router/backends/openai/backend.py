@@ -1,73 +1,20 @@
-"""The `openai` backend: a tier served by any OpenAI-compatible server (vLLM, llama.cpp, hosted).
+"""The `openai` backend's request flow: one logical request, its attempts, the breaker, the stream.
 
 One logical request gives one `Generation` or one exception, never both and never two:
 
 - The SDK's own retries are off. `router.backends.retry.RetryPolicy` (tenacity) retries what is the
-  upstream's passing trouble: connection errors, timeouts, HTTP 408/409/429/5xx, and a 200 whose
-  body is not a well-formed completion. It backs off with jitter, honours `Retry-After`, and never
-  runs past the deadline: `request.deadline` or now + the tier's `timeout_s`, whichever is sooner.
-  Each attempt may use only the time that remains.
+  upstream's passing trouble (`router.backends.openai.failures` says which): connection errors,
+  timeouts, HTTP 408/409/429/5xx, and a 200 whose body is not a well-formed completion. It backs
+  off with jitter, honours `Retry-After`, and never runs past the deadline: `request.deadline` or
+  now + the tier's `timeout_s`, whichever is sooner. Each attempt may use only the time that
+  remains.
 - `generate` makes one non-streaming call per attempt: cheaper, and retryable as a whole.
 - `stream` retries only until the first piece of text has been yielded. After that a failure
   raises, because retrying would repeat text the caller already has, and returning what arrived as
   if it were complete would pass off a truncated answer.
-- Each attempt passes through the tier's `CircuitBreaker` (see `router.backends.breaker`): every failed
-  attempt counts as a failure; a deliberate answer, including a 4xx rejecting our request, counts
-  as the upstream being alive.
-
-An upstream is not trusted any more than a client is (docs/design.md, security boundary):
-
-- Size. Every response passes through `upstream_io.CappedTransport`, the httpx transport under the SDK's
-  client. It asks for `Accept-Encoding: identity` and refuses a compressed body (its size on the
-  wire says nothing of its size in memory), refuses a `Content-Length` over `max_response_bytes`,
-  and stops reading at that many bytes. The transport is the one place every byte passes: a
-  body, a stream, and the error bodies the SDK reads on its own before we see them. An httpx event
-  hook sees a response before its body is read and cannot bound the read; reading the raw
-  response at our call sites would leave the SDK's own reads of error bodies unbounded. A stream
-  is also capped at `max_stream_events` events, and at twice `max_tokens` (plus a slack) pieces
-  of text: an upstream that ignores `max_tokens` is stopped there. Too much is an upstream
-  failure, not retried.
-- Shape. The SDK builds the request and maps error statuses; answers are parsed here from the raw
-  JSON, not through the SDK's models, which it builds without validation and which let any type
-  through. A field of the wrong type makes the answer malformed (retried like a 5xx); bytes that
-  are not UTF-8 and lone surrogates become U+FFFD; only choice 0 is read, however many are sent.
-  Logprobs must be finite and at most 0, or the tier's logprobs for that answer are dropped.
-  Top-k alternatives (asked for only when the request wants them) are clamped: at most the k
-  asked for, the likeliest kept; an alternative whose logprob is not a finite number at most 0 is
-  dropped; a piece is cut to `MAX_PIECE_CHARS`; more tokens than the answer could have, or a
-  malformed shape, drops the answer's top-k (its text stands).
-- Usage. Token counts must be whole numbers, at least 0; the prompt's at most its UTF-8 bytes plus
-  an allowance per message for the chat template, the completion's at most the `max_tokens` we
-  sent plus a small slack. Anything else and the whole usage is refused with a warning in the log,
-  and the counts are estimated as for a server that reports none (never above `max_tokens`).
-- `Retry-After` is clamped by `router.backends.retry.parse_retry_after` to [0, the tier's timeout], and
-  retries never sleep past the deadline whatever it says. A client whose request failed at this
-  tier gets one rule, for plain and streamed requests alike: the upstream's value or the
-  breaker's remaining cool-down, whichever is longer; when neither says anything,
-  `cascade.retry_after_s`. A passed deadline gets 1 s: the next request has a deadline of its own.
-- Error text. An upstream's message may carry keys, internal hostnames or a stack trace. Clients
-  get a fixed message naming the tier and the upstream's status (and OpenAI's `param`/`code` only
-  when they are plain identifiers); the upstream's own words go to the server log, each failed
-  attempt at WARNING (the first 4000 characters: a log line is not a body).
-- Redirects are not followed: an API that redirects a POST is misconfigured, and following it
-  would send the request where the operator did not point the tier.
-- Streams. A stream is complete when the upstream sent a `finish_reason` or `data: [DONE]`. A
-  `[DONE]` without a `finish_reason` is the server saying the answer is whole without saying why
-  it stopped: it is taken as complete, with `length` when the answer used all of `max_tokens`
-  (the one reason a server stops untold) and `stop` otherwise. A stream that ends with neither
-  (the connection closed) is cut, and raises.
-
-Errors raised (all from `router.errors`)::
-
-    400/413/422 from upstream     -> ContextLengthError if it says the context is too long,
-                                     else RequestError (not retried: the request is the problem)
-    3xx/401/403/404/other 4xx     -> UpstreamError at once (not retried: tier misconfigured)
-    retryable, attempts spent     -> UpstreamError (retry_after as above)
-    Retry-After beyond deadline   -> UpstreamError at once, carrying that Retry-After
-    answer over the size limits   -> UpstreamError at once (not retried)
-    deadline passed               -> DeadlineError
-    breaker open or probing       -> CircuitOpenError (retry_after: remaining cool-down)
-    stream cut after text began   -> UpstreamError (DeadlineError if the deadline cut it)
+- Each attempt passes through the tier's `CircuitBreaker` (see `router.backends.breaker`): every
+  failed attempt counts as a failure; a deliberate answer, including a 4xx rejecting our request,
+  counts as the upstream being alive.
 
 When the server refuses `logprobs` or `stream_options` with a 400 naming them, the call is
 repeated once without that parameter, and the tier stops sending it.
@@ -75,51 +22,35 @@ repeated once without that parameter, and the tier stops sending it.
 `score_continuation` (for the `cross_tier` verifier) makes one non-streaming call per attempt
 under the same retries, breaker, deadline and size caps, in the way `tiers[].openai.prompt_logprobs`
 names; the answer is read, and clamped, by `router.backends.prompt_scoring`.
+
+The rest is in the package's other modules: `client` (the SDK client over the capped transport),
+`call` (one request's deadline, bounds and body), `reading` and `streams` (what an answer says,
+checked and clamped), `failures` (what a failed attempt means and what the client hears).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
-import os
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import httpx2
 import openai
 
 from router.backends.base import Backend, ContinuationScore, ScoringUnsupportedError
 from router.backends.breaker import CircuitBreaker, Permit
 from router.backends.openai.call import Call, request_params
+from router.backends.openai.client import close_quietly, json_body, new_client
+from router.backends.openai.failures import DEADLINE_RETRY_AFTER_S, Failures, Retryable, refused_param
 from router.backends.openai.reading import read_response
 from router.backends.openai.streams import Accumulator, next_piece
 from router.backends.prompt_scoring import ScoredTokens, read_echo, read_vllm, render_chat
-from router.backends.retry import RetryPolicy, parse_retry_after
-from router.backends.upstream_io import (
-    LOG_TEXT_CHARS,
-    CappedTransport,
-    ErrorEvent,
-    Malformed,
-    SSEReader,
-    Unacceptable,
-    environment_proxy,
-    first_choice,
-    json_object,
-    token_count,
-)
-from router.errors import (
-    ConfigError,
-    ContextLengthError,
-    DeadlineError,
-    RequestError,
-    UnavailableError,
-    UpstreamError,
-)
+from router.backends.retry import RetryPolicy
+from router.backends.upstream_io import Malformed, SSEReader, first_choice, token_count
+from router.errors import ConfigError, DeadlineError, RequestError, UnavailableError, UpstreamError
 from router.generation import Delta, Generation, GenerationRequest
 
 if TYPE_CHECKING:
@@ -127,34 +58,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_RETRYABLE_STATUS = frozenset({408, 409, 429})
-_REQUEST_STATUS = frozenset({400, 413, 422})  # the upstream says our request is the problem
-# Optional parameters a server may refuse; each maps to the names a refusal may use for it.
-_OPTIONAL_PARAMS = {"logprobs": ("logprobs", "top_logprobs"), "stream_options": ("stream_options",)}
-_CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
-# How vLLM, llama.cpp's server and llama-cpp-python word a prompt that does not fit; used only when
-# the error carries none of the codes above.
-_CONTEXT_MARKERS = ("context length", "context window", "context size", "maximum context")
-_DEADLINE_RETRY_AFTER_S = 1.0
-# OpenAI's `param` and `code` are identifiers; anything else is prose and stays in the log.
-_IDENTIFIER = re.compile(r"^[A-Za-z0-9_.\[\]-]{1,64}$")
-
-
 _T = TypeVar("_T")
 
 
-class _Retryable(Exception):
-    """An attempt failed in a way another attempt may not. `summary` may reach a client; `detail`
-    (the upstream's own words) goes only to the log."""
+@dataclass
+class _OpenStream:
+    """A stream opened and read up to its first piece of text: what `stream` goes on reading."""
 
-    def __init__(
-        self, summary: str, detail: str = "", *, retry_after: float | None = None, timed_out: bool = False
-    ) -> None:
-        super().__init__(summary)
-        self.summary = summary
-        self.detail = detail or summary
-        self.retry_after = retry_after
-        self.timed_out = timed_out
+    response: Any
+    events: SSEReader
+    acc: Accumulator
+    permit: Permit
+    first: str | None
 
 
 class OpenAIBackend(Backend):
@@ -182,6 +97,7 @@ class OpenAIBackend(Backend):
         self.breaker = breaker or CircuitBreaker(
             name, failures=config.breaker_failures, cooldown_s=config.breaker_cooldown_s
         )
+        self.failures = Failures(name, timeout_s=timeout_s, breaker=self.breaker, retry_after_s=retry_after_s)
         self._client: openai.AsyncOpenAI | None = None
         self._closed = False
         self._refused: set[str] = set() if config.logprobs else {"logprobs"}
@@ -235,35 +151,8 @@ class OpenAIBackend(Backend):
         if self._closed:
             raise UnavailableError(f"tier {self.name}: backend is closed")
         if self._client is None:
-            # A client given a transport neither sizes its pool nor reads proxy settings from the
-            # environment: both are said here, as the SDK's own client would have them.
-            inner = httpx2.AsyncHTTPTransport(
-                limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=100),
-                proxy=environment_proxy(self.config.base_url),
-            )
-            transport = CappedTransport(
-                inner,
-                max_bytes=self.config.max_response_bytes,
-                # a stream's events each arrive in a piece or two; a plain body in a few
-                max_reads=2 * self.config.max_stream_events + 64,
-            )
-            self._client = openai.AsyncOpenAI(
-                base_url=self.config.base_url,
-                api_key=self._api_key(),
-                max_retries=0,  # tenacity decides, within the deadline
-                timeout=self.timeout_s,
-                http_client=openai.DefaultAsyncHttpxClient(transport=transport, follow_redirects=False),
-            )
+            self._client = new_client(self.config, tier=self.name, timeout_s=self.timeout_s)
         return self._client
-
-    def _api_key(self) -> str:
-        env = self.config.api_key_env
-        if env is None:
-            return "not-needed"  # the SDK insists on a key; local servers ignore it
-        key = os.environ.get(env)
-        if not key:
-            raise ConfigError(f"tier {self.name}: tiers.openai.api_key_env names {env}, which is not set")
-        return key
 
     # -- the two ways to generate ------------------------------------------------------------------
 
@@ -300,12 +189,12 @@ class OpenAIBackend(Backend):
                 raise UpstreamError(
                     f"tier {self.name}: the upstream stream ended without finishing the answer "
                     f"({len(acc.text)} characters received)",
-                    retry_after=self._client_retry_after(None),
+                    retry_after=self.failures.client_retry_after(None),
                 )
             permit.success()
         finally:
             permit.release()  # no-op when an outcome was reported; covers an abandoned stream
-            await _close_quietly(opened.response)
+            await close_quietly(opened.response)
         yield acc.generation(call, self.model, ttft_s=ttft)
 
     # -- scoring a given answer (cross_tier) --------------------------------------------------------
@@ -369,7 +258,7 @@ class OpenAIBackend(Backend):
                 response = await endpoint.with_streaming_response.create(
                     **params, timeout=call.remaining()
                 ).__aenter__()
-            data = await _json_body(response, call)
+            data = await json_body(response, call)
             choice = first_choice(data.get("choices"), required=True)
             assert choice is not None
             if self.config.prompt_logprobs == "echo":
@@ -396,17 +285,17 @@ class OpenAIBackend(Backend):
     async def _with_retries(self, call: Call, attempt_fn: Callable[[Call], Awaitable[_T]]) -> _T:
         retrying = self.policy.retrying(
             deadline=call.deadline,
-            is_retryable=lambda exc: isinstance(exc, _Retryable),
-            retry_after=lambda exc: exc.retry_after if isinstance(exc, _Retryable) else None,
+            is_retryable=lambda exc: isinstance(exc, Retryable),
+            retry_after=lambda exc: exc.retry_after if isinstance(exc, Retryable) else None,
         )
         try:
             async for attempt in retrying:
                 with attempt:
                     return await attempt_fn(call)
-        except _Retryable as exc:
+        except Retryable as exc:
             self._failed_total += 1
             # Chain to what the upstream did, not to the internal marker that carried it here.
-            raise self._give_up(exc, call) from (exc.__cause__ or exc)
+            raise self.failures.give_up(exc, call) from (exc.__cause__ or exc)
         finally:
             self._retries_total += max(0, call.attempts - 1)
         raise AssertionError("tenacity ended without a result")  # pragma: no cover
@@ -416,7 +305,7 @@ class OpenAIBackend(Backend):
             # Checked before the breaker: an attempt we never make says nothing about the upstream.
             raise DeadlineError(
                 f"tier {self.name}: deadline passed before attempt {call.attempts + 1}",
-                retry_after=_DEADLINE_RETRY_AFTER_S,
+                retry_after=DEADLINE_RETRY_AFTER_S,
             )
         permit = self.breaker.acquire()
         call.attempts += 1
@@ -429,7 +318,7 @@ class OpenAIBackend(Backend):
         try:
             response = await self._open(client, call, stream=False)
             generation = read_response(
-                await _json_body(response, call), call, tier=self.name, model=self.model, logprobs=self.gives_logprobs
+                await json_body(response, call), call, tier=self.name, model=self.model, logprobs=self.gives_logprobs
             )
         except BaseException as exc:
             mapped = self._settle(permit, exc, call)
@@ -459,7 +348,7 @@ class OpenAIBackend(Backend):
                 raise Malformed("the stream ended before any output or finish_reason")
         except BaseException as exc:
             if response is not None:
-                await _close_quietly(response)
+                await close_quietly(response)
             mapped = self._settle(permit, exc, call)
             if mapped is exc:
                 raise
@@ -480,7 +369,7 @@ class OpenAIBackend(Backend):
                     # caller's loop), and the caller closes it, which is all the exit would do.
                     return await endpoint.with_streaming_response.create(**params, timeout=remaining).__aenter__()
             except openai.APIStatusError as exc:
-                refused = _refused_param(exc, params)
+                refused = refused_param(exc, params)
                 if refused is None:
                     raise
                 log.info("tier %s: the upstream refuses %s; no longer sent", self.name, refused)
@@ -500,7 +389,7 @@ class OpenAIBackend(Backend):
 
     def _settle(self, permit: Permit, exc: BaseException, call: Call) -> BaseException:
         """Report an attempt's failure to the breaker and the log; return what it should raise."""
-        verdict = self._classify(exc)
+        verdict = self.failures.classify(exc)
         if verdict is None:  # cancelled, or not the upstream's doing
             permit.release()
             return exc
@@ -511,209 +400,8 @@ class OpenAIBackend(Backend):
         log.warning("tier %s: upstream attempt %d failed: %s", self.name, call.attempts, verdict.detail)
         return verdict.error()  # built after the breaker heard of it: its cool-down is current
 
-    def _classify(self, exc: BaseException) -> _Verdict | None:
-        """What an attempt's exception means: what to raise, whether the upstream looked healthy,
-        and the full story for the log."""
-        unacceptable = _cause(exc, Unacceptable)
-        if unacceptable is not None:
-            return _Verdict(
-                lambda: UpstreamError(
-                    f"tier {self.name}: the upstream's answer was refused: {unacceptable}",
-                    retry_after=self._client_retry_after(None),
-                ),
-                healthy=False,
-                detail=str(unacceptable),
-            )
-        if isinstance(exc, openai.APIStatusError):
-            return self._classify_status(exc)
-        if isinstance(exc, (openai.APITimeoutError, TimeoutError, httpx2.TimeoutException)):
-            return _Verdict(lambda: _Retryable("timed out", timed_out=True), healthy=False, detail="timed out")
-        if isinstance(exc, (openai.APIConnectionError, httpx2.TransportError)):
-            cause = exc.__cause__ or exc
-            detail = f"connection failed: {type(cause).__name__}: {cause}"
-            summary = f"connection failed ({type(cause).__name__})"
-            return _Verdict(lambda: _Retryable(summary, detail), healthy=False, detail=detail)
-        if isinstance(exc, Malformed):
-            detail = f"malformed response: {exc}"
-            return _Verdict(lambda: _Retryable("malformed response", detail), healthy=False, detail=detail)
-        if isinstance(exc, ErrorEvent):
-            detail = f"error event in the stream: {exc}"
-            return _Verdict(lambda: _Retryable("an error event in the stream", detail), healthy=False, detail=detail)
-        return None
-
-    def _classify_status(self, exc: openai.APIStatusError) -> _Verdict:
-        status = exc.status_code
-        text = _error_text(exc)
-        detail = f"HTTP {status}: {text}"
-        hint = parse_retry_after(exc.response.headers, limit=self.timeout_s)
-        if status in _RETRYABLE_STATUS or status >= 500:
-            return _Verdict(
-                lambda: _Retryable(f"HTTP {status}", detail, retry_after=hint), healthy=False, detail=detail
-            )
-        if status in _REQUEST_STATUS:
-            if _is_context_length(exc, text):
-                return _Verdict(
-                    lambda: ContextLengthError(
-                        f"tier {self.name}: the prompt and max_tokens do not fit the upstream model's "
-                        f"context (HTTP {status})"
-                    ),
-                    healthy=True,
-                    detail=detail,
-                )
-            return _Verdict(
-                lambda: RequestError(
-                    f"tier {self.name}: the upstream rejected the request (HTTP {status})",
-                    param=_identifier(exc.param),
-                    code=_identifier(exc.code),
-                ),
-                healthy=True,
-                detail=detail,
-            )
-        return _Verdict(
-            lambda: UpstreamError(
-                f"tier {self.name}: the upstream answered HTTP {status}",
-                retry_after=self._client_retry_after(hint),
-            ),
-            healthy=True,
-            detail=detail,
-        )
-
-    def _give_up(self, exc: _Retryable, call: Call) -> UnavailableError:
-        attempts = f"{call.attempts} attempt{'s' if call.attempts != 1 else ''}"
-        if exc.timed_out or call.remaining() <= 0:
-            return DeadlineError(
-                f"tier {self.name}: deadline passed after {attempts}; last: {exc.summary}",
-                retry_after=_DEADLINE_RETRY_AFTER_S,
-            )
-        if exc.retry_after is not None and exc.retry_after >= call.remaining():
-            why = "the upstream asks to wait past the deadline"
-        else:
-            why = f"gave up after {attempts}"
-        return UpstreamError(
-            f"tier {self.name}: {why}; last: {exc.summary}",
-            retry_after=self._client_retry_after(exc.retry_after),
-        )
-
     def _stream_cut(self, permit: Permit, exc: Exception, call: Call, acc: Accumulator) -> BaseException:
         mapped = self._settle(permit, exc, call)
-        if isinstance(mapped, UnavailableError):  # refused whole, e.g. over the size limits
+        if isinstance(mapped, (UnavailableError, Retryable)):  # refused whole, or broken: it failed
             self._failed_total += 1
-            return mapped
-        if not isinstance(mapped, _Retryable):
-            return mapped
-        self._failed_total += 1
-        where = f"after {len(acc.text)} characters of output"
-        if mapped.timed_out or call.remaining() <= 0:
-            return DeadlineError(
-                f"tier {self.name}: deadline passed mid-stream {where}",
-                retry_after=_DEADLINE_RETRY_AFTER_S,
-            )
-        return UpstreamError(
-            f"tier {self.name}: the upstream stream broke {where}: {mapped.summary}",
-            retry_after=self._client_retry_after(mapped.retry_after),
-        )
-
-    def _client_retry_after(self, upstream: float | None) -> float:
-        """The one Retry-After rule for a client whose request this tier failed (module docstring)."""
-        breaker = self.breaker.retry_after()
-        if upstream is None and breaker <= 0:
-            return float(self.retry_after_s)
-        return max(1.0, upstream or 0.0, breaker)
-
-
-@dataclass
-class _Verdict:
-    error: Callable[[], BaseException]
-    healthy: bool
-    detail: str
-
-
-@dataclass
-class _OpenStream:
-    response: Any
-    events: SSEReader
-    acc: Accumulator
-    permit: Permit
-    first: str | None
-
-
-# -- upstream error reading ----------------------------------------------------------------------
-
-
-def _error_text(exc: openai.APIStatusError) -> str:
-    """The upstream's own words, for the log and for recognising refusals: OpenAI's error.message,
-    or FastAPI's detail (without inputs)."""
-    body = exc.body
-    if isinstance(body, dict):
-        message = body.get("message")
-        if isinstance(message, str) and message:
-            return message[:LOG_TEXT_CHARS]
-        detail = body.get("detail")
-        if isinstance(detail, str) and detail:
-            return detail[:LOG_TEXT_CHARS]
-        if isinstance(detail, list):
-            parts = []
-            for item in detail:
-                if isinstance(item, dict):
-                    loc = item.get("loc", ())
-                    where = ".".join(str(p) for p in loc) if isinstance(loc, list) else str(loc)
-                    parts.append(f"{where}: {item.get('msg', '')}".strip(": "))
-            if parts:
-                return "; ".join(parts)[:LOG_TEXT_CHARS]
-    if isinstance(body, str) and body.strip():
-        return body.strip()[:LOG_TEXT_CHARS]
-    return str(exc.message)[:LOG_TEXT_CHARS]
-
-
-def _identifier(value: Any) -> str | None:
-    return value if isinstance(value, str) and _IDENTIFIER.match(value) else None
-
-
-def _is_context_length(exc: openai.APIStatusError, detail: str) -> bool:
-    if exc.code in _CONTEXT_CODES or getattr(exc, "type", None) in _CONTEXT_CODES:
-        return True
-    lowered = detail.lower()
-    return any(marker in lowered for marker in _CONTEXT_MARKERS)
-
-
-def _refused_param(exc: openai.APIStatusError, params: dict[str, Any]) -> str | None:
-    """The optional parameter a 400/422 says the server does not support, if we sent it."""
-    if exc.status_code not in _REQUEST_STATUS:
-        return None
-    detail = _error_text(exc).lower()
-    for name, spellings in _OPTIONAL_PARAMS.items():
-        if name not in params:
-            continue
-        if exc.param in spellings or any(s in detail for s in spellings):
-            return name
-    return None
-
-
-def _cause(exc: BaseException, kind: type[BaseException]) -> Any:
-    """`exc` or the first exception of `kind` it was raised from (the SDK wraps what httpx raises)."""
-    seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            return None
-        if isinstance(seen, kind):
-            return seen
-        seen = seen.__cause__
-    return None
-
-
-async def _json_body(response: Any, call: Call) -> dict[str, Any]:
-    """The whole body of a response (through the capped transport, within the call's deadline),
-    closed after, as one JSON object. A JSON body is UTF-8 (RFC 8259); what is not becomes U+FFFD
-    rather than a failure."""
-    try:
-        async with asyncio.timeout(call.remaining()):
-            body = await response.read()
-    finally:
-        await _close_quietly(response)
-    return json_object(body.decode("utf-8", "replace"))
-
-
-async def _close_quietly(response: Any) -> None:
-    # Closing a broken stream may fail again; the first error is the one to keep.
-    with contextlib.suppress(Exception):
-        await response.close()
+        return self.failures.mid_stream(mapped, call, len(acc.text))
