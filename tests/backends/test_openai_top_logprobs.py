@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from router.backends.openai import MAX_PIECE_CHARS
+from router.backends.openai.reading import MAX_PIECE_CHARS
 from router.generation import Delta, Generation, GenerationRequest, Message, TokenLogprob
 from tests.backends.fault_upstream import FaultUpstream, chat_chunk, ok, raw, sse
 from tests.backends.test_openai_backend import backend_for, collect

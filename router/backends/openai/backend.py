@@ -1,0 +1,407 @@
+"""The `openai` backend's request flow: one logical request, its attempts, the breaker, the stream.
+
+One logical request gives one `Generation` or one exception, never both and never two:
+
+- The SDK's own retries are off. `router.backends.retry.RetryPolicy` (tenacity) retries what is the
+  upstream's passing trouble (`router.backends.openai.failures` says which): connection errors,
+  timeouts, HTTP 408/409/429/5xx, and a 200 whose body is not a well-formed completion. It backs
+  off with jitter, honours `Retry-After`, and never runs past the deadline: `request.deadline` or
+  now + the tier's `timeout_s`, whichever is sooner. Each attempt may use only the time that
+  remains.
+- `generate` makes one non-streaming call per attempt: cheaper, and retryable as a whole.
+- `stream` retries only until the first piece of text has been yielded. After that a failure
+  raises, because retrying would repeat text the caller already has, and returning what arrived as
+  if it were complete would pass off a truncated answer.
+- Each attempt passes through the tier's `CircuitBreaker` (see `router.backends.breaker`): every
+  failed attempt counts as a failure; a deliberate answer, including a 4xx rejecting our request,
+  counts as the upstream being alive.
+
+When the server refuses `logprobs` or `stream_options` with a 400 naming them, the call is
+repeated once without that parameter, and the tier stops sending it.
+
+`score_continuation` (for the `cross_tier` verifier) makes one non-streaming call per attempt
+under the same retries, breaker, deadline and size caps, in the way `tiers[].openai.prompt_logprobs`
+names; the answer is read, and clamped, by `router.backends.prompt_scoring`.
+
+The rest is in the package's other modules: `client` (the SDK client over the capped transport),
+`call` (one request's deadline, bounds and body), `reading` and `streams` (what an answer says,
+checked and clamped), `failures` (what a failed attempt means and what the client hears).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import openai
+
+from router.backends.base import Backend, ContinuationScore, ScoringUnsupportedError
+from router.backends.breaker import CircuitBreaker, Permit
+from router.backends.openai.call import Call, request_params
+from router.backends.openai.client import close_quietly, json_body, new_client
+from router.backends.openai.failures import DEADLINE_RETRY_AFTER_S, Failures, Retryable, refused_param
+from router.backends.openai.reading import read_response
+from router.backends.openai.streams import Accumulator, next_piece
+from router.backends.prompt_scoring import ScoredTokens, read_echo, read_vllm, render_chat
+from router.backends.retry import RetryPolicy
+from router.backends.upstream_io import Malformed, SSEReader, first_choice, token_count
+from router.errors import ConfigError, DeadlineError, RequestError, UnavailableError, UpstreamError
+from router.generation import Delta, Generation, GenerationRequest
+
+if TYPE_CHECKING:
+    from router.config import OpenAIBackendSettings, Settings, TierSettings
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+@dataclass
+class _OpenStream:
+    """A stream opened and read up to its first piece of text: what `stream` goes on reading."""
+
+    response: Any
+    events: SSEReader
+    acc: Accumulator
+    permit: Permit
+    first: str | None
+
+
+class OpenAIBackend(Backend):
+    def __init__(
+        self,
+        name: str,
+        config: OpenAIBackendSettings,
+        *,
+        timeout_s: float = 120.0,
+        max_tokens: int | None = None,
+        retry_after_s: float = 30.0,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        super().__init__(name)
+        self.config = config
+        self.model = config.model
+        self.timeout_s = timeout_s
+        self.max_tokens = max_tokens
+        self.retry_after_s = retry_after_s
+        self.policy = RetryPolicy(
+            max_attempts=config.max_attempts,
+            backoff_initial_s=config.backoff_initial_s,
+            backoff_max_s=max(config.backoff_max_s, config.backoff_initial_s),
+        )
+        self.breaker = breaker or CircuitBreaker(
+            name, failures=config.breaker_failures, cooldown_s=config.breaker_cooldown_s
+        )
+        self.failures = Failures(name, timeout_s=timeout_s, breaker=self.breaker, retry_after_s=retry_after_s)
+        self._client: openai.AsyncOpenAI | None = None
+        self._closed = False
+        self._refused: set[str] = set() if config.logprobs else {"logprobs"}
+        self._attempts_total = 0
+        self._retries_total = 0
+        self._failed_total = 0
+
+    @classmethod
+    def from_settings(cls, tier: TierSettings, settings: Settings) -> OpenAIBackend:
+        if tier.openai is None:
+            raise ConfigError(f"tier {tier.name}: backend 'openai' needs a [tiers.openai] section")
+        return cls(
+            tier.name,
+            tier.openai,
+            timeout_s=tier.timeout_s,
+            max_tokens=tier.max_tokens,
+            retry_after_s=settings.cascade.retry_after_s,
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._ensure_client()
+
+    async def close(self) -> None:
+        self._closed = True
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    @property
+    def gives_logprobs(self) -> bool:
+        """Whether answers carry the sampled tokens' logprobs (off by config, or refused upstream)."""
+        return "logprobs" not in self._refused
+
+    @property
+    def ready(self) -> bool:
+        # An open breaker does not make the tier unready: every replica shares the upstream, so
+        # taking this one out of a load balancer would help nobody. The breaker shows in stats().
+        return self._client is not None and not self._closed
+
+    def stats(self) -> dict[str, float]:
+        return {
+            **self.breaker.stats(),
+            "upstream_attempts_total": float(self._attempts_total),
+            "upstream_retries_total": float(self._retries_total),
+            "upstream_failed_requests_total": float(self._failed_total),
+        }
+
+    def _ensure_client(self) -> openai.AsyncOpenAI:
+        if self._closed:
+            raise UnavailableError(f"tier {self.name}: backend is closed")
+        if self._client is None:
+            self._client = new_client(self.config, tier=self.name, timeout_s=self.timeout_s)
+        return self._client
+
+    # -- the two ways to generate ------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        call = self._new_call(request)
+        return await self._with_retries(call, self._attempt_generate)
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta | Generation]:
+        call = self._new_call(request)
+        opened = await self._with_retries(call, self._attempt_open_stream)
+        events, acc, permit = opened.events, opened.acc, opened.permit
+        ttft: float | None = None
+        try:
+            piece = opened.first
+            while piece is not None:
+                if ttft is None:
+                    ttft = time.monotonic() - call.started
+                yield Delta(piece, *acc.so_far(call), top_logprobs=acc.take_tops())
+                try:
+                    piece = await next_piece(events, acc, call)
+                except Exception as exc:
+                    mapped = self._stream_cut(permit, exc, call, acc)
+                    if mapped is exc:
+                        raise
+                    raise mapped from exc
+            if not acc.complete(events.done):
+                permit.failure()
+                self._failed_total += 1
+                log.warning(
+                    "tier %s: the upstream stream ended without finish_reason or [DONE] after %d characters",
+                    self.name,
+                    len(acc.text),
+                )
+                raise UpstreamError(
+                    f"tier {self.name}: the upstream stream ended without finishing the answer "
+                    f"({len(acc.text)} characters received)",
+                    retry_after=self.failures.client_retry_after(None),
+                )
+            permit.success()
+        finally:
+            permit.release()  # no-op when an outcome was reported; covers an abandoned stream
+            await close_quietly(opened.response)
+        yield acc.generation(call, self.model, ttft_s=ttft)
+
+    # -- scoring a given answer (cross_tier) --------------------------------------------------------
+
+    @classmethod
+    def scoring_support(cls, tier: TierSettings) -> str | None:
+        config = tier.openai
+        if config is None or config.prompt_logprobs == "none":
+            return "its openai.prompt_logprobs is 'none' (set 'echo' or 'vllm' where the server supports it)"
+        if config.prompt_logprobs == "echo" and config.chat_template is None:
+            return "openai.prompt_logprobs 'echo' needs openai.chat_template to render chat requests"
+        return None
+
+    async def score_continuation(self, request: GenerationRequest, continuation: str) -> ContinuationScore:
+        mode = self.config.prompt_logprobs
+        if mode == "none":
+            raise ScoringUnsupportedError(f"tier '{self.name}' cannot score a given answer (prompt_logprobs = 'none')")
+        if not continuation:
+            raise RequestError("nothing to score: the answer is empty")
+        prompt: str | None = request.prompt
+        if mode == "echo" and request.messages is not None:
+            if self.config.chat_template is None:
+                raise ScoringUnsupportedError(f"tier '{self.name}' has no chat_template to render a chat request with")
+            prompt = render_chat(self.config.chat_template, request.messages)
+        call = self._new_call(request.with_(max_tokens=1, temperature=0.0, top_p=1.0, stop=()))
+        attempt = functools.partial(self._attempt_score, continuation=continuation, prompt=prompt)
+        scored, prompt_tokens = await self._with_retries(call, attempt)
+        return ContinuationScore(
+            token_logprobs=scored.logprobs,
+            top1=scored.top1,
+            prompt_tokens=max(prompt_tokens, len(scored.logprobs)),
+            continuation_tokens=len(scored.logprobs),
+            seconds=time.monotonic() - call.started,
+        )
+
+    async def _attempt_score(self, call: Call, *, continuation: str, prompt: str | None) -> tuple[ScoredTokens, int]:
+        client = self._ensure_client()
+        permit = self._begin_attempt(call)
+        request = call.request
+        endpoint: Any
+        params: dict[str, Any] = {"model": self.model, "max_tokens": 1, "temperature": 0.0}
+        if self.config.prompt_logprobs == "echo":
+            assert prompt is not None
+            endpoint = client.completions
+            params.update(prompt=prompt + continuation, echo=True, logprobs=1)
+        elif request.messages is not None:
+            endpoint = client.chat.completions
+            messages = [{"role": m.role, "content": m.content} for m in request.messages]
+            params["messages"] = [*messages, {"role": "assistant", "content": continuation}]
+            params["extra_body"] = {
+                "prompt_logprobs": 1,
+                "add_generation_prompt": False,
+                "continue_final_message": True,
+            }
+        else:
+            assert prompt is not None
+            endpoint = client.completions
+            params.update(prompt=prompt + continuation, extra_body={"prompt_logprobs": 1})
+        try:
+            async with asyncio.timeout(call.remaining()):
+                response = await endpoint.with_streaming_response.create(
+                    **params, timeout=call.remaining()
+                ).__aenter__()
+            data = await json_body(response, call)
+            choice = first_choice(data.get("choices"), required=True)
+            assert choice is not None
+            if self.config.prompt_logprobs == "echo":
+                assert prompt is not None
+                scored = read_echo(choice, prompt + continuation, continuation)
+            else:
+                where = data if request.messages is not None else choice
+                scored = read_vllm(where.get("prompt_logprobs"), call.prompt_limit, continuation)
+            # the usage, when sane, counts the continuation too; else the tokens the server read
+            limit = call.prompt_limit + len(continuation.encode("utf-8", "replace"))
+            usage = data.get("usage")
+            counted = token_count(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
+            prompt_tokens = counted if counted is not None and counted <= limit else min(scored.echoed_tokens, limit)
+        except BaseException as exc:
+            mapped = self._settle(permit, exc, call)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        permit.success()
+        return scored, prompt_tokens
+
+    # -- attempts --------------------------------------------------------------------------------
+
+    async def _with_retries(self, call: Call, attempt_fn: Callable[[Call], Awaitable[_T]]) -> _T:
+        retrying = self.policy.retrying(
+            deadline=call.deadline,
+            is_retryable=lambda exc: isinstance(exc, Retryable),
+            retry_after=lambda exc: exc.retry_after if isinstance(exc, Retryable) else None,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await attempt_fn(call)
+        except Retryable as exc:
+            self._failed_total += 1
+            # Chain to what the upstream did, not to the internal marker that carried it here.
+            raise self.failures.give_up(exc, call) from (exc.__cause__ or exc)
+        finally:
+            self._retries_total += max(0, call.attempts - 1)
+        raise AssertionError("tenacity ended without a result")  # pragma: no cover
+
+    def _begin_attempt(self, call: Call) -> Permit:
+        if call.remaining() <= 0:
+            # Checked before the breaker: an attempt we never make says nothing about the upstream.
+            raise DeadlineError(
+                f"tier {self.name}: deadline passed before attempt {call.attempts + 1}",
+                retry_after=DEADLINE_RETRY_AFTER_S,
+            )
+        permit = self.breaker.acquire()
+        call.attempts += 1
+        self._attempts_total += 1
+        return permit
+
+    async def _attempt_generate(self, call: Call) -> Generation:
+        client = self._ensure_client()
+        permit = self._begin_attempt(call)
+        try:
+            response = await self._open(client, call, stream=False)
+            generation = read_response(
+                await json_body(response, call), call, tier=self.name, model=self.model, logprobs=self.gives_logprobs
+            )
+        except BaseException as exc:
+            mapped = self._settle(permit, exc, call)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        permit.success()
+        return generation
+
+    async def _attempt_open_stream(self, call: Call) -> _OpenStream:
+        """Open the stream and read up to the first piece of text: the part that may be retried."""
+        client = self._ensure_client()
+        permit = self._begin_attempt(call)
+        response: Any = None
+        try:
+            response = await self._open(client, call, stream=True)
+            events = SSEReader(response.http_response.aiter_raw(), max_events=self.config.max_stream_events)
+            acc = Accumulator(
+                chat=call.request.is_chat,
+                logprobs="logprobs" not in self._refused,
+                tier=self.name,
+                top_k=call.request.top_logprobs if "logprobs" not in self._refused else 0,
+                calls={} if call.request.offers_tools else None,
+            )
+            first = await next_piece(events, acc, call)
+            if first is None and not acc.complete(events.done):
+                raise Malformed("the stream ended before any output or finish_reason")
+        except BaseException as exc:
+            if response is not None:
+                await close_quietly(response)
+            mapped = self._settle(permit, exc, call)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        return _OpenStream(response, events, acc, permit, first)
+
+    async def _open(self, client: openai.AsyncOpenAI, call: Call, *, stream: bool) -> Any:
+        """Send one call and return the response with its body unread, repeating the call once per
+        optional parameter the server refuses. The body is read by the caller, through the capped
+        transport, and parsed here rather than by the SDK."""
+        endpoint = client.chat.completions if call.request.is_chat else client.completions
+        while True:
+            params = request_params(call, model=self.model, refused=self._refused, stream=stream)
+            remaining = call.remaining()
+            try:
+                async with asyncio.timeout(remaining):
+                    # Entered by hand: the response outlives this call (a stream is read by the
+                    # caller's loop), and the caller closes it, which is all the exit would do.
+                    return await endpoint.with_streaming_response.create(**params, timeout=remaining).__aenter__()
+            except openai.APIStatusError as exc:
+                refused = refused_param(exc, params)
+                if refused is None:
+                    raise
+                log.info("tier %s: the upstream refuses %s; no longer sent", self.name, refused)
+                self._refused.add(refused)
+
+    # -- failures --------------------------------------------------------------------------------
+
+    def _new_call(self, request: GenerationRequest) -> Call:
+        now = time.monotonic()
+        deadline = now + self.timeout_s
+        if request.deadline is not None:
+            deadline = min(deadline, request.deadline)
+        max_tokens = request.max_tokens
+        if self.max_tokens is not None:
+            max_tokens = min(max_tokens, self.max_tokens)
+        return Call(request=request, deadline=deadline, started=now, max_tokens=max_tokens)
+
+    def _settle(self, permit: Permit, exc: BaseException, call: Call) -> BaseException:
+        """Report an attempt's failure to the breaker and the log; return what it should raise."""
+        verdict = self.failures.classify(exc)
+        if verdict is None:  # cancelled, or not the upstream's doing
+            permit.release()
+            return exc
+        if verdict.healthy:
+            permit.success()
+        else:
+            permit.failure()
+        log.warning("tier %s: upstream attempt %d failed: %s", self.name, call.attempts, verdict.detail)
+        return verdict.error()  # built after the breaker heard of it: its cool-down is current
+
+    def _stream_cut(self, permit: Permit, exc: Exception, call: Call, acc: Accumulator) -> BaseException:
+        mapped = self._settle(permit, exc, call)
+        if isinstance(mapped, (UnavailableError, Retryable)):  # refused whole, or broken: it failed
+            self._failed_total += 1
+        return self.failures.mid_stream(mapped, call, len(acc.text))

@@ -1,0 +1,166 @@
+"""One logical request to an OpenAI-compatible upstream: its deadline, its bounds, the body sent.
+
+The backend makes one `Call` per request and hands it to every attempt, so the attempts share one
+deadline (`request.deadline` or now + the tier's `timeout_s`, whichever is sooner) and one
+`max_tokens` (the request's, cut to the tier's). The readers (`reading`, `streams`) hold what the
+upstream says against the bounds derived here:
+
+- Usage. The prompt's token count is at most its UTF-8 bytes (a tokenizer gives at most one token
+  per byte) plus an allowance per message for the chat template and one for a system prompt a
+  hosted API may add; the completion's at most the `max_tokens` we sent, for each of `n` choices,
+  plus a small slack for a stop sequence or end-of-text token a server counts.
+- Streams. A stream may bring at most twice the completion bound in pieces of text: a server sends
+  a token or more per piece, so an upstream that ignores `max_tokens` is stopped there, long before
+  the byte limit.
+
+The body passes the client's sampling parameters, stops, tools, `logit_bias`, penalties and
+`response_format` through as they came: the upstream enforces them, or refuses and the client hears
+it, rather than this tier answering without them. The optional parameters a server may refuse
+(`logprobs`, `stream_options`) are left out once the tier has seen them refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Set
+from dataclasses import dataclass
+from typing import Any
+
+from router.generation import GenerationRequest, Message, NamedTool
+
+# Tokens a server may count past max_tokens: a stop sequence or end-of-text token it includes.
+_COMPLETION_SLACK = 8
+# A tokenizer gives at most one token per byte of text; a chat template adds a few per message, and
+# a hosted API may add a system prompt of its own.
+_TEMPLATE_TOKENS_PER_MESSAGE = 64
+_TEMPLATE_TOKENS = 4096
+
+
+@dataclass
+class Call:
+    """One logical request: its deadline, its bounds, and what it has cost so far."""
+
+    request: GenerationRequest
+    deadline: float
+    started: float
+    max_tokens: int  # what the upstream is asked for
+    attempts: int = 0
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    @functools.cached_property
+    def prompt_limit(self) -> int:
+        """The most prompt tokens a server could truthfully report for this request."""
+        request = self.request
+        messages = len(request.messages) if request.messages is not None else 1
+        return len(prompt_text(request).encode("utf-8", "replace")) + (
+            _TEMPLATE_TOKENS_PER_MESSAGE * messages + _TEMPLATE_TOKENS
+        )
+
+    @property
+    def completion_limit(self) -> int:
+        return self.request.n * self.max_tokens + _COMPLETION_SLACK  # usage counts all n choices
+
+    @property
+    def piece_limit(self) -> int:
+        """The most pieces of text a stream may bring: a server sends a token or more per piece;
+        twice that leaves room for one that splits tokens, and still stops one that ignores
+        max_tokens long before the byte limit."""
+        return 2 * self.completion_limit
+
+
+def prompt_text(request: GenerationRequest) -> str:
+    if request.prompt is not None:
+        return request.prompt
+    # what the prompt holds: the messages, their calls, and the tools the template renders
+    parts = [m.content for m in request.messages or ()]
+    parts += [c.arguments for m in request.messages or () for c in m.tool_calls]
+    parts += [f"{t.name} {t.description or ''} {t.parameters_json or ''}" for t in request.tools]
+    return "\n".join(parts)
+
+
+def estimate_tokens(text: str) -> int:
+    # Only when the server reports no usage: about four characters a token in English.
+    return max(1, round(len(text) / 4)) if text else 0
+
+
+# -- the body sent -------------------------------------------------------------------------------
+
+
+def request_params(call: Call, *, model: str, refused: Set[str], stream: bool) -> dict[str, Any]:
+    """The SDK's arguments for one attempt at `call`, leaving out the optional parameters in
+    `refused` (those the server has refused before)."""
+    request = call.request
+    params: dict[str, Any] = {
+        "model": model,
+        "max_tokens": call.max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+    }
+    if request.seed is not None:
+        params["seed"] = request.seed
+    if request.n > 1 and not stream:  # the cascade asks for n > 1 only through generate
+        params["n"] = request.n
+    if request.stop:
+        params["stop"] = list(request.stop)
+    if request.messages is not None:
+        params["messages"] = [_upstream_message(m) for m in request.messages]
+        params.update(_tool_params(request))
+    else:
+        params["prompt"] = request.prompt
+    # passed through as the client sent them: the upstream enforces them (or refuses, which the
+    # client then hears) rather than this tier answering without them
+    if request.logit_bias:
+        params["logit_bias"] = {str(token): bias for token, bias in request.logit_bias}
+    if request.presence_penalty:
+        params["presence_penalty"] = request.presence_penalty
+    if request.frequency_penalty:
+        params["frequency_penalty"] = request.frequency_penalty
+    if request.response_format is not None:
+        if request.is_chat:
+            params["response_format"] = request.response_format.to_openai()
+        else:  # not the SDK's completions parameter, but vLLM's and llama.cpp's servers take it
+            params["extra_body"] = {"response_format": request.response_format.to_openai()}
+    if "logprobs" not in refused:
+        if request.is_chat:
+            # top_logprobs=0 is OpenAI's "none of the alternatives"; llama-cpp-python's server
+            # returns no logprobs at all without it.
+            params["logprobs"] = True
+            params["top_logprobs"] = request.top_logprobs
+        else:
+            params["logprobs"] = max(1, request.top_logprobs)
+    if stream:
+        params["stream"] = True
+        if "stream_options" not in refused:
+            params["stream_options"] = {"include_usage": True}
+    return params
+
+
+def _upstream_message(m: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["content"] = m.content or None  # as OpenAI's own: an answer of calls alone has no content
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+def _tool_params(request: GenerationRequest) -> dict[str, Any]:
+    """tools, tool_choice and parallel_tool_calls as the client gave them (passed through)."""
+    if not request.tools:
+        return {}
+    params: dict[str, Any] = {"tools": [t.to_openai() for t in request.tools]}
+    choice = request.tool_choice
+    if isinstance(choice, NamedTool):
+        params["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    else:
+        params["tool_choice"] = choice
+    if not request.parallel_tool_calls:
+        params["parallel_tool_calls"] = False
+    return params

@@ -1,0 +1,82 @@
+"""The SDK client an `openai` tier talks through, over a transport that bounds every byte it reads.
+
+- Size. Every response passes through `upstream_io.CappedTransport`, the httpx transport under the
+  SDK's client. It asks for `Accept-Encoding: identity` and refuses a compressed body (its size on
+  the wire says nothing of its size in memory), refuses a `Content-Length` over
+  `max_response_bytes`, and stops reading at that many bytes. The transport is the one place every
+  byte passes: a body, a stream, and the error bodies the SDK reads on its own before we see them.
+  An httpx event hook sees a response before its body is read and cannot bound the read; reading
+  the raw response at our call sites would leave the SDK's own reads of error bodies unbounded. Too
+  much is an upstream failure, not retried.
+- Retries. The SDK's own are off: the backend's `RetryPolicy` decides, within the deadline.
+- Redirects are not followed: an API that redirects a POST is misconfigured, and following it
+  would send the request where the operator did not point the tier.
+- A client given a transport neither sizes its pool nor reads proxy settings from the environment:
+  both are said here, as the SDK's own client would have them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import TYPE_CHECKING, Any
+
+import httpx2
+import openai
+
+from router.backends.openai.call import Call
+from router.backends.upstream_io import CappedTransport, environment_proxy, json_object
+from router.errors import ConfigError
+
+if TYPE_CHECKING:
+    from router.config import OpenAIBackendSettings
+
+
+def new_client(config: OpenAIBackendSettings, *, tier: str, timeout_s: float) -> openai.AsyncOpenAI:
+    """The SDK's client for one tier, every response read through the capped transport."""
+    inner = httpx2.AsyncHTTPTransport(
+        limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=100),
+        proxy=environment_proxy(config.base_url),
+    )
+    transport = CappedTransport(
+        inner,
+        max_bytes=config.max_response_bytes,
+        # a stream's events each arrive in a piece or two; a plain body in a few
+        max_reads=2 * config.max_stream_events + 64,
+    )
+    return openai.AsyncOpenAI(
+        base_url=config.base_url,
+        api_key=api_key(config, tier=tier),
+        max_retries=0,  # tenacity decides, within the deadline
+        timeout=timeout_s,
+        http_client=openai.DefaultAsyncHttpxClient(transport=transport, follow_redirects=False),
+    )
+
+
+def api_key(config: OpenAIBackendSettings, *, tier: str) -> str:
+    env = config.api_key_env
+    if env is None:
+        return "not-needed"  # the SDK insists on a key; local servers ignore it
+    key = os.environ.get(env)
+    if not key:
+        raise ConfigError(f"tier {tier}: tiers.openai.api_key_env names {env}, which is not set")
+    return key
+
+
+async def json_body(response: Any, call: Call) -> dict[str, Any]:
+    """The whole body of a response (through the capped transport, within the call's deadline),
+    closed after, as one JSON object. A JSON body is UTF-8 (RFC 8259); what is not becomes U+FFFD
+    rather than a failure."""
+    try:
+        async with asyncio.timeout(call.remaining()):
+            body = await response.read()
+    finally:
+        await close_quietly(response)
+    return json_object(body.decode("utf-8", "replace"))
+
+
+async def close_quietly(response: Any) -> None:
+    # Closing a broken stream may fail again; the first error is the one to keep.
+    with contextlib.suppress(Exception):
+        await response.close()
