@@ -619,3 +619,19 @@ async def test_a_number_too_long_to_convert_is_a_malformed_answer(upstream: Faul
         gen = await backend.generate(CHAT)
     assert (gen.text, gen.prompt_tokens) == (TEXT, PROMPT_TOKENS)
     assert len(upstream.requests) == 2
+
+
+async def test_n_choices_without_usage_are_each_counted(upstream: FaultUpstream) -> None:
+    # A server that reports no usage: every choice is estimated and billed, not choice 0 alone
+    # (which under-billed an `n: 8` request about eightfold).
+    long = "word " * 200
+    choices = [
+        {"index": i, "message": {"content": TEXT if i == 0 else long}, "finish_reason": "stop"} for i in range(3)
+    ]
+    upstream.script(raw(200, chat_body(choices=choices, usage=None)))
+    async with backend_for(upstream, logprobs=False) as backend:
+        gen = await backend.generate(CHAT.with_(n=3, max_tokens=512))
+    assert len(gen.others) == 2
+    each = gen.others[0].completion_tokens
+    assert each > 100  # 200 words, estimated
+    assert gen.completion_tokens >= 2 * each  # the two long choices are in the request's count

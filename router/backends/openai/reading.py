@@ -81,6 +81,7 @@ def read_response(
     prompt_tokens, completion_tokens = (0, None) if index else checked_usage(body.get("usage"), call, tier)
     if prompt_tokens is None:
         prompt_tokens = estimate_tokens(prompt_text(call.request))
+    reported = completion_tokens  # the server's count covers every choice; None: each is estimated
     if completion_tokens is None:
         counted = len(token_lps) if token_lps is not None else estimate_tokens(text)
         completion_tokens = min(counted, call.max_tokens)
@@ -101,7 +102,7 @@ def read_response(
     others = tuple(
         read_response(body, call, tier=tier, model=model, logprobs=logprobs, index=i) for i in range(1, call.request.n)
     )
-    if completion_tokens is None:
+    if reported is None:  # no usage from the server: choice 0's estimate alone would under-bill
         completion_tokens = generation.completion_tokens + sum(g.completion_tokens for g in others)
     return replace(generation, completion_tokens=completion_tokens, others=others)
 
