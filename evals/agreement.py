@@ -41,7 +41,9 @@ async def code_rule(request: GenerationRequest, answer: str, shadow: str) -> Agr
     if not tests or not request.metadata.get("client_code"):
         return None  # no tests from a caller allowed to send them: nothing may run
     from verifiers import sandbox
-    from verifiers.code_tests import assemble_program, caller_test_steps, run_tests
+    from verifiers.code_tests.harness import run_tests
+    from verifiers.code_tests.steps import caller_test_steps
+    from verifiers.code_tests.verifier import assemble_program
 
     if sandbox.available() is not None:
         return None

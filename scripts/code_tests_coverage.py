@@ -35,7 +35,9 @@ from evals.store import RunStore
 from evals.suites import get_suite
 from evals.sweep import ResultTable, load_table, summarize
 from router.generation import Generation, GenerationRequest, Message
-from verifiers.code_tests import STATED_FORMS, CodeTestsVerifier, doctest_steps, stated_examples
+from verifiers.code_tests import CodeTestsVerifier
+from verifiers.code_tests.stated import STATED_FORMS, stated_examples
+from verifiers.code_tests.steps import doctest_steps
 
 RUN = Path("evals/results/humaneval")
 BEFORE, AFTER = "code_tests (>>> only)", "code_tests (>>> and prose)"

@@ -68,7 +68,8 @@ from typing import Any, ClassVar
 from router.admission.slots import Slots, hold_all, verifier_slots
 from router.generation import Generation, GenerationRequest, Message
 from verifiers.base import Score, VerifierContext, VerifierCost, require_integers, require_numbers
-from verifiers.code_tests import MAX_ANSWER_CHARS, MAX_PROCS
+from verifiers.code_tests.harness import MAX_PROCS
+from verifiers.code_tests.verifier import MAX_ANSWER_CHARS
 from verifiers.consistency import generation_cost
 from verifiers.extract import PYTHON_LANGS, fenced_blocks, outside_fences
 from verifiers.math_answer import answers_agree, extract_answer, last_number, parse_number

@@ -19,7 +19,8 @@ from router.config import VerifierSpec, load_settings
 from router.generation import Generation, GenerationRequest
 from tests.evals.helpers import Calls, ScriptedBackend, registry, write_config
 from verifiers.base import Score
-from verifiers.code_tests import CodeTestsVerifier, stated_examples
+from verifiers.code_tests import CodeTestsVerifier
+from verifiers.code_tests.stated import stated_examples
 
 
 def everything_in(request: GenerationRequest) -> str:

@@ -12,12 +12,9 @@ import pytest
 from router.errors import OverloadedError, UnavailableError
 from router.generation import GenerationRequest, Message
 from tests.verifiers.scripted import gen
-from verifiers.code_tests import (
-    CodeTestsVerifier,
-    assemble_program,
-    caller_test_steps,
-    doctest_steps,
-)
+from verifiers.code_tests import CodeTestsVerifier
+from verifiers.code_tests.steps import caller_test_steps, doctest_steps
+from verifiers.code_tests.verifier import assemble_program
 from verifiers.extract import extract_code, fenced_blocks
 
 pytestmark = pytest.mark.timeout(60)
@@ -349,7 +346,8 @@ async def test_asserts_and_straight_test_functions_are_judged_outside() -> None:
 
 
 def test_values_are_decoded_strictly() -> None:
-    from verifiers.code_tests import Opaque, decode_value, same
+    from verifiers.code_tests.protocol import decode_value
+    from verifiers.outside_judge import Opaque, same
 
     tree = {"t": "d", "v": [[{"t": "s", "v": "a"}, {"t": "l", "v": [{"t": "i", "v": "1"}, {"t": "f", "v": "0.5"}]}]]}
     assert decode_value(tree) == {"a": [1, 0.5]}
@@ -360,7 +358,10 @@ def test_values_are_decoded_strictly() -> None:
 
 
 def test_judging_crafted_values_never_raises() -> None:
-    from verifiers.code_tests import Check, Opaque, Reply, judge, same
+    from verifiers.code_tests.judge import judge
+    from verifiers.code_tests.protocol import Reply
+    from verifiers.code_tests.steps import Check
+    from verifiers.outside_judge import Opaque, same
 
     huge = 10**400
     assert not same(huge, 1.5) and same(huge, huge)
@@ -455,7 +456,7 @@ def test_a_reply_built_to_collide_in_a_set_is_refused_not_hashed() -> None:
     held. The checker refuses large hashed containers instead of building them."""
     import time
 
-    from verifiers.code_tests import MAX_HASHED_ITEMS, _BadReply, decode_value
+    from verifiers.code_tests.protocol import MAX_HASHED_ITEMS, _BadReply, decode_value
 
     evil = {"t": "S", "v": [{"t": "i", "v": str(i * (2**61 - 1) + 7)} for i in range(24_000)]}
     started = time.monotonic()

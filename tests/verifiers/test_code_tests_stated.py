@@ -19,14 +19,9 @@ from evals.data import HUMANEVAL, fetch, read_jsonl
 from evals.grading import build_program
 from evals.suites import get_suite
 from router.generation import Generation, GenerationRequest, Message
-from verifiers.code_tests import (
-    MAX_PROMPT_CHARS,
-    CodeTestsVerifier,
-    StatedExample,
-    assemble_program,
-    stated_examples,
-    stated_steps,
-)
+from verifiers.code_tests import CodeTestsVerifier
+from verifiers.code_tests.stated import MAX_PROMPT_CHARS, StatedExample, stated_examples, stated_steps
+from verifiers.code_tests.verifier import assemble_program
 from verifiers.extract import compiles, extract_code
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,7 +17,8 @@ import pytest
 
 from router.generation import GenerationRequest, Message
 from tests.verifiers.scripted import gen
-from verifiers.code_tests import CodeTestsVerifier, caller_test_steps
+from verifiers.code_tests import CodeTestsVerifier
+from verifiers.code_tests.steps import caller_test_steps
 from verifiers.outside_judge import Failed, Judge, Opaque
 from verifiers.sandbox import available
 

@@ -18,7 +18,8 @@ from router.config import load_settings
 from router.generation import GenerationRequest, Message
 from tests.conftest import UvicornThread, smol_config
 from tests.verifiers.scripted import ScriptedBackend, gen
-from verifiers.code_tests import CodeTestsVerifier, assemble_program
+from verifiers.code_tests import CodeTestsVerifier
+from verifiers.code_tests.verifier import assemble_program
 from verifiers.prompt_code import build_program, safe_definitions
 from verifiers.sandbox import available
 
