@@ -42,7 +42,7 @@ import operator
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-MAX_HASHED_ITEMS = 256  # see code_tests: colliding hashes make larger sets quadratic to build
+MAX_HASHED_ITEMS = 256  # see code_tests.protocol: colliding hashes make larger sets quadratic to build
 MAX_BUILT_ITEMS = 100_000  # a sequence ``*`` may build
 MAX_POWER_BITS = 100_000  # an integer ``**`` may build
 
@@ -136,7 +136,7 @@ def contains_opaque(value: object, depth: int = 0) -> bool:
 
 
 class Failed(Exception):
-    """The test fails, for this reason (a `code_tests.KINDS` word)."""
+    """The test fails, for this reason (a `code_tests.judge.KINDS` word)."""
 
     def __init__(self, kind: str) -> None:
         super().__init__(kind)
