@@ -11,7 +11,8 @@ from pathlib import Path
 
 from router.config import LedgerSettings, postgres_url_problem
 from router.errors import ConfigError
-from router.ledger.store import LedgerStore, SQLiteStore
+from router.ledger.entries import LedgerStore
+from router.ledger.store import SQLiteStore
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 

@@ -21,8 +21,9 @@ import pytest
 from router.admission.limits import Reservation, SharedLimits
 from router.config import ApiKeyEntry, load_settings
 from router.errors import ConfigError, QuotaError, RateLimitError, UnavailableError
+from router.ledger.entries import DuplicateEntry, PendingEntry, ShadowPair
 from router.ledger.postgres import MIGRATIONS, PostgresStore
-from router.ledger.store import DuplicateEntry, PendingEntry, ShadowPair, SQLiteStore
+from router.ledger.store import SQLiteStore
 from router.ledger.stores import open_store
 from tests.conftest import TIERROUTE
 from tests.router.accounting_helpers import auth, chat, config_with_keys, running, tierroute_of
