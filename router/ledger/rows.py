@@ -87,7 +87,13 @@ def attempt_values(entry: LedgerEntry) -> list[dict[str, Any]]:
 
 def pending_values(pending: PendingEntry) -> dict[str, Any]:
     """The pending row's columns that both stores share (PostgreSQL adds `expires_at` itself)."""
-    return dataclasses.asdict(pending)
+    return {
+        "request_id": pending.request_id,
+        "ts": pending.ts,
+        "key_id": pending.key_id,
+        "model": pending.model,
+        "reserved_usd": pending.reserved_usd,
+    }
 
 
 def pair_values(pair: ShadowPair) -> dict[str, Any]:
