@@ -46,7 +46,7 @@ from router.backends.base import Backend
 from router.config import LedgerSettings, OpenAIBackendSettings, PriceSettings, Settings, TierSettings, VerifierSpec
 from router.errors import ConfigError, UnavailableError
 from router.generation import Delta, Generation, GenerationRequest, Message
-from router.ledger.store import AttemptEntry, ShadowPair
+from router.ledger.entries import AttemptEntry, ShadowPair
 from router.plugins import VerifierRegistry
 from router.tasks import rule_task
 from router.verification import VerifierError, spec_uses_a_model

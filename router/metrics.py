@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.backends.base import Backend
-from router.ledger.store import LedgerEntry
+from router.ledger.entries import LedgerEntry
 from router.tasks import TASKS
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)

@@ -35,8 +35,9 @@ from router.config import Settings
 from router.engine import Engine
 from router.errors import QuotaError, RateLimitError, UnavailableError
 from router.generation import GenerationRequest
-from router.ledger.store import Ledger, LedgerEntry, PendingEntry
+from router.ledger.entries import LedgerEntry, PendingEntry
 from router.ledger.stores import open_store
+from router.ledger.writer import Ledger
 from router.metrics import Metrics
 from router.pricing import Usage, cost_usd
 

@@ -58,7 +58,7 @@ def cmd_ledger_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger_copy(args: argparse.Namespace) -> int:
-    from router.ledger.store import DuplicateEntry
+    from router.ledger.entries import DuplicateEntry
     from router.ledger.stores import open_store
 
     settings = _settings(args)

@@ -1,8 +1,8 @@
 """The ledger in PostgreSQL: one database that every replica of the service writes and reads.
 
-It is the same ledger as `SQLiteStore` (the tables and columns of `router.ledger.store`'s docstring,
-one transaction per request, a settled row replacing its pending row atomically), plus what
-replicas need to agree on a key's limits (`router.admission.limits.SharedLimits`):
+It is the same ledger as `SQLiteStore` (the tables and columns of `router.ledger.schema`, one
+transaction per request, a settled row replacing its pending row atomically), plus what replicas
+need to agree on a key's limits (`router.admission.limits.SharedLimits`):
 
     limit_keys   key_id PK                  one row per key: admissions lock it (SELECT ... FOR UPDATE),
                                             so a key's admissions are serial across replicas
@@ -16,7 +16,9 @@ replicas need to agree on a key's limits (`router.admission.limits.SharedLimits`
 
 Schema changes are versioned migrations (`MIGRATIONS`, recorded in `schema_migrations`), applied
 in order at start-up under an advisory lock, so replicas starting together migrate once;
-`tierroute ledger migrate` applies them without serving.
+`tierroute ledger migrate` applies them without serving. The released ones (`RELEASED`) run as
+they were written; later ones are generated from `router.ledger.schema`, which a test holds to
+the released text token for token.
 
 Connections come from a psycopg pool: the ledger's writer thread takes one per write, admissions
 (on their own threads) take others, and a report takes one for its snapshot. A connection that
@@ -32,39 +34,28 @@ cannot keep up with 100 requests/s).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import psycopg_pool
+from psycopg.rows import dict_row
 
 from router.admission.limits import WINDOW_S, KeyWindow, Reservation, day_start, month_start
 from router.errors import ConfigError
-from router.ledger.store import (
-    ATTEMPT_COLUMNS,
-    PAIR_COLUMNS,
-    REQUEST_COLUMNS,
-    AttemptEntry,
-    DuplicateEntry,
-    LedgerEntry,
-    PendingEntry,
-    ShadowPair,
-    attempt_from_row,
-    attempt_rows,
-    entry_from_row,
-    pair_from_row,
-    pair_row,
-    request_row,
-)
+from router.ledger import rows, schema
+from router.ledger.entries import AttemptEntry, DuplicateEntry, LedgerEntry, PendingEntry, ShadowPair
 
 log = logging.getLogger(__name__)
 
 _NOW = "extract(epoch from clock_timestamp())::double precision"
 _MIGRATION_LOCK = 0x7469657272  # pg_advisory_xact_lock key: one replica migrates at a time
 
-# (version, why, statements). Append only: a released migration is never edited.
-MIGRATIONS: tuple[tuple[int, str, str], ...] = (
+# (version, why, statements). Append only: a released migration is never edited, and a new one is
+# not written here but generated from the description (`router.ledger.schema`).
+RELEASED: tuple[tuple[int, str, str], ...] = (
     (
         1,
         "the ledger (schema 4 of the SQLite store) and the shared limits' tables",
@@ -157,7 +148,21 @@ CREATE INDEX rate_events_key_ts ON rate_events (key_id, ts);
     ),
     (2, "requests.user: OpenAI's `user` field as the client sent it", 'ALTER TABLE requests ADD COLUMN "user" TEXT;'),
 )
+MIGRATIONS = RELEASED + tuple(
+    (version, schema.postgres_why(version), schema.postgres_migration(version))
+    for version in range(len(RELEASED) + 1, schema.latest("postgres") + 1)
+)
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+_INSERT_REQUEST = rows.insert("requests", "postgres")
+# the pending columns both stores have (`expires_at` is this store's own, read by admissions only)
+_SHARED_PENDING = ", ".join(f.name for f in dataclasses.fields(PendingEntry))
+_INSERT_ATTEMPT = rows.insert("attempts", "postgres")
+_INSERT_PAIR = (
+    rows.insert("shadow_pairs", "postgres")
+    + " ON CONFLICT (request_id) DO UPDATE SET "
+    + ", ".join(f"{c.quoted} = EXCLUDED.{c.quoted}" for c in schema.columns("shadow_pairs", "postgres")[1:])
+)
 
 
 class PostgresStore:
@@ -230,10 +235,11 @@ class PostgresStore:
         with self.pool.connection() as conn:
             conn.execute(
                 "INSERT INTO pending (request_id, ts, key_id, model, reserved_usd, expires_at) "
-                f"VALUES (%s, %s, %s, %s, %s, {_NOW} + %s) ON CONFLICT (request_id) DO UPDATE SET "
+                "VALUES (%(request_id)s, %(ts)s, %(key_id)s, %(model)s, %(reserved_usd)s, "
+                f"{_NOW} + %(hold_ttl_s)s) ON CONFLICT (request_id) DO UPDATE SET "
                 "ts = EXCLUDED.ts, key_id = EXCLUDED.key_id, model = EXCLUDED.model, "
                 "reserved_usd = EXCLUDED.reserved_usd, expires_at = EXCLUDED.expires_at",
-                (pending.request_id, pending.ts, pending.key_id, pending.model, pending.reserved_usd, self.hold_ttl_s),
+                {**rows.pending_values(pending), "hold_ttl_s": self.hold_ttl_s},
             )
 
     def write(self, entry: LedgerEntry) -> None:
@@ -246,22 +252,24 @@ class PostgresStore:
 
     def spend_by_key(self, since: float) -> dict[str, float]:
         with self.pool.connection() as conn:
-            rows = conn.execute(
+            found = conn.execute(
                 "SELECT key_id, SUM(usd) FROM ("
                 " SELECT key_id, cost_usd AS usd FROM requests WHERE ts >= %s"
                 f" UNION ALL SELECT key_id, reserved_usd FROM pending WHERE ts >= %s AND expires_at > {_NOW}"
                 ") s GROUP BY key_id",
                 (since, since),
             ).fetchall()
-        return {key: float(total) for key, total in rows}
+        return {key: float(total) for key, total in found}
 
     def pending(self) -> Iterator[PendingEntry]:
         with self.pool.connection() as conn:
-            rows = conn.execute(
-                "SELECT request_id, ts, key_id, model, reserved_usd FROM pending ORDER BY ts, request_id"
-            ).fetchall()
-        for row in rows:
-            yield PendingEntry(*row)
+            found = (
+                conn.cursor(row_factory=dict_row)
+                .execute(f"SELECT {_SHARED_PENDING} FROM pending ORDER BY ts, request_id")
+                .fetchall()
+            )
+        for row in found:
+            yield rows.pending_from_row(row)
 
     def entries(self, since: float | None = None, until: float | None = None) -> Iterator[LedgerEntry]:
         where, params = _window("ts", since, until)
@@ -270,36 +278,40 @@ class PostgresStore:
         with self.pool.connection() as conn, conn.transaction():
             # one snapshot for both tables: a request and its attempts are read together
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            for row in conn.execute(
-                f"SELECT a.{ATTEMPT_COLUMNS.replace(', ', ', a.')} FROM attempts a "
+            cur = conn.cursor(row_factory=dict_row)
+            for row in cur.execute(
+                f"SELECT {schema.column_list('attempts', 'postgres', 'a.')} FROM attempts a "
                 f"JOIN requests r ON r.request_id = a.request_id {r_where} ORDER BY a.request_id, a.idx",
                 params,
             ):
-                attempts.setdefault(row[0], []).append(attempt_from_row(row))
-            rows = conn.execute(f"SELECT {REQUEST_COLUMNS} FROM requests {where} ORDER BY ts, request_id", params)
-            fetched = rows.fetchall()
+                attempts.setdefault(row["request_id"], []).append(rows.attempt_from_row(row))
+            fetched = cur.execute(
+                f"SELECT {schema.column_list('requests', 'postgres')} FROM requests {where} ORDER BY ts, request_id",
+                params,
+            ).fetchall()
         for row in fetched:
-            yield entry_from_row(row, attempts.get(row[0], ()))
+            yield rows.entry_from_row(row, attempts.get(row["request_id"], ()))
 
     def write_pair(self, pair: ShadowPair, entry: LedgerEntry | None = None) -> None:
         with self.pool.connection() as conn, conn.transaction():
             if entry is not None:
                 _insert(conn, entry)
-            conn.execute(
-                f"INSERT INTO shadow_pairs ({PAIR_COLUMNS}) VALUES ({', '.join(['%s'] * 21)}) "
-                "ON CONFLICT (request_id) DO UPDATE SET "
-                + ", ".join(f"{c} = EXCLUDED.{c}" for c in PAIR_COLUMNS.split(", ")[1:]),
-                pair_row(pair),
-            )
+            conn.execute(_INSERT_PAIR, rows.pair_values(pair))
 
     def pairs(self, since: float | None = None, until: float | None = None) -> Iterator[ShadowPair]:
         where, params = _window("ts", since, until)
         with self.pool.connection() as conn:
-            rows = conn.execute(
-                f"SELECT {PAIR_COLUMNS} FROM shadow_pairs {where} ORDER BY ts, request_id", params
-            ).fetchall()
-        for row in rows:
-            yield pair_from_row(row)
+            found = (
+                conn.cursor(row_factory=dict_row)
+                .execute(
+                    f"SELECT {schema.column_list('shadow_pairs', 'postgres')} FROM shadow_pairs {where} "
+                    "ORDER BY ts, request_id",
+                    params,
+                )
+                .fetchall()
+            )
+        for row in found:
+            yield rows.pair_from_row(row)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -362,19 +374,19 @@ class PostgresStore:
     def live_reservations(self) -> dict[str, float]:
         """USD per key held by unexpired reservations, on the database's clock (for checks and tests)."""
         with self.pool.connection() as conn:
-            rows = conn.execute(
+            found = conn.execute(
                 f"SELECT key_id, sum(reserved_usd) FROM pending WHERE expires_at > {_NOW} GROUP BY key_id"
             ).fetchall()
-        return {key: float(total) for key, total in rows}
+        return {key: float(total) for key, total in found}
 
 
 def _insert(conn: psycopg.Connection[Any], entry: LedgerEntry) -> None:
     """The settled rows, the pending row's removal and the key's spend, in the caller's transaction."""
     conn.execute("DELETE FROM pending WHERE request_id = %s", (entry.request_id,))
-    conn.execute(f"INSERT INTO requests ({REQUEST_COLUMNS}) VALUES ({', '.join(['%s'] * 17)})", request_row(entry))
-    rows = attempt_rows(entry)
-    if rows:
-        conn.cursor().executemany(f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES ({', '.join(['%s'] * 18)})", rows)
+    conn.execute(_INSERT_REQUEST, rows.request_values(entry))
+    attempts = rows.attempt_values(entry)
+    if attempts:
+        conn.cursor().executemany(_INSERT_ATTEMPT, attempts)
     conn.execute(
         "INSERT INTO key_spend (key_id, kind, start, usd) VALUES (%s, 'day', %s, %s), (%s, 'month', %s, %s) "
         "ON CONFLICT (key_id, kind, start) DO UPDATE SET usd = key_spend.usd + EXCLUDED.usd",

@@ -1,7 +1,6 @@
 """Which store a ledger location names: a `postgresql://` URL opens the shared PostgreSQL ledger,
-anything else is a SQLite file. Kept apart from `router.ledger.store` because the PostgreSQL store
-builds on that module's types: the choice sits above both, and psycopg is imported only by those
-who open a PostgreSQL ledger.
+anything else is a SQLite file. Kept apart from both stores: the choice sits above them, and
+psycopg is imported only by those who open a PostgreSQL ledger.
 """
 
 from __future__ import annotations
@@ -11,7 +10,8 @@ from pathlib import Path
 
 from router.config import LedgerSettings, postgres_url_problem
 from router.errors import ConfigError
-from router.ledger.store import LedgerStore, SQLiteStore
+from router.ledger.entries import LedgerStore
+from router.ledger.store import SQLiteStore
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 

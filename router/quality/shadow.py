@@ -51,7 +51,8 @@ from router.backends.base import Backend
 from router.cascade import Attempt, Cascade, CascadeResult
 from router.config import SHADOW_KEY, Settings, ShadowSettings
 from router.generation import Delta, Generation, GenerationRequest
-from router.ledger.store import Ledger, LedgerEntry, ShadowPair
+from router.ledger.entries import LedgerEntry, ShadowPair
+from router.ledger.writer import Ledger
 from router.metrics import Metrics
 from router.quality.agreement import AgreementRegistry
 from router.quality.drift import Alarm, DriftMonitor, Signal

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
-from router.ledger.store import SHADOW_KEY, AttemptEntry, LedgerEntry
+from router.ledger.entries import SHADOW_KEY, AttemptEntry, LedgerEntry
 
 GroupBy = Literal["tier", "key", "day", "model"]
 GROUPINGS: tuple[GroupBy, ...] = ("tier", "key", "day", "model")

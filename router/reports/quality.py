@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from router.config import SHADOW_KEY, Settings
-from router.ledger.store import LedgerEntry, ShadowPair
+from router.ledger.entries import LedgerEntry, ShadowPair
 from router.quality.drift import Alarm, DriftMonitor, Signal
 from router.quality.live import Tally, threshold_label, wilson
 from router.reports.costs import png_base64

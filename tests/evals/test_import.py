@@ -280,7 +280,7 @@ def _ledger(path: Path | str, n: int) -> list[bool]:
     the token counts and times an import reads."""
     from dataclasses import replace
 
-    from router.ledger.store import ShadowPair
+    from router.ledger.entries import ShadowPair
     from router.ledger.stores import open_store
     from tests.router.test_ledger import attempt, entry
 

@@ -19,7 +19,7 @@ from router.errors import ConfigError
 from router.generation import GenerationRequest, Message
 from router.learned.estimators import LinearModel, dump_estimator
 from router.learned.features import FeatureSpec, gram_bucket
-from router.ledger.store import LedgerEntry
+from router.ledger.entries import LedgerEntry
 from router.models.wheels import sha256_file
 from tests.verifiers.scripted import ScriptedBackend, tier
 

@@ -17,7 +17,8 @@ from router.admission.auth import hash_key, new_key
 from router.api.app import create_app
 from router.config import load_settings
 from router.generation import Generation, GenerationRequest
-from router.ledger.store import LedgerEntry, SQLiteStore
+from router.ledger.entries import LedgerEntry
+from router.ledger.store import SQLiteStore
 from tests.conftest import smol_config
 from verifiers.base import Registry, Score, VerifierCost
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from router.cascade import Cascade, Tier
 from router.config import CascadeSettings, Settings, load_settings
 from router.generation import GenerationRequest, Message
-from router.ledger.store import Ledger, LedgerEntry
+from router.ledger.entries import LedgerEntry
+from router.ledger.writer import Ledger
 from router.metrics import Metrics
 from router.quality.shadow import ShadowService
 from router.verification import VerifierContext, VerifierSet, WeightedVerifier

@@ -23,7 +23,8 @@ from router.backends.instant import InstantBackend
 from router.cascade import Tier
 from router.config import load_settings
 from router.generation import GenerationRequest, Message
-from router.ledger.store import LedgerEntry, SQLiteStore
+from router.ledger.entries import LedgerEntry
+from router.ledger.store import SQLiteStore
 from tests.conftest import SMOL, UvicornThread, write_config
 from tests.router.accounting_helpers import auth, keys_section, read_ledger
 from verifiers.base import Registry, VerifierSet

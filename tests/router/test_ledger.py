@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from router.errors import ConfigError
-from router.ledger.store import SCHEMA_VERSION, AttemptEntry, Ledger, LedgerEntry, PendingEntry, SQLiteStore
+from router.ledger.entries import AttemptEntry, LedgerEntry, PendingEntry
+from router.ledger.store import SCHEMA_VERSION, SQLiteStore
 from router.ledger.stores import open_store
+from router.ledger.writer import Ledger
 from tests.router.accounting_helpers import (
     ESCALATE_ON_MARK,
     MARK,

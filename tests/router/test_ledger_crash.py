@@ -26,7 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
-from router.ledger.store import LedgerEntry, PendingEntry, SQLiteStore
+from router.ledger.entries import LedgerEntry, PendingEntry
+from router.ledger.store import SQLiteStore
 from tests.conftest import TIERROUTE, serve_process
 from tests.router.accounting_helpers import (
     assert_matches,

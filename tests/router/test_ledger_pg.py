@@ -21,8 +21,10 @@ import pytest
 from router.admission.limits import Reservation, SharedLimits
 from router.config import ApiKeyEntry, load_settings
 from router.errors import ConfigError, QuotaError, RateLimitError, UnavailableError
+from router.ledger import schema
+from router.ledger.entries import DuplicateEntry, PendingEntry, ShadowPair
 from router.ledger.postgres import MIGRATIONS, PostgresStore
-from router.ledger.store import DuplicateEntry, PendingEntry, ShadowPair, SQLiteStore
+from router.ledger.store import SQLiteStore
 from router.ledger.stores import open_store
 from tests.conftest import TIERROUTE
 from tests.router.accounting_helpers import auth, chat, config_with_keys, running, tierroute_of
@@ -122,6 +124,53 @@ def test_a_sqlite_ledger_of_schema_4_gains_the_user_column(tmp_path: Path) -> No
     assert "schema version 5" in out
     with sqlite3.connect(path) as conn:
         assert "user" in {r[1] for r in conn.execute("PRAGMA table_info(requests)")}
+
+
+def _pg_catalog(url: str) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
+    """A database's columns (table, column, type, nullable) and constraints and indexes, by name."""
+    with psycopg.connect(url) as conn:
+        columns = conn.execute(
+            "SELECT table_name::text, column_name::text, data_type::text, is_nullable::text "
+            "FROM information_schema.columns WHERE table_schema = 'public' AND table_name <> 'schema_migrations' "
+            "ORDER BY table_name, ordinal_position"
+        ).fetchall()
+        keys = conn.execute(
+            "SELECT conrelid::regclass::text, conname::text, pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE connamespace = 'public'::regnamespace AND conrelid::regclass::text <> 'schema_migrations' "
+            "UNION ALL SELECT tablename::text, indexname::text, indexdef FROM pg_indexes "
+            "WHERE schemaname = 'public' AND tablename <> 'schema_migrations' ORDER BY 1, 2"
+        ).fetchall()
+    return [tuple(r) for r in columns], [tuple(r) for r in keys]
+
+
+def test_a_migrated_database_is_the_description_and_has_the_sqlite_files_columns(
+    db: str, pg: PostgresServer, tmp_path: Path
+) -> None:
+    store = PostgresStore(db)
+    store.open()  # the released migrations, as they were written
+    store.close()
+    whole = pg.create_database()
+    with psycopg.connect(whole) as conn:
+        conn.execute(schema.postgres_ddl())  # the description's schema, in one script
+    columns, keys = _pg_catalog(db)
+    assert (columns, keys) == _pg_catalog(whole)
+    assert any(name == "attempts_request_id_fkey" for _, name, _ in keys)  # constraints compared too
+    lite = SQLiteStore(tmp_path / "l.sqlite3")
+    lite.open()
+    lite.close()
+    kinds = {"text": "TEXT", "double precision": "REAL", "integer": "INTEGER"}
+    with sqlite3.connect(tmp_path / "l.sqlite3") as conn:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name <> 'meta'")]
+        in_sqlite = {
+            (t, col, kind, "YES" if not notnull and not pk else "NO")
+            for t in tables
+            for _, col, kind, notnull, _, pk in conn.execute(f"PRAGMA table_info({t})")
+        }
+    in_postgres = {(t, col, kinds[kind], null) for t, col, kind, null in columns if t in tables}
+    # the same tables and columns, but PostgreSQL's own (the shared limits, a reservation's expiry)
+    assert in_postgres - in_sqlite == {("pending", "expires_at", "REAL", "NO")}
+    assert in_sqlite == in_postgres - {("pending", "expires_at", "REAL", "NO")}
+    assert {t for t, *_ in columns} - set(tables) == {"limit_keys", "key_spend", "rate_events"}
 
 
 def test_credentials_never_in_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,8 @@ import random
 from pathlib import Path
 
 from router.cli import main as cli_main
-from router.ledger.store import Ledger, SQLiteStore
+from router.ledger.store import SQLiteStore
+from router.ledger.writer import Ledger
 from tests.router.shadow_helpers import serve, service, settings
 
 

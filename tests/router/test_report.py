@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from router.cli import main
-from router.ledger.store import SHADOW_KEY, AttemptEntry, LedgerEntry
+from router.ledger.entries import SHADOW_KEY, AttemptEntry, LedgerEntry
 from router.reports import costs as reports
 from tests.router.accounting_helpers import ESCALATE_ON_MARK, MARK, auth, chat, config_with_keys, running, tierroute_of
 

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from router.ledger.store import SCHEMA_VERSION, Ledger, ShadowPair, SQLiteStore
+from router.ledger.entries import ShadowPair
+from router.ledger.store import SCHEMA_VERSION, SQLiteStore
+from router.ledger.writer import Ledger
 from tests.router.test_ledger import _V2_REQUESTS
 
 

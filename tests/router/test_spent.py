@@ -14,7 +14,8 @@ import pytest
 
 from router.api.app import create_app
 from router.config import load_settings
-from router.ledger.store import LedgerEntry, SQLiteStore
+from router.ledger.entries import LedgerEntry
+from router.ledger.store import SQLiteStore
 from tests.conftest import UvicornThread, free_port, llama_cpp_server, smol_config
 
 # a format check the small model's answer never passes: every request escalates to the large tier

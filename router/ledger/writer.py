@@ -1,0 +1,175 @@
+"""The ledger's writer thread: what the service talks to, so that no write blocks the event loop.
+
+A `LedgerStore` (`router.ledger.entries`) is synchronous storage, one transaction per write, with
+no knowledge of asyncio: `router.ledger.store.SQLiteStore` is the embedded default,
+`router.ledger.postgres.PostgresStore` a database every replica shares, and
+`router.ledger.stores.open_store` picks one from the config. `Ledger` owns one writer thread, and
+every store call runs on it, so a write never blocks the event loop and the store's single
+connection never crosses threads.
+
+A plain request is written once, when its answer settles: its `requests` row and all its
+`attempts` rows in one transaction, committed before any byte of the response is sent. A streamed
+request's text leaves before its answer settles, so it is written twice: at admission a `pending`
+row (the key, and the most the request can cost: its budget reservation) is written ahead, no
+byte is sent before it is committed, and the settled rows replace it in one transaction before
+the final chunk (the one with the cost) is sent. So there is no delivered answer without a row:
+when the settling write fails (a full or failing disk), the pending row stands for the stream at
+its worst-case cost, budgets count it at that cost (also after a restart), and the settled entry
+is kept in memory and written as soon as a later write succeeds. While writes fail, every new
+request gets a pending row first (see `router.admission.accounting`). A kill -9 leaves the pending rows of
+the streams in flight, never a half request; the reverse can happen (a row committed, the
+process killed before the bytes left), and such a row is a request the client never saw
+completed.
+
+The pending write runs on the writer thread while generation starts, so it costs a stream
+nothing while the disk is healthy (a first token takes longer than a commit). Shadow pairs
+(`router.quality.shadow`) are written through the same thread, best effort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any, TypeVar
+
+from router.ledger.entries import DuplicateEntry, LedgerEntry, LedgerStore, PendingEntry, ShadowPair
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# settled entries whose write failed, kept for the next successful write; past this many the
+# oldest is logged and dropped (its pending row still stands for it at its worst-case cost)
+MAX_UNSETTLED = 10_000
+
+
+class Ledger:
+    """The async face of a store: every call runs on the ledger's own thread (one by default: in order).
+
+    A settled entry whose write fails is kept (in memory) and written again before each later
+    write: the pending row stands for it meanwhile. `healthy` says whether the last write
+    succeeded; the service refuses to start new work on a ledger known to be failing until a write
+    succeeds again.
+
+    `writers` > 1 is for a store whose calls may run at once (PostgreSQL: each takes its own
+    connection): a write that waits on the database server (a busy machine may not schedule it
+    for milliseconds) then holds up no other request's write. The order that matters, a request's
+    pending row before its settled row, is kept by the caller, which waits for the first before
+    sending the second."""
+
+    def __init__(self, store: LedgerStore, *, writers: int = 1) -> None:
+        self.store = store
+        self.writers = writers
+        self._pool: ThreadPoolExecutor | None = None
+        self._unsettled: collections.deque[LedgerEntry] = collections.deque()
+        self._unsettled_lock = threading.Lock()
+        self.healthy = True
+
+    async def open(self) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.writers, thread_name_prefix="tierroute-ledger")
+        await self._call(self.store.open)
+
+    def begin(self, pending: PendingEntry) -> asyncio.Future[None]:
+        """Write the pending row; the future is done once it is committed (or has failed)."""
+        return self._submit(self._begin, pending)
+
+    async def record(self, entry: LedgerEntry) -> None:
+        """Return once the entry is committed; on failure it is kept for a later write."""
+        await self._call(self._write, entry)
+
+    @property
+    def unsettled(self) -> int:
+        """Settled entries waiting for the disk (their pending rows stand for them)."""
+        return len(self._unsettled)
+
+    async def spend_by_key(self, since: float) -> dict[str, float]:
+        return await self._call(self.store.spend_by_key, since)
+
+    async def entries(self, since: float | None = None, until: float | None = None) -> list[LedgerEntry]:
+        return await self._call(lambda: list(self.store.entries(since, until)))
+
+    async def pending(self) -> list[PendingEntry]:
+        return await self._call(lambda: list(self.store.pending()))
+
+    async def record_pair(self, pair: ShadowPair, entry: LedgerEntry | None = None) -> None:
+        """Write a shadow pair, and with it the shadow generation's row (one write, so shadow work
+        takes one turn of the writer thread that clients' records wait on). Best effort: a pair
+        lost to a failing disk loses a sample and operator spend, not a client's record, so it is
+        never kept for a retry nor marks the ledger unhealthy."""
+        await self._call(self.store.write_pair, pair, entry)
+
+    async def pairs(self, since: float | None = None, until: float | None = None) -> list[ShadowPair]:
+        return await self._call(lambda: list(self.store.pairs(since, until)))
+
+    async def close(self) -> None:
+        """Finish every queued write (and retry the unsettled ones once), then close the store."""
+        pool = self._pool
+        if pool is None:
+            return
+        try:
+            await self._call(self._flush)
+            for entry in self._unsettled:  # the log is all that is left of these
+                log.error("ledger: never written (its pending row stands for it): %s", json.dumps(asdict(entry)))
+            await self._call(self.store.close)
+        finally:
+            self._pool = None
+            await asyncio.to_thread(pool.shutdown, wait=True)
+
+    # -- on the writer thread --------------------------------------------------------------------
+
+    def _begin(self, pending: PendingEntry) -> None:
+        self._flush()
+        self._guarded(self.store.begin, pending)
+
+    def _write(self, entry: LedgerEntry) -> None:
+        self._flush()
+        try:
+            self._guarded(self.store.write, entry)
+        except (sqlite3.IntegrityError, DuplicateEntry):
+            raise  # not the disk: writing it again would fail again
+        except Exception:
+            with self._unsettled_lock:
+                self._unsettled.append(entry)
+                lost = self._unsettled.popleft() if len(self._unsettled) > MAX_UNSETTLED else None
+            if lost is not None:
+                log.error("ledger: too many unwritten entries; dropping %s", json.dumps(asdict(lost)))
+            raise
+
+    def _flush(self) -> None:
+        while True:
+            with self._unsettled_lock:  # taken out while written: another writer does not write it too
+                if not self._unsettled:
+                    return
+                entry = self._unsettled.popleft()
+            try:
+                self._guarded(self.store.write, entry)
+            except (sqlite3.IntegrityError, DuplicateEntry):
+                continue  # already there
+            except Exception as exc:  # noqa: BLE001 - still failing: keep them for the next write
+                with self._unsettled_lock:
+                    self._unsettled.appendleft(entry)
+                    log.warning("ledger: %d entries still unwritten: %s", len(self._unsettled), exc)
+                return
+
+    def _guarded(self, fn: Callable[[T], None], arg: T) -> None:
+        try:
+            fn(arg)
+        except Exception:
+            self.healthy = False
+            raise
+        self.healthy = True
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        if self._pool is None:
+            raise RuntimeError("ledger is not open")
+        return asyncio.wrap_future(self._pool.submit(fn, *args))
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._submit(fn, *args)
