@@ -36,9 +36,12 @@ An upstream is not trusted any more than a client is (DESIGN.md, security bounda
   asked for, the likeliest kept; an alternative whose logprob is not a finite number at most 0 is
   dropped; a piece is cut to `MAX_PIECE_CHARS`; more tokens than the answer could have, or a
   malformed shape, drops the answer's top-k (its text stands).
-- Usage. Token counts must be whole numbers, at least 0; the prompt's at most its UTF-8 bytes plus
-  an allowance per message for the chat template, the completion's at most the `max_tokens` we
-  sent plus a small slack. Anything else and the whole usage is refused with a warning in the log,
+- Usage. Token counts must be whole numbers, at least 0; the prompt's at most the UTF-8 bytes of
+  everything it was sent (`router.reservation`: messages, calls, tools, schema) plus an allowance
+  per message for the chat template and one for a hosted API's own system prompt; the
+  completion's at most the `max_tokens` we sent (times `n`) plus a small slack. Admission reserves
+  exactly these limits (`prompt_token_limit`, `completion_token_limit`). Anything else and the
+  whole usage is refused with a warning in the log,
   and the counts are estimated as for a server that reports none (never above `max_tokens`).
 - `Retry-After` is clamped by `router.retry.parse_retry_after` to [0, the tier's timeout], and
   retries never sleep past the deadline whatever it says. A client whose request failed at this
@@ -133,6 +136,7 @@ from router.generation import (
     TokenLogprob,
     ToolCall,
 )
+from router.reservation import completion_token_bound, prompt_token_bound
 from router.retry import RetryPolicy, parse_retry_after
 from router.tools import MAX_CALLS, new_call_id
 
@@ -195,11 +199,7 @@ class _Call:
     @functools.cached_property
     def prompt_limit(self) -> int:
         """The most prompt tokens a server could truthfully report for this request."""
-        request = self.request
-        messages = len(request.messages) if request.messages is not None else 1
-        return len(_prompt_text(request).encode("utf-8", "replace")) + (
-            _TEMPLATE_TOKENS_PER_MESSAGE * messages + _TEMPLATE_TOKENS
-        )
+        return _prompt_limit(self.request)
 
     @property
     def completion_limit(self) -> int:
@@ -256,6 +256,13 @@ class OpenAIBackend(Backend):
             max_tokens=tier.max_tokens,
             retry_after_s=settings.cascade.retry_after_s,
         )
+
+    def prompt_token_limit(self, request: GenerationRequest) -> int:
+        """The usage this backend accepts from its server (module docstring, Usage)."""
+        return _prompt_limit(request)
+
+    def completion_token_limit(self, request: GenerationRequest) -> int:
+        return completion_token_bound(request, self.max_tokens) + _COMPLETION_SLACK
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -1036,6 +1043,12 @@ def _piece(token: str) -> str:
 
 def _finish(reason: str | None) -> FinishReason:
     return "length" if reason == "length" else "stop"
+
+
+def _prompt_limit(request: GenerationRequest) -> int:
+    # a token per byte of everything sent (tools, schemas, calls: router.reservation), and room for
+    # a hosted API's own system prompt; admission reserves this same bound
+    return prompt_token_bound(request, per_message=_TEMPLATE_TOKENS_PER_MESSAGE, fixed=_TEMPLATE_TOKENS)
 
 
 def _prompt_text(request: GenerationRequest) -> str:
