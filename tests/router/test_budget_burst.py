@@ -17,13 +17,14 @@ import httpx
 import openai
 import pytest
 
-from router.accounting import prompt_token_bound, worst_case_usd
+from router.accounting import worst_case_usd
 from router.api.app import create_app
 from router.backends.instant import InstantBackend
 from router.cascade import Tier
 from router.config import load_settings
 from router.generation import GenerationRequest, Message
 from router.ledger import LedgerEntry, SQLiteStore
+from router.reservation import prompt_token_bound
 from tests.conftest import SMOL, UvicornThread, write_config
 from tests.router.accounting_helpers import auth, keys_section, read_ledger
 from verifiers.base import Registry, VerifierSet
