@@ -197,6 +197,14 @@ class OpenAIBackendSettings(_Strict):
         description="Most bytes read from one upstream answer (a body, an error body or a whole "
         "stream); a larger one is an upstream failure, never unbounded memory.",
     )
+    hosted_prompt_tokens: int = Field(
+        4096,
+        ge=0,
+        le=1_000_000,
+        description="Prompt tokens the upstream may count beyond what it is sent (a hosted API's own "
+        "system prompt). Usage above what was sent plus this is refused, and admission reserves it "
+        "for every request to this tier: lower it for a server that adds none (vLLM, llama.cpp).",
+    )
     max_stream_events: int = Field(
         65_536,
         ge=16,

@@ -128,6 +128,20 @@ def uses_a_model(verifier: Verifier) -> bool:
     return getattr(verifier, "uses_model", False) is True
 
 
+def worst_cost(verifier: Verifier, request: GenerationRequest) -> VerifierCost | None:
+    """The most scoring an answer to `request` can cost, for admission to reserve
+    (`router.admission.accounting.worst_case_usd`). A verifier whose scoring asks a model for work says so
+    with a method `worst_cost(request) -> VerifierCost` (the tokens and seconds of every
+    generation or prefill it may ask for, at the tier that does it; `request` is the one the tier
+    is sent, already capped to its max_tokens); one that asks no model costs nothing; None: it
+    uses a model and does not say what it may cost."""
+    hook = getattr(verifier, "worst_cost", None)
+    if callable(hook):
+        found = hook(request)
+        return found if isinstance(found, VerifierCost) else None
+    return None if uses_a_model(verifier) else VerifierCost()
+
+
 class VerifierMaker(Protocol):
     """Builds verifiers by name (a tier's `router.plugins.SharedRegistry` in the service)."""
 
@@ -180,6 +194,9 @@ class SharedVerifier:
         self.top_logprobs = wanted_top_logprobs(inner)
         self.uses_model = uses_a_model(inner)
         self.users = 0  # members built on this instance; with one, there is nothing to share
+
+    def worst_cost(self, request: GenerationRequest) -> VerifierCost | None:
+        return worst_cost(self.inner, request)
 
     async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
         memo = _ROUND.get() if self.users > 1 else None

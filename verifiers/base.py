@@ -27,6 +27,7 @@ from router.verification import (
     VerifierSet,
     WeightedVerifier,
     uses_a_model,
+    worst_cost,
 )
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "require_integers",
     "require_numbers",
     "uses_a_model",
+    "worst_cost",
 ]
 
 

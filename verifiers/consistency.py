@@ -75,6 +75,20 @@ class SelfConsistencyVerifier:
             return answers_agree(a, b)
         return a is not None and a == b
 
+    def worst_cost(self, request: GenerationRequest) -> VerifierCost:
+        """k samples of the request, each at most what the sampling tier may count for one choice
+        and its whole `timeout_s` of compute (router.verification.worst_cost)."""
+        backend = self.ctx.backends.get(self.tier) if self.tier else self.ctx.backend
+        if backend is None:
+            return VerifierCost()
+        sample = request.with_(n=1)
+        return VerifierCost(
+            prompt_tokens=self.k * backend.prompt_token_limit(sample),
+            completion_tokens=self.k * backend.completion_token_limit(sample),
+            seconds=self.k * self.timeout_s,
+            tier=self.tier or self.ctx.tier,
+        )
+
     async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
         tier = self.tier or self.ctx.tier
         backend = self.ctx.backends.get(self.tier) if self.tier else self.ctx.backend

@@ -79,6 +79,18 @@ class CrossTierVerifier:
         if not isinstance(self.name, str) or not self.name:
             raise TypeError("name must be a non-empty string")
 
+    def worst_cost(self, request: GenerationRequest) -> VerifierCost:
+        """One prefill of the request and `max_chars` characters of answer (four UTF-8 bytes each)
+        at the scoring tier's prompt limit, for its whole `timeout_s`; nothing generated."""
+        backend = self.ctx.backends.get(self.tier)
+        if backend is None or self.ctx.tier == self.tier:
+            return VerifierCost()
+        return VerifierCost(
+            prompt_tokens=backend.prompt_token_limit(request) + 4 * self.max_chars,
+            seconds=self.timeout_s,
+            tier=self.tier,
+        )
+
     async def score(self, request: GenerationRequest, candidate: Generation) -> Score:
         details: dict[str, Any] = {"tier": self.tier}
         text = candidate.text

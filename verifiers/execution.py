@@ -345,6 +345,28 @@ class ExecutionVerifier:
             outcome = "exception" if error is not None else "crashed"
         return Run(outcome, result, done.returncode, error, done.duration_s)
 
+    def _second_opinion_request(self, request: GenerationRequest) -> GenerationRequest:
+        return GenerationRequest(
+            messages=(Message("user", SECOND_OPINION_PROMPT.format(problem=request.last_user_text())),),
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            seed=self.seed,
+        )
+
+    def worst_cost(self, request: GenerationRequest) -> VerifierCost:
+        """The second program, when one may be asked for: at the tier's own limits, for the whole
+        `generation_timeout_s` (router.verification.worst_cost). Sandbox time is not charged."""
+        backend = self.ctx.backend
+        if not self.second_opinion or backend is None:
+            return VerifierCost()
+        ask = self._second_opinion_request(request)
+        return VerifierCost(
+            prompt_tokens=backend.prompt_token_limit(ask),
+            completion_tokens=backend.completion_token_limit(ask),
+            seconds=self.generation_timeout_s,
+            tier=self.ctx.tier or None,
+        )
+
     async def _second_opinion(self, request: GenerationRequest, stated: str | None) -> Score:
         details: dict[str, Any] = {"source": "second_opinion", "blocks": 0, "stated": _short(stated)}
         if stated is None or parse_number(stated) is None:
@@ -353,13 +375,7 @@ class ExecutionVerifier:
         backend = self.ctx.backend
         if backend is None:
             return _abstain("backend_failed", "no backend to ask for a second program", details)
-        ask = GenerationRequest(
-            messages=(Message("user", SECOND_OPINION_PROMPT.format(problem=request.last_user_text())),),
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            seed=self.seed,
-            deadline=time.monotonic() + self.generation_timeout_s,
-        )
+        ask = self._second_opinion_request(request).with_(deadline=time.monotonic() + self.generation_timeout_s)
         try:
             reply = await backend.generate(ask)
         except Exception as exc:  # noqa: BLE001 - a failed second opinion is no opinion, with its reason

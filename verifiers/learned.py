@@ -11,7 +11,7 @@ from typing import Any
 
 from router.generation import Generation, GenerationRequest
 from router.learned.estimators import Estimator, EstimatorError, load_estimator
-from verifiers.base import Score, Verifier, VerifierContext, VerifierCost, VerifierError, uses_a_model
+from verifiers.base import Score, Verifier, VerifierContext, VerifierCost, VerifierError, uses_a_model, worst_cost
 
 
 async def score_or_zero(verifier: Verifier, request: GenerationRequest, candidate: Generation) -> Score:
@@ -43,6 +43,16 @@ class LearnedVerifier:
     def uses_model(self) -> bool:
         """Whether any feature's verifier asks a tier's model for work (it runs them all)."""
         return any(uses_a_model(v) for _, v in self.members)
+
+    def worst_cost(self, request: GenerationRequest) -> VerifierCost | None:
+        """Its features' worst costs together (it runs them all); None if one does not say."""
+        total = VerifierCost()
+        for _, v in self.members:
+            found = worst_cost(v, request)
+            if found is None:
+                return None
+            total = total + found
+        return total
 
     @classmethod
     def load(

@@ -24,49 +24,109 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from router import policy
 from router.admission.auth import Principal
 from router.admission.limits import Hold, Limits, Reservation, SharedCounter, SharedLimits, day_start, month_start
 from router.cascade import CascadeResult, Tier
 from router.config import Settings
 from router.engine import Engine
 from router.errors import QuotaError, RateLimitError, UnavailableError
-from router.generation import GenerationRequest
+from router.generation import GenerationRequest, Message
 from router.ledger.entries import LedgerEntry, PendingEntry
 from router.ledger.stores import open_store
 from router.ledger.writer import Ledger
 from router.metrics import Metrics
 from router.pricing import Usage, cost_usd
+from router.verification import VerifierSet, worst_cost
 
 log = logging.getLogger(__name__)
 
-# chat templates add a few special tokens per message and to open the reply
-_TEMPLATE_TOKENS_PER_MESSAGE = 8
-_TEMPLATE_TOKENS = 16
 _LEDGER_RETRY_AFTER_S = 5.0
+# a request that only asks a verifier whether it can say what it may cost (at start-up)
+_PROBE = GenerationRequest(messages=(Message("user", "?"),), max_tokens=1)
 
 
-def prompt_token_bound(request: GenerationRequest) -> int:
-    """An upper bound on the prompt's tokens under any byte-level tokenizer (BPE or SentencePiece
-    with byte fallback: every token covers at least one byte), plus the chat template's tokens."""
-    if request.messages is None:
-        return len((request.prompt or "").encode("utf-8", "surrogatepass")) + _TEMPLATE_TOKENS
-    return _TEMPLATE_TOKENS + sum(
-        len(m.content.encode("utf-8", "surrogatepass")) + _TEMPLATE_TOKENS_PER_MESSAGE for m in request.messages
+def worst_case_usd(
+    plan: Sequence[Tier],
+    request: GenerationRequest,
+    *,
+    tiers: Mapping[str, Tier] | None = None,
+    verify: bool = True,
+) -> float:
+    """The most a request can be charged: every planned tier generates `n` choices, each to its
+    max_tokens (the request's, capped by the tier's), the prompt counted once at the most tokens
+    the tier's backend can count for it (`Backend.prompt_token_limit`: everything sent, tools,
+    calls and schemas included); a time-priced tier for its whole timeout per choice. With
+    `verify`, each tier's verification at its costliest: of the tier's verifier sets (its own and
+    one per task policy, as the task is not known yet), the one whose members' worst costs
+    (`router.verification.worst_cost`: self-consistency samples, a judge's reply, a cross-tier
+    prefill, a second program) come to most, each part priced at the tier that does it (found in
+    `tiers`, else the tier verified, as the cascade prices it). A verifier that uses a model
+    and does not say what it may cost counts nothing here (`unreserved_verifiers`).
+
+    Admission reserves this (`Accounting.admit`); the shadow budget estimates a shadow request
+    with it, without `verify` (shadow work is a generation only)."""
+    by_name = tiers if tiers is not None else {t.name: t for t in plan}
+    return math.fsum(_tier_worst_case(t, request, by_name, verify=verify) for t in plan)
+
+
+def _tier_worst_case(tier: Tier, request: GenerationRequest, tiers: Mapping[str, Tier], *, verify: bool) -> float:
+    settings = tier.settings
+    sent = request.with_(max_tokens=min(request.max_tokens, settings.max_tokens))  # as the cascade bounds it
+    usage = Usage(
+        tier.backend.prompt_token_limit(sent),
+        tier.backend.completion_token_limit(sent),
+        request.n * settings.timeout_s,
+    )
+    generating = cost_usd(settings.price, usage)
+    if not verify:
+        return generating
+    return generating + max(_verifying(tier, vs, sent, tiers) for vs in _verifier_sets(tier))
+
+
+def _verifier_sets(tier: Tier) -> list[VerifierSet]:
+    return [tier.verifiers, *(judge.verifiers for judge in tier.tasks.values())]
+
+
+def _verifying(tier: Tier, verifiers: VerifierSet, request: GenerationRequest, tiers: Mapping[str, Tier]) -> float:
+    parts = []
+    for member in verifiers.members:
+        found = worst_cost(member.verifier, request)
+        if found is not None:
+            parts += [
+                (
+                    tiers.get(p.tier or tier.name, tier).settings.price,
+                    Usage(p.prompt_tokens, p.completion_tokens, p.seconds),
+                )
+                for p in found.parts()
+            ]
+    return policy.verification_cost(parts)
+
+
+def lifetime_s(tiers: Sequence[Tier]) -> float:
+    """The longest a request can run: every tier to its timeout, and its verifying (if it has
+    verifiers) to its verification deadline."""
+    return math.fsum(
+        t.settings.timeout_s + (t.settings.verify_timeout_s if any(_verifier_sets(t)) else 0.0) for t in tiers
     )
 
 
-def worst_case_usd(plan: Sequence[Tier], request: GenerationRequest) -> float:
-    """The most a request's generations can cost: every planned tier runs, each to its max_tokens
-    (the request's, capped by the tier's) with the prompt at its token bound; a time-priced tier
-    for its whole timeout. Verifier work (a judge, self-consistency samples) is not included."""
-    prompt = prompt_token_bound(request)
-    return sum(
-        cost_usd(t.settings.price, Usage(prompt, min(request.max_tokens, t.settings.max_tokens), t.settings.timeout_s))
-        for t in plan
+def unreserved_verifiers(tiers: Sequence[Tier]) -> list[str]:
+    """`tier.verifier` for every verifier that asks a model for work without saying what it may
+    cost: its work is charged when done but not reserved, so it can take a key past its budget."""
+    return sorted(
+        {
+            f"{t.name}.{m.verifier.name}"
+            for t in tiers
+            for vs in _verifier_sets(t)
+            for m in vs.members
+            if worst_cost(m.verifier, _PROBE) is None
+        }
     )
 
 
@@ -87,8 +147,10 @@ class Ticket:
 class Accounting:
     def __init__(self, settings: Settings, engine: Engine) -> None:
         self.settings = settings
-        # a forgotten hold stops counting once every tier could have timed out
-        ttl = sum(t.timeout_s for t in settings.tiers) + 60.0
+        # a forgotten hold stops counting once every tier could have timed out, its verifying
+        # included (on a shared ledger a reservation that expired while its request still ran
+        # would free budget that request then spends)
+        ttl = lifetime_s(engine.cascade.tiers) + 60.0
         store = (
             open_store(settings.ledger.location, settings=settings.ledger, hold_ttl_s=ttl)
             if settings.ledger.enabled
@@ -104,6 +166,16 @@ class Accounting:
         writers = max(1, settings.ledger.pool_size // 2) if self.shared is not None else 1
         self.ledger = Ledger(store, writers=writers) if store is not None else None
         self.metrics = Metrics(lambda: engine.backends)
+        self.tiers = engine.cascade.by_name  # where verifier work is priced
+        unreserved = unreserved_verifiers(engine.cascade.tiers)
+        if unreserved and any(
+            k.usd_per_day is not None or k.usd_per_month is not None for k in settings.server.api_keys
+        ):
+            log.warning(
+                "verifiers %s ask a model for work and do not say what it may cost: it is charged, not "
+                "reserved, so a key can pass its budget by that work of its requests in flight",
+                ", ".join(unreserved),
+            )
         self.limits = Limits(
             settings.server.api_keys,
             hold_ttl_s=ttl,
@@ -152,7 +224,7 @@ class Accounting:
         """429 when the key's budget cannot take the request's worst case, or its rate is spent;
         otherwise reserve it, and for a stream (or while the ledger fails) start its pending row.
         With shared limits, a limited key's admission waits for `ready`."""
-        reserve = worst_case_usd(plan, request)
+        reserve = worst_case_usd(plan, request, tiers=self.tiers)
         with self._counting_refusals():
             hold = self.limits.admit(principal, request_id, reserve)
         pending = PendingEntry(request_id, time.time(), principal.key_id, model, reserve)

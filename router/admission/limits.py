@@ -19,9 +19,10 @@ spend, its live reservations and its requests in the last 60 s (on the database'
 replica sees one window), and, if the request fits, writes its reservation (a `pending` row with
 an expiry) and its rate event. Settling replaces the reservation with the cost in one transaction.
 So across any number of replicas a key overshoots a budget only by what its requests cost beyond
-their reservations (verifier work, which `worst_case_usd` leaves out), the same bound as one
-process; a reservation whose replica died stops counting at its expiry (every tier's timeout plus
-60 s). A replica that cannot reach the database refuses new work of a limited key with 503: it
+their reservations (only the work of a plugin verifier that does not say what it may cost:
+`router.admission.accounting.unreserved_verifiers`), the same bound as one process; a reservation whose
+replica died stops counting at its expiry (every tier's timeout, and verification deadline where
+it has verifiers, plus 60 s). A replica that cannot reach the database refuses new work of a limited key with 503: it
 never serves unlimited. The same budget rule (`check_budget`) and rate rule (`check_rate`) decide
 in both modes.
 """

@@ -10,6 +10,11 @@ whether each was its own top choice (the `cross_tier` verifier's signal, and the
 decoding verifies a draft with). Backends that cannot raise `ScoringUnsupportedError`;
 `scoring_support` says so from the tier's settings alone, for `config check`.
 
+What a generation can be charged for: `prompt_token_limit` and `completion_token_limit`, the
+most tokens this backend can count for a request (admission reserves their price, so a key's
+budget holds). The defaults are `router.admission.reservation`'s bounds on what is sent; a backend that
+may count more (a hosted API's own system prompt) or knows a tighter cap (a context size) says so.
+
 Another: `reuses(other)` and `stream_reusing`, answering with a lower tier's rejected answer as
 the first draft (a local tier of the same vocabulary keeps the prefix its own model agrees with).
 The answer must be the one the backend would give from scratch, so a backend that cannot use the
@@ -25,6 +30,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from router.admission.reservation import completion_token_bound, prompt_token_bound
 from router.errors import TierrouteError
 from router.generation import Delta, Generation, GenerationRequest, merge_choices
 
@@ -85,6 +91,15 @@ class Backend(abc.ABC):
         """Speculative decoding so far, per draft source ("model", "rejected", "scored"): (tokens
         drafted, tokens accepted). Counters for /metrics; empty for a backend that never drafts."""
         return {}
+
+    def prompt_token_limit(self, request: GenerationRequest) -> int:
+        """The most prompt tokens a generation of `request` here can be counted (and charged) for:
+        a token per byte of what is sent, plus a chat template's few (`router.admission.reservation`)."""
+        return prompt_token_bound(request)
+
+    def completion_token_limit(self, request: GenerationRequest) -> int:
+        """The most completion tokens it can be counted for: `n` choices of `max_tokens`."""
+        return completion_token_bound(request)
 
     def reuses(self, other: Backend) -> bool:
         """Whether an answer of `other` that was rejected can be this backend's first draft."""

@@ -198,6 +198,12 @@ class LlamaCppBackend(Backend):
             and self.engine.vocab_signature == other.engine.vocab_signature
         )
 
+    def prompt_token_limit(self, request: GenerationRequest) -> int:
+        """The engine refuses a prompt that leaves no room in the context for one token. Tokens,
+        not bytes of the request, bound it: a template may rewrite tools and calls (HTML-escaped,
+        indented JSON) into more bytes than the client sent."""
+        return self.engine.n_ctx - 1
+
     @property
     def max_prompt_chars(self) -> int:
         return self.engine.n_ctx * MAX_CHARS_PER_TOKEN

@@ -17,14 +17,22 @@ group ``tierroute.agreement`` (the built-ins by `evals.agreement`), exactly as v
 text rule is the core's own and always there, so a shadow pair is always judged.
 
 The text rule: both answers case-folded, whitespace collapsed and the punctuation around words
-stripped; they agree when difflib's ratio (2 * matched characters / total characters) is at least
+stripped, and their first `_MAX_TEXT` characters compared; they agree when their similarity,
+2 * (characters of their longest common subsequence) / (total characters), is at least
 `TEXT_THRESHOLD` = 0.8. Long free-form answers from two models rarely reach it even when both are
 right, so an open-ended tier's agreement rate is a lower bound on its accuracy; the report says so.
+
+The subsequence is measured bit-parallel (Hyyroe's algorithm: one pass over one text, a few integer
+operations on a bit per character of the other), so a comparison takes milliseconds whatever the
+texts are, and it runs on a worker thread, never on the event loop. difflib's ratio, used before,
+is the same kind of number (its matching blocks are a common subsequence, so it is never larger)
+but its time depends on the texts: two 4,000-character answers of repeated short words took
+seconds, and "a a a ..." against "a  a  a ..." twelve minutes.
 """
 
 from __future__ import annotations
 
-import difflib
+import asyncio
 import re
 import string
 from collections.abc import Callable
@@ -36,7 +44,7 @@ from router.plugins import Registry
 
 AGREEMENT = "tierroute.agreement"
 TEXT_THRESHOLD = 0.8
-_MAX_TEXT = 4000  # characters compared: difflib is quadratic, and this runs on the event loop
+_MAX_TEXT = 4000  # characters compared: longer answers rarely reach the threshold anyway
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,7 @@ class AgreementRegistry(Registry[AgreementRule]):
             found = await self.get(task)(request, answer, shadow)
             if found is not None:
                 return found
-        return text_agreement(answer, shadow)
+        return await asyncio.to_thread(text_agreement, answer, shadow)
 
 
 _PUNCT = re.compile(f"[{re.escape(string.punctuation)}]+(?=\\s|$)|(?:^|(?<=\\s))[{re.escape(string.punctuation)}]+")
@@ -85,9 +93,36 @@ def normalise(text: str) -> str:
     return " ".join(_PUNCT.sub("", " ".join(text.split()).casefold()).split())
 
 
+def common_subsequence(a: str, b: str) -> int:
+    """The length of the longest common subsequence of `a` and `b` (Hyyroe 2004, bit-parallel):
+    bit j of `v` is 0 where the LCS of the text read so far and b[:j+1] gains a character."""
+    if len(a) < len(b):
+        a, b = b, a
+    masks: dict[str, int] = {}
+    bit = 1
+    for ch in b:
+        masks[ch] = masks.get(ch, 0) | bit
+        bit <<= 1
+    full = bit - 1
+    v = full
+    for ch in a:
+        m = masks.get(ch)
+        if m is not None:
+            u = v & m
+            v = ((v + u) | (v - u)) & full
+    return len(b) - v.bit_count()
+
+
+def similarity(a: str, b: str) -> float:
+    """2 * LCS / total characters: 1.0 for equal texts, 0.0 for texts with no character in common."""
+    if a == b:
+        return 1.0
+    return 2 * common_subsequence(a, b) / (len(a) + len(b))
+
+
 def text_agreement(answer: str, shadow: str, threshold: float = TEXT_THRESHOLD) -> Agreement:
     a, b = normalise(answer)[:_MAX_TEXT], normalise(shadow)[:_MAX_TEXT]
-    ratio = 1.0 if a == b else difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+    ratio = similarity(a, b)
     agree = ratio >= threshold
     detail = f"similarity {ratio:.2f} {'>=' if agree else '<'} {threshold:.2f}"
     return Agreement(agree, "text", detail, a[:200], b[:200])

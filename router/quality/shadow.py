@@ -10,9 +10,11 @@ never pays for it. For every answer a tier accepted on an 'auto' request it:
 
 Each sampled tier has a lane: a bounded queue (`max_queue`) and `max_concurrency` workers. A job
 that finds the queue full is dropped and counted (`tierroute_shadow_dropped{reason="queue_full"}`);
-nothing ever waits for room. A worker estimates the job's worst case before sending it (the
-target's price for the prompt's token bound and the tier's max_tokens, or its whole timeout for a
-time-priced tier: `router.admission.accounting.worst_case_usd`), refuses it when that and what the day has
+nothing ever waits for room. A worker estimates the job's worst case before sending it with the
+function admission reserves by (`router.admission.accounting.worst_case_usd`, without verification): the
+target's price for the most prompt tokens its backend can count for everything the request sends
+(tools, tool calls, schemas included) and for `n` choices of the tier's max_tokens, or its whole
+timeout per choice for a time-priced tier. It refuses the job when that and what the day has
 spent and reserved would pass `usd_per_day`, and charges the real cost after. So the day's spend
 never passes the budget. The day is the UTC day; at a restart, the day's spend is read back from
 the ledger's shadow pairs.
@@ -239,7 +241,7 @@ class ShadowService:
             max_tokens=min(job.request.max_tokens, target.settings.max_tokens),
             deadline=time.monotonic() + target.settings.timeout_s,
         )
-        estimate = worst_case_usd([target], request)
+        estimate = worst_case_usd([target], request, tiers=self.cascade.by_name, verify=False)
         lane.roll(self.clock())
         if not lane.affords(estimate):
             self.metrics.shadow.dropped.labels(lane.tier, "budget").inc()

@@ -17,7 +17,8 @@ import httpx
 import openai
 import pytest
 
-from router.admission.accounting import prompt_token_bound, worst_case_usd
+from router.admission.accounting import worst_case_usd
+from router.admission.reservation import prompt_token_bound
 from router.api.app import create_app
 from router.backends.instant import InstantBackend
 from router.cascade import Tier

@@ -15,7 +15,6 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import httpx
 import openai
@@ -25,11 +24,13 @@ from router.admission.accounting import worst_case_usd
 from router.api.app import create_app
 from router.backends.base import Backend
 from router.backends.instant import InstantBackend
+from router.cascade import Tier
 from router.cli import main as cli_main
 from router.config import SHADOW_KEY, load_settings
 from router.errors import ConfigError
 from router.generation import Delta, Generation, GenerationRequest, Message
 from router.quality import shadow as shadow_module
+from router.verification import VerifierSet
 from tests.conftest import SMOL, UvicornThread, smol_config, write_config
 from tests.router.accounting_helpers import ESCALATE_ON_MARK, MARK, registry
 from tests.verifiers.scripted import ScriptedBackend
@@ -228,7 +229,7 @@ def test_shadow_spend_stays_under_budget_and_shows_under_the_operator_key(tmp_pa
     settings = load_settings(config(tmp_path))
     # the worst case of one shadow request at the large tier, as the sampler estimates it
     request = GenerationRequest(messages=(Message("user", "What is 6*7? (0)"),), max_tokens=16)
-    worst = worst_case_usd([SimpleNamespace(settings=settings.tier("large"))], request)  # type: ignore[list-item]
+    worst = worst_case_usd([Tier(settings.tier("large"), large, VerifierSet([]))], request, verify=False)
     budget = 2.5 * worst
     cfg = config(tmp_path, usd_per_day=budget, max_queue=20, store_prompts=True)
     with serving(cfg, large) as srv:

@@ -42,7 +42,7 @@ import openai
 
 from router.backends.base import Backend, ContinuationScore, ScoringUnsupportedError
 from router.backends.breaker import CircuitBreaker, Permit
-from router.backends.openai.call import Call, request_params
+from router.backends.openai.call import Call, completion_limit, prompt_limit, request_params
 from router.backends.openai.client import close_quietly, json_body, new_client
 from router.backends.openai.failures import DEADLINE_RETRY_AFTER_S, Failures, Retryable, refused_param
 from router.backends.openai.reading import read_response
@@ -116,6 +116,13 @@ class OpenAIBackend(Backend):
             max_tokens=tier.max_tokens,
             retry_after_s=settings.cascade.retry_after_s,
         )
+
+    def prompt_token_limit(self, request: GenerationRequest) -> int:
+        """The usage this backend accepts from its server (`call` module docstring, Usage)."""
+        return prompt_limit(request, self.config.hosted_prompt_tokens)
+
+    def completion_token_limit(self, request: GenerationRequest) -> int:
+        return completion_limit(request, self.max_tokens)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -385,7 +392,13 @@ class OpenAIBackend(Backend):
         max_tokens = request.max_tokens
         if self.max_tokens is not None:
             max_tokens = min(max_tokens, self.max_tokens)
-        return Call(request=request, deadline=deadline, started=now, max_tokens=max_tokens)
+        return Call(
+            request=request,
+            deadline=deadline,
+            started=now,
+            max_tokens=max_tokens,
+            hosted_prompt_tokens=self.config.hosted_prompt_tokens,
+        )
 
     def _settle(self, permit: Permit, exc: BaseException, call: Call) -> BaseException:
         """Report an attempt's failure to the breaker and the log; return what it should raise."""

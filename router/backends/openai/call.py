@@ -5,10 +5,12 @@ deadline (`request.deadline` or now + the tier's `timeout_s`, whichever is soone
 `max_tokens` (the request's, cut to the tier's). The readers (`reading`, `streams`) hold what the
 upstream says against the bounds derived here:
 
-- Usage. The prompt's token count is at most its UTF-8 bytes (a tokenizer gives at most one token
-  per byte) plus an allowance per message for the chat template and one for a system prompt a
+- Usage. The prompt's token count is at most the UTF-8 bytes of everything it was sent (a
+  tokenizer gives at most one token per byte; `router.admission.reservation`: messages, calls,
+  tools, schema) plus an allowance per message for the chat template and one for a system prompt a
   hosted API may add; the completion's at most the `max_tokens` we sent, for each of `n` choices,
-  plus a small slack for a stop sequence or end-of-text token a server counts.
+  plus a small slack for a stop sequence or end-of-text token a server counts. Admission reserves
+  exactly these limits (`OpenAIBackend.prompt_token_limit`, `completion_token_limit`).
 - Streams. A stream may bring at most twice the completion bound in pieces of text: a server sends
   a token or more per piece, so an upstream that ignores `max_tokens` is stopped there, long before
   the byte limit.
@@ -27,6 +29,7 @@ from collections.abc import Set
 from dataclasses import dataclass
 from typing import Any
 
+from router.admission.reservation import completion_token_bound, prompt_token_bound
 from router.generation import GenerationRequest, Message, NamedTool
 
 # Tokens a server may count past max_tokens: a stop sequence or end-of-text token it includes.
@@ -45,6 +48,7 @@ class Call:
     deadline: float
     started: float
     max_tokens: int  # what the upstream is asked for
+    hosted_prompt_tokens: int = _TEMPLATE_TOKENS  # what the server may add to the prompt
     attempts: int = 0
 
     def remaining(self) -> float:
@@ -53,11 +57,7 @@ class Call:
     @functools.cached_property
     def prompt_limit(self) -> int:
         """The most prompt tokens a server could truthfully report for this request."""
-        request = self.request
-        messages = len(request.messages) if request.messages is not None else 1
-        return len(prompt_text(request).encode("utf-8", "replace")) + (
-            _TEMPLATE_TOKENS_PER_MESSAGE * messages + _TEMPLATE_TOKENS
-        )
+        return prompt_limit(self.request, self.hosted_prompt_tokens)
 
     @property
     def completion_limit(self) -> int:
@@ -69,6 +69,17 @@ class Call:
         twice that leaves room for one that splits tokens, and still stops one that ignores
         max_tokens long before the byte limit."""
         return 2 * self.completion_limit
+
+
+def prompt_limit(request: GenerationRequest, hosted_prompt_tokens: int = _TEMPLATE_TOKENS) -> int:
+    """A token per byte of everything sent (tools, schemas, calls), and room for a hosted API's own
+    system prompt (`[tiers.openai] hosted_prompt_tokens`); admission reserves this same bound."""
+    return prompt_token_bound(request, per_message=_TEMPLATE_TOKENS_PER_MESSAGE, fixed=hosted_prompt_tokens)
+
+
+def completion_limit(request: GenerationRequest, max_tokens: int | None) -> int:
+    """`n` choices of `max_tokens` (the request's, cut to the tier's) and the slack."""
+    return completion_token_bound(request, max_tokens) + _COMPLETION_SLACK
 
 
 def prompt_text(request: GenerationRequest) -> str:
