@@ -91,6 +91,17 @@ def test_aio_reports_enosys_and_the_listed_calls_eperm(prog: bytes) -> None:
     assert {"vmsplice", "memfd_create", "io_uring_setup"} <= set(seccomp.DENIED_X86_64)
 
 
+def test_calls_that_pin_or_queue_uncounted_kernel_memory_are_answered_as_missing(prog: bytes) -> None:
+    # splice/sendfile pin a whole page per byte in a socket; inotify queues events; tmpfs keeps xattrs
+    for name, nr in seccomp.UNSUPPORTED_X86_64.items():
+        assert run_filter(prog, nr, 3, 0, 4, 0, 16) == seccomp.ENOSYS, name
+    for name, nr in seccomp.XATTR_WRITE_X86_64.items():
+        assert run_filter(prog, nr, 0, 0, 0, 65536) == seccomp.EOPNOTSUPP, name
+    assert {"splice", "tee", "sendfile", "inotify_init1", "fanotify_init"} <= set(seccomp.UNSUPPORTED_X86_64)
+    for nr in (191, 192, 193, 326):  # getxattr, lgetxattr, fgetxattr, copy_file_range: still allowed
+        assert run_filter(prog, nr, 0, 0, 0) == ALLOW
+
+
 def test_clone_namespaces_and_foreign_abis(prog: bytes) -> None:
     assert run_filter(prog, CLONE, 17) == ALLOW  # SIGCHLD: a fork
     assert run_filter(prog, CLONE, 0x10000000 | 17) == seccomp.EPERM  # CLONE_NEWUSER
