@@ -53,6 +53,11 @@ HOSTILE = {
         f"from sys import modules\n\nclass T:\n    def __class_getitem__(cls, k):\n        {RUN}\n\n"
         "def helper(x: modules['solution'].T[0]):\n    pass\n"
     ),
+    # ast.literal_eval takes set(); in a class body Python calls the method the prompt named set
+    "set() in a class body": f"class Helper:\n    def set(*a):\n        {RUN}\n    x = set()\n",
+    "set() as a method's default": (
+        f"class Helper:\n    def set(*a):\n        {RUN}\n    def m(self, y=set()):\n        return y\n"
+    ),
     "top-level statement": f"{RUN}\n",
     "top-level assignment": f"LIMIT = {RUN}\n",
 }
@@ -100,6 +105,27 @@ async def test_hostile_prompt_code_never_runs_without_the_permission(
     for score in (as_chat, as_completion):
         assert score.value == 1.0, (name, score)
         assert (score.details["passed"], score.details["total"]) == (1, 1)
+    assert MARK not in caplog.text
+
+
+# A class named __builtins__ is where every function defined after it looks builtins up: its
+# __class_getitem__ runs on the answer's first abs(). Given whole, and as the class a completion
+# continues (its finished method is the client's).
+TAKEOVER = f"class __builtins__:\n    def __class_getitem__(cls, name):\n        {RUN}\n"
+USES_ABS = "```python\ndef f(x):\n    return abs(2 * x)\n```"
+
+
+@needs_box
+async def test_a_prompt_cannot_take_over_the_answers_builtins(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="verifiers.code_tests")
+    v = CodeTestsVerifier(timeout_s=10)
+    as_chat = await v.score(chat(ask(TAKEOVER)), gen(USES_ABS))
+    as_completion = await v.score(GenerationRequest(prompt=TAKEOVER + "\n\n" + STUB), gen("    return abs(2 * x)\n"))
+    continued = GenerationRequest(prompt=TAKEOVER + '    def g(self, x):\n        """Double x."""\n')
+    program = assemble_program(continued, "        return abs(2 * x)\n\ndef f(x):\n    return abs(2 * x)\n")
+    assert MARK not in program
+    for score in (as_chat, as_completion):
+        assert (score.value, score.details["passed"], score.details["total"]) == (1.0, 1, 1), score
     assert MARK not in caplog.text
 
 
