@@ -18,9 +18,9 @@ Two modes, chosen once per process (`choose`), logged at start-up and named in e
   of one 64 MiB process held 103 MiB of them; the arithmetic once assumed dense mappings, 128 KiB).
 
 In both modes what the kernel keeps outside any process or cgroup count is held down by the
-seccomp filter (`verifiers.seccomp`: no socket family but AF_UNIX, no socket buffer resizing, no
-pipe resizing, no vmsplice, splice, tee or sendfile, no AIO, inotify or fanotify, no extended
-attributes written) and by RLIMIT_NOFILE = 64: a socket holds at most about
+seccomp filter (`verifiers.seccomp`: no socket but AF_UNIX stream ones, no listen, no socket
+buffer resizing, no pipe resizing, no vmsplice, splice, tee or sendfile, no AIO, inotify or
+fanotify, no extended attributes written) and by RLIMIT_NOFILE = 64: a socket holds at most about
 2 x ``net.core.wmem_default`` (one message may pass the buffer's size before the sender blocks), a
 pipe 64 KiB, and the number of them is bounded by the open files, max_procs x 64, plus the files
 a box can leave in flight in an AF_UNIX socket after closing them (the kernel allows a user

@@ -35,7 +35,8 @@ What every run gets (a run that cannot have all of it does not run; see `availab
   pinned in a socket beyond what its buffer counts), inotify and fanotify (event queues), writing
   extended attributes (kept by tmpfs beyond its size cap); every socket family but AF_UNIX
   (EAFNOSUPPORT: no AF_VSOCK, which the network namespace does not cover, no netlink, no packet
-  sockets), and resizing a socket's buffers or a pipe;
+  sockets), and of AF_UNIX all but stream sockets, and listen (a closed sender's data stays
+  queued at its receiver); resizing a socket's buffers or a pipe;
 - rlimits on address space, CPU seconds, file size, open files (64), processes and core dumps; an
   empty environment (three thread-count variables aside); a wall-clock timeout after which the
   namespace is killed;

@@ -16,6 +16,13 @@ What it refuses, and why each answer is the one it is:
   talk to the hypervisor. ``AF_UNIX`` stays because ``asyncio``'s event loop and
   ``multiprocessing.Pipe`` make a ``socketpair``; nothing of the service talks to the box through
   a socket (its protocol is the box's stdin and stdout);
+- of ``AF_UNIX``, only stream sockets (ESOCKTNOSUPPORT for datagram and seqpacket ones), and no
+  ``listen`` (EOPNOTSUPP): a socket's buffer is charged to the sender, and a sender that closes
+  leaves what it sent queued at the receiver. A datagram receiver took ``net.unix.max_dgram_qlen``
+  + 1 messages of up to ``wmem_default`` from as many closed senders (2.2 MiB per receiver, 111 MiB
+  from 50), and a listening socket kept up to ``somaxconn`` unaccepted connections whose clients
+  had filled them and closed (500 MiB from one listener in under a second, and not near its
+  limit). A socket pair is all ``asyncio`` and ``multiprocessing.Pool`` need;
 - ``setsockopt(SOL_SOCKET, SO_SNDBUF | SO_RCVBUF | SO_SNDBUFFORCE | SO_RCVBUFFORCE)``: EPERM.
   Socket buffers are kernel memory that neither RLIMIT_AS nor, for ``AF_UNIX``, a cgroup's
   ``memory.max`` counts; left at the host's default (``net.core.wmem_default``) one socket holds
@@ -58,9 +65,11 @@ _X32_SYSCALL_BIT = 0x40000000
 _RET_ALLOW = 0x7FFF0000
 _RET_KILL_PROCESS = 0x80000000
 _RET_ERRNO = 0x00050000
-EPERM, EAFNOSUPPORT, ENOSYS, EOPNOTSUPP = 1, 97, 38, 95
+EPERM, EAFNOSUPPORT, ENOSYS, EOPNOTSUPP, ESOCKTNOSUPPORT = 1, 97, 38, 95, 94
 
 AF_UNIX = 1
+SOCK_STREAM = 1
+SOCK_TYPE_MASK = 0xF  # the type's bits; the rest are SOCK_NONBLOCK and SOCK_CLOEXEC
 SOL_SOCKET = 1
 SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE = 7, 8, 32, 33
 F_SETPIPE_SZ = 1031  # F_LINUX_SPECIFIC_BASE + 7
@@ -149,7 +158,7 @@ UNSUPPORTED_X86_64 = {
 }
 # writing extended attributes: EOPNOTSUPP (tmpfs keeps them in memory beyond its size cap)
 XATTR_WRITE_X86_64 = {"setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "setxattrat": 463}
-_CLONE, _CLONE3, _SOCKET, _SOCKETPAIR, _SETSOCKOPT, _FCNTL = 56, 435, 41, 53, 54, 72
+_CLONE, _CLONE3, _SOCKET, _SOCKETPAIR, _SETSOCKOPT, _FCNTL, _LISTEN = 56, 435, 41, 53, 54, 72, 50
 
 # classic BPF opcodes
 _LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
@@ -206,6 +215,7 @@ def program(machine: str | None = None) -> bytes:
     a.op(_JEQ_K, _SOCKETPAIR, "family")
     a.op(_JEQ_K, _SETSOCKOPT, "sockopt")
     a.op(_JEQ_K, _FCNTL, "fcntl")
+    a.op(_JEQ_K, _LISTEN, "eopnotsupp")
     for nr in sorted([*AIO_X86_64.values(), *UNSUPPORTED_X86_64.values()]):
         a.op(_JEQ_K, nr, "enosys")
     for nr in sorted(XATTR_WRITE_X86_64.values()):
@@ -220,7 +230,10 @@ def program(machine: str | None = None) -> bytes:
 
     a.label("family")
     a.op(_LD_W_ABS, _arg_low_word(0))  # the domain
-    a.op(_JEQ_K, AF_UNIX, "allow", "eafnosupport")
+    a.op(_JEQ_K, AF_UNIX, 0, "eafnosupport")
+    a.op(_LD_W_ABS, _arg_low_word(1))  # the type: its low four bits are SOCK_STREAM, and only that
+    a.op(_JSET_K, SOCK_TYPE_MASK & ~SOCK_STREAM, "esocktnosupport")
+    a.op(_JSET_K, SOCK_STREAM, "allow", "esocktnosupport")
 
     a.label("sockopt")
     a.op(_LD_W_ABS, _arg_low_word(1))  # the level
@@ -245,6 +258,8 @@ def program(machine: str | None = None) -> bytes:
     a.ret(_RET_ERRNO | EAFNOSUPPORT)
     a.label("eopnotsupp")
     a.ret(_RET_ERRNO | EOPNOTSUPP)
+    a.label("esocktnosupport")
+    a.ret(_RET_ERRNO | ESOCKTNOSUPPORT)
     a.label("kill")
     a.ret(_RET_KILL_PROCESS)
     return a.assemble()

@@ -243,6 +243,68 @@ async def test_pinned_pages_event_queues_and_xattrs_are_refused_and_hold_no_host
     assert held < bound, f"the box held {held:.0f} MiB of host memory; the stated bound is {bound} MiB"
 
 
+# What a sender leaves queued at a receiver after closing: 40 datagram receivers fed by one closed
+# sender after another (each takes max_dgram_qlen + 1 messages, about 2 MiB), and a listening
+# socket's unaccepted connections whose clients filled them and closed (up to somaxconn), stopped
+# at 700 MiB. Were a rule missing, the box would hold about 800 MiB against a bound of about 430.
+SOCKET_QUEUE_HOG = """
+import json, socket, time
+CAP = 700 << 20
+seen = {}
+queued, keep = 0, []
+try:
+    while len(keep) < 40:
+        r = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        r.bind(b"\\0r%d" % len(keep))
+        keep.append(r)
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            s.setblocking(False)
+            try:
+                queued += s.sendto(b"x" * 200000, r.getsockname())
+            except BlockingIOError:
+                break
+            finally:
+                s.close()
+    seen["datagram"] = "ok"
+except OSError as exc:
+    seen["datagram"] = exc.errno
+try:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(b"\\0listener")
+    listener.listen(4096)
+    queued = 0
+    while queued < CAP:
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.setblocking(False)
+        c.connect(b"\\0listener")
+        try:
+            while queued < CAP:
+                queued += c.send(b"x" * 65536)
+        except BlockingIOError:
+            pass
+        c.close()
+    seen["listen"] = "ok"
+except OSError as exc:
+    seen["listen"] = exc.errno
+print(json.dumps(seen), flush=True)
+time.sleep(60)
+"""
+
+
+async def test_closed_senders_leave_nothing_queued_beyond_the_bound() -> None:
+    limits = Limits(timeout_s=60, memory_mb=64, max_procs=1)
+    bound = box_memory.bound_mb(memory_mode().name, limits.memory_mb, limits.disk_mb, limits.max_procs)
+    before = await asyncio.to_thread(sampled_mib)
+    async with start_python(SOCKET_QUEUE_HOG, limits=limits, stdin=False) as box:
+        seen = json.loads(await asyncio.wait_for(box.stdout.readline(), 60))
+        await asyncio.sleep(0.5)
+        held = before - await asyncio.to_thread(sampled_mib)
+        box.kill()
+    assert held < bound, f"the box held {held:.0f} MiB of host memory; the stated bound is {bound} MiB"
+    assert seen == {"datagram": 94, "listen": 95}, seen  # ESOCKTNOSUPPORT, EOPNOTSUPP
+
+
 VSOCK_AND_FAMILIES = """
 import json, socket, time
 PORT = {port}

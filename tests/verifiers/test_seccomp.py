@@ -49,15 +49,20 @@ def prog() -> bytes:
     return seccomp.program("x86_64")
 
 
-SOCKET, SOCKETPAIR, SETSOCKOPT, FCNTL, CLONE, CLONE3, READ = 41, 53, 54, 72, 56, 435, 0
+SOCKET, SOCKETPAIR, SETSOCKOPT, FCNTL, CLONE, CLONE3, READ, LISTEN = 41, 53, 54, 72, 56, 435, 0, 50
 AF_INET, AF_INET6, AF_NETLINK, AF_PACKET, AF_VSOCK = 2, 10, 16, 17, 40
 
 
-def test_only_unix_sockets_are_made(prog: bytes) -> None:
+def test_only_unix_stream_sockets_are_made_and_none_listens(prog: bytes) -> None:
     for call in (SOCKET, SOCKETPAIR):
         assert run_filter(prog, call, seccomp.AF_UNIX, 1, 0) == ALLOW
+        assert run_filter(prog, call, seccomp.AF_UNIX, 1 | 0x800 | 0x80000, 0) == ALLOW  # NONBLOCK, CLOEXEC
+        assert run_filter(prog, call, seccomp.AF_UNIX, (2 << 32) | 1, 0) == ALLOW  # the kernel reads an int
+        for kind in (0, 2, 3, 5, 2 | 0x80000, 15):  # none, DGRAM, RAW, SEQPACKET
+            assert run_filter(prog, call, seccomp.AF_UNIX, kind, 0) == seccomp.ESOCKTNOSUPPORT, (call, kind)
         for family in (AF_INET, AF_INET6, AF_NETLINK, AF_PACKET, AF_VSOCK, 0, 38, 0xFFFF):
             assert run_filter(prog, call, family, 1, 0) == seccomp.EAFNOSUPPORT, (call, family)
+    assert run_filter(prog, LISTEN, 3, 1) == seccomp.EOPNOTSUPP
 
 
 def test_a_high_word_neither_hides_a_family_nor_blocks_one(prog: bytes) -> None:
