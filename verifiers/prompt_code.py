@@ -118,8 +118,13 @@ def safe_definitions(code: str) -> list[tuple[str | None, str]]:
 def _untrusted_join(prompt: str, text: str) -> Program | None:
     """``prompt + text`` with the prompt's part held to the rule: its own top-level definitions
     kept as `safe_definitions` keeps them, and the one the completion continues kept only when its
-    header passes and its body, on the prompt's side, is at most a docstring. None when it fails."""
-    joined = prompt + text
+    header passes and its body, on the prompt's side, is at most a docstring. None when it fails.
+
+    Line breaks are made Python's first: it reads a lone ``\r`` as one too, and a prompt whose
+    lines were split by ``\r`` alone ended, by a count of ``\n``, on its first line, so the code on
+    its later lines passed for the model's."""
+    joined = _python_newlines(prompt + text)  # a \r\n across the join is one break, as here
+    prompt = _python_newlines(prompt)
     try:
         tree = ast.parse(joined)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
@@ -150,6 +155,12 @@ def _untrusted_join(prompt: str, text: str) -> Program | None:
         return Program(ast.unparse(ast.Module(body=body, type_ignores=[])), frozenset(prompt_only))
     except (ValueError, RecursionError):
         return None
+
+
+def _python_newlines(source: str) -> str:
+    """``source`` with its line breaks as Python's tokenizer reads them (``\r\n`` and ``\r`` are
+    ``\n``; it translates them before anything else, inside string literals too)."""
+    return source.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _end_of(prompt: str) -> tuple[int, int]:

@@ -130,6 +130,22 @@ async def test_a_prompt_cannot_take_over_the_answers_builtins(caplog: pytest.Log
 
 
 @needs_box
+async def test_a_completion_prompt_split_by_carriage_returns_is_held_to_the_rule(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Python reads a lone \\r as a line break; the join counted only \\n, so a prompt whose lines
+    were split by \\r ended on its first line and its later lines passed for the model's code."""
+    caplog.set_level(logging.DEBUG, logger="verifiers.code_tests")
+    prompt = "import os\r" + RUN + "\r" + STUB.replace("\n", "\r")
+    assert MARK not in assemble_program(GenerationRequest(prompt=prompt), BODY)
+    score = await CodeTestsVerifier(timeout_s=10).score(GenerationRequest(prompt=prompt), gen(BODY))
+    assert (score.value, score.details["passed"], score.details["total"]) == (1.0, 1, 1), score
+    assert MARK not in caplog.text
+    # a \r\n across the join is one line break, as Python reads it
+    assert assemble_program(GenerationRequest(prompt=STUB.replace("\n", "\r")), "\n" + BODY) == STUB + BODY
+
+
+@needs_box
 async def test_with_the_permission_the_prompt_goes_in_as_written(caplog: pytest.LogCaptureFixture) -> None:
     """The tests permission decides whose code runs: such a caller can send any code as tests, so
     its prompt's definitions go in as they are, and the marker shows."""
