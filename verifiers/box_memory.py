@@ -10,11 +10,17 @@ Two modes, chosen once per process (`choose`), logged at start-up and named in e
   objects made for the box are counted together.
 - ``rlimit-memory`` everywhere else: RLIMIT_AS caps each process at memory_mb and RLIMIT_NPROC
   their number, so the box's processes hold at most max_procs x memory_mb, plus the kernel's
-  bookkeeping for each (page tables, memory maps, stack), which no rlimit counts.
+  bookkeeping for each (page tables, memory maps, stack), which no rlimit counts. Page tables are
+  the large part: RLIMIT_AS counts the size of mappings, not how far apart they lie, and a page
+  mapped alone in its own gigabyte of address space needs a page-table page and a middle-directory
+  page of its own (a third, the upper directory, with five-level paging). So memory_mb of small
+  mappings spread over the address space, only read, cost 2 x memory_mb of page tables (a box
+  of one 64 MiB process held 103 MiB of them; the arithmetic once assumed dense mappings, 128 KiB).
 
 In both modes what the kernel keeps outside any process or cgroup count is held down by the
-seccomp filter (`verifiers.seccomp`: no socket family but AF_UNIX, no socket buffer resizing, no
-pipe resizing, no vmsplice, no AIO) and by RLIMIT_NOFILE = 64: a socket holds at most about
+seccomp filter (`verifiers.seccomp`: no socket but AF_UNIX stream ones, no listen, no socket
+buffer resizing, no pipe resizing, no vmsplice, splice, tee or sendfile, no AIO, inotify or
+fanotify, no extended attributes written) and by RLIMIT_NOFILE = 64: a socket holds at most about
 2 x ``net.core.wmem_default`` (one message may pass the buffer's size before the sender blocks), a
 pipe 64 KiB, and the number of them is bounded by the open files, max_procs x 64, plus the files
 a box can leave in flight in an AF_UNIX socket after closing them (the kernel allows a user
@@ -31,6 +37,7 @@ bugs.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -93,11 +100,18 @@ def per_file_kib() -> int:
     return max(2 * _sysctl("net/core/wmem_default", 212992) // 1024, _PIPE_KIB) + _FILE_OVERHEAD_KIB
 
 
+def page_table_kib(memory_mb: int) -> int:
+    """The most page-table memory memory_mb of mappings can need: a page of each level below the
+    top-level directory's per page mapped (each alone in its own region), plus the at most 256
+    pages of the level under the top (1 MiB), plus the top-level directory and its copy (PTI)."""
+    return memory_mb * 1024 * _table_levels() + 1024 + 8
+
+
 def per_process_kernel_kib(memory_mb: int) -> int:
-    """Page tables for memory_mb of mappings, the most memory maps a process may have, a stack."""
-    page_tables = memory_mb * 1024 // 512
+    """Page tables for memory_mb of mappings at their sparsest, the most memory maps a process may
+    have, a stack."""
     maps = _sysctl("vm/max_map_count", 65530) * _MAP_ENTRY_BYTES // 1024
-    return page_tables + maps + 64
+    return page_table_kib(memory_mb) + maps + 64
 
 
 def bound_mb(mode_name: str, memory_mb: int, disk_mb: int, max_procs: int) -> int:
@@ -117,8 +131,20 @@ def describe(mode: MemoryMode) -> str:
         held = f"memory.max = memory_mb + disk_mb + {SHM_MB + CGROUP_SLACK_MB} MiB"
     else:
         kernel = per_process_kernel_kib(0) // 1024
-        held = f"max_procs x (memory_mb x 1.002 + {kernel} MiB) + disk_mb + {SHM_MB} MiB"
+        held = f"max_procs x (memory_mb x {1 + _table_levels()} + {kernel} MiB) + disk_mb + {SHM_MB} MiB"
     return f"sandbox memory mode {mode.name} ({mode.why}): a box holds at most {held} + {files}"
+
+
+@functools.cache
+def _table_levels() -> int:
+    """Page-table pages one lone page can need below the levels bounded by count: 2 (the page
+    table and the middle directory), 3 where the CPU has five-level paging (the upper directory)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((line for line in fh if line.startswith("flags")), "")
+    except OSError:
+        return 3
+    return 3 if "la57" in flags.split() else 2
 
 
 def _sysctl(name: str, default: int) -> int:

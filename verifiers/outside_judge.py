@@ -30,7 +30,11 @@ the box reports them: setup that stores an expectation in a name the assert then
 what this count can see.
 
 Work here is bounded: values come from replies of at most 1 MiB, results of ``*`` and ``**`` are
-capped, and sets are built from at most `MAX_HASHED_ITEMS` items.
+capped, every integer computed here (an operator's or a known function's result) has at most
+`MAX_INT_BITS` bits, and sets are built from at most `MAX_HASHED_ITEMS` items. Integer arithmetic
+holds the interpreter's lock for its whole length, and ``%`` and ``//`` take time quadratic in the
+digits: ``int(f(1), 16)`` over a 200,000-character hex string, squared and taken modulo itself less
+one, held the event loop for seconds, a 900,000-character one for minutes.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from typing import Any
 MAX_HASHED_ITEMS = 256  # see code_tests.protocol: colliding hashes make larger sets quadratic to build
 MAX_BUILT_ITEMS = 100_000  # a sequence ``*`` may build
 MAX_POWER_BITS = 100_000  # an integer ``**`` may build
+MAX_INT_BITS = 100_000  # any integer computed here: ``%`` of two such takes milliseconds
 
 _TYPES: dict[str, type] = {
     t.__name__: t for t in (int, float, complex, str, bytes, bool, list, tuple, dict, set, frozenset)
@@ -305,7 +310,7 @@ class Judge:
         if isinstance(node, ast.BinOp):
             left = _plain(await self._value(node.left, ask))
             right = _plain(await self._value(node.right, ask))
-            return _binop(type(node.op), left, right)
+            return _small(_binop(type(node.op), left, right))
         if isinstance(node, ast.Compare):
             left = await self._value(node.left, ask)
             for op, left_node, right_node in _links(node):
@@ -322,7 +327,7 @@ class Judge:
                 left = right
             return True
         assert isinstance(node, ast.Call)
-        return await self._call(node, ask)
+        return _small(await self._call(node, ask))
 
     async def _call(self, node: ast.Call, ask: Ask) -> Any:
         name = self._call_name(node)
@@ -383,6 +388,13 @@ def _links(node: ast.Compare) -> list[tuple[ast.cmpop, ast.expr, ast.expr]]:
 def _plain(value: Any) -> Any:
     if contains_opaque(value):
         raise Failed("not_plain_data")
+    return value
+
+
+def _small(value: Any) -> Any:
+    """``value``, unless it is an integer too large to compute with here (see `MAX_INT_BITS`)."""
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise Failed("too_large")
     return value
 
 

@@ -15,7 +15,8 @@ annotations, class bases and class bodies when it reaches a definition, so
   functions and classes go in as written, and a completion is joined to its whole prompt.
 - For every other caller, only what runs nothing the client wrote at definition time is kept:
   imports (they run modules of the box's standard library, chosen by the client but not written by
-  it); functions whose default values are literals (``ast.literal_eval``); classes whose bases are
+  it); functions whose default values are literals (``ast.literal_eval``, without ``set()``, which
+  a class body would run as its own method named ``set``); classes whose bases are
   builtin classes (``object``, ``ValueError``; not an enum, whose creation runs the class's own
   ``__init__``) and whose bodies hold only such functions, such classes, a docstring and literal
   assignments; annotations only when they are *plain* (builtin classes and ``typing``'s names,
@@ -24,7 +25,8 @@ annotations, class bases and class bodies when it reaches a definition, so
   (``staticmethod``, ``classmethod``, ``property`` and its ``.setter``, ``functools.cache``,
   ``lru_cache``, ``cached_property``, ``total_ordering``, ``dataclasses.dataclass``,
   ``abc.abstractmethod``), with literal arguments. Nothing that rebinds a builtin's name (a
-  function, a class, an import, ``import *`` but from ``typing``). No top-level
+  function, a class, an import, ``import *`` but from ``typing``) or a module dunder
+  (``__builtins__``, where later functions look builtins up; ``__getattr__``). No top-level
   statement is kept. A completion is joined to its prompt under the same rule, and the definition
   it continues may hold nothing of the prompt's in its body but a docstring.
 - A kept function's body is the client's code too; it runs only when the answer's code calls it.
@@ -116,8 +118,13 @@ def safe_definitions(code: str) -> list[tuple[str | None, str]]:
 def _untrusted_join(prompt: str, text: str) -> Program | None:
     """``prompt + text`` with the prompt's part held to the rule: its own top-level definitions
     kept as `safe_definitions` keeps them, and the one the completion continues kept only when its
-    header passes and its body, on the prompt's side, is at most a docstring. None when it fails."""
-    joined = prompt + text
+    header passes and its body, on the prompt's side, is at most a docstring. None when it fails.
+
+    Line breaks are made Python's first: it reads a lone ``\r`` as one too, and a prompt whose
+    lines were split by ``\r`` alone ended, by a count of ``\n``, on its first line, so the code on
+    its later lines passed for the model's."""
+    joined = _python_newlines(prompt + text)  # a \r\n across the join is one break, as here
+    prompt = _python_newlines(prompt)
     try:
         tree = ast.parse(joined)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
@@ -133,7 +140,8 @@ def _untrusted_join(prompt: str, text: str) -> Program | None:
             if isinstance(kept, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 prompt_only.add(kept.name)
         elif _starts_before(node, end):
-            kept = rule.continued(node, end)
+            # the function or class the completion continues: a dunder name rebinds module state
+            kept = None if _is_dunder(getattr(node, "name", "")) else rule.continued(node, end)
             if kept is None:
                 return None  # the definition the completion continues is not one the rule keeps
         else:
@@ -147,6 +155,12 @@ def _untrusted_join(prompt: str, text: str) -> Program | None:
         return Program(ast.unparse(ast.Module(body=body, type_ignores=[])), frozenset(prompt_only))
     except (ValueError, RecursionError):
         return None
+
+
+def _python_newlines(source: str) -> str:
+    """``source`` with its line breaks as Python's tokenizer reads them (``\r\n`` and ``\r`` are
+    ``\n``; it translates them before anything else, inside string literals too)."""
+    return source.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _end_of(prompt: str) -> tuple[int, int]:
@@ -424,11 +438,25 @@ def _makes_property(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     )
 
 
+def _is_dunder(name: object) -> bool:
+    return isinstance(name, str) and len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
 def _is_builtin(name: str) -> bool:
-    return hasattr(builtins, name)
+    """A name the prompt may not bind at the top of the program: a builtin's (the answer's own
+    ``len(...)`` would call the client's code), or a module dunder. ``__builtins__`` is where a
+    function defined after it looks builtins up, so a class of that name with a
+    ``__class_getitem__`` would run on the answer's every builtin; ``__getattr__``, ``__all__``,
+    ``__loader__`` and the like are read by the import system."""
+    return hasattr(builtins, name) or _is_dunder(name)
 
 
 def _is_literal(node: ast.expr) -> bool:
+    """A value that runs nothing when evaluated. ``ast.literal_eval`` also takes ``set()``, which
+    Python runs as a call of whatever ``set`` means there: in a class body, a method the prompt
+    defined as ``set`` just above."""
+    if any(isinstance(n, ast.Call | ast.Name) for n in ast.walk(node)):
+        return False
     try:
         ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):

@@ -31,9 +31,12 @@ What every run gets (a run that cannot have all of it does not run; see `availab
   RLIMIT_AS), ptrace, process_vm_readv/writev, pidfd_open/getfd/send_signal, keyctl and friends,
   bpf, perf_event_open, userfaultfd, io_uring and the AIO calls, mount and the new mount API,
   unshare, setns, clone with any namespace flag (clone3 reports ENOSYS so libc falls back to
-  clone), module and kexec calls, open_by_handle_at, vmsplice; every socket family but AF_UNIX
+  clone), module and kexec calls, open_by_handle_at, vmsplice, splice, tee and sendfile (pages
+  pinned in a socket beyond what its buffer counts), inotify and fanotify (event queues), writing
+  extended attributes (kept by tmpfs beyond its size cap); every socket family but AF_UNIX
   (EAFNOSUPPORT: no AF_VSOCK, which the network namespace does not cover, no netlink, no packet
-  sockets), and resizing a socket's buffers or a pipe;
+  sockets), and of AF_UNIX all but stream sockets, and listen (a closed sender's data stays
+  queued at its receiver); resizing a socket's buffers or a pipe;
 - rlimits on address space, CPU seconds, file size, open files (64), processes and core dumps; an
   empty environment (three thread-count variables aside); a wall-clock timeout after which the
   namespace is killed;
@@ -42,7 +45,8 @@ What every run gets (a run that cannot have all of it does not run; see `availab
   last in ``isolation``: ``cgroup-memory`` or ``rlimit-memory``).
 
 What it does not give: without the cgroup, RLIMIT_AS is per process, so a run can hold about
-``max_procs * memory_mb`` plus its tmpfs caps plus the kernel buffers of its pipes and sockets
+``max_procs * memory_mb``, up to twice that again in page tables (RLIMIT_AS does not see how sparse
+mappings lie), plus its tmpfs caps plus the kernel buffers of its pipes and sockets
 (`verifiers.box_memory.bound_mb` computes the whole bound for either mode). Time measured by CPU
 rlimits is per process too; the wall timeout bounds the whole. Kernel bugs reachable through the
 allowed syscalls are out of scope; run the service in a VM or gVisor where that matters.

@@ -16,6 +16,13 @@ What it refuses, and why each answer is the one it is:
   talk to the hypervisor. ``AF_UNIX`` stays because ``asyncio``'s event loop and
   ``multiprocessing.Pipe`` make a ``socketpair``; nothing of the service talks to the box through
   a socket (its protocol is the box's stdin and stdout);
+- of ``AF_UNIX``, only stream sockets (ESOCKTNOSUPPORT for datagram and seqpacket ones), and no
+  ``listen`` (EOPNOTSUPP): a socket's buffer is charged to the sender, and a sender that closes
+  leaves what it sent queued at the receiver. A datagram receiver took ``net.unix.max_dgram_qlen``
+  + 1 messages of up to ``wmem_default`` from as many closed senders (2.2 MiB per receiver, 111 MiB
+  from 50), and a listening socket kept up to ``somaxconn`` unaccepted connections whose clients
+  had filled them and closed (500 MiB from one listener in under a second, and not near its
+  limit). A socket pair is all ``asyncio`` and ``multiprocessing.Pool`` need;
 - ``setsockopt(SOL_SOCKET, SO_SNDBUF | SO_RCVBUF | SO_SNDBUFFORCE | SO_RCVBUFFORCE)``: EPERM.
   Socket buffers are kernel memory that neither RLIMIT_AS nor, for ``AF_UNIX``, a cgroup's
   ``memory.max`` counts; left at the host's default (``net.core.wmem_default``) one socket holds
@@ -26,6 +33,17 @@ What it refuses, and why each answer is the one it is:
   after the process unmaps it;
 - the AIO calls (``io_setup`` ... ``io_pgetevents``): ENOSYS, what a kernel without AIO answers.
   Their context count is host-wide (``fs.aio-nr`` up to ``fs.aio-max-nr``): one box took all of it;
+- ``splice``, ``tee`` and ``sendfile``: ENOSYS. Spliced into an ``AF_UNIX`` socket, a pipe's page
+  stays referenced by the socket while only the bytes used of it are counted against the socket's
+  buffer: one byte from each of 16 pages per call held about 17 MiB per socket, where 2 x
+  ``wmem_default`` was stated (a box of one 64 MiB process held 619 MiB of host memory).
+  ``shutil`` and ``socket.sendfile`` fall back to reads and writes when the first call fails;
+- ``inotify_init``, ``inotify_init1`` and ``fanotify_init``: ENOSYS, as without those features.
+  Each instance queues up to ``fs.inotify.max_queued_events`` events of up to 255-byte names in
+  kernel memory: 60 instances of one process held 488 MiB;
+- ``setxattr``, ``lsetxattr``, ``fsetxattr``, ``setxattrat``: EOPNOTSUPP, what a filesystem
+  without extended attributes answers. The box's tmpfs keeps ``user.*`` attributes in kernel
+  memory its size cap does not count: 400 MiB of values held 800 MiB in 4 s;
 - ``clone`` with a namespace flag: EPERM; ``clone3``: ENOSYS, because its flags sit behind a
   pointer the filter cannot read, and glibc falls back to ``clone`` on ENOSYS;
 - a call from another ABI (i386 ``int 0x80``, x32): the process is killed, since the numbers mean
@@ -47,9 +65,11 @@ _X32_SYSCALL_BIT = 0x40000000
 _RET_ALLOW = 0x7FFF0000
 _RET_KILL_PROCESS = 0x80000000
 _RET_ERRNO = 0x00050000
-EPERM, EAFNOSUPPORT, ENOSYS = 1, 97, 38
+EPERM, EAFNOSUPPORT, ENOSYS, EOPNOTSUPP, ESOCKTNOSUPPORT = 1, 97, 38, 95, 94
 
 AF_UNIX = 1
+SOCK_STREAM = 1
+SOCK_TYPE_MASK = 0xF  # the type's bits; the rest are SOCK_NONBLOCK and SOCK_CLOEXEC
 SOL_SOCKET = 1
 SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE = 7, 8, 32, 33
 F_SETPIPE_SZ = 1031  # F_LINUX_SPECIFIC_BASE + 7
@@ -127,7 +147,18 @@ AIO_X86_64 = {
     "io_cancel": 210,
     "io_pgetevents": 333,
 }
-_CLONE, _CLONE3, _SOCKET, _SOCKETPAIR, _SETSOCKOPT, _FCNTL = 56, 435, 41, 53, 54, 72
+# features answered as missing (ENOSYS); each held kernel memory no limit of the box counts
+UNSUPPORTED_X86_64 = {
+    "sendfile": 40,
+    "inotify_init": 253,
+    "splice": 275,
+    "tee": 276,
+    "inotify_init1": 294,
+    "fanotify_init": 300,
+}
+# writing extended attributes: EOPNOTSUPP (tmpfs keeps them in memory beyond its size cap)
+XATTR_WRITE_X86_64 = {"setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "setxattrat": 463}
+_CLONE, _CLONE3, _SOCKET, _SOCKETPAIR, _SETSOCKOPT, _FCNTL, _LISTEN = 56, 435, 41, 53, 54, 72, 50
 
 # classic BPF opcodes
 _LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
@@ -184,8 +215,11 @@ def program(machine: str | None = None) -> bytes:
     a.op(_JEQ_K, _SOCKETPAIR, "family")
     a.op(_JEQ_K, _SETSOCKOPT, "sockopt")
     a.op(_JEQ_K, _FCNTL, "fcntl")
-    for nr in sorted(AIO_X86_64.values()):
+    a.op(_JEQ_K, _LISTEN, "eopnotsupp")
+    for nr in sorted([*AIO_X86_64.values(), *UNSUPPORTED_X86_64.values()]):
         a.op(_JEQ_K, nr, "enosys")
+    for nr in sorted(XATTR_WRITE_X86_64.values()):
+        a.op(_JEQ_K, nr, "eopnotsupp")
     for nr in sorted(DENIED_X86_64.values()):
         a.op(_JEQ_K, nr, "deny")
     a.ret(_RET_ALLOW)
@@ -196,7 +230,10 @@ def program(machine: str | None = None) -> bytes:
 
     a.label("family")
     a.op(_LD_W_ABS, _arg_low_word(0))  # the domain
-    a.op(_JEQ_K, AF_UNIX, "allow", "eafnosupport")
+    a.op(_JEQ_K, AF_UNIX, 0, "eafnosupport")
+    a.op(_LD_W_ABS, _arg_low_word(1))  # the type: its low four bits are SOCK_STREAM, and only that
+    a.op(_JSET_K, SOCK_TYPE_MASK & ~SOCK_STREAM, "esocktnosupport")
+    a.op(_JSET_K, SOCK_STREAM, "allow", "esocktnosupport")
 
     a.label("sockopt")
     a.op(_LD_W_ABS, _arg_low_word(1))  # the level
@@ -219,6 +256,10 @@ def program(machine: str | None = None) -> bytes:
     a.ret(_RET_ERRNO | ENOSYS)
     a.label("eafnosupport")
     a.ret(_RET_ERRNO | EAFNOSUPPORT)
+    a.label("eopnotsupp")
+    a.ret(_RET_ERRNO | EOPNOTSUPP)
+    a.label("esocktnosupport")
+    a.ret(_RET_ERRNO | ESOCKTNOSUPPORT)
     a.label("kill")
     a.ret(_RET_KILL_PROCESS)
     return a.assemble()

@@ -171,6 +171,31 @@ def run(judge: Judge, source: str, values: dict[str, Any]) -> tuple[Any, list[st
     return asyncio.run(judge.value(ast.parse(source, mode="eval").body, ask)), asked
 
 
+@needs_box
+async def test_a_huge_integer_from_the_box_does_not_hold_the_event_loop() -> None:
+    """The answer returns a 300,000-digit hex string; the test squares it and takes it modulo itself
+    less one, here, outside the box. Integer arithmetic holds the interpreter's lock throughout: before
+    the cap the event loop stalled for seconds (minutes at the reply's 1 MiB). Seen from the loop."""
+    answer = fenced("def f(x):\n    return 'f' * 300_000\n")
+    request = chat("Write f.", tests="assert (int(f(1), 16) * int(f(1), 16)) % (int(f(1), 16) - 1) >= 0\n")
+    lags: list[float] = []
+
+    async def ticker() -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(0.05)
+            lags.append(loop.time() - start - 0.05)
+
+    tick = asyncio.create_task(ticker())
+    try:
+        score = await CodeTestsVerifier(timeout_s=20).score(request, gen(answer))
+    finally:
+        tick.cancel()
+    assert max(lags) < 2.0, f"the event loop stalled {max(lags):.1f} s"
+    assert score.details["failures"] == {"too_large": 1}, score
+
+
 def test_leaves_are_asked_in_order_and_only_when_python_would() -> None:
     judge = Judge({"f", "g"})
     assert run(judge, "abs(f(1.33) - 0.33) < 1e-6", {"f(1.33)": 0.33 + 1e-9}) == (True, ["f(1.33)"])
@@ -194,6 +219,8 @@ def test_leaves_are_asked_in_order_and_only_when_python_would() -> None:
         ("2 ** f(1) > 0", {"f(1)": 10**7}, "too_large"),
         ("len(set(f(1))) == 1", {"f(1)": list(range(1000))}, "too_large"),
         ("round(f(1), -10 ** 9) == 0", {"f(1)": 10**100}, "too_large"),
+        ("f(1) * f(1) % 7 == 0", {"f(1)": 1 << 60_000}, "too_large"),
+        ("int(f(1), 16) % 7 == 0", {"f(1)": "f" * 30_000}, "too_large"),
         ("sum(f(1), []) == []", {"f(1)": [[1]] * 10}, "exception"),
         ("'%999999999d' % f(1) == ''", {"f(1)": 1}, "exception"),
         ("abs(f(1) - 1) < 1e-6", {"f(1)": Opaque("Any", "<Any>")}, "not_plain_data"),

@@ -54,6 +54,11 @@ HOSTILE = {
         f"from sys import modules\n\nclass T:\n    def __class_getitem__(cls, k):\n        {RUN}\n\n"
         "def helper(x: modules['solution'].T[0]):\n    pass\n"
     ),
+    # ast.literal_eval takes set(); in a class body Python calls the method the prompt named set
+    "set() in a class body": f"class Helper:\n    def set(*a):\n        {RUN}\n    x = set()\n",
+    "set() as a method's default": (
+        f"class Helper:\n    def set(*a):\n        {RUN}\n    def m(self, y=set()):\n        return y\n"
+    ),
     "top-level statement": f"{RUN}\n",
     "top-level assignment": f"LIMIT = {RUN}\n",
 }
@@ -102,6 +107,43 @@ async def test_hostile_prompt_code_never_runs_without_the_permission(
         assert score.value == 1.0, (name, score)
         assert (score.details["passed"], score.details["total"]) == (1, 1)
     assert MARK not in caplog.text
+
+
+# A class named __builtins__ is where every function defined after it looks builtins up: its
+# __class_getitem__ runs on the answer's first abs(). Given whole, and as the class a completion
+# continues (its finished method is the client's).
+TAKEOVER = f"class __builtins__:\n    def __class_getitem__(cls, name):\n        {RUN}\n"
+USES_ABS = "```python\ndef f(x):\n    return abs(2 * x)\n```"
+
+
+@needs_box
+async def test_a_prompt_cannot_take_over_the_answers_builtins(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="verifiers.code_tests")
+    v = CodeTestsVerifier(timeout_s=10)
+    as_chat = await v.score(chat(ask(TAKEOVER)), gen(USES_ABS))
+    as_completion = await v.score(GenerationRequest(prompt=TAKEOVER + "\n\n" + STUB), gen("    return abs(2 * x)\n"))
+    continued = GenerationRequest(prompt=TAKEOVER + '    def g(self, x):\n        """Double x."""\n')
+    program = assemble_program(continued, "        return abs(2 * x)\n\ndef f(x):\n    return abs(2 * x)\n")
+    assert MARK not in program
+    for score in (as_chat, as_completion):
+        assert (score.value, score.details["passed"], score.details["total"]) == (1.0, 1, 1), score
+    assert MARK not in caplog.text
+
+
+@needs_box
+async def test_a_completion_prompt_split_by_carriage_returns_is_held_to_the_rule(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Python reads a lone \\r as a line break; the join counted only \\n, so a prompt whose lines
+    were split by \\r ended on its first line and its later lines passed for the model's code."""
+    caplog.set_level(logging.DEBUG, logger="verifiers.code_tests")
+    prompt = "import os\r" + RUN + "\r" + STUB.replace("\n", "\r")
+    assert MARK not in assemble_program(GenerationRequest(prompt=prompt), BODY)
+    score = await CodeTestsVerifier(timeout_s=10).score(GenerationRequest(prompt=prompt), gen(BODY))
+    assert (score.value, score.details["passed"], score.details["total"]) == (1.0, 1, 1), score
+    assert MARK not in caplog.text
+    # a \r\n across the join is one line break, as Python reads it
+    assert assemble_program(GenerationRequest(prompt=STUB.replace("\n", "\r")), "\n" + BODY) == STUB + BODY
 
 
 @needs_box

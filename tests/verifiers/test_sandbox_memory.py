@@ -40,7 +40,8 @@ pytestmark = [
 # Every process of the box queues what it can in socket pairs (buffers raised where allowed),
 # pipes (grown where allowed), and files sent in flight over a socket and closed, until its open
 # files run out or it has queued CAP bytes. 4 processes x 384 MiB: were a rule missing, the box
-# would hold about 1.5 GiB, against a stated bound of about 620 MiB.
+# would hold about 1.5 GiB, against a stated bound of about 1.1 GiB (page tables at their sparsest
+# included).
 BUFFER_HOG = """
 import fcntl, json, os, socket, time
 CAP = 384 << 20
@@ -120,6 +121,188 @@ async def test_a_box_cannot_hold_kernel_buffers_beyond_its_stated_bound() -> Non
     assert held < bound, f"the box held {held:.0f} MiB of host memory; the stated bound is {bound} MiB"
     await asyncio.sleep(0.5)
     assert before - await asyncio.to_thread(sampled_mib) < 300, "the box's memory was not given back"
+
+
+# Mappings of 8 KiB, each straddling a 1 GiB boundary far from the interpreter, only read (the
+# zero page): each costs two page-table pages and two middle-directory pages, 16 KiB of tables for
+# 8 KiB of address space. Each of the box's processes maps what its RLIMIT_AS leaves.
+PAGE_TABLE_HOG = """
+import ctypes, json, os, time
+try:
+    if os.fork() == 0:
+        time.sleep(0.1)
+except BlockingIOError:  # RLIMIT_NPROC counts uid 65534's processes in other boxes too
+    print(json.dumps({"maps": -1}), flush=True)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+GB, maps = 1 << 30, 0
+base = (1 << 40) + os.getpid() * (1 << 37)
+for i in range(60000):
+    addr = base + (2 * i + 1) * GB - 4096
+    if libc.mmap(addr, 8192, 1, 0x22 | 0x100000, -1, 0) != addr:  # PROT_READ, private anonymous, NOREPLACE
+        break
+    ctypes.c_char.from_address(addr).value, ctypes.c_char.from_address(addr + 4096).value
+    maps += 1
+print(json.dumps({"maps": maps}), flush=True)
+time.sleep(60)
+"""
+
+
+def meminfo_mib(key: str, n: int = 5) -> float:
+    samples = []
+    for _ in range(n):
+        with open("/proc/meminfo") as fh:
+            samples.append(next(int(line.split()[1]) for line in fh if line.startswith(f"{key}:")) / 1024)
+        time.sleep(0.1)
+    return statistics.median(samples)
+
+
+async def test_sparse_mappings_cost_no_more_page_tables_than_the_bound_counts() -> None:
+    """RLIMIT_AS counts mapped bytes, not how sparse they lie; the page tables the host spends on a
+    box's sparse mappings, read from the host's /proc/meminfo, stay within the stated per-process
+    kernel term (once it assumed dense mappings: 16 MiB per 64 MiB process, where 103 MiB were held)."""
+    limits = Limits(timeout_s=60, memory_mb=64, max_procs=8)
+    before = await asyncio.to_thread(meminfo_mib, "PageTables")
+    async with start_python(PAGE_TABLE_HOG, limits=limits, stdin=False) as box:
+        reports = [json.loads(await asyncio.wait_for(box.stdout.readline(), 60)) for _ in range(2)]
+        held = await asyncio.to_thread(meminfo_mib, "PageTables") - before
+        box.kill()
+    ran = [r for r in reports if r["maps"] >= 0]
+    assert ran and all(r["maps"] > 1000 for r in ran), reports  # the attack ran: each mapped its share
+    stated = len(ran) * box_memory.per_process_kernel_kib(limits.memory_mb) / 1024
+    assert held < stated, f"the box's page tables took {held:.0f} MiB; the stated kernel term is {stated:.0f} MiB"
+    assert held > 50, held  # and the attack is real: far beyond dense tables (a few hundred KiB)
+
+
+# Three ways to make the kernel hold memory that neither RLIMIT_AS nor the socket and pipe
+# arithmetic counts, each stopped at about 300 MiB: one byte from each of 16 pipe pages spliced per
+# call into a socket (the socket counts 16 bytes, the pages stay), inotify queues of events with
+# 255-byte names, and user.* extended attributes on the box's tmpfs (not counted by its size cap).
+KERNEL_OBJECT_HOG = """
+import ctypes, json, os, socket, time
+libc = ctypes.CDLL(None, use_errno=True)
+CAP = 300 << 20
+seen, keep = {}, []
+try:
+    r, w = os.pipe2(os.O_DIRECT | os.O_NONBLOCK)
+    pinned = 0
+    while pinned < CAP:
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        keep.append((a, b))
+        while pinned < CAP:
+            try:
+                for _ in range(16):
+                    os.write(w, b"x")
+            except BlockingIOError:
+                pass
+            try:
+                pinned += os.splice(r, a.fileno(), 16, flags=os.SPLICE_F_NONBLOCK) * 4096
+            except BlockingIOError:
+                break
+    seen["splice"] = "ok"
+except OSError as exc:
+    seen["splice"] = exc.errno
+for _ in range(20):
+    fd = libc.inotify_init1(os.O_NONBLOCK)
+    if fd < 0:
+        seen["inotify"] = ctypes.get_errno()
+        break
+    libc.inotify_add_watch(fd, b"/sandbox", 0xFFF)
+    keep.append(fd)
+else:
+    name = "/sandbox/" + "a" * 255
+    open(name, "w").close()
+    for _ in range(8200):
+        os.close(os.open(name, os.O_RDONLY))
+    seen["inotify"] = "ok"
+try:
+    open("x", "w").close()
+    for k in range(CAP // 2 // 65536):
+        os.setxattr("x", f"user.k{k}", b"v" * 65536)
+    seen["xattr"] = "ok"
+except OSError as exc:
+    seen["xattr"] = exc.errno
+print(json.dumps(seen), flush=True)
+time.sleep(60)
+"""
+
+
+async def test_pinned_pages_event_queues_and_xattrs_are_refused_and_hold_no_host_memory() -> None:
+    limits = Limits(timeout_s=60, memory_mb=64, max_procs=1)
+    bound = box_memory.bound_mb(memory_mode().name, limits.memory_mb, limits.disk_mb, limits.max_procs)
+    before = await asyncio.to_thread(sampled_mib)
+    async with start_python(KERNEL_OBJECT_HOG, limits=limits, stdin=False) as box:
+        seen = json.loads(await asyncio.wait_for(box.stdout.readline(), 60))
+        await asyncio.sleep(0.5)
+        held = before - await asyncio.to_thread(sampled_mib)
+        box.kill()
+    # answered as a kernel or filesystem without the feature: ENOSYS, ENOSYS, EOPNOTSUPP
+    assert seen == {"splice": 38, "inotify": 38, "xattr": 95}, seen
+    assert held < bound, f"the box held {held:.0f} MiB of host memory; the stated bound is {bound} MiB"
+
+
+# What a sender leaves queued at a receiver after closing: 40 datagram receivers fed by one closed
+# sender after another (each takes max_dgram_qlen + 1 messages, about 2 MiB), and a listening
+# socket's unaccepted connections whose clients filled them and closed (up to somaxconn), stopped
+# at 700 MiB. Were a rule missing, the box would hold about 800 MiB against a bound of about 430.
+SOCKET_QUEUE_HOG = """
+import json, socket, time
+CAP = 700 << 20
+seen = {}
+queued, keep = 0, []
+try:
+    while len(keep) < 40:
+        r = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        r.bind(b"\\0r%d" % len(keep))
+        keep.append(r)
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            s.setblocking(False)
+            try:
+                queued += s.sendto(b"x" * 200000, r.getsockname())
+            except BlockingIOError:
+                break
+            finally:
+                s.close()
+    seen["datagram"] = "ok"
+except OSError as exc:
+    seen["datagram"] = exc.errno
+try:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(b"\\0listener")
+    listener.listen(4096)
+    queued = 0
+    while queued < CAP:
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.setblocking(False)
+        c.connect(b"\\0listener")
+        try:
+            while queued < CAP:
+                queued += c.send(b"x" * 65536)
+        except BlockingIOError:
+            pass
+        c.close()
+    seen["listen"] = "ok"
+except OSError as exc:
+    seen["listen"] = exc.errno
+print(json.dumps(seen), flush=True)
+time.sleep(60)
+"""
+
+
+async def test_closed_senders_leave_nothing_queued_beyond_the_bound() -> None:
+    limits = Limits(timeout_s=60, memory_mb=64, max_procs=1)
+    bound = box_memory.bound_mb(memory_mode().name, limits.memory_mb, limits.disk_mb, limits.max_procs)
+    before = await asyncio.to_thread(sampled_mib)
+    async with start_python(SOCKET_QUEUE_HOG, limits=limits, stdin=False) as box:
+        seen = json.loads(await asyncio.wait_for(box.stdout.readline(), 60))
+        await asyncio.sleep(0.5)
+        held = before - await asyncio.to_thread(sampled_mib)
+        box.kill()
+    assert held < bound, f"the box held {held:.0f} MiB of host memory; the stated bound is {bound} MiB"
+    assert seen == {"datagram": 94, "listen": 95}, seen  # ESOCKTNOSUPPORT, EOPNOTSUPP
 
 
 VSOCK_AND_FAMILIES = """

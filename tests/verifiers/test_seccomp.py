@@ -49,15 +49,20 @@ def prog() -> bytes:
     return seccomp.program("x86_64")
 
 
-SOCKET, SOCKETPAIR, SETSOCKOPT, FCNTL, CLONE, CLONE3, READ = 41, 53, 54, 72, 56, 435, 0
+SOCKET, SOCKETPAIR, SETSOCKOPT, FCNTL, CLONE, CLONE3, READ, LISTEN = 41, 53, 54, 72, 56, 435, 0, 50
 AF_INET, AF_INET6, AF_NETLINK, AF_PACKET, AF_VSOCK = 2, 10, 16, 17, 40
 
 
-def test_only_unix_sockets_are_made(prog: bytes) -> None:
+def test_only_unix_stream_sockets_are_made_and_none_listens(prog: bytes) -> None:
     for call in (SOCKET, SOCKETPAIR):
         assert run_filter(prog, call, seccomp.AF_UNIX, 1, 0) == ALLOW
+        assert run_filter(prog, call, seccomp.AF_UNIX, 1 | 0x800 | 0x80000, 0) == ALLOW  # NONBLOCK, CLOEXEC
+        assert run_filter(prog, call, seccomp.AF_UNIX, (2 << 32) | 1, 0) == ALLOW  # the kernel reads an int
+        for kind in (0, 2, 3, 5, 2 | 0x80000, 15):  # none, DGRAM, RAW, SEQPACKET
+            assert run_filter(prog, call, seccomp.AF_UNIX, kind, 0) == seccomp.ESOCKTNOSUPPORT, (call, kind)
         for family in (AF_INET, AF_INET6, AF_NETLINK, AF_PACKET, AF_VSOCK, 0, 38, 0xFFFF):
             assert run_filter(prog, call, family, 1, 0) == seccomp.EAFNOSUPPORT, (call, family)
+    assert run_filter(prog, LISTEN, 3, 1) == seccomp.EOPNOTSUPP
 
 
 def test_a_high_word_neither_hides_a_family_nor_blocks_one(prog: bytes) -> None:
@@ -89,6 +94,17 @@ def test_aio_reports_enosys_and_the_listed_calls_eperm(prog: bytes) -> None:
     for name, nr in seccomp.DENIED_X86_64.items():
         assert run_filter(prog, nr, 0, 0) == seccomp.EPERM, name
     assert {"vmsplice", "memfd_create", "io_uring_setup"} <= set(seccomp.DENIED_X86_64)
+
+
+def test_calls_that_pin_or_queue_uncounted_kernel_memory_are_answered_as_missing(prog: bytes) -> None:
+    # splice/sendfile pin a whole page per byte in a socket; inotify queues events; tmpfs keeps xattrs
+    for name, nr in seccomp.UNSUPPORTED_X86_64.items():
+        assert run_filter(prog, nr, 3, 0, 4, 0, 16) == seccomp.ENOSYS, name
+    for name, nr in seccomp.XATTR_WRITE_X86_64.items():
+        assert run_filter(prog, nr, 0, 0, 0, 65536) == seccomp.EOPNOTSUPP, name
+    assert {"splice", "tee", "sendfile", "inotify_init1", "fanotify_init"} <= set(seccomp.UNSUPPORTED_X86_64)
+    for nr in (191, 192, 193, 326):  # getxattr, lgetxattr, fgetxattr, copy_file_range: still allowed
+        assert run_filter(prog, nr, 0, 0, 0) == ALLOW
 
 
 def test_clone_namespaces_and_foreign_abis(prog: bytes) -> None:
