@@ -529,7 +529,8 @@ def _single_configured(table: Any, verifier: str) -> bool:
 def cmd_report(args: argparse.Namespace) -> int:
     from evals.breakeven import scaled_top_prices
     from evals.calibrate import Target
-    from evals.report import build, write
+    from evals.report.pages import write
+    from evals.report.suite import build
 
     target = Target.parse(args.target)
     reports = []
