@@ -11,7 +11,7 @@ import io
 import math
 from typing import Any
 
-from evals import metrics
+from evals import measures
 from evals.breakeven import log_grid
 from evals.estimators import PREROUTER
 from evals.report.suite import SuiteReport
@@ -111,7 +111,7 @@ def figures(r: SuiteReport) -> dict[str, bytes]:
         pairs = [(it.tiers[0].correct, x) for it in r.table.items if (x := it.tiers[0].scores[v.verifier]) is not None]
         y = [c for c, _ in pairs]
         s = [x for _, x in pairs]
-        mean, frac = metrics.reliability(y, s)
+        mean, frac = measures.reliability(y, s)
         if mean:
             ax.plot(mean, frac, marker="o", markersize=3, label=v.verifier)
     ax.set_xlabel(f"verifier score ({r.table.tiers[0].name})")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from evals import metrics
+from evals import measures
 from evals.breakeven import BreakEvenReport, analyse
 from evals.calibrate import Calibration, Target, calibrate, split
 from evals.estimators import Comparison
@@ -87,10 +87,10 @@ def build(
                 accuracy=sum(o.correct for o in outs) / n,
                 prompt_tokens=sum(o.prompt_tokens for o in outs) / n,
                 completion_tokens=sum(o.completion_tokens for o in outs) / n,
-                latency_p50=metrics.percentile([o.latency_s for o in outs], 50),
-                latency_p95=metrics.percentile([o.latency_s for o in outs], 95),
+                latency_p50=measures.percentile([o.latency_s for o in outs], 50),
+                latency_p95=measures.percentile([o.latency_s for o in outs], 95),
                 busy_s=sum(o.busy_s for o in outs) / n,
-                cost_per_1k=metrics.cost_per_1k([o.cost_usd for o in outs]),
+                cost_per_1k=measures.cost_per_1k([o.cost_usd for o in outs]),
             )
         )
     summaries = [summarize(table, v) for v in table.verifiers]

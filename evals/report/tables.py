@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from evals import metrics
+from evals import measures
 from evals.breakeven import RATIOS
 from evals.formatting import num, pct, sec, th, usd
 from evals.report.suite import SuiteReport
@@ -87,9 +87,9 @@ def verifier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
             "–",
             "–",
             "–",
-            num(metrics.apgr(rand_xy, weak, strong)),
-            *(pct(metrics.cpt(rand_xy, weak, strong, x)) for x in (0.5, 0.8, 0.95)),
-            num(metrics.aiq([(p.cost_per_1k, p.accuracy) for p in random_curve], min(singles), max(singles))),
+            num(measures.apgr(rand_xy, weak, strong)),
+            *(pct(measures.cpt(rand_xy, weak, strong, x)) for x in (0.5, 0.8, 0.95)),
+            num(measures.aiq([(p.cost_per_1k, p.accuracy) for p in random_curve], min(singles), max(singles))),
         ]
     )
     tiers_xy = [(p.cost_per_1k, p.accuracy) for p in r.baselines["tiers"]]
@@ -104,7 +104,7 @@ def verifier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
             "–",
             "–",
             "–",
-            num(metrics.aiq([*tiers_xy, (oracle.cost_per_1k, oracle.accuracy)], min(singles), max(singles))),
+            num(measures.aiq([*tiers_xy, (oracle.cost_per_1k, oracle.accuracy)], min(singles), max(singles))),
         ]
     )
     return header, rows
