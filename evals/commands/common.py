@@ -45,7 +45,7 @@ def table_of(args: argparse.Namespace, run: str, prices: Any = None) -> Any:
     tiers = args.tiers.split(",") if getattr(args, "tiers", None) else None
     table = load_table(store, prices=prices, tiers=tiers)
     if getattr(args, "estimators", None):
-        from evals.estimators import attach, load_predictions
+        from evals.learned_comparison import attach, load_predictions
 
         preds = load_predictions(args.estimators)
         seed, fraction = getattr(args, "seed", preds.seed), getattr(args, "fraction", preds.fraction)

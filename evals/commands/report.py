@@ -26,7 +26,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         top_free = table_of(args, run, scaled_top_prices(table, 0.0)) if len(table.tiers) > 1 else None
         reports.append(build(table, target, seed=args.seed, fraction=args.fraction, top_free=top_free))
     if args.estimators:
-        from evals.estimators import compare
+        from evals.learned_comparison import compare
 
         for r in reports:
             r.learned = compare(r.table, target, seed=args.seed, fraction=args.fraction)

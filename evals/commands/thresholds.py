@@ -46,7 +46,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         )
         console.print(curve_table("threshold", s.curve))
     if args.estimators:
-        from evals.estimators import PREROUTER
+        from evals.learned_comparison import PREROUTER
         from evals.sweep import preroute_sweep
 
         console.print(

@@ -13,7 +13,7 @@ from typing import Any
 
 from evals import measures
 from evals.breakeven import log_grid
-from evals.estimators import PREROUTER
+from evals.learned_comparison import PREROUTER
 from evals.report.suite import SuiteReport
 from evals.sweep import preroute_sweep
 

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from evals.estimators import comparison_html, comparison_markdown
 from evals.formatting import html_table, inline, md_table, num, pct, usd
+from evals.learned_comparison import comparison_html, comparison_markdown
 from evals.report.figures import figures
 from evals.report.suite import SuiteReport
 from evals.report.tables import (

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from evals import measures
 from evals.breakeven import BreakEvenReport, analyse
 from evals.calibrate import Calibration, Target, calibrate, split
-from evals.estimators import Comparison
+from evals.learned_comparison import Comparison
 from evals.sweep import (
     CONFIG,
     CascadePolicy,

@@ -15,8 +15,8 @@ import pytest
 
 from evals import measures
 from evals.calibrate import in_calibration
-from evals.estimators import LEARNED, PREROUTER, attach, load_predictions
 from evals.fitting import fit_model, out_of_fold
+from evals.learned_comparison import LEARNED, PREROUTER, attach, load_predictions
 from evals.train import TrainResult, train
 from evals.training_data import feature_verifiers, load_run
 from router.cli import main
