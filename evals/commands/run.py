@@ -1,9 +1,9 @@
 """`tierroute eval run`: every tier on every item of a suite once, scored with every verifier,
-stored and cached per item (see `evals.runner`); `--suite mixed` replays the suites' items with
-open-ended prompts through the cascade (see `evals.mixed`); `--report DIR` then writes the report.
+stored and cached per item (see `evals.runner`).
 
-Also what an eval scores with when no verifier is named (`default_verifiers`), which
-`eval import` uses too.
+`--suite mixed` replays the suites' items, with open-ended prompts among them, through the
+cascade (see `evals.mixed`); `--report DIR` then writes the report of the runs. Also here: what an
+eval scores with when no verifier is named (`default_verifiers`), which `eval import` uses too.
 """
 
 from __future__ import annotations

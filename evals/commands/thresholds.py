@@ -1,6 +1,8 @@
-"""`tierroute eval sweep` and `tierroute eval calibrate`: the cascade at every threshold, and the
-thresholds chosen for a target on a calibration split and reported on held-out items (optionally
-written into the config). Both read a stored run only; no model is loaded.
+"""`tierroute eval sweep` and `tierroute eval calibrate`: the cascade at every threshold of a
+stored run, and the thresholds that meet a target.
+
+Calibrate chooses them on a calibration split, reports them on the held-out items and can write
+them into the config. Both read a stored run only; no model is loaded.
 """
 
 from __future__ import annotations
