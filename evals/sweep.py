@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from evals import metrics
+from evals import measures
 from evals.runner import verifier_fingerprint
 from evals.store import RunStore, generation_key, grade_key, score_key
 from router import policy
@@ -381,7 +381,7 @@ def route_cost(item: ItemOutcome, route: Route) -> tuple[float, float, bool]:
 
 
 def top_cost_per_1k(table: ResultTable) -> float:
-    return metrics.cost_per_1k([it.tiers[table.top].cost_usd for it in table.items])
+    return measures.cost_per_1k([it.tiers[table.top].cost_usd for it in table.items])
 
 
 def evaluate(policy: Policy, table: ResultTable, param: float | None = None) -> PolicyResult:
@@ -400,7 +400,7 @@ def evaluate(policy: Policy, table: ResultTable, param: float | None = None) -> 
         answered[route.answered] += 1
         escalated += route.answered != 0
         top += table.top in route.ran
-    c1k = metrics.cost_per_1k(costs)
+    c1k = measures.cost_per_1k(costs)
     return PolicyResult(
         policy=policy.name,
         param=param,
@@ -410,9 +410,9 @@ def evaluate(policy: Policy, table: ResultTable, param: float | None = None) -> 
         escalation_rate=escalated / n,
         top_rate=top / n,
         answered=tuple(a / n for a in answered),
-        latency_p50=metrics.percentile(latencies, 50),
-        latency_p95=metrics.percentile(latencies, 95),
-        savings=metrics.savings(c1k, top_cost_per_1k(table)),
+        latency_p50=measures.percentile(latencies, 50),
+        latency_p95=measures.percentile(latencies, 95),
+        savings=measures.savings(c1k, top_cost_per_1k(table)),
     )
 
 
@@ -425,7 +425,7 @@ def random_escalation(table: ResultTable, p: float) -> PolicyResult:
     reach = [p**k for k in range(last + 1)]
     answer = [reach[k] * (1 - p) if k < last else reach[k] for k in range(last + 1)]
     acc = sum(answer[k] * sum(it.tiers[k].correct for it in table.items) for k in range(last + 1)) / n
-    c1k = sum(reach[k] * metrics.cost_per_1k([it.tiers[k].cost_usd for it in table.items]) for k in range(last + 1))
+    c1k = sum(reach[k] * measures.cost_per_1k([it.tiers[k].cost_usd for it in table.items]) for k in range(last + 1))
     return PolicyResult(
         policy="random",
         param=p,
@@ -437,7 +437,7 @@ def random_escalation(table: ResultTable, p: float) -> PolicyResult:
         answered=tuple(answer),
         latency_p50=None,
         latency_p95=None,
-        savings=metrics.savings(c1k, top_cost_per_1k(table)),
+        savings=measures.savings(c1k, top_cost_per_1k(table)),
     )
 
 
@@ -500,7 +500,7 @@ def score_quality(table: ResultTable, column: str) -> list[ScoreQuality | None]:
             out.append(None)
             continue
         y, s = zip(*pairs, strict=True)
-        out.append(ScoreQuality(len(y), metrics.auroc(y, s), metrics.ece(y, s), metrics.brier(y, s)))
+        out.append(ScoreQuality(len(y), measures.auroc(y, s), measures.ece(y, s), measures.brier(y, s)))
     return out
 
 
@@ -513,15 +513,15 @@ def summarize(table: ResultTable, verifier: str, curve: list[PolicyResult] | Non
     weak = accuracy_of(table, 0)
     strong = accuracy_of(table, table.top)
     xy = [(r.top_rate, r.accuracy) for r in curve]
-    singles = [metrics.cost_per_1k([it.tiers[t].cost_usd for it in table.items]) for t in range(len(table.tiers))]
+    singles = [measures.cost_per_1k([it.tiers[t].cost_usd for it in table.items]) for t in range(len(table.tiers))]
     return VerifierSummary(
         verifier=verifier,
         auroc=aurocs,
         ece=eces,
         brier=briers,
-        apgr=metrics.apgr(xy, weak, strong),
-        cpt={x: metrics.cpt(xy, weak, strong, x) for x in CPT_TARGETS},
-        aiq=metrics.aiq([(r.cost_per_1k, r.accuracy) for r in curve], min(singles), max(singles)),
+        apgr=measures.apgr(xy, weak, strong),
+        cpt={x: measures.cpt(xy, weak, strong, x) for x in CPT_TARGETS},
+        aiq=measures.aiq([(r.cost_per_1k, r.accuracy) for r in curve], min(singles), max(singles)),
         curve=curve,
     )
 

@@ -38,8 +38,17 @@ from typing import Any
 import numpy as np
 
 from evals.calibrate import Target, in_calibration
-from evals.estimators import LEARNED, MANIFEST, PREDICTIONS, PREROUTER, attach, compare, load_predictions, pooled
 from evals.fitting import fit_model, out_of_fold
+from evals.learned_comparison import (
+    LEARNED,
+    MANIFEST,
+    PREDICTIONS,
+    PREROUTER,
+    attach,
+    compare,
+    load_predictions,
+    pooled,
+)
 from evals.train_report import TrainResult, write_report
 from evals.training_data import RunData, feature_verifiers, fill_scores
 from router.errors import ConfigError

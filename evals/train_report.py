@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evals.estimators import LEARNED, Comparison, comparison_json, comparison_markdown
 from evals.formatting import md_table
+from evals.learned_comparison import LEARNED, Comparison, comparison_json, comparison_markdown
 
 
 @dataclass

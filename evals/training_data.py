@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from evals.estimators import LEARNED, PREROUTER
+from evals.learned_comparison import LEARNED, PREROUTER
 from evals.store import RunStore, generation_key
 from evals.sweep import ResultTable, load_table
 from router.errors import ConfigError

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from evals.data import HUMANEVAL, fetch, read_jsonl
-from evals.metrics import auroc
+from evals.measures import auroc
 from evals.store import RunStore
 from evals.suites import get_suite
 from evals.sweep import ResultTable, load_table, summarize

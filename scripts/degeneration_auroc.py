@@ -4,7 +4,7 @@
 
 Reads each run's generations and grades as they are (writes nothing), scores every answer with
 the verifier's default params against the request the model was sent, and prints per tier: the
-AUROC of the score at predicting a right answer (evals.metrics.auroc), how many answers each sign
+AUROC of the score at predicting a right answer (evals.measures.auroc), how many answers each sign
 flagged, and the accuracy of the flagged and the unflagged answers. Needs the suites' data (from
 the pinned wheel, as `eval run` does) to rebuild each request; no model.
 """
@@ -16,7 +16,7 @@ import asyncio
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from evals.metrics import auroc
+from evals.measures import auroc
 from evals.store import RunStore
 from evals.suites import get_suite
 from router.generation import GenerationRequest

@@ -6,7 +6,7 @@ Reads each run's generations and grades as they are (writes nothing), scores eve
 the verifier's default params (no second opinion: that needs a model) through its public
 ``score()``, running each answer's program in the sandbox, and prints per tier: how many answers
 show a program, the outcomes with the accuracy of each group, and the AUROC of the score at
-predicting a right answer (evals.metrics.auroc) two ways: over all answers with an abstention
+predicting a right answer (evals.measures.auroc) two ways: over all answers with an abstention
 counted as 0.5, and over the answers it scored only. Needs the suites' data (from the pinned
 wheel, as `eval run` does) to rebuild each request, and bubblewrap; no model.
 
@@ -24,7 +24,7 @@ import asyncio
 from collections import defaultdict
 from pathlib import Path
 
-from evals.metrics import auroc
+from evals.measures import auroc
 from evals.store import RunStore
 from evals.suites import get_suite
 from router.generation import GenerationRequest

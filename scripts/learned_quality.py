@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 from evals.calibrate import split
-from evals.estimators import LEARNED, attach, load_predictions
+from evals.learned_comparison import LEARNED, attach, load_predictions
 from evals.store import RunStore
 from evals.sweep import load_table, summarize
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from evals import metrics
+from evals import measures
 from evals.store import RunStore
 from evals.sweep import CONFIG, CascadePolicy, ItemOutcome, ResultTable, Route, load_table, route_cost
 
@@ -106,7 +106,7 @@ def _point(label: str, table: ResultTable, routes: Sequence[Route], **extra: Any
         busy.append(_busy(item, route))
         right += correct
     n = len(table.items)
-    return Point(label, n, right / n, metrics.cost_per_1k(costs), sum(busy) / n, sum(lat) / n, **extra)
+    return Point(label, n, right / n, measures.cost_per_1k(costs), sum(busy) / n, sum(lat) / n, **extra)
 
 
 def single(label: str, table: ResultTable, tier: int, **extra: Any) -> Point:
@@ -144,7 +144,7 @@ def best_free(table: ResultTable) -> tuple[str, float]:
         if v in configured:
             continue
         scores = [it.tiers[0].scores.get(v) for it in table.items]
-        auc = metrics.auroc([it.tiers[0].correct for it in table.items], [-1.0 if s is None else s for s in scores])
+        auc = measures.auroc([it.tiers[0].correct for it in table.items], [-1.0 if s is None else s for s in scores])
         if auc is not None:
             ranked.append((auc, v))
     auc, v = max(ranked)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from evals import cli as eval_cli
+from evals import commands as eval_commands
 from router import bench
 from router.cli import keys as keys_cli
 from router.cli import ledger as ledger_cli
@@ -259,7 +259,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info")
 
     # command groups that live beside their packages
-    for register in (keys_cli.register, ledger_cli.register, report_cli.register, bench.register, eval_cli.register):
+    for register in (
+        keys_cli.register,
+        ledger_cli.register,
+        report_cli.register,
+        bench.register,
+        eval_commands.register,
+    ):
         register(sub, add)
     return parser
 

@@ -14,7 +14,9 @@ import pytest
 
 from evals.breakeven import LinearCost, analyse, break_even_scale, scale_price, scaled_top_prices
 from evals.calibrate import Target, split
-from evals.report import build, markdown, summary_rows
+from evals.report.pages import markdown
+from evals.report.suite import build
+from evals.report.tables import summary_rows
 from evals.store import RunStore
 from evals.sweep import CascadePolicy, ResultTable, SingleTier, evaluate, load_table
 from router.cli import main

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evals import metrics
+from evals import measures
 from evals.calibrate import in_calibration
-from evals.estimators import LEARNED, PREROUTER, attach, load_predictions
 from evals.fitting import fit_model, out_of_fold
+from evals.learned_comparison import LEARNED, PREROUTER, attach, load_predictions
 from evals.train import TrainResult, train
 from evals.training_data import feature_verifiers, load_run
 from router.cli import main
@@ -133,8 +133,8 @@ def test_out_of_fold_predictions_do_not_remember_their_rows() -> None:
     # (fit_model's own cross-validation picks a constant model for random labels, so the
     # memorising model is a weakly regularised logistic regression)
     memorised = LogisticRegression(C=100.0, max_iter=5000).fit(x, y).decision_function(x)
-    assert metrics.auroc(y, memorised) > 0.9
-    assert abs(metrics.auroc(y, out_of_fold(x, y, 150, seed=0)) - 0.5) < 0.15
+    assert measures.auroc(y, memorised) > 0.9
+    assert abs(measures.auroc(y, out_of_fold(x, y, 150, seed=0)) - 0.5) < 0.15
 
 
 def test_with_one_outcome_the_model_is_the_base_rate() -> None:

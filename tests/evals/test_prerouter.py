@@ -255,7 +255,7 @@ def test_the_learned_cascade_is_also_compared_at_the_single_verifiers_accuracy()
     """The learned cascade is calibrated a second time for min-accuracy at the best single
     verifier's calibration-split accuracy: the level, and so its thresholds, come from calibration
     items only; with a learned score that ranks perfectly it then costs less at no lower accuracy."""
-    from evals.estimators import LEARNED, PREROUTER, compare
+    from evals.learned_comparison import LEARNED, PREROUTER, compare
 
     rng = random.Random(3)
     items = []

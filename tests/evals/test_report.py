@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from evals.calibrate import Target
-from evals.report import build, write
+from evals.report.pages import write
+from evals.report.suite import build
 from evals.runner import EvalPlan, run_eval
 from evals.store import RunStore
 from evals.suites import get_suite

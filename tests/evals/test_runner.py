@@ -241,7 +241,7 @@ async def test_unavailable_tier_is_not_stored_and_is_retried(tmp_path: Path) -> 
 
 
 def test_width_sets_every_local_tiers_batch_and_nothing_else(tmp_path: Path) -> None:
-    from evals.cli import _with_width
+    from evals.commands.run import _with_width
     from router.errors import ConfigError
 
     settings = load_settings(write_config(tmp_path))
@@ -296,7 +296,7 @@ def test_verifiers_from_another_run(tmp_path: Path) -> None:
     list or an empty one (which would read as "not given" and fall back to the defaults) are refused."""
     import json
 
-    from evals.cli import _verifiers_of
+    from evals.commands.run import _verifiers_of
     from router.errors import ConfigError
 
     run = tmp_path / "run"
