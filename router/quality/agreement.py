@@ -13,7 +13,7 @@ task, so a rule is chosen by the request's task (`router.tasks`):
 
 The task rules read answers with the graders' and verifiers' extractors, which live in packages
 the core does not import; they are plugins, registered per task name through the entry-point
-group ``tierroute.agreement`` (the built-ins by `evals.agreement`), exactly as verifiers are. The
+group ``tierroute.agreement`` (the built-ins by `evals.agreement_rules`), exactly as verifiers are. The
 text rule is the core's own and always there, so a shadow pair is always judged.
 
 The text rule: both answers case-folded, whitespace collapsed and the punctuation around words
