@@ -27,11 +27,11 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 from router import policy
 from router.admission.auth import Principal
-from router.admission.limits import Hold, Limits, Reservation, SharedCounter, SharedLimits, day_start, month_start
+from router.admission.lifecycle import RequestAccount, Ticket
+from router.admission.limits import Limits, Reservation, SharedCounter, SharedLimits, day_start, month_start
 from router.cascade import CascadeResult, Tier
 from router.config import Settings
 from router.engine import Engine
@@ -130,20 +130,6 @@ def unreserved_verifiers(tiers: Sequence[Tier]) -> list[str]:
     )
 
 
-@dataclass
-class Ticket:
-    """An admitted request: its budget hold and its pending row's write."""
-
-    request_id: str
-    hold: Hold
-    written: asyncio.Future[None] | None  # its pending row's write, if one was started
-    pending: PendingEntry
-    settling: bool = False  # its record is being written: that (shielded) write releases the hold
-    user: str | None = None  # OpenAI's `user` field, kept in its ledger row
-    shared: bool = False  # admitted through the shared limits in `ready` (its key is limited)
-    reserved: bool = False  # that admission committed its reservation (its pending row)
-
-
 class Accounting:
     def __init__(self, settings: Settings, engine: Engine) -> None:
         self.settings = settings
@@ -209,6 +195,22 @@ class Accounting:
             await asyncio.to_thread(self.shared.close)
         if self.ledger is not None:
             await self.ledger.close()
+
+    def open(
+        self,
+        principal: Principal,
+        request_id: str,
+        request: GenerationRequest,
+        plan: Sequence[Tier],
+        model: str,
+        *,
+        stream: bool,
+        user: str | None = None,
+    ) -> RequestAccount:
+        """Admit the request (429 before any work) and give its account, which the route enters
+        once (`router.admission.lifecycle`)."""
+        ticket = self.admit(principal, request_id, request, plan, model, stream=stream, user=user)
+        return RequestAccount(self, principal, ticket)
 
     def admit(
         self,

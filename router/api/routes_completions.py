@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -11,12 +13,11 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from router.admission.accounting import Ticket
 from router.admission.auth import Principal
 from router.api import openai_types as ot
 from router.api.deps import PrincipalDep, Services, ServicesDep
 from router.api.errors import error_response
-from router.cascade import Answering, CascadeResult, Final, Spent, Tier
+from router.cascade import Answering, CascadeResult, Final, Tier
 from router.generation import Delta, GenerationRequest, TokenLogprob
 from router.structured import tools
 
@@ -45,18 +46,6 @@ def _prepare(services: Services, body: ot._Common, principal: Principal) -> tupl
     return request, plan
 
 
-async def _record_spent(services: Services, principal: Principal, ticket: Ticket, spent: Spent) -> None:
-    """A request that ended without an answer after work was done (a tier failed after another
-    answered, or the client went away mid-answer) is recorded and charged for that work. Once."""
-    result, spent.result = spent.result, None
-    if result is None:
-        return
-    try:
-        await services.accounting.record(principal, ticket, result)
-    except Exception as exc:  # noqa: BLE001 - the request is already failing; say so, keep its own error
-        log.error("could not record the spent work of %s: %s", ticket.request_id, exc)
-
-
 class _Stream(StreamingResponse):
     """A stream whose request is settled however the response ends, even when its body is never
     iterated (the client left before the first byte)."""
@@ -82,26 +71,19 @@ async def _respond(
 ) -> Any:
     request, plan = _prepare(services, body, principal)
     wanted = body.logprobs_wanted()  # checked by _prepare: None, or the alternatives to show
-    # 429 before any work
-    ticket = services.accounting.admit(
+    # 429 before any work; the account is entered once and left on every way out
+    # (router.admission.lifecycle: ready, written, record, spent work, release)
+    account = services.accounting.open(
         principal, rid, request, plan, body.model, stream=bool(body.stream), user=body.user
     )
-    accounting = services.accounting
     cascade = services.engine.cascade
-    spent = Spent()  # what a request that ends without an answer has cost: recorded all the same
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     # n > 1 is answered whole (the cascade judges the request once its n choices exist), so its
     # stream is the finished answer in OpenAI's chunks, choice by choice
     if not body.stream or request.n > 1:
-        try:
-            await accounting.ready(ticket)  # a failing ledger: 503 before any work
-            result = await cascade.run(request, body.model, spent=spent)
-            await services.accounting.record(principal, ticket, result)  # committed before the client sees it
-        except BaseException:
-            await _record_spent(services, principal, ticket, spent)
-            raise
-        finally:
-            accounting.release(ticket)
+        async with account:  # a failing ledger: 503 before any work
+            result = await cascade.run(request, body.model, spent=account.spent)
+            await account.record(result)  # committed before the client sees it
         payload = shape(rid, result, _extension(rid, result))
         for choice, g in zip(payload["choices"], result.generation.choices, strict=True):
             if request.offers_tools:
@@ -121,28 +103,24 @@ async def _respond(
             )
         return JSONResponse(payload, headers=headers, background=after)
 
-    events = cascade.stream(request, body.model, spent=spent).__aiter__()
-    settled = False
+    events = cascade.stream(request, body.model, spent=account.spent).__aiter__()
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(account)
+        # left in reverse: the cascade's slot freed (a client gone mid-answer fills spent), then the account
+        stack.push_async_callback(events.aclose)  # type: ignore[attr-defined]
+        first = await events.__anext__()  # errors before any output are plain HTTP errors
+        await account.written()  # no byte of an answer before its request has a ledger row
+        way_out = stack.pop_all()  # the stream owns the way out from here
+
+    settling: list[asyncio.Task[None]] = []
 
     async def settle() -> None:
-        """The one way out of a stream: free the cascade's slot, record spent work, release."""
-        nonlocal settled
-        if settled:
-            return
-        settled = True
-        try:
-            await events.aclose()  # type: ignore[attr-defined]  # a client gone mid-answer: frees the slot, fills spent
-            await _record_spent(services, principal, ticket, spent)
-        finally:
-            accounting.release(ticket)
+        """The one way out of a stream: every caller (the body's end, the response's) waits for
+        the same single run of it."""
+        if not settling:
+            settling.append(asyncio.ensure_future(way_out.aclose()))
+        await asyncio.shield(settling[0])
 
-    try:
-        await accounting.ready(ticket)
-        first = await events.__anext__()  # errors before any output are plain HTTP errors
-        await accounting.written(ticket)  # no byte of an answer before its request has a ledger row
-    except BaseException:
-        await settle()
-        raise
     assert isinstance(first, Answering)
     body_is_chat = isinstance(body, ot.ChatCompletionRequest)
 
@@ -187,7 +165,7 @@ async def _respond(
                         final["usage"] = ot.usage(result)
                     # committed before its finish_reason and cost are sent: a failed write ends the
                     # stream with an error event instead, and no [DONE]
-                    await services.accounting.record(principal, ticket, result)
+                    await account.record(result)
                     yield _sse(final)
             yield _sse("[DONE]")
             if result is not None:  # resumed after [DONE] was sent: the client has it all
