@@ -51,6 +51,9 @@ import json
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any
 
@@ -128,7 +131,8 @@ class _Checked:
 
     @staticmethod
     def key(kind: str, schema: Any) -> bytes:
-        return hashlib.sha256(f"{kind}:{schema_key(schema)}".encode()).digest()  # order kept: the grammar's
+        text = schema if isinstance(schema, str) else schema_key(schema)  # order kept: the grammar's
+        return hashlib.sha256(f"{kind}:{text}".encode()).digest()
 
     def get(self, key: bytes) -> Any:
         with self._lock:
@@ -145,36 +149,73 @@ class _Checked:
 
 _UNKNOWN = object()
 _CHECKED = _Checked(CHECK_CACHE)
+Verdict = tuple[str, str | None] | None  # a check's outcome: None, or the refusal's message and code
+# verdicts made elsewhere (a worker process) for the request being made typed in this context:
+# kept apart from the shared cache, which other requests' schemas may evict in the meantime
+_PINNED: ContextVar[dict[bytes, Verdict] | None] = ContextVar("pinned_schema_verdicts", default=None)
 
 
-def schema_known(schema: Any, *, strict: bool = True) -> bool:
-    """Whether `schema`'s check (`check_schema`, or `loosened_tool_schema` when not strict) has
-    run before: its outcome is then a look-up, cheap enough for the event loop."""
+def schema_verdict(schema: Any) -> Verdict:
+    """`check_schema`'s outcome for `schema`, computed afresh and returned rather than raised (for
+    a worker process: router.api.schema_checks)."""
     try:
-        if not strict:
-            if not isinstance(schema, dict):
-                return True  # refused at once, unchecked
-            _check_depth(schema, 0)
-            schema = _loosen_node(schema, "#", [])
+        _check_schema(schema)
+        return None
+    except RequestError as exc:
+        return str(exc), exc.code
+
+
+@contextmanager
+def pinned(verdicts: list[tuple[Any, Verdict]]) -> Iterator[None]:
+    """Within the block, `check_schema` takes these (schema, verdict) pairs as its outcomes, and the
+    shared cache remembers them for later requests."""
+    table = {}
+    for schema, verdict in verdicts:
+        key = _Checked.key("strict", schema)
+        _CHECKED.put(key, verdict)
+        table[key] = verdict
+    token = _PINNED.set(table)
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
+
+
+def checked_form(schema: Any, *, strict: bool = True) -> Any:
+    """The schema `check_schema` will be given for a client's `schema`: itself when strict, else
+    `loosened_tool_schema`'s form of it. None when that refuses it outright (cheaply)."""
+    if strict:
+        return schema
+    if not isinstance(schema, dict):
+        return None
+    try:
+        _check_depth(schema, 0)
+    except RequestError:
+        return None
+    return _loosen_node(schema, "#", [])
+
+
+def schema_known(schema: Any) -> bool:
+    """Whether `check_schema(schema)` has run before: its outcome is then a look-up, cheap enough
+    for the event loop. `schema` may be given as its compact JSON (`schema_key`'s)."""
+    try:
         return _CHECKED.get(_Checked.key("strict", schema)) is not _UNKNOWN
-    except (RequestError, TypeError, ValueError, RecursionError):
-        return False  # the check itself says what is wrong
+    except (TypeError, ValueError, RecursionError):
+        return False  # not JSON: the check itself says so
 
 
-def check_schema(schema: Any, param: str = PARAM) -> None:
+def check_schema(schema: Any, param: str = PARAM, *, text: str | None = None) -> None:
     """Refuse (RequestError, 400, naming `param`) a schema too large, too deep, using a construct
     the grammar cannot honour, or whose grammar could cost too much to decode under; the message
     names the construct and where it is. Every schema a client sends goes through it: a
     response_format's and each function's parameters. Blocking (up to about a second for a large
-    new schema; outcomes are remembered): the API runs it off the event loop."""
-    key = _Checked.key("strict", schema)
-    outcome = _CHECKED.get(key)
+    new schema; outcomes are remembered): the API runs it off the event loop. `text`: the
+    schema's compact JSON (`schema_key`'s) when the caller has it, which spares encoding it again."""
+    key = _Checked.key("strict", schema if text is None else text)
+    table = _PINNED.get()
+    outcome = table[key] if table is not None and key in table else _CHECKED.get(key)
     if outcome is _UNKNOWN:
-        try:
-            _check_schema(schema)
-            outcome = None
-        except RequestError as exc:
-            outcome = (str(exc), exc.code)
+        outcome = schema_verdict(schema)
         _CHECKED.put(key, outcome)
     if outcome is not None:
         message, code = outcome
@@ -182,10 +223,10 @@ def check_schema(schema: Any, param: str = PARAM) -> None:
 
 
 def check_schema_bytes(schemas: list[Any], param: str) -> None:
-    """Refuse a request whose schemas together pass MAX_REQUEST_SCHEMA_BYTES: each is checked (and
-    its grammar built) on the service's CPU, and per-schema caps alone let one request carry a
-    hundred of them."""
-    total = sum(len(schema_key(s).encode()) for s in schemas)
+    """Refuse a request whose schemas (each a schema, or its compact JSON) together pass
+    MAX_REQUEST_SCHEMA_BYTES: each is checked (and its grammar built) on the service's CPU, and
+    per-schema caps alone let one request carry a hundred of them."""
+    total = sum(len((s if isinstance(s, str) else schema_key(s)).encode()) for s in schemas)
     if total > MAX_REQUEST_SCHEMA_BYTES:
         raise RequestError(
             f"the request's JSON schemas (response_format's and every tool's parameters, as compact JSON) "
