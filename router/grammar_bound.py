@@ -213,10 +213,13 @@ def pattern_stacks(pattern: str) -> int:
 @dataclass(frozen=True)
 class Plan:
     """What a schema's grammar will hold: its live-stack bound, and the patterns left to the
-    verifier (above the bound alone, or all of them when the schema needed that to fit)."""
+    verifier (above the bound alone, or all of them when the schema needed that to fit). Patterns
+    the bound cannot read (lookarounds, unbalanced groups) are `unreadable`: the converter refuses
+    those too, in its own words, and where it would not they must stay out of the grammar."""
 
     stacks: int
     dropped: frozenset[str]
+    unreadable: frozenset[str] = frozenset()
 
 
 def plan(schema: dict[str, Any]) -> Plan:
@@ -225,13 +228,13 @@ def plan(schema: dict[str, Any]) -> Plan:
     without patterns. Pure and quick: at most MAX_BOUND_WORK alternatives visited."""
     first = _Bound(schema, keep_patterns=True)
     try:
-        return Plan(first.measure(), frozenset(first.dropped))
+        return Plan(first.measure(), frozenset(first.dropped), frozenset(first.unreadable))
     except _Over as over:
         if not first.patterns:
             raise Unbounded(over.message(first)) from None
     second = _Bound(schema, keep_patterns=False)
     try:
-        return Plan(second.measure(), frozenset(second.patterns))
+        return Plan(second.measure(), frozenset(second.patterns), frozenset(first.unreadable))
     except _Over as over:
         raise Unbounded(over.message(second)) from None
 
@@ -267,6 +270,7 @@ class _Bound:
         self.paths: dict[int, str] = {}
         self.patterns: set[str] = set()  # every pattern met
         self.dropped: set[str] = set()  # patterns above the bound alone
+        self.unreadable: set[str] = set()  # patterns the bound cannot read (counted as plain strings)
         self._index(schema, "#")
 
     def _index(self, node: Any, where: str) -> None:
@@ -464,8 +468,9 @@ class _Bound:
                 return 2
             try:
                 stacks = pattern_stacks(pattern)
-            except ValueError as exc:
-                raise _Over(f"its pattern cannot be read: {exc}", node) from None
+            except ValueError:
+                self.unreadable.add(pattern)
+                return 2
             if stacks > MAX_GRAMMAR_STACKS:
                 self.dropped.add(pattern)
                 return 2

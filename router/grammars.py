@@ -130,9 +130,9 @@ class _Checked:
         self._outcomes: OrderedDict[bytes, Any] = OrderedDict()
 
     @staticmethod
-    def key(kind: str, schema: Any) -> bytes:
+    def key(schema: Any) -> bytes:
         text = schema if isinstance(schema, str) else schema_key(schema)  # order kept: the grammar's
-        return hashlib.sha256(f"{kind}:{text}".encode()).digest()
+        return hashlib.sha256(text.encode()).digest()
 
     def get(self, key: bytes) -> Any:
         with self._lock:
@@ -171,7 +171,7 @@ def pinned(verdicts: list[tuple[Any, Verdict]]) -> Iterator[None]:
     shared cache remembers them for later requests."""
     table = {}
     for schema, verdict in verdicts:
-        key = _Checked.key("strict", schema)
+        key = _Checked.key(schema)
         _CHECKED.put(key, verdict)
         table[key] = verdict
     token = _PINNED.set(table)
@@ -199,7 +199,7 @@ def schema_known(schema: Any) -> bool:
     """Whether `check_schema(schema)` has run before: its outcome is then a look-up, cheap enough
     for the event loop. `schema` may be given as its compact JSON (`schema_key`'s)."""
     try:
-        return _CHECKED.get(_Checked.key("strict", schema)) is not _UNKNOWN
+        return _CHECKED.get(_Checked.key(schema)) is not _UNKNOWN
     except (TypeError, ValueError, RecursionError):
         return False  # not JSON: the check itself says so
 
@@ -211,7 +211,7 @@ def check_schema(schema: Any, param: str = PARAM, *, text: str | None = None) ->
     response_format's and each function's parameters. Blocking (up to about a second for a large
     new schema; outcomes are remembered): the API runs it off the event loop. `text`: the
     schema's compact JSON (`schema_key`'s) when the caller has it, which spares encoding it again."""
-    key = _Checked.key("strict", schema if text is None else text)
+    key = _Checked.key(schema if text is None else text)
     table = _PINNED.get()
     outcome = table[key] if table is not None and key in table else _CHECKED.get(key)
     if outcome is _UNKNOWN:
@@ -418,7 +418,10 @@ def request_grammar(request: GenerationRequest) -> str | None:
     forces, else its response_format. RequestError (400) when a schema cannot be made one."""
     call = tools.forced_call_schema(request)
     if call is not None:
-        return _compile(schema_key(call))  # the functions' schemas were checked with the request
+        try:
+            return _compile(schema_key(call))  # the functions' schemas were checked with the request
+        except RequestError as exc:  # all of them together, as one call's grammar: name them
+            raise RequestError(str(exc), param="tools", code=exc.code) from None
     if request.response_format is None:
         return None
     return grammar_for(request.response_format, request.max_tokens)
@@ -503,11 +506,24 @@ _JSON_CHAR = '[^"\\\\\\x7F\\x00-\\x1F]'
 
 @lru_cache(maxsize=GRAMMAR_CACHE)
 def _compile(key: str) -> str:
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
     schema = _root_dereferenced(_loosened(copy.deepcopy(json.loads(key))))
     # patterns whose grammar could be costly to decode under are left to the format verifier
-    schema = _without_patterns(schema, grammar_bound.plan(schema).dropped)
+    plan = grammar_bound.plan(schema)
+    schema = _without_patterns(schema, plan.dropped)
+    gbnf = _converted(schema)  # a pattern the bound could not read is refused here, in the converter's words
+    if plan.unreadable:  # or, where the converter read it after all, left out: its cost is unknown
+        gbnf = _converted(_without_patterns(schema, plan.unreadable))
+    gbnf = gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
+    if len(gbnf) > MAX_GRAMMAR_CHARS:
+        raise RequestError(
+            f"the JSON schema makes a grammar of {len(gbnf)} characters; at most {MAX_GRAMMAR_CHARS}", param=PARAM
+        )
+    return gbnf
+
+
+def _converted(schema: dict[str, Any]) -> str:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
     try:
         gbnf: str = json_schema_to_gbnf(json.dumps(schema))
     except RecursionError:
@@ -517,9 +533,4 @@ def _compile(key: str) -> str:
     except (ValueError, AssertionError, TypeError, AttributeError, IndexError) as exc:
         # the converter's own words name the construct (an unsupported pattern, an unresolvable $ref)
         raise RequestError(f"the JSON schema cannot be turned into a grammar: {exc}"[:500], param=PARAM) from None
-    gbnf = gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
-    if len(gbnf) > MAX_GRAMMAR_CHARS:
-        raise RequestError(
-            f"the JSON schema makes a grammar of {len(gbnf)} characters; at most {MAX_GRAMMAR_CHARS}", param=PARAM
-        )
     return gbnf

@@ -226,6 +226,15 @@ def test_patterns_go_when_only_without_them_the_schema_fits() -> None:
     check_schema(schema)
 
 
+def test_a_pattern_the_bound_cannot_read_is_judged_by_the_converter() -> None:
+    schema = {"type": "string", "pattern": "(?<=a)b"}  # a lookbehind, unanchored: the converter refuses both
+    check_schema(schema)  # a remote tier may still take it; the verifier checks it on the answer
+    with pytest.raises(RequestError) as err:
+        grammar_for(schema_format(schema))
+    assert "Pattern" in str(err.value) and err.value.param == "response_format"
+    assert grammar_bound.plan(schema).unreadable == {"(?<=a)b"}
+
+
 def test_the_bounds_own_work_is_bounded() -> None:
     # every level offers both definitions of the next: 2**60 paths, visited once each per set
     defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/e{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]} for i in range(60)}
