@@ -24,7 +24,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AllowInfNan,
@@ -281,6 +281,7 @@ class _Common(_Lenient):
     # the format verifier) and read to tell the request's task (router.tasks). tools: read for the task.
     response_format: ResponseFormat | None = None
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    serves_tools: ClassVar[bool] = True  # the legacy endpoint refuses them: their schemas are never checked
 
     @field_validator("tools", mode="before")
     @classmethod
@@ -331,7 +332,7 @@ class _Common(_Lenient):
             schema = fmt.json_schema.schema_ if fmt.json_schema.schema_ is not None else {}
             if not schema_known(schema):
                 todo.append(schema)
-        for tool in self.tools or ():
+        for tool in (self.tools or ()) if self.serves_tools else ():
             spec = tool.spec()
             if spec.parameters_json is None:
                 continue
@@ -564,6 +565,7 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
+    serves_tools: ClassVar[bool] = False
     prompt: StrictStr | list[StrictStr]
     echo: StrictBool | None = False
     suffix: StrictStr | None = None
