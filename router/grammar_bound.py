@@ -6,24 +6,28 @@ each other by linear search: a character costs about the square of the live stac
 where a repeated part can match nothing (each stack then reaches every later repetition without
 reading). The work happens in one C call on the engine thread, which nothing can interrupt, and
 every other sequence in the batch waits for it. Measured with the real engine over SmolLM2's
-vocabulary (`scripts/grammar_cost.py`, two loaded cores; ms per token, mean / max):
+vocabulary (`scripts/grammar_cost.py`; ms per token, mean / max, on two cores that other work
+shared, so the maxima are noisy):
 
-    pattern                         live stacks (bound)   ms per token
-    ^\\d{4}-\\d{2}-\\d{2}$ (rigid)                    1       0.1 / 0.3
-    ^(([a-z]{64}){64}){64}$                       2       0.1 / 0.4
-    ^([a-z]{1,16}){1,16}$                       256       2.8 / 8
-    ^([a-z]{1,32}){1,32}$                      1024       7.3 / 26
-    ^a(a?){16}$                                 256       0.1 / 5
-    ^a(a?){64}$                                4096        41 / 157
-    ^a((a?){12}){12}$                         20736       930 / 1900
-    ^a(((a?){6}){6}){6}$                      46656      3500 / 8600
-    ^a(((a?){12}){12}){12}$                       -      6200 / 24700, then > 30 s
-    anyOf chain, 12 levels of two alike branches   4096        21 / 380
-    anyOf chain, 16 levels                        65536       392 / 5800
+    string pattern or schema                       bound    ms per token
+    ^[0-9]{4}-[0-9]{2}-[0-9]{2}$                       3      0.1 / 0.3
+    ^(([a-z]{64}){64}){64}$ (rigid however deep)       5      0.1 / 0.4
+    enum of 500 strings                               63      0.4 / 2
+    ^([a-z]{1,8}){1,8}$                               65      1.0 / 5
+    ^a(a?){12}$                                      145      0.2 / 0.2
+    ^([a-z]{1,16}){1,16}$                            257      2.8 / 8
+    ^([a-z]{1,32}){1,32}$                           1025      7.5 / 26
+    ^a(a?){64}$                                     4097       41 / 157
+    ^a((a?){12}){12}$                              20737      930 / 1900
+    ^a(((a?){6}){6}){6}$                           46657     3500 / 8600
+    ^a(((a?){12}){12}){12}$ (issue 26)           ~3 million   6200 / 24700, then > 30 s a token
+    anyOf chain, 12 levels of two alike branches   > 256       21 / 380
+    anyOf chain, 16 levels                         > 256      390 / 5800, then > 30 s
+    two alike recursive objects, 14 levels deep    > 256      370 / 6600, then > 30 s
 
-(a free decode step of SmolLM2 is a few ms on a quiet core). So a schema's grammar gets a bound
-on its live stacks, computed from the schema as the converter will write it, and may hold at most
-`MAX_GRAMMAR_STACKS` (256: a few ms per token at worst in the table above):
+So a schema's grammar gets a bound on its live stacks, computed from the schema as the converter
+will write it, and may hold at most `MAX_GRAMMAR_STACKS` (256: where the cost reaches a few ms a
+token):
 
 - A pattern counts its positions (each character class or literal, times the repetitions around
   it) where repetitions can be misaligned: a repeated part of variable length (`([a-z]{1,16}){16}`)
