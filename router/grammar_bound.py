@@ -60,7 +60,7 @@ from typing import Any
 from router.errors import RequestError
 
 MAX_GRAMMAR_STACKS = 256
-MAX_BOUND_WORK = 50_000  # alternatives visited, all sets together: the bound's own work is bounded too
+MAX_BOUND_WORK = 200_000  # alternatives visited, all sets together (~0.3 s): the bound's own work is bounded too
 MAX_REF_NESTING = 64  # values nested inside values, references followed
 PARAM = "response_format"
 _HUGE = 1 << 40  # positions are capped here so arithmetic on nested counts stays small
@@ -271,6 +271,7 @@ class _Bound:
         self.active: dict[tuple[int, ...], int] = {}  # alternatives sets being measured -> their depth
         self.reentered = _HUGE  # the shallowest open set met again below (its value there is partial)
         self.derived: dict[tuple[int, str], dict[str, Any]] = {}  # stable copies: type-list members
+        self.leaves: dict[str, dict[str, Any]] = {}  # scalar-only schemas by content (_interned)
         self.paths: dict[int, str] = {}
         self.patterns: set[str] = set()  # every pattern met
         self.dropped: set[str] = set()  # patterns above the bound alone
@@ -303,6 +304,9 @@ class _Bound:
         return node
 
     def _branches(self, node: Any, out: list[dict[str, Any]], seen: frozenset[int]) -> None:
+        self.work += 1  # alternatives of alternatives can be a lattice: every path through it counts
+        if self.work > MAX_BOUND_WORK:
+            raise _Over("too many alternatives and references to bound its grammar's work", node)
         node = self._resolve(node)
         if not isinstance(node, dict) or id(node) in seen:
             return  # an alternative that is itself: left recursion, which llama.cpp refuses
@@ -317,9 +321,19 @@ class _Bound:
                 if key not in self.derived:
                     self.derived[key] = {**node, "type": t}
                     self.paths[id(self.derived[key])] = self.paths.get(id(node), "#")
-                out.append(self.derived[key])
+                out.append(self._interned(self.derived[key]))
         else:
-            out.append(node)
+            out.append(self._interned(node))
+
+    def _interned(self, node: dict[str, Any]) -> dict[str, Any]:
+        """One node per content for schemas of scalars alone (`{"type": "null"}` written in forty
+        places), so that alike alternatives sets are one set to measure and remember."""
+        if any(isinstance(v, (dict, list)) for v in node.values()):
+            return node
+        try:
+            return self.leaves.setdefault(json.dumps(node, sort_keys=True), node)
+        except (TypeError, ValueError):
+            return node
 
     @staticmethod
     def _kind(node: dict[str, Any]) -> str:

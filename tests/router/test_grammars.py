@@ -243,6 +243,12 @@ def test_the_bounds_own_work_is_bounded() -> None:
     with pytest.raises(RequestError) as err:
         check_schema({"$defs": defs, "$ref": "#/$defs/d0"})
     assert err.value.code == "grammar_too_costly"
+    # anyOf of anyOf, each naming the next twice: 2**60 ways down to a string, or back to the top
+    lattice = {f"a{i}": {"anyOf": [{"$ref": f"#/$defs/a{i + 1}"}] * 2} for i in range(60)}
+    for last in ({"type": "string"}, {"anyOf": [{"$ref": "#/$defs/a0"}]}):
+        with pytest.raises(RequestError) as err:
+            check_schema({"$defs": {**lattice, "a60": last}, "$ref": "#/$defs/a0"})
+        assert err.value.code == "grammar_too_costly"
 
 
 def test_checks_are_remembered_and_schema_bytes_capped() -> None:
