@@ -163,6 +163,8 @@ def schema_verdict(schema: Any) -> Verdict:
         return None
     except RequestError as exc:
         return str(exc), exc.code
+    except RecursionError:  # nesting past what the checks themselves can walk
+        return "the JSON schema nests too deeply to check", None
 
 
 @contextmanager

@@ -13,6 +13,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
 
 WORKER_NICENESS = 10
 
@@ -22,9 +25,16 @@ def main() -> None:
     from router.grammars import schema_verdict  # after the nice: importing is work too
 
     for line in sys.stdin:
-        verdicts = [schema_verdict(schema) for schema in json.loads(line)]
-        sys.stdout.write(json.dumps(verdicts) + "\n")
+        sys.stdout.write(json.dumps([_verdict(schema, schema_verdict) for schema in json.loads(line)]) + "\n")
         sys.stdout.flush()
+
+
+def _verdict(schema: Any, check: Callable[[Any], Any]) -> Any:
+    try:
+        return check(schema)
+    except Exception as exc:  # noqa: BLE001 - a bug in a check refuses that schema; the worker lives on
+        traceback.print_exc()
+        return f"the JSON schema could not be checked ({type(exc).__name__})", None
 
 
 if __name__ == "__main__":
