@@ -24,13 +24,14 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AllowInfNan,
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     Strict,
     StrictBool,
     StrictInt,
@@ -54,7 +55,13 @@ from router.generation import (
     ToolSpec,
 )
 from router.generation import ResponseFormat as GenerationFormat
-from router.structured.grammars import check_schema, loosened_tool_schema
+from router.structured.grammars import (
+    check_schema,
+    check_schema_bytes,
+    checked_form,
+    loosened_tool_schema,
+    schema_known,
+)
 from router.structured.tools import ToolAnswer, argument_fragments
 
 Number = Annotated[float, Strict(), AllowInfNan(False)]  # a JSON number (an int is fine), finite
@@ -106,16 +113,19 @@ MAX_CALL_ID_CHARS = 256
 
 
 def _depth(value: Any) -> int:
-    """Nesting depth of a JSON value, without recursion (a hostile schema cannot exhaust the stack)."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        node, depth = todo.pop()
-        deepest = max(deepest, depth)
-        if isinstance(node, dict):
-            todo.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            todo.extend((v, depth + 1) for v in node)
-    return deepest
+    """Nesting depth of a JSON value, without recursion (a hostile schema cannot exhaust the stack),
+    level by level: it runs on the event loop for every tool, so each node costs one type check."""
+    depth, level = 0, [value]
+    while level:
+        depth += 1
+        below: list[Any] = []
+        for node in level:
+            if isinstance(node, dict):
+                below.extend(node.values())
+            elif isinstance(node, list):
+                below.extend(node)
+        level = below
+    return depth
 
 
 def compact_json(value: Any) -> str:
@@ -152,14 +162,20 @@ class Tool(_Lenient):
             raise ValueError(f"tools of type {v[:64]!r} are not supported; only 'function'")
         return v
 
+    # made once: its parameters are encoded and parsed again only as often as they must be (a
+    # request may carry 256 KB of them, read on the event loop)
+    _spec: ToolSpec | None = PrivateAttr(default=None)
+
     def spec(self) -> ToolSpec:
-        f = self.function
-        return ToolSpec(
-            name=f.name,
-            description=f.description,
-            parameters_json=None if f.parameters is None else compact_json(f.parameters),
-            strict=bool(f.strict),
-        )
+        if self._spec is None:
+            f = self.function
+            self._spec = ToolSpec(
+                name=f.name,
+                description=f.description,
+                parameters_json=None if f.parameters is None else compact_json(f.parameters),
+                strict=bool(f.strict),
+            )
+        return self._spec
 
 
 class CalledFunction(_Lenient):
@@ -271,6 +287,7 @@ class _Common(_Lenient):
     # the format verifier) and read to tell the request's task (router.tasks). tools: read for the task.
     response_format: ResponseFormat | None = None
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    serves_tools: ClassVar[bool] = True  # the legacy endpoint refuses them: their schemas are never checked
 
     @field_validator("tools", mode="before")
     @classmethod
@@ -309,6 +326,35 @@ class _Common(_Lenient):
     def logprobs_wanted(self) -> int | None:
         """How many alternatives per token the client wants shown; None: no logprobs at all."""
         raise NotImplementedError
+
+    def new_schemas(self) -> list[Any]:
+        """The schemas (as `check_schema` will be given them) that making the typed request checks
+        and that were not checked before: up to about a second of CPU each, which the API spends
+        off the event loop (router.api.schema_checks). Itself on the loop: a digest per schema."""
+        self._check_schema_bytes()  # a request over the cap is refused before any of its schemas is read
+        todo: list[Any] = []
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
+            schema = fmt.json_schema.schema_ if fmt.json_schema.schema_ is not None else {}
+            if not schema_known(schema):
+                todo.append(schema)
+        for tool in (self.tools or ()) if self.serves_tools else ():
+            spec = tool.spec()
+            if spec.parameters_json is None:
+                continue
+            # a strict function's canonical JSON is its check's key already: no encoding again
+            form = spec.parameters if spec.strict else checked_form(spec.parameters, strict=False)
+            if form is not None and not schema_known(spec.parameters_json if spec.strict else form):
+                todo.append(form)
+        return todo
+
+    def _check_schema_bytes(self) -> None:
+        fmt = self.response_format
+        schemas: list[Any] = [t.spec().parameters_json for t in self.tools or () if t.function.parameters is not None]
+        if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
+            schemas.append(fmt.json_schema.schema_ if fmt.json_schema.schema_ is not None else {})
+        if schemas:
+            check_schema_bytes(schemas, "tools" if self.tools else "response_format")
 
     def decoding(self) -> dict[str, Any]:
         """response_format, logit_bias and the penalties as a GenerationRequest takes them."""
@@ -437,6 +483,7 @@ class ChatCompletionRequest(_Common):
     def to_generation(self, default_max_tokens: int, *, may_send_tests: bool = False) -> GenerationRequest:
         """The typed request. `may_send_tests` is the caller's permission (Principal.may_send_tests):
         without it a request carrying tierroute.tests is refused with 403."""
+        self._check_schema_bytes()  # before any of them is checked
         messages = self._messages()
         self._check_text_size(
             sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages), "messages"
@@ -498,7 +545,7 @@ class ChatCompletionRequest(_Common):
         for i, spec in enumerate(specs):
             param = f"tools.{i}.function.parameters"
             if spec.parameters is not None and spec.strict:
-                check_schema(spec.parameters, param=param)
+                check_schema(spec.parameters, param=param, text=spec.parameters_json)
             elif spec.parameters is not None:
                 loose, dropped = loosened_tool_schema(spec.parameters, param)
                 if dropped:
@@ -524,6 +571,7 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
+    serves_tools: ClassVar[bool] = False
     prompt: StrictStr | list[StrictStr]
     echo: StrictBool | None = False
     suffix: StrictStr | None = None
@@ -558,6 +606,7 @@ class CompletionRequest(_Common):
             raise RequestError("tools are a chat parameter; use /v1/chat/completions", param="tools")
         if self.echo or self.suffix:
             raise RequestError("echo and suffix are not supported", param="echo" if self.echo else "suffix")
+        self._check_schema_bytes()
         self._check_text_size(len(prompt), "prompt")
         max_tokens = self.max_tokens or default_max_tokens
         return GenerationRequest(

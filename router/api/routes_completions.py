@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,9 +18,11 @@ from router.admission.auth import Principal
 from router.api import openai_types as ot
 from router.api.deps import PrincipalDep, Services, ServicesDep
 from router.api.errors import error_response
+from router.api.schema_checks import verdicts
 from router.cascade import Answering, CascadeResult, Final, Tier
 from router.generation import Delta, GenerationRequest, TokenLogprob
 from router.structured import tools
+from router.structured.grammars import pinned
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1")
@@ -38,12 +41,17 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-def _prepare(services: Services, body: ot._Common, principal: Principal) -> tuple[GenerationRequest, list[Tier]]:
+async def _prepare(services: Services, body: ot._Common, principal: Principal) -> tuple[GenerationRequest, list[Tier]]:
     plan = services.engine.cascade.plan(body.model)  # 404 for an unknown model, before any work
     default_max = max(t.settings.max_tokens for t in plan)
     # 403 for tests from a caller the operator has not allowed to send them
-    request = body.to_generation(default_max, may_send_tests=principal.may_send_tests)  # type: ignore[attr-defined]
-    return request, plan
+    make = functools.partial(body.to_generation, default_max, may_send_tests=principal.may_send_tests)  # type: ignore[attr-defined]
+    # a schema not checked before costs up to a second of CPU: checked in a worker, never on the loop
+    new = body.new_schemas()
+    if not new:
+        return make(), plan
+    with pinned(await verdicts(new)):
+        return make(), plan
 
 
 class _Stream(StreamingResponse):
@@ -69,7 +77,7 @@ async def _respond(
     shape: Callable[[str, CascadeResult, dict[str, Any]], dict[str, Any]],
     chunk: Callable[[str, str, str | None, bool], dict[str, Any]],
 ) -> Any:
-    request, plan = _prepare(services, body, principal)
+    request, plan = await _prepare(services, body, principal)
     wanted = body.logprobs_wanted()  # checked by _prepare: None, or the alternatives to show
     # 429 before any work; the account is entered once and left on every way out
     # (router.admission.lifecycle: ready, written, record, spent work, release)

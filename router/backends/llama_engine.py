@@ -18,7 +18,9 @@ sequence and kept when the grammar allows it, which costs a check of one token; 
 not is the choice made again among the likeliest `GRAMMAR_CANDIDATES` the grammar allows, and only
 when it allows none of those among the whole vocabulary (a 151k-token scan, rare). The end token
 is allowed only where the grammar is complete. `logit_bias` and the presence and frequency
-penalties reshape a copy of the row before any of this; logprobs stay the model's own.
+penalties reshape a copy of the row before any of this; logprobs stay the model's own. Grammar
+time is summed per sequence and held to `grammar_budget` (router.backends.grammar_budget): a
+sequence past it is ended alone, as a bad request.
 
 A scoring job (`Job.score_from` set) is another tier's candidate answer read by this model: its
 prompt is the rendered request followed by the candidate's tokens, prefilled like any prompt but
@@ -83,6 +85,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from router.backends.grammar_budget import GrammarBudget
 from router.errors import (
     ContextLengthError,
     DeadlineError,
@@ -399,6 +402,7 @@ class _Seq:
     reserved: int = 0
     top1: list[bool] = field(default_factory=list)  # scoring jobs: each candidate token the argmax?
     grammar: Any = None  # this sequence's own llama_sampler (grammar state advances with its tokens)
+    grammar_s: float = 0.0  # engine time spent on that grammar: held to the engine's GrammarBudget
     counts: dict[int, int] = field(default_factory=dict)  # generated tokens' counts, for the penalties
     d_pos: int = 0  # tokens of prompt + answer in the draft model's KV for this sequence
     draft: list[int] = field(default_factory=list)  # this step's drafted tokens
@@ -481,6 +485,7 @@ class LlamaEngine:
         draft_p_min: float = 0.6,
         draft_max_batch: int = 1,
         spec_cascade: tuple[str, float] | None = None,
+        grammar_budget: GrammarBudget | None = None,
     ) -> None:
         self.model_path = model_path
         # (rule, margin) of the speculative cascade (`cascade_defers`); None: exact speculative decoding
@@ -537,6 +542,8 @@ class LlamaEngine:
         self.grammar_tokens = 0  # tokens sampled under a grammar
         self.grammar_full_scans = 0  # of those, chosen by checking the whole vocabulary
         self.grammar_dead_ends = 0  # sequences ended because the grammar allowed no token at all
+        self.grammar_budget = grammar_budget or GrammarBudget()  # each constrained sequence's grammar time
+        self.grammar_overruns = 0  # sequences ended for passing it
 
     # ---- public, any thread -----------------------------------------------------------------
 
@@ -831,6 +838,10 @@ class LlamaEngine:
                     if seq.job.cancelled or (seq.job.deadline is not None and now > seq.job.deadline):
                         if not seq.job.cancelled:
                             seq.job.emit(ErrorEvent(DeadlineError("generation passed its deadline")))
+                        reserved -= self._release(seq, running, free_ids)
+                    elif seq.grammar is not None and not self.grammar_budget.allows(seq.grammar_s, len(seq.generated)):
+                        self.grammar_overruns += 1  # this sequence alone: its grammar cost the others too much
+                        seq.job.emit(ErrorEvent(self.grammar_budget.error(seq.grammar_s, len(seq.generated))))
                         reserved -= self._release(seq, running, free_ids)
                 self.active = len(running)
                 if not running:
@@ -1333,7 +1344,9 @@ class LlamaEngine:
         if seq.grammar is not None:
             t0 = time.perf_counter()
             lc.llama_sampler_accept(seq.grammar, token)
-            self.grammar_s += time.perf_counter() - t0
+            spent = time.perf_counter() - t0
+            self.grammar_s += spent
+            seq.grammar_s += spent
         if job.presence_penalty or job.frequency_penalty:
             seq.counts[token] = seq.counts.get(token, 0) + 1
         # log-softmax normaliser of the model's own row (T=1): logprobs are the model's, whatever sampled
@@ -1406,7 +1419,9 @@ class LlamaEngine:
                 return None
             return int(allowed[self._pick(row[allowed], seq.job, seq.rng)])
         finally:
-            self.grammar_s += time.perf_counter() - t0
+            spent = time.perf_counter() - t0
+            self.grammar_s += spent
+            seq.grammar_s += spent
 
     def _allowed(self, grammar: Any, ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
         """Those of `ids` the grammar allows next (llama.cpp sets the others' logits to -inf)."""
@@ -1430,6 +1445,7 @@ class LlamaEngine:
 
         gbnf = seq.job.grammar
         assert gbnf is not None
+        t0 = time.perf_counter()
         proto = self._grammars.get(gbnf)
         if proto is None:
             proto = lc.llama_sampler_init_grammar(self._vocab, gbnf.encode(), b"root")
@@ -1442,6 +1458,7 @@ class LlamaEngine:
                 lc.llama_sampler_free(self._grammars.popitem(last=False)[1])
         self._grammars.move_to_end(gbnf)
         seq.grammar = lc.llama_sampler_clone(proto)
+        seq.grammar_s += time.perf_counter() - t0  # parsing and cloning advance the first parse stacks
         return True
 
     @staticmethod

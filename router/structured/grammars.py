@@ -23,8 +23,12 @@ schema is read here first, once, before any model sees it:
   Remote `$ref`s, invalid types and oversized patterns are refused there too.
 
 Sizes are capped (schema bytes, nesting depth, grammar size), so one request cannot make the
-conversion or llama.cpp's grammar parser expensive. Grammars are cached per schema (its compact
-JSON, property order kept: the grammar writes properties in that order).
+conversion or llama.cpp's grammar parser expensive. Decoding under the grammar is bounded too:
+`router.structured.grammar_bound` bounds the parse stacks it can keep alive (what llama.cpp's work per token
+grows with; nested repetitions and alike alternatives multiply them), leaves a pattern above the
+bound to the verifier, and refuses a schema above it even without patterns. Grammars and checks
+are cached per schema (its compact JSON, property order kept: the grammar writes properties in
+that order).
 
 JSON mode (`json_object`) has no schema, and a grammar of "any object" lets a model write one
 string, or one array, until `max_tokens` cuts it off: unparseable JSON, which the format verifier
@@ -42,14 +46,20 @@ under the grammar of one call (`router.structured.tools.forced_call_schema`): th
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any
 
 from router.errors import RequestError
 from router.generation import GenerationRequest, ResponseFormat
-from router.structured import tools
+from router.structured import grammar_bound, tools
 
 MAX_SCHEMA_BYTES = 32_000  # compact JSON; OpenAI's own structured-output limits are of this order
 MAX_SCHEMA_DEPTH = 24  # nested objects and arrays in the schema document itself
@@ -57,6 +67,8 @@ MAX_PATTERN_CHARS = 500
 MAX_GRAMMAR_CHARS = 256_000  # the GBNF handed to llama.cpp
 MAX_GRAMMAR_REPEAT = 64  # a length or count bound above this is left to the verifier
 GRAMMAR_CACHE = 128
+CHECK_CACHE = 512  # schemas whose check's outcome is remembered (by digest: a few hundred bytes each)
+MAX_REQUEST_SCHEMA_BYTES = 262_144  # one request's schemas together: response_format's and its tools'
 PARAM = "response_format"
 
 # enforced by the grammar
@@ -107,16 +119,122 @@ _REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
 _TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 
 
-def check_schema(schema: Any, param: str = PARAM) -> None:
-    """Refuse (RequestError, 400, naming `param`) a schema too large, too deep, or using a
-    construct the grammar cannot honour; the message names the construct and where it is. Every
-    schema a client sends goes through it: a response_format's and each function's parameters."""
+class _Checked:
+    """Outcomes of schema checks, by the digest of the schema's compact JSON (order kept), for
+    any thread: a check costs up to half a second of CPU (the meta-schema validation of a 30 KB
+    schema), and clients send the same schemas again and again. Bounded, least recently used out."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._outcomes: OrderedDict[bytes, Any] = OrderedDict()
+
+    @staticmethod
+    def key(schema: Any) -> bytes:
+        text = schema if isinstance(schema, str) else schema_key(schema)  # order kept: the grammar's
+        return hashlib.sha256(text.encode()).digest()
+
+    def get(self, key: bytes) -> Any:
+        with self._lock:
+            if key in self._outcomes:
+                self._outcomes.move_to_end(key)
+            return self._outcomes.get(key, _UNKNOWN)
+
+    def put(self, key: bytes, outcome: Any) -> None:
+        with self._lock:
+            self._outcomes[key] = outcome
+            while len(self._outcomes) > self.size:
+                self._outcomes.popitem(last=False)
+
+
+_UNKNOWN = object()
+_CHECKED = _Checked(CHECK_CACHE)
+Verdict = tuple[str, str | None] | None  # a check's outcome: None, or the refusal's message and code
+# verdicts made elsewhere (a worker process) for the request being made typed in this context:
+# kept apart from the shared cache, which other requests' schemas may evict in the meantime
+_PINNED: ContextVar[dict[bytes, Verdict] | None] = ContextVar("pinned_schema_verdicts", default=None)
+
+
+def schema_verdict(schema: Any) -> Verdict:
+    """`check_schema`'s outcome for `schema`, computed afresh and returned rather than raised (for
+    a worker process: router.api.schema_checks)."""
     try:
         _check_schema(schema)
+        return None
     except RequestError as exc:
-        if param == PARAM:
-            raise
-        raise RequestError(str(exc), param=param) from None
+        return str(exc), exc.code
+    except RecursionError:  # nesting past what the checks themselves can walk
+        return "the JSON schema nests too deeply to check", None
+
+
+@contextmanager
+def pinned(verdicts: list[tuple[Any, Verdict]]) -> Iterator[None]:
+    """Within the block, `check_schema` takes these (schema, verdict) pairs as its outcomes, and the
+    shared cache remembers them for later requests."""
+    table = {}
+    for schema, verdict in verdicts:
+        key = _Checked.key(schema)
+        _CHECKED.put(key, verdict)
+        table[key] = verdict
+    token = _PINNED.set(table)
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
+
+
+def checked_form(schema: Any, *, strict: bool = True) -> Any:
+    """The schema `check_schema` will be given for a client's `schema`: itself when strict, else
+    `loosened_tool_schema`'s form of it. None when that refuses it outright (cheaply)."""
+    if strict:
+        return schema
+    if not isinstance(schema, dict):
+        return None
+    try:
+        _check_depth(schema, 0)
+    except RequestError:
+        return None
+    return _loosen_node(schema, "#", [])
+
+
+def schema_known(schema: Any) -> bool:
+    """Whether `check_schema(schema)` has run before: its outcome is then a look-up, cheap enough
+    for the event loop. `schema` may be given as its compact JSON (`schema_key`'s)."""
+    try:
+        return _CHECKED.get(_Checked.key(schema)) is not _UNKNOWN
+    except (TypeError, ValueError, RecursionError):
+        return False  # not JSON: the check itself says so
+
+
+def check_schema(schema: Any, param: str = PARAM, *, text: str | None = None) -> None:
+    """Refuse (RequestError, 400, naming `param`) a schema too large, too deep, using a construct
+    the grammar cannot honour, or whose grammar could cost too much to decode under; the message
+    names the construct and where it is. Every schema a client sends goes through it: a
+    response_format's and each function's parameters. Blocking (up to about a second for a large
+    new schema; outcomes are remembered): the API runs it off the event loop. `text`: the
+    schema's compact JSON (`schema_key`'s) when the caller has it, which spares encoding it again."""
+    key = _Checked.key(schema if text is None else text)
+    table = _PINNED.get()
+    outcome = table[key] if table is not None and key in table else _CHECKED.get(key)
+    if outcome is _UNKNOWN:
+        outcome = schema_verdict(schema)
+        _CHECKED.put(key, outcome)
+    if outcome is not None:
+        message, code = outcome
+        raise RequestError(message, param=param, code=code)
+
+
+def check_schema_bytes(schemas: list[Any], param: str) -> None:
+    """Refuse a request whose schemas (each a schema, or its compact JSON) together pass
+    MAX_REQUEST_SCHEMA_BYTES: each is checked (and its grammar built) on the service's CPU, and
+    per-schema caps alone let one request carry a hundred of them."""
+    total = sum(len((s if isinstance(s, str) else schema_key(s)).encode()) for s in schemas)
+    if total > MAX_REQUEST_SCHEMA_BYTES:
+        raise RequestError(
+            f"the request's JSON schemas (response_format's and every tool's parameters, as compact JSON) "
+            f"are {total} bytes together; at most {MAX_REQUEST_SCHEMA_BYTES} are accepted",
+            param=param,
+        )
 
 
 def _check_schema(schema: Any) -> None:
@@ -127,6 +245,7 @@ def _check_schema(schema: Any) -> None:
         raise RequestError(f"the JSON schema is {size} bytes; at most {MAX_SCHEMA_BYTES} are accepted", param=PARAM)
     _check_depth(schema, 0)
     _check_node(schema, "#")
+    grammar_bound.plan(_root_dereferenced(_loosened(schema)))  # before the slower meta-schema check
     import jsonschema  # the format verifier validates answers against it: it must be a valid schema
 
     try:
@@ -143,10 +262,13 @@ def loosened_tool_schema(schema: Any, param: str) -> tuple[dict[str, Any], list[
     what stays is as safe as a strict schema. Returns it and where the keywords were dropped."""
     if not isinstance(schema, dict):
         raise RequestError("a JSON schema must be a JSON object", param=param)
-    _check_depth(schema, 0)  # the client's schema is rendered into the prompt whole
+    try:
+        _check_depth(schema, 0)  # the client's schema is rendered into the prompt whole
+    except RequestError as exc:
+        raise RequestError(str(exc), param=param) from None
     dropped: list[str] = []
     loose = _loosen_node(schema, "#", dropped)
-    check_schema(loose, param)
+    check_schema(loose, param)  # remembered by the loosened schema: a repeat costs the loosening alone
     return loose, dropped
 
 
@@ -269,6 +391,25 @@ def _loosened(node: Any) -> Any:
     return node
 
 
+def _without_patterns(node: Any, dropped: frozenset[str]) -> Any:
+    """The schema without the patterns in `dropped`, read as a schema (a property named "pattern",
+    or a const holding one, is not a pattern)."""
+    if not dropped or not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "pattern" and isinstance(value, str) and value in dropped:
+            continue
+        if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            value = {name: _without_patterns(sub, dropped) for name, sub in value.items()}
+        elif (key in _SUBSCHEMA_LISTS or key == "items") and isinstance(value, list):
+            value = [_without_patterns(sub, dropped) for sub in value]
+        elif key in ("items", "additionalProperties"):
+            value = _without_patterns(value, dropped)
+        out[key] = value
+    return out
+
+
 def schema_key(schema: dict[str, Any]) -> str:
     """The cache key of a schema: its compact JSON, property order kept."""
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
@@ -279,7 +420,10 @@ def request_grammar(request: GenerationRequest) -> str | None:
     forces, else its response_format. RequestError (400) when a schema cannot be made one."""
     call = tools.forced_call_schema(request)
     if call is not None:
-        return _compile(schema_key(call))  # the functions' schemas were checked with the request
+        try:
+            return _compile(schema_key(call))  # the functions' schemas were checked with the request
+        except RequestError as exc:  # all of them together, as one call's grammar: name them
+            raise RequestError(str(exc), param="tools", code=exc.code) from None
     if request.response_format is None:
         return None
     return grammar_for(request.response_format, request.max_tokens)
@@ -364,9 +508,24 @@ _JSON_CHAR = '[^"\\\\\\x7F\\x00-\\x1F]'
 
 @lru_cache(maxsize=GRAMMAR_CACHE)
 def _compile(key: str) -> str:
+    schema = _root_dereferenced(_loosened(copy.deepcopy(json.loads(key))))
+    # patterns whose grammar could be costly to decode under are left to the format verifier
+    plan = grammar_bound.plan(schema)
+    schema = _without_patterns(schema, plan.dropped)
+    gbnf = _converted(schema)  # a pattern the bound could not read is refused here, in the converter's words
+    if plan.unreadable:  # or, where the converter read it after all, left out: its cost is unknown
+        gbnf = _converted(_without_patterns(schema, plan.unreadable))
+    gbnf = gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
+    if len(gbnf) > MAX_GRAMMAR_CHARS:
+        raise RequestError(
+            f"the JSON schema makes a grammar of {len(gbnf)} characters; at most {MAX_GRAMMAR_CHARS}", param=PARAM
+        )
+    return gbnf
+
+
+def _converted(schema: dict[str, Any]) -> str:
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    schema = _root_dereferenced(_loosened(copy.deepcopy(json.loads(key))))
     try:
         gbnf: str = json_schema_to_gbnf(json.dumps(schema))
     except RecursionError:
@@ -376,9 +535,4 @@ def _compile(key: str) -> str:
     except (ValueError, AssertionError, TypeError, AttributeError, IndexError) as exc:
         # the converter's own words name the construct (an unsupported pattern, an unresolvable $ref)
         raise RequestError(f"the JSON schema cannot be turned into a grammar: {exc}"[:500], param=PARAM) from None
-    gbnf = gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
-    if len(gbnf) > MAX_GRAMMAR_CHARS:
-        raise RequestError(
-            f"the JSON schema makes a grammar of {len(gbnf)} characters; at most {MAX_GRAMMAR_CHARS}", param=PARAM
-        )
     return gbnf

@@ -1,4 +1,5 @@
-"""router.structured.grammars without a model: what a schema may hold, and the grammar made of it."""
+"""router.structured.grammars without a model: what a schema may hold, the grammar made of it, and the bound
+on the work that grammar can make llama.cpp do per token (router.structured.grammar_bound)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,15 @@ import pytest
 
 from router.errors import RequestError
 from router.generation import ResponseFormat
-from router.structured.grammars import MAX_GRAMMAR_REPEAT, check_schema, grammar_for
+from router.structured import grammar_bound
+from router.structured.grammars import (
+    MAX_GRAMMAR_REPEAT,
+    MAX_REQUEST_SCHEMA_BYTES,
+    check_schema,
+    check_schema_bytes,
+    grammar_for,
+    schema_known,
+)
 
 
 def schema_format(schema: dict) -> ResponseFormat:
@@ -80,3 +89,180 @@ def test_refusals_name_the_construct(schema: dict, words: str | None) -> None:
     with pytest.raises(RequestError) as err:
         grammar_for(schema_format(schema))
     assert words in str(err.value) and err.value.param == "response_format"
+
+
+# ---- the bound on decoding work (router.structured.grammar_bound) -------------------------------------------
+# The figures behind these limits: scripts/grammar_cost.py (the real llama.cpp grammar engine).
+
+ISSUE_26 = "^a(((a?){12}){12}){12}$"  # one request froze the local tier: 24 s for one token
+EXPLOSIVE = [
+    ISSUE_26,
+    "^a(((a?){16}){16}){16}$",
+    "^a(((a?){24}){24}){24}$",
+    "^a(a?){64}$",  # one level was enough: 41 ms a token on average
+    "^a((a|){12}){12}$",  # an alternative that matches nothing is an optional too
+    "^a((a*){12}){12}$",
+    "^a((a?)*){64}$",
+    "^((a|aa){16}){16}$",  # no empty match, but every split of the a's is alive at once
+    "^([a-z]{1,32}){1,32}$",
+    "^(" + "(a?){8}b" * 8 + ")$",
+]
+
+
+@pytest.mark.parametrize("pattern", EXPLOSIVE)
+def test_a_pattern_that_multiplies_parse_states_is_left_to_the_verifier(pattern: str) -> None:
+    assert grammar_bound.pattern_stacks(pattern) > grammar_bound.MAX_GRAMMAR_STACKS
+    schema = {"type": "object", "properties": {"x": {"type": "string", "pattern": pattern}}, "required": ["x"]}
+    check_schema(schema)  # the request is served: the format verifier checks the pattern on the answer
+    plain = {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}
+    assert grammar_for(schema_format(schema)) == grammar_for(schema_format(plain))
+
+
+@pytest.mark.parametrize(
+    ("pattern", "stacks"),
+    [
+        ("^[0-9]{4}-[0-9]{2}-[0-9]{2}$", 3),  # rigid: one place at a time
+        ("^((a{60}){60}){60}$", 5),  # rigid however deeply repeated
+        ("^[a-z]{1,64}$", 3),  # a variable tail: the next character, or the end
+        ("^a(a?){4}$", 17),  # four optional a's in a row: each reaches the others, squared
+        ("^a(a?){12}$", 145),
+        ("^([a-z]{1,8}){1,8}$", 65),  # 64 positions, any of which the a's so far may have reached
+        ("^[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+[.][a-zA-Z]{2,}$", 9),
+        ("^(https?|ftp)://[^ /]+(/[^ ]*)?$", 12),
+    ],
+)
+def test_pattern_bounds(pattern: str, stacks: int) -> None:
+    assert grammar_bound.pattern_stacks(pattern) == stacks
+
+
+@pytest.mark.parametrize("pattern", ["^(a|b)*c$", "^[0-9]{3}-[0-9]{4}$", "^((a{60}){60}){60}$", "^a(a?){12}$"])
+def test_patterns_within_the_bound_stay_in_the_grammar(pattern: str) -> None:
+    schema = {"type": "string", "pattern": pattern}
+    assert grammar_for(schema_format(schema)) != grammar_for(schema_format({"type": "string"}))
+
+
+def _chain(depth: int) -> dict:
+    """`depth` levels of two objects that begin alike ({"p": <next level>}): both stay alive, and
+    the live states double with each level."""
+    defs: dict = {f"d{depth}": {"type": "string"}}
+    for i in range(depth - 1, -1, -1):
+        nxt = {"$ref": f"#/$defs/d{i + 1}"}
+        one = {"type": "object", "properties": {"p": nxt}, "required": ["p"]}
+        two = {"type": "object", "properties": {"p": nxt, "q": {"type": "integer"}}, "required": ["p", "q"]}
+        defs[f"d{i}"] = {"anyOf": [one, two]}
+    return {**defs.pop("d0"), "$defs": defs}
+
+
+def _alike_recursive() -> dict:
+    union = {"anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}
+    kids = {"type": "array", "items": union}
+    return {
+        "type": "object",
+        "properties": {"item": union},
+        "required": ["item"],
+        "$defs": {
+            "A": {"type": "object", "properties": {"kids": kids, "x": {"type": "integer"}}, "required": ["kids", "x"]},
+            "B": {"type": "object", "properties": {"kids": kids, "y": {"type": "string"}}, "required": ["kids", "y"]},
+        },
+    }
+
+
+@pytest.mark.parametrize("schema", [_chain(12), _chain(40), _alike_recursive()], ids=["chain12", "chain40", "alike"])
+def test_alternatives_that_multiply_are_refused_naming_the_param(schema: dict) -> None:
+    with pytest.raises(RequestError) as err:
+        check_schema(schema, param="tools.3.function.parameters")
+    assert err.value.param == "tools.3.function.parameters" and err.value.code == "grammar_too_costly"
+    assert "parse states" in str(err.value) or "levels deep" in str(err.value)
+
+
+def test_alternatives_that_part_early_are_served() -> None:
+    leaf = {
+        "type": "object",
+        "properties": {"kind": {"const": "leaf"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/T"}}},
+        "required": ["kind", "kids"],
+    }
+    branch = {**leaf, "properties": {**leaf["properties"], "kind": {"const": "branch"}}}
+    # a recursive union told apart by a const first property, as pydantic's discriminated unions are
+    tagged = {"$defs": {"T": {"anyOf": [leaf, branch]}}, "$ref": "#/$defs/T"}
+    # Optional[Node]: a recursive object or null, which part at the first character
+    optional = {
+        "$defs": {
+            "Node": {
+                "type": "object",
+                "properties": {
+                    "v": {"type": "string"},
+                    "next": {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}]},
+                },
+                "required": ["v", "next"],
+            }
+        },
+        "$ref": "#/$defs/Node",
+    }
+    many_values = {"type": "object", "properties": {"c": {"enum": [f"value-{i}" for i in range(500)]}}}
+    for schema in (tagged, optional, many_values, _chain(4)):
+        check_schema(schema)
+        grammar_for(schema_format(schema))
+
+
+def test_a_forced_call_among_many_tools_is_within_the_bound() -> None:
+    # tools.forced_call_schema's shape: one object per function, its const name first
+    calls = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"name": {"const": f"f{i}"}, "arguments": {"type": "object", "properties": {"a": {}}}},
+                "required": ["name", "arguments"],
+            }
+            for i in range(128)
+        ]
+    }
+    assert grammar_bound.plan(calls).stacks <= grammar_bound.MAX_GRAMMAR_STACKS
+
+
+def test_patterns_go_when_only_without_them_the_schema_fits() -> None:
+    # each pattern alone is within the bound; 64 strings alike hold them all alive at once
+    schema = {"anyOf": [{"type": "string", "pattern": f"^([a-z]{{1,4}}){{1,4}}{chr(97 + i % 26)}$"} for i in range(64)]}
+    assert grammar_bound.plan(schema).dropped == {s["pattern"] for s in schema["anyOf"]}
+    check_schema(schema)
+
+
+def test_a_pattern_the_bound_cannot_read_is_judged_by_the_converter() -> None:
+    schema = {"type": "string", "pattern": "(?<=a)b"}  # a lookbehind, unanchored: the converter refuses both
+    check_schema(schema)  # a remote tier may still take it; the verifier checks it on the answer
+    with pytest.raises(RequestError) as err:
+        grammar_for(schema_format(schema))
+    assert "Pattern" in str(err.value) and err.value.param == "response_format"
+    assert grammar_bound.plan(schema).unreadable == {"(?<=a)b"}
+
+
+def test_the_bounds_own_work_is_bounded() -> None:
+    # every level offers both definitions of the next: 2**60 paths, visited once each per set
+    defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/e{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]} for i in range(60)}
+    defs |= {f"e{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i}"}} for i in range(61)}
+    defs["d60"] = {"type": "string"}
+    with pytest.raises(RequestError) as err:
+        check_schema({"$defs": defs, "$ref": "#/$defs/d0"})
+    assert err.value.code == "grammar_too_costly"
+    # anyOf of anyOf, each naming the next twice: 2**60 ways down to a string, or back to the top
+    lattice = {f"a{i}": {"anyOf": [{"$ref": f"#/$defs/a{i + 1}"}] * 2} for i in range(60)}
+    for last in ({"type": "string"}, {"anyOf": [{"$ref": "#/$defs/a0"}]}):
+        with pytest.raises(RequestError) as err:
+            check_schema({"$defs": {**lattice, "a60": last}, "$ref": "#/$defs/a0"})
+        assert err.value.code == "grammar_too_costly"
+
+
+def test_checks_are_remembered_and_schema_bytes_capped() -> None:
+    schema = {"type": "object", "properties": {"remembered": {"type": "integer"}}}
+    assert not schema_known(schema)
+    check_schema(schema)
+    assert schema_known(schema) and schema_known(dict(schema))
+    bad = {"type": "object", "properties": {"a": {"not": {}}}}
+    for param in ("response_format", "tools.0.function.parameters"):  # a remembered refusal names its param
+        with pytest.raises(RequestError) as err:
+            check_schema(bad, param=param)
+        assert err.value.param == param
+    big = {"type": "object", "description": "x" * 30_000}
+    with pytest.raises(RequestError) as err:
+        check_schema_bytes([big] * 9, "tools")
+    assert err.value.param == "tools" and str(MAX_REQUEST_SCHEMA_BYTES) in str(err.value)
+    check_schema_bytes([big] * 8, "tools")
