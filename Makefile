@@ -95,6 +95,7 @@ image:
 	$(PODMAN_BUILD) --build-arg "LLAMA_CMAKE_ARGS=$(LLAMA_CMAKE_ARGS)" --target runtime -t $(IMAGE) .
 	$(PODMAN_BUILD) --build-arg "LLAMA_CMAKE_ARGS=$(LLAMA_CMAKE_ARGS)" --target selftest -t $(SELFTEST_IMAGE) .
 	$(PODMAN_BUILD) -t $(POSTGRES_IMAGE) deploy/postgres
+	python3 scripts/seccomp_profile.py
 
 stack-test: image
 	TIERROUTE_IMAGE=$(IMAGE) TIERROUTE_SELFTEST_IMAGE=$(SELFTEST_IMAGE) TIERROUTE_POSTGRES_IMAGE=$(POSTGRES_IMAGE) \
