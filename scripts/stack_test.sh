@@ -89,6 +89,16 @@ KEY=$(awk '/^    trk-/ {print $1; exit}' <<<"$key_out")
   > "$TIERROUTE_STACK_CONFIG"
 chmod 0644 "$TIERROUTE_STACK_CONFIG"
 
+step "a replica without /proc unmasked refuses to serve its config (code_tests needs the sandbox)"
+if out=$(podman run --rm "${ULIMITS[@]}" --cap-drop ALL --security-opt no-new-privileges \
+    --security-opt "seccomp=$SECCOMP" -e TIERROUTE_PULL_MODELS=0 -e TIERROUTE_PG_PASSWORD=unused \
+    -v "$TIERROUTE_STACK_CONFIG:/etc/tierroute/config.toml:ro" "$IMAGE" serve 2>&1); then
+  fail "serve started without a working sandbox"
+fi
+why=$(grep -m1 'code_tests.*\(sandbox\|bubblewrap\)' <<<"$out" || true)
+[ -n "$why" ] || fail "serve failed, but not for the sandbox: ${out: -300}"
+pass "serve refuses: $(sed 's/^ *//' <<<"$why" | cut -c1-200)"
+
 trap cleanup EXIT
 down
 
