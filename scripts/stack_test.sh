@@ -40,6 +40,8 @@ fail() { printf 'FAIL %s\n' "$*"; exit 1; }
 # The ledger's volume goes with the stack; the models' volume stays, a cache for the next run
 # (`podman volume rm ${PROJECT}_models` to pull from nothing again).
 down() {
+  # -v: the replicas' anonymous volumes (the image's /var/lib/tierroute) go with their containers
+  podman ps -aq --filter "label=io.podman.compose.project=$PROJECT" | xargs -r podman rm -f -v >/dev/null 2>&1 || true
   "${compose[@]}" down >/dev/null 2>&1 || true
   podman volume rm -f "${PROJECT}_pgdata" >/dev/null 2>&1 || true
 }
