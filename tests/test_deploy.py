@@ -138,3 +138,32 @@ def test_the_compose_replicas_share_one_config_ledger_and_the_sandbox_options() 
     assert settings.ledger.password_env == "TIERROUTE_PG_PASSWORD"
     large = [t for t in settings.tiers if t.openai is not None]
     assert large and large[0].openai is not None and large[0].openai.base_url.startswith("http://large:")
+
+
+def test_the_replicas_seccomp_profile_adds_only_the_hostname_calls() -> None:
+    from scripts.seccomp_profile import CALLS, profile
+
+    default = {
+        "defaultAction": "SCMP_ACT_ERRNO",
+        "syscalls": [
+            {"names": ["read", "unshare"], "action": "SCMP_ACT_ALLOW"},
+            {
+                "names": ["sethostname", "setdomainname", "mount_setattr"],
+                "action": "SCMP_ACT_ALLOW",
+                "includes": {"caps": ["CAP_SYS_ADMIN"]},
+            },
+            {
+                "names": ["sethostname", "setdomainname"],
+                "action": "SCMP_ACT_ERRNO",
+                "excludes": {"caps": ["CAP_SYS_ADMIN"]},
+            },
+        ],
+    }
+    rules = profile(default)["syscalls"]
+    assert isinstance(rules, list)
+    allowed = [r for r in rules if set(CALLS) & set(r["names"])]
+    assert allowed == [{"names": list(CALLS), "action": "SCMP_ACT_ALLOW", "args": [], "comment": "bwrap --hostname"}]
+    # everything else as it was: the CAP_SYS_ADMIN-only rule keeps its other call, nothing else is widened
+    assert rules[0] == default["syscalls"][0]  # type: ignore[index]
+    assert rules[1]["names"] == ["mount_setattr"] and rules[1]["includes"] == {"caps": ["CAP_SYS_ADMIN"]}
+    assert len(rules) == 3
