@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DCMAKE_C_FLAGS='-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS='-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16'
 WHEELS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tierroute/wheels/$(shell echo "$(LLAMA_CMAKE_ARGS)" | sha256sum | cut -c1-12)
 
-.PHONY: setup sandbox postgres models serve complete lint check test clean
+.PHONY: setup sandbox postgres models serve complete lint check test clean image stack-test
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -69,3 +69,34 @@ test: setup lint
 
 clean:
 	rm -rf $(VENV) *.egg-info site
+
+# ---- containers (docs/container.md) -------------------------------------------------------------
+# `make image` builds tierroute's image, its selftest image and the stack's PostgreSQL image with
+# podman, from BASE_IMAGE, or (unset) from a Debian bookworm base that scripts/build_base_image.sh
+# makes with debootstrap: no registry needed. llama.cpp gets this Makefile's flags. Podman's layer
+# cache keeps llama.cpp's build across source changes. `make stack-test` runs compose.yaml and
+# smoke-tests it (scripts/stack_test.sh). Build files live in TIERROUTE_BUILD_CACHE, never here.
+IMAGE ?= localhost/tierroute:latest
+SELFTEST_IMAGE ?= localhost/tierroute-selftest:latest
+POSTGRES_IMAGE ?= localhost/tierroute-postgres:15
+BASE_IMAGE ?=
+DEFAULT_BASE := localhost/tierroute-base:bookworm
+# Explicit ulimits: podman's defaults ask for more than this kind of machine's hard limits allow.
+PODMAN_ULIMITS ?= --ulimit nofile=16384:16384 --ulimit nproc=32768:32768
+# --network host: the build reaches PyPI as the host does (the build's own network had no DNS here).
+# The host's CA bundle, mounted for the build's pip only (a TLS-intercepting proxy's CA lives there).
+HOST_CA ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
+PODMAN_BUILD = podman build --format docker --layers --network host $(PODMAN_ULIMITS) \
+	$(if $(HOST_CA),-v $(HOST_CA):/run/host-ca.crt:ro --build-arg PIP_CERT=/run/host-ca.crt) \
+	--build-arg BASE_IMAGE=$(or $(BASE_IMAGE),$(DEFAULT_BASE))
+
+image:
+	$(if $(BASE_IMAGE),,scripts/build_base_image.sh $(DEFAULT_BASE))
+	$(PODMAN_BUILD) --build-arg "LLAMA_CMAKE_ARGS=$(LLAMA_CMAKE_ARGS)" --target runtime -t $(IMAGE) .
+	$(PODMAN_BUILD) --build-arg "LLAMA_CMAKE_ARGS=$(LLAMA_CMAKE_ARGS)" --target selftest -t $(SELFTEST_IMAGE) .
+	$(PODMAN_BUILD) -t $(POSTGRES_IMAGE) deploy/postgres
+	python3 scripts/seccomp_profile.py
+
+stack-test: image
+	TIERROUTE_IMAGE=$(IMAGE) TIERROUTE_SELFTEST_IMAGE=$(SELFTEST_IMAGE) TIERROUTE_POSTGRES_IMAGE=$(POSTGRES_IMAGE) \
+		scripts/stack_test.sh
