@@ -15,9 +15,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from router.admission.auth import Principal
-from router.api import openai_types as ot
 from router.api.deps import PrincipalDep, Services, ServicesDep
 from router.api.errors import error_response
+from router.api.requests import BaseRequest, ChatCompletionRequest, CompletionRequest
+from router.api.responses import CHAT, COMPLETION, Shape, new_id, shown_tokens, tool_answer_chunks
 from router.api.schema_checks import verdicts
 from router.cascade import Answering, CascadeResult, Final, Tier
 from router.generation import Delta, GenerationRequest, TokenLogprob
@@ -26,10 +27,6 @@ from router.structured.grammars import pinned
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1")
-
-
-def _extension(rid: str, result: CascadeResult) -> dict[str, Any]:
-    return {"request_id": rid, **result.summary()}
 
 
 def _headers(result_tier: str, escalated: bool) -> dict[str, str]:
@@ -41,7 +38,7 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-async def _prepare(services: Services, body: ot._Common, principal: Principal) -> tuple[GenerationRequest, list[Tier]]:
+async def _prepare(services: Services, body: BaseRequest, principal: Principal) -> tuple[GenerationRequest, list[Tier]]:
     plan = services.engine.cascade.plan(body.model)  # 404 for an unknown model, before any work
     default_max = max(t.settings.max_tokens for t in plan)
     # 403 for tests from a caller the operator has not allowed to send them
@@ -72,10 +69,9 @@ class _Stream(StreamingResponse):
 async def _respond(
     services: Services,
     principal: Principal,
-    body: ot._Common,
+    body: BaseRequest,
     rid: str,
-    shape: Callable[[str, CascadeResult, dict[str, Any]], dict[str, Any]],
-    chunk: Callable[[str, str, str | None, bool], dict[str, Any]],
+    shape: Shape,
 ) -> Any:
     request, plan = await _prepare(services, body, principal)
     wanted = body.logprobs_wanted()  # checked by _prepare: None, or the alternatives to show
@@ -92,19 +88,13 @@ async def _respond(
         async with account:  # a failing ledger: 503 before any work
             result = await cascade.run(request, body.model, spent=account.spent)
             await account.record(result)  # committed before the client sees it
-        payload = shape(rid, result, _extension(rid, result))
-        for choice, g in zip(payload["choices"], result.generation.choices, strict=True):
-            if request.offers_tools:
-                ot.apply_tool_answer(choice, tools.answer(request, g))
-            if wanted is not None:
-                shown, _ = ot.shown_tokens(g.top_logprobs or (), 0, len(g.text))
-                choice["logprobs"] = _logprobs(body, shown, wanted) if g.top_logprobs is not None else None
+        payload = shape.response(rid, request, result, wanted)
         # shadow escalation starts once the response is sent: never on the client's path
         after = BackgroundTask(services.shadow.offer, rid, request, result)
         headers = _headers(result.final.tier, result.escalated)
         if body.stream:
             return StreamingResponse(
-                _replay(payload, include_usage),
+                _replay(shape, payload, include_usage),
                 media_type="text/event-stream",
                 headers={**headers, "cache-control": "no-cache"},
                 background=after,
@@ -130,12 +120,12 @@ async def _respond(
         await asyncio.shield(settling[0])
 
     assert isinstance(first, Answering)
-    body_is_chat = isinstance(body, ot.ChatCompletionRequest)
 
     async def sse() -> AsyncIterator[bytes]:
         tier = first.tier
-        if body_is_chat:
-            yield _sse(chunk(rid, tier, "", True))  # OpenAI's first chunk carries the role
+        opening = shape.opening(rid, tier)
+        if opening is not None:
+            yield _sse(opening)
         sent = 0  # characters of text streamed so far
         pending: list[TokenLogprob] = []  # tokens whose text has not been streamed yet
         pending_at = 0  # where the first of them begins
@@ -147,30 +137,23 @@ async def _respond(
             async for event in events:
                 if isinstance(event, Delta):
                     text = event.text if content is None else content.feed(event.text)
-                    piece = chunk(rid, tier, text, False)
                     sent += len(text)
+                    logprobs = None
                     if wanted is not None and event.top_logprobs is not None:
                         # tokens of held-back text wait in `pending` until their text is sent
-                        shown, pending = ot.shown_tokens([*pending, *event.top_logprobs], pending_at, sent)
+                        shown, pending = shown_tokens([*pending, *event.top_logprobs], pending_at, sent)
                         pending_at += sum(len(t.token) for _, t in shown)
-                        piece["choices"][0]["logprobs"] = _logprobs(body, shown, wanted)
+                        logprobs = shape.logprobs(shown, wanted)
                     if text or not event.text:
-                        yield _sse(piece)
+                        yield _sse(shape.delta(rid, tier, text, logprobs))
                 elif isinstance(event, Final):
                     result = event.result
-                    finish_reason: str = result.generation.finish_reason
+                    found = None
                     if content is not None:
                         found = tools.answer(request, result.generation)
-                        for extra in _tool_chunks(rid, tier, found, result.generation.text, sent):
+                        for extra in tool_answer_chunks(rid, tier, found, result.generation.text, sent):
                             yield _sse(extra)
-                        if found.calls and finish_reason == "stop":
-                            finish_reason = "tool_calls"
-                    final = chunk(rid, tier, "", False)
-                    final["choices"][0]["finish_reason"] = finish_reason
-                    _strip_delta(final)
-                    final["tierroute"] = _extension(rid, result)
-                    if include_usage:
-                        final["usage"] = ot.usage(result)
+                    final = shape.final(rid, tier, result, found, include_usage=include_usage)
                     # committed before its finish_reason and cost are sent: a failed write ends the
                     # stream with an error event instead, and no [DONE]
                     await account.record(result)
@@ -192,71 +175,17 @@ async def _respond(
     )
 
 
-async def _replay(payload: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes]:
-    """A finished answer as OpenAI streams one: per choice its opening, its text (or calls) and its
-    finish; the `tierroute` object (and usage, when asked) on the last chunk."""
-    rid, tier, chat = payload["id"], payload["model"], payload["object"] == "chat.completion"
-    chunks: list[dict[str, Any]] = []
-    for choice in payload["choices"]:
-        i = choice["index"]
-        if chat:
-            message = choice["message"]
-            chunks.append(ot.chat_chunk(rid, tier, {"role": "assistant", "content": ""}, choice=i))
-            text = ot.chat_chunk(rid, tier, {"content": message["content"]}, choice=i)
-            if message["content"]:
-                chunks.append(text)
-            for j, call in enumerate(message.get("tool_calls") or ()):
-                chunks.append(ot.chat_chunk(rid, tier, {"tool_calls": [{"index": j, **call}]}, choice=i))
-            chunks.append(ot.chat_chunk(rid, tier, {}, choice["finish_reason"], choice=i))
-        else:
-            text = ot.completion_chunk(rid, tier, choice["text"], choice=i)
-            chunks += [text, ot.completion_chunk(rid, tier, "", choice["finish_reason"], choice=i)]
-        text["choices"][0]["logprobs"] = choice["logprobs"]
-    chunks[-1]["tierroute"] = payload["tierroute"]
-    if include_usage:
-        chunks[-1]["usage"] = payload["usage"]
-    for chunk in chunks:
+async def _replay(shape: Shape, payload: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes]:
+    for chunk in shape.replay(payload, include_usage):
         yield _sse(chunk)
     yield _sse("[DONE]")
 
 
-def _tool_chunks(rid: str, tier: str, found: tools.ToolAnswer, text: str, sent: int) -> list[dict[str, Any]]:
-    """The end of a streamed answer to a request with tools: its calls, or, when it made none, the
-    text held back in case it began one."""
-    if found.calls:
-        return ot.tool_call_chunks(rid, tier, found.calls)
-    rest = text[sent:]
-    return [ot.chat_chunk(rid, tier, {"content": rest})] if rest else []
-
-
-def _logprobs(body: ot._Common, shown: list[tuple[int, TokenLogprob]], k: int) -> dict[str, Any]:
-    if isinstance(body, ot.ChatCompletionRequest):
-        return ot.chat_logprobs(shown, k)
-    return ot.completion_logprobs(shown, k)
-
-
-def _strip_delta(chunk: dict[str, Any]) -> None:
-    choice = chunk["choices"][0]
-    if "delta" in choice:
-        choice["delta"] = {}
-    else:
-        choice["text"] = ""
-
-
-def _chat_chunk(rid: str, model: str, text: str | None, first: bool) -> dict[str, Any]:
-    delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {"content": text}
-    return ot.chat_chunk(rid, model, delta)
-
-
-def _completion_chunk(rid: str, model: str, text: str | None, first: bool) -> dict[str, Any]:
-    return ot.completion_chunk(rid, model, text or "")
-
-
 @router.post("/chat/completions")
-async def chat_completions(body: ot.ChatCompletionRequest, services: ServicesDep, principal: PrincipalDep) -> Any:
-    return await _respond(services, principal, body, ot.new_id("chatcmpl"), ot.chat_response, _chat_chunk)
+async def chat_completions(body: ChatCompletionRequest, services: ServicesDep, principal: PrincipalDep) -> Any:
+    return await _respond(services, principal, body, new_id("chatcmpl"), CHAT)
 
 
 @router.post("/completions")
-async def completions(body: ot.CompletionRequest, services: ServicesDep, principal: PrincipalDep) -> Any:
-    return await _respond(services, principal, body, ot.new_id("cmpl"), ot.completion_response, _completion_chunk)
+async def completions(body: CompletionRequest, services: ServicesDep, principal: PrincipalDep) -> Any:
+    return await _respond(services, principal, body, new_id("cmpl"), COMPLETION)

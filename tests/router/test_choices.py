@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from router.api.app import create_app
-from router.api.openai_types import MAX_CHOICE_TOKENS, ChatCompletionRequest
+from router.api.requests import MAX_CHOICE_TOKENS, ChatCompletionRequest
 from router.config import load_settings
 from router.errors import RequestError
 from router.generation import GenerationRequest, Message

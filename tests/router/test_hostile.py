@@ -21,7 +21,7 @@ import pytest
 
 from router.admission.auth import Authenticator, hash_key, new_key
 from router.api.app import create_app
-from router.api.openai_types import ChatCompletionRequest
+from router.api.requests import ChatCompletionRequest
 from router.backends.instant import InstantBackend
 from router.config import load_settings
 from tests.conftest import UvicornThread, smol_config

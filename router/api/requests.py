@@ -1,4 +1,5 @@
-"""OpenAI request and response shapes, and their translation to and from our typed values.
+"""OpenAI's two request bodies (chat and legacy completions), and their translation to the typed
+GenerationRequest the cascade serves.
 
 Requests come from untrusted clients, so every field the service acts on is checked here, in
 OpenAI's ranges, before anything reaches a backend: a bad value is a 400 naming the parameter
@@ -8,40 +9,30 @@ counts and lengths are capped, so checking, templating and tokenizing one reques
 Parameters a client sends and we would silently not honour (`top_logprobs` on the legacy
 completions endpoint, whose parameter is `logprobs`) are refused by name.
 
-Logprobs are served in OpenAI's two shapes: chat's `logprobs.content[]` (token, logprob, bytes,
-top_logprobs[]) and the legacy completions object (tokens, token_logprobs, top_logprobs as one
-dict per token, text_offset). The backend is always asked for at least one alternative, since
-that is how it returns each token's piece, and a client sees only the k it asked for (the
-cascade may have asked for more for its verifiers). Tokens past a stop sequence, whose text the
-client never gets, are left out. Where the answering tier gives no logprobs (an upstream that
-refuses them) the field is null.
+The pieces a request is made of (messages, tools, response_format) are checked in
+router.api.request_parts; the answer's shapes are built in router.api.responses.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import time
-import uuid
-from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (
-    AllowInfNan,
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    Strict,
-    StrictBool,
-    StrictInt,
-    StrictStr,
-    ValidationError,
-    field_validator,
-)
+from pydantic import AllowInfNan, Field, Strict, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
 
 from router.api.errors import PermissionDenied
-from router.cascade import CascadeResult
+from router.api.request_parts import (
+    MAX_TOOLS,
+    MAX_TOOLS_CHARS,
+    ChatMessage,
+    Lenient,
+    NamedToolChoice,
+    ResponseFormat,
+    StreamOptions,
+    TierrouteOptions,
+    Tool,
+    compact_json,
+)
 from router.errors import RequestError
 from router.generation import (
     MAX_CHOICES,
@@ -49,12 +40,10 @@ from router.generation import (
     GenerationRequest,
     Message,
     NamedTool,
-    TokenLogprob,
     ToolCall,
     ToolChoice,
     ToolSpec,
 )
-from router.generation import ResponseFormat as GenerationFormat
 from router.structured.grammars import (
     check_schema,
     check_schema_bytes,
@@ -62,17 +51,14 @@ from router.structured.grammars import (
     loosened_tool_schema,
     schema_known,
 )
-from router.structured.tools import ToolAnswer, argument_fragments
 
 Number = Annotated[float, Strict(), AllowInfNan(False)]  # a JSON number (an int is fine), finite
 
 MAX_MESSAGES = 2048  # OpenAI's own limit on a chat's messages
-MAX_CONTENT_PARTS = 256
 MAX_TEXT_CHARS = 4_000_000  # one request's messages or prompt: far beyond any tier's context
 MAX_STOPS = 4
 MAX_STOP_CHARS = 256
 MAX_TOKENS_BOUND = 1 << 20  # beyond any context; each tier caps max_tokens further to its own
-MAX_TESTS_CHARS = 100_000
 MAX_LEGACY_LOGPROBS = 5  # the legacy completions API's bound on `logprobs`
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # OpenAI's seed is a signed 64-bit integer
 MAX_LOGIT_BIAS = 300  # OpenAI's bounds on logit_bias: entries, and each bias's magnitude
@@ -85,188 +71,7 @@ TOKEN_ID_MAX = (1 << 31) - 1  # a token id beyond any vocabulary is refused by t
 GREEDY_BELOW = 1e-4
 
 
-class _Lenient(BaseModel):
-    # Unknown OpenAI parameters are ignored rather than refused: clients send newer ones freely.
-    model_config = ConfigDict(extra="ignore")
-
-
-class ContentPart(_Lenient):
-    type: StrictStr = Field(max_length=64)
-    text: StrictStr | None = None
-
-    @field_validator("type")
-    @classmethod
-    def _text_only(cls, v: str) -> str:
-        if v != "text":
-            raise ValueError(f"content parts of type {v[:64]!r} are not supported; only 'text'")
-        return v
-
-
-FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for a function's name
-MAX_TOOLS = 128  # OpenAI's own limit on tools per request
-MAX_DESCRIPTION_CHARS = 16_384
-MAX_SCHEMA_CHARS = 65_536  # one function's parameters, as compact JSON
-MAX_TOOLS_CHARS = 524_288  # all of a request's tools together, as compact JSON
-MAX_SCHEMA_DEPTH = 32  # nesting of a parameters schema: deeper is no real function's signature
-MAX_ARGUMENTS_CHARS = 100_000  # a call's arguments in the history
-MAX_CALL_ID_CHARS = 256
-
-
-def _depth(value: Any) -> int:
-    """Nesting depth of a JSON value, without recursion (a hostile schema cannot exhaust the stack),
-    level by level: it runs on the event loop for every tool, so each node costs one type check."""
-    depth, level = 0, [value]
-    while level:
-        depth += 1
-        below: list[Any] = []
-        for node in level:
-            if isinstance(node, dict):
-                below.extend(node.values())
-            elif isinstance(node, list):
-                below.extend(node)
-        level = below
-    return depth
-
-
-def compact_json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-
-
-class FunctionDefinition(_Lenient):
-    name: StrictStr = Field(pattern=FUNCTION_NAME)
-    description: StrictStr | None = Field(None, max_length=MAX_DESCRIPTION_CHARS)
-    parameters: dict[str, Any] | None = None
-    strict: StrictBool | None = None
-
-    @field_validator("parameters")
-    @classmethod
-    def _bounded(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        # the schema is rendered into every prompt and walked by the tool_call verifier: bounded here
-        if v is None:
-            return v
-        if _depth(v) > MAX_SCHEMA_DEPTH:
-            raise ValueError(f"a parameters schema may nest at most {MAX_SCHEMA_DEPTH} levels deep")
-        if len(compact_json(v)) > MAX_SCHEMA_CHARS:
-            raise ValueError(f"a parameters schema may be at most {MAX_SCHEMA_CHARS} characters of JSON")
-        return v
-
-
-class Tool(_Lenient):
-    type: StrictStr = Field(max_length=64)
-    function: FunctionDefinition
-
-    @field_validator("type")
-    @classmethod
-    def _function_only(cls, v: str) -> str:
-        if v != "function":
-            raise ValueError(f"tools of type {v[:64]!r} are not supported; only 'function'")
-        return v
-
-    # made once: its parameters are encoded and parsed again only as often as they must be (a
-    # request may carry 256 KB of them, read on the event loop)
-    _spec: ToolSpec | None = PrivateAttr(default=None)
-
-    def spec(self) -> ToolSpec:
-        if self._spec is None:
-            f = self.function
-            self._spec = ToolSpec(
-                name=f.name,
-                description=f.description,
-                parameters_json=None if f.parameters is None else compact_json(f.parameters),
-                strict=bool(f.strict),
-            )
-        return self._spec
-
-
-class CalledFunction(_Lenient):
-    name: StrictStr = Field(pattern=FUNCTION_NAME)
-    arguments: StrictStr = Field(max_length=MAX_ARGUMENTS_CHARS)
-
-
-class MessageToolCall(_Lenient):
-    """A call an assistant made earlier in the conversation."""
-
-    id: StrictStr = Field(min_length=1, max_length=MAX_CALL_ID_CHARS)
-    type: Literal["function"]
-    function: CalledFunction
-
-
-class ChosenFunction(_Lenient):
-    name: StrictStr = Field(pattern=FUNCTION_NAME)
-
-
-class NamedToolChoice(_Lenient):
-    type: Literal["function"]
-    function: ChosenFunction
-
-
-class ChatMessage(_Lenient):
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: StrictStr | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
-    name: StrictStr | None = Field(None, max_length=256)
-    tool_calls: Annotated[list[MessageToolCall], Field(max_length=MAX_TOOLS)] | None = None
-    tool_call_id: StrictStr | None = Field(None, min_length=1, max_length=MAX_CALL_ID_CHARS)
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text or "" for part in self.content)
-
-
-class TierrouteOptions(_Lenient):
-    """Our extension of the request: what the caller can give the verifiers."""
-
-    tests: StrictStr | Annotated[list[StrictStr], Field(max_length=256)] | None = Field(
-        None, description="Python test code for the code_tests verifier (a script, or one string per test)."
-    )
-
-    @field_validator("tests")
-    @classmethod
-    def _size(cls, v: str | list[str] | None) -> str | list[str] | None:
-        total = len(v) if isinstance(v, str) else sum(map(len, v or ()))
-        if total > MAX_TESTS_CHARS:
-            raise ValueError(f"at most {MAX_TESTS_CHARS} characters of tests")
-        return v
-
-    def carries_tests(self) -> bool:
-        return any(self.tests) if isinstance(self.tests, list) else bool(self.tests)
-
-
-class JsonSchemaSpec(_Lenient):
-    name: StrictStr = Field(min_length=1, max_length=64)
-    description: StrictStr | None = Field(None, max_length=4096)
-    # `schema` would shadow BaseModel.schema; the wire name is kept by the alias. Its contents are
-    # checked by router.structured.grammars (size, depth, constructs) when the typed request is made.
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
-    strict: StrictBool | None = None
-
-
-class ResponseFormat(_Lenient):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaSpec | None = None
-
-    def typed(self) -> GenerationFormat | None:
-        """The format as the backends and verifiers take it; None for free text."""
-        if self.type == "text":
-            return None
-        if self.type == "json_object":
-            return GenerationFormat("json_object")
-        if self.json_schema is None:
-            raise RequestError(
-                "response_format of type json_schema needs a json_schema object", param="response_format"
-            )
-        schema = self.json_schema.schema_ if self.json_schema.schema_ is not None else {}
-        check_schema(schema)
-        return GenerationFormat("json_schema", schema, self.json_schema.name, self.json_schema.strict)
-
-
-class StreamOptions(_Lenient):
-    include_usage: StrictBool | None = False
-
-
-class _Common(_Lenient):
+class BaseRequest(Lenient):
     # Optional parameters also accept null, meaning their default, as OpenAI's API does.
     model: StrictStr = Field(min_length=1, max_length=256)
     max_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
@@ -424,7 +229,7 @@ class _Common(_Lenient):
             raise RequestError(f"at most {MAX_TEXT_CHARS} characters of text in one request", param=param)
 
 
-class ChatCompletionRequest(_Common):
+class ChatCompletionRequest(BaseRequest):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
     logprobs: StrictBool | None = None
@@ -570,7 +375,7 @@ class ChatCompletionRequest(_Common):
         return specs, NamedTool(choice.function.name)
 
 
-class CompletionRequest(_Common):
+class CompletionRequest(BaseRequest):
     serves_tools: ClassVar[bool] = False
     prompt: StrictStr | list[StrictStr]
     echo: StrictBool | None = False
@@ -619,154 +424,3 @@ class CompletionRequest(_Common):
             **self.sampling(),
             **self.decoding(),
         )
-
-
-# ---- responses ---------------------------------------------------------------------------------
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-def usage(result: CascadeResult) -> dict[str, int]:
-    g = result.generation
-    return {
-        "prompt_tokens": g.prompt_tokens,
-        "completion_tokens": g.completion_tokens,
-        "total_tokens": g.prompt_tokens + g.completion_tokens,
-    }
-
-
-def chat_response(rid: str, result: CascadeResult, extension: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": result.final.tier,
-        "choices": [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": g.text},
-                "finish_reason": g.finish_reason,
-                "logprobs": None,
-            }
-            for i, g in enumerate(result.generation.choices)
-        ],
-        "usage": usage(result),
-        "tierroute": extension,
-    }
-
-
-def tool_calls_json(calls: Sequence[ToolCall], *, start: int = 0) -> list[dict[str, Any]]:
-    return [
-        {"index": start + i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-        for i, c in enumerate(calls)
-    ]
-
-
-def apply_tool_answer(choice: dict[str, Any], found: ToolAnswer) -> None:
-    """Turn a chat response's choice into what `found` says: content (null when the answer is
-    only calls) and `tool_calls`, and finish_reason `tool_calls` when the answer ended on its own."""
-    if not found.calls:
-        return
-    calls = tool_calls_json(found.calls)
-    for call in calls:
-        del call["index"]  # a stream's field, not a message's
-    choice["message"] = {"role": "assistant", "content": found.content, "tool_calls": calls}
-    if choice["finish_reason"] == "stop":
-        choice["finish_reason"] = "tool_calls"
-
-
-def tool_call_chunks(rid: str, model: str, calls: Sequence[ToolCall], *, choice: int = 0) -> list[dict[str, Any]]:
-    """Calls as OpenAI streams them: per call a chunk with its index, id, type and name (and empty
-    arguments), then its arguments in fragments under the same index."""
-    chunks = []
-    for i, c in enumerate(calls):
-        head = {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
-        chunks.append(chat_chunk(rid, model, {"tool_calls": [head]}, choice=choice))
-        for fragment in argument_fragments(c.arguments):
-            if fragment:
-                piece = {"index": i, "function": {"arguments": fragment}}
-                chunks.append(chat_chunk(rid, model, {"tool_calls": [piece]}, choice=choice))
-    return chunks
-
-
-def completion_response(rid: str, result: CascadeResult, extension: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": result.final.tier,
-        "choices": [
-            {"index": i, "text": g.text, "finish_reason": g.finish_reason, "logprobs": None}
-            for i, g in enumerate(result.generation.choices)
-        ],
-        "usage": usage(result),
-        "tierroute": extension,
-    }
-
-
-def shown_tokens(
-    tokens: Sequence[TokenLogprob], text_start: int, text_end: int
-) -> tuple[list[tuple[int, TokenLogprob]], list[TokenLogprob]]:
-    """Split `tokens`, the first beginning at character `text_start`, into those that begin
-    before `text_end` (the text the client has), each with its offset, and the rest: tokens past a
-    stop sequence, or whose text a stream still holds back."""
-    shown: list[tuple[int, TokenLogprob]] = []
-    at = text_start
-    for i, token in enumerate(tokens):
-        if at >= text_end and token.token:
-            return shown, list(tokens[i:])
-        shown.append((at, token))
-        at += len(token.token)
-    return shown, []
-
-
-def chat_logprobs(tokens: Sequence[tuple[int, TokenLogprob]], k: int) -> dict[str, Any]:
-    def entry(piece: str, logprob: float) -> dict[str, Any]:
-        return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
-
-    return {
-        "content": [
-            {**entry(t.token, t.logprob), "top_logprobs": [entry(p, lp) for p, lp in t.top[:k]]} for _, t in tokens
-        ],
-        "refusal": None,
-    }
-
-
-def completion_logprobs(tokens: Sequence[tuple[int, TokenLogprob]], k: int) -> dict[str, Any]:
-    tops: list[dict[str, float]] = []
-    for _, t in tokens:
-        top = dict(t.top[:k])
-        top.setdefault(t.token, t.logprob)  # as OpenAI: the sampled token's is always there (k+1 at most)
-        tops.append(top)
-    return {
-        "tokens": [t.token for _, t in tokens],
-        "token_logprobs": [t.logprob for _, t in tokens],
-        "top_logprobs": tops,
-        "text_offset": [at for at, _ in tokens],
-    }
-
-
-def chat_chunk(
-    rid: str, model: str, delta: dict[str, Any], finish_reason: str | None = None, *, choice: int = 0
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": choice, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
-    }
-
-
-def completion_chunk(
-    rid: str, model: str, text: str, finish_reason: str | None = None, *, choice: int = 0
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": choice, "text": text, "finish_reason": finish_reason, "logprobs": None}],
-    }
