@@ -31,6 +31,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
+from router.errors import RequestError, UnavailableError
 from router.structured import grammars
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 SCHEMA_CHECK_WORKERS = 2
 BATCH_TIMEOUT_S = 10.0  # a batch's allowance, and this much more per schema in it (each takes < 1 s)
 PER_SCHEMA_S = 2.0
+WORKER_ARGS: tuple[str, ...] = ("-m", "router.api.schema_worker")  # after the interpreter
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -49,7 +51,7 @@ class _Worker:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "router.api.schema_worker"],
+            [sys.executable, *WORKER_ARGS],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=None,  # a worker's traceback goes where the service's own output goes
@@ -79,20 +81,28 @@ def _readable(stream: IO[bytes], timeout: float) -> bool:
 
 def _check(schemas: list[Any]) -> list[grammars.Verdict]:
     """On a feeding thread: the verdicts, from this thread's worker (started or replaced as needed)."""
+    failed: Exception | None = None
     for _ in range(2):
         worker: _Worker | None = getattr(_local, "worker", None)
         try:
             if worker is None or worker.proc.poll() is not None:
                 worker = _local.worker = _Worker()
-            return worker.check(schemas)
-        except OSError as exc:  # no process could be started here, or its pipe broke
+        except OSError as exc:  # no process can be started here
             log.warning("schema-check worker unavailable (%s); checking on this thread", exc)
-        except (TimeoutError, EOFError, ValueError) as exc:
+            _local.worker = None
+            return [grammars.schema_verdict(s) for s in schemas]
+        try:
+            return worker.check(schemas)
+        except (TimeoutError, EOFError, ValueError, OSError) as exc:  # stalled, died, or its pipe broke
             log.warning("schema-check worker failed (%s); starting another", exc)
-        if worker is not None:
-            worker.close()
+            failed = exc
+        worker.close()
         _local.worker = None
-    return [grammars.schema_verdict(s) for s in schemas]
+    if isinstance(failed, TimeoutError):
+        raise UnavailableError("the request's JSON schemas could not be checked in time; retry later")
+    raise RequestError(
+        "the request's JSON schemas could not be checked: the check failed twice", code="schema_check_failed"
+    )
 
 
 def _executor() -> ThreadPoolExecutor:

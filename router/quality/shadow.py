@@ -258,6 +258,9 @@ class ShadowService:
         except Exception as exc:  # noqa: BLE001 - an unavailable or failing target: no pair, counted
             log.warning("shadow: target %s failed for %s: %s", lane.target, job.request_id, exc)
             self.metrics.shadow.dropped.labels(lane.tier, "failed").inc()
+            # a target that failed mid-answer (a cut stream, its deadline) did the work up to there:
+            # charged like stopped work, or a failing target would spend without touching the budget
+            await self._charge_stopped(lane, job, progress.partial(time.monotonic() - started), "failed")
             return
         finally:
             lane.reserved -= estimate
@@ -285,7 +288,9 @@ class ShadowService:
                 log.warning("shadow: pair of %s not written: %s", job.request_id, exc)
         self.observe_pair(pair)
 
-    async def _charge_stopped(self, lane: _Lane, job: _Job, partial: Generation | None) -> None:
+    async def _charge_stopped(
+        self, lane: _Lane, job: _Job, partial: Generation | None, why: str = "stopped at shutdown"
+    ) -> None:
         """The row of shadow work stopped before it finished, priced for what it streamed."""
         if partial is None:
             return  # nothing streamed yet: nothing known to charge
@@ -296,7 +301,7 @@ class ShadowService:
             self.metrics.shadow.spend.labels(lane.tier).set(lane.spent)
             attempt = Attempt(tier=lane.target, threshold=0.0, generation=partial, accepted=False, cost_usd=cost)
             attempt.abandoned = True
-            attempt.reason = f"shadow of {job.request_id} (tier {lane.tier}) stopped at shutdown"
+            attempt.reason = f"shadow of {job.request_id} (tier {lane.tier}) {why}"
             attempt.score = policy.combine([])
             result = CascadeResult(model=lane.target, attempts=[attempt], final=attempt, task=job.result.task)
             result.counterfactual_usd = cost
@@ -304,7 +309,7 @@ class ShadowService:
             self.metrics.observe_shadow(entry)
             if self.ledger is not None:
                 await self.ledger.record(entry)
-        except Exception as exc:  # noqa: BLE001 - shutting down: log it, let the cancellation proceed
+        except Exception as exc:  # noqa: BLE001 - shutting down or failed already: log it, go on
             log.warning("shadow: stopped work of %s not recorded: %s", job.request_id, exc)
 
     async def _compare(self, lane: _Lane, job: _Job, shadow_id: str, shadow_text: str, cost: float) -> ShadowPair:

@@ -21,10 +21,10 @@ import pytest
 from router.api.app import create_app
 from router.backends.instant import InstantBackend
 from router.config import SHADOW_KEY, load_settings
-from tests.backends.fault_upstream import FaultUpstream
+from tests.backends.fault_upstream import Action, FaultUpstream, Received, chat_chunk, sse
 from tests.conftest import SMOL, UvicornThread, write_config
 from tests.router.accounting_helpers import read_ledger
-from tests.router.budget_helpers import Mode, billing, remote_tier
+from tests.router.budget_helpers import ANSWER, Mode, billed_usage, billing, remote_tier
 
 BUDGET = 0.05
 
@@ -108,4 +108,40 @@ def test_shadow_spend_stays_within_its_budget(tmp_path: Path, upstream: FaultUps
     rows = [e for e in read_ledger(tmp_path / "ledger.sqlite3").values() if e.key_id == SHADOW_KEY]
     total = math.fsum(e.cost_usd for e in rows)
     assert rows, "no shadow work was done: the budget was reserved away"
+    assert total <= BUDGET * (1 + 1e-9), f"shadow spent ${total:.6f} of ${BUDGET}"
+
+
+def _cut_stream(mode: Mode) -> Action:
+    """Bills as `billing` does, streams the usage, then closes the connection before the end:
+    the target did the work, and the service hears a failure."""
+
+    async def act(conn: Any, req: Received) -> bool:
+        await asyncio.sleep(0.2)
+        if not req.streaming:
+            return await billing(mode, delay_s=0.0)(conn, req)
+        usage = billed_usage(req.body, mode)
+        return await sse(chat_chunk(ANSWER), {"id": "b", "choices": [], "usage": usage}, done=False)(conn, req)
+
+    return act
+
+
+@pytest.mark.timeout(180)
+def test_shadow_work_that_fails_mid_answer_is_charged(tmp_path: Path, upstream: FaultUpstream) -> None:
+    """Before, a target that failed after streaming (a cut stream, its deadline) charged nothing:
+    no ledger row, no spend against the lane's budget, however many such jobs ran."""
+    upstream.default = _cut_stream("greedy")
+    ask = {"model": "auto", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 2048}
+    count = 12
+    app = create_app(load_settings(config(tmp_path, upstream.base_url)), backends={"small": InstantBackend("small")})
+    with UvicornThread(app) as srv:
+        for _ in range(count):
+            assert httpx.post(f"{srv.url}/v1/chat/completions", json=ask, timeout=60).status_code == 200
+        deadline = time.monotonic() + 60
+        while shadowed(srv.url) < count and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert shadowed(srv.url) == count
+    rows = [e for e in read_ledger(tmp_path / "ledger.sqlite3").values() if e.key_id == SHADOW_KEY]
+    assert rows, "the failed shadow work was done upstream and charged nothing"
+    total = math.fsum(e.cost_usd for e in rows)
+    assert total > 0
     assert total <= BUDGET * (1 + 1e-9), f"shadow spent ${total:.6f} of ${BUDGET}"
