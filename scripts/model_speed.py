@@ -48,7 +48,7 @@ async def measure(name: str, threads: int, tokens: int) -> tuple[float, float]:
 def measure_high_level(name: str, threads: int, tokens: int, flash_attn: bool) -> float:
     from llama_cpp import Llama
 
-    from router.backends.llama_engine import physical_cores
+    from router.backends.llama.native import physical_cores
 
     n = threads or physical_cores()
     llm = Llama(

@@ -1,6 +1,6 @@
 """The local tier: llama-cpp-python in-process, behind the async Backend interface.
 
-The engine thread (`llama_engine.LlamaEngine`) owns the context; this class renders the chat
+The engine thread (`llama.engine.LlamaEngine`) owns the context; this class renders the chat
 template, tokenizes, submits a job and relays the engine's events on the caller's loop. The event
 loop is never blocked: model loading, template rendering and tokenizing run in worker threads,
 decoding on the engine thread. A prompt too long to possibly fit the context is refused by its
@@ -41,16 +41,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from router.backends.base import Backend, ContinuationScore
-from router.backends.llama_engine import (
-    DoneEvent,
-    ErrorEvent,
-    Event,
-    Job,
-    LlamaEngine,
-    ScoredEvent,
-    TokenEvent,
-    vocab_mismatch,
-)
+from router.backends.llama.engine import LlamaEngine
+from router.backends.llama.jobs import DoneEvent, ErrorEvent, Event, Job, ScoredEvent, TokenEvent
+from router.backends.llama.vocab import vocab_mismatch
 from router.errors import ContextLengthError, DeadlineError, ModelError, RequestError
 from router.generation import Delta, Generation, GenerationRequest
 from router.models.catalog import resolve_model

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from router.backends.llama_engine import cascade_defers, speculative_accept, total_variation
+from router.backends.llama.drafting import speculative_accept
+from router.backends.llama.spec_cascade import cascade_defers, total_variation
 from router.backends.llamacpp import LlamaCppBackend
 from router.config import LlamaCppSettings
 from router.errors import ConfigError

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from router.backends.llama_engine import LlamaEngine
+from router.backends.llama.engine import LlamaEngine
 from router.backends.llamacpp import LlamaCppBackend, draft_problem
 from router.config import LlamaCppSettings
 from router.errors import ModelError

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from router.backends.llama_engine import speculative_accept
+from router.backends.llama.drafting import speculative_accept
 from router.backends.llamacpp import LlamaCppBackend
 from router.config import LlamaCppSettings
 from router.generation import GenerationRequest, Message
