@@ -19,7 +19,7 @@ from evals.store import RunStore
 from evals.sweep import CascadePolicy, ResultTable, SingleTier, evaluate, load_table
 from router.cli import main
 from router.config import PriceSettings
-from tests.evals.test_report import make_run
+from tests.support.evals import make_run
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = Target.parse("min-pgr=0.5")

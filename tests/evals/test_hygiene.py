@@ -17,7 +17,7 @@ from evals.suites import get_suite
 from router.backends.base import ContinuationScore
 from router.config import VerifierSpec, load_settings
 from router.generation import Generation, GenerationRequest
-from tests.evals.helpers import Calls, ScriptedBackend, registry, write_config
+from tests.support.evals import Calls, ScriptedBackend, registry, write_config
 from verifiers.base import Score
 from verifiers.code_tests import CodeTestsVerifier, stated_examples
 

@@ -16,9 +16,7 @@ from evals.store import RunStore
 from evals.sweep import CONFIG, CascadePolicy, SingleTier, evaluate, load_table
 from router.cli import main
 from router.config import load_settings
-from tests.evals.helpers import write_config
-
-pytest_plugins = ["tests.router.pg_server"]  # the session's PostgreSQL server: `db`
+from tests.support.evals import write_config
 
 N = 24
 THRESHOLD = 0.5
@@ -282,7 +280,7 @@ def _ledger(path: Path | str, n: int) -> list[bool]:
 
     from router.ledger.store import ShadowPair
     from router.ledger.stores import open_store
-    from tests.router.test_ledger import attempt, entry
+    from tests.support.ledger import attempt, entry
 
     store = open_store(path)
     store.open()

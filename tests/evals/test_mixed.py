@@ -20,7 +20,7 @@ from evals.suites.mixed import Mixed, OpenEnded
 from router.cli import main
 from router.config import Settings, load_settings
 from router.generation import GenerationRequest
-from tests.evals.helpers import Calls, ScriptedBackend, registry, small_reply, write_config, write_suite
+from tests.support.evals import Calls, ScriptedBackend, registry, small_reply, write_config, write_suite
 
 OPEN = [
     "Write a poem about autumn leaves.",  # no rule: open-ended

@@ -21,7 +21,7 @@ from router.learned.estimators import LinearModel, dump_estimator
 from router.learned.features import FeatureSpec, gram_bucket
 from router.ledger.store import LedgerEntry
 from router.models.wheels import sha256_file
-from tests.verifiers.scripted import ScriptedBackend, tier
+from tests.support.scripted import ScriptedBackend, tier
 
 PRICE = PriceSettings(usd_per_hour=3.6)
 

@@ -6,28 +6,11 @@ from pathlib import Path
 
 from evals.calibrate import Target
 from evals.report import build, write
-from evals.runner import EvalPlan, run_eval
 from evals.store import RunStore
-from evals.suites import get_suite
 from evals.sweep import load_table
 from router.cli import main
-from router.config import VerifierSpec, load_settings
-from tests.evals.helpers import registry, scripted, write_config, write_suite
-
-
-async def make_run(tmp_path: Path, n: int = 40) -> Path:
-    suite = get_suite(str(write_suite(tmp_path, n)))
-    plan = EvalPlan(
-        suite=suite,
-        items=suite.select(suite.load(), None, 0),
-        settings=load_settings(write_config(tmp_path)),
-        tiers=["small", "large"],
-        verifiers=[VerifierSpec(name="length")],
-    )
-    root = tmp_path / "runs" / "sums"
-    with RunStore(root) as store:
-        await run_eval(plan, store, registry=registry(), backends=scripted())
-    return root
+from router.config import load_settings
+from tests.support.evals import make_run, write_config
 
 
 async def test_report_files(tmp_path: Path) -> None:

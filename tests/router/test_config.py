@@ -9,7 +9,7 @@ import pytest
 from router.config import DEFAULT_CONFIG, load_settings
 from router.engine import check_resources
 from router.errors import ConfigError
-from tests.conftest import smol_config
+from tests.support.config import smol_config
 from verifiers.base import Registry
 
 

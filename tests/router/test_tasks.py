@@ -18,7 +18,8 @@ from router.engine import Engine
 from router.errors import ConfigError
 from router.generation import GenerationRequest, Message
 from router.tasks import TASKS, TaskLabel, detect_task, task_of_suite
-from tests.conftest import SMOL, write_config
+from tests.support.config import write_config
+from tests.support.model import SMOL
 
 
 def chat(text: str, **metadata: object) -> GenerationRequest:

@@ -11,7 +11,8 @@ from evals.store import RunStore
 from evals.sweep import CONFIG, load_table
 from router import policy
 from scripts.escalation_reuse_bench import SUITES, escalated_items, main, prompts_of
-from tests.conftest import SMOL, write_config
+from tests.support.config import write_config
+from tests.support.model import SMOL
 
 RUNS = Path(__file__).resolve().parents[2] / "evals" / "results"
 

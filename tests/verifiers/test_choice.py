@@ -14,7 +14,7 @@ from router.engine import Engine
 from router.generation import Generation, GenerationRequest, TokenLogprob
 from router.plugins import VerifierRegistry
 from router.verification import SharedVerifier, VerifierContext, VerifierSet, WeightedVerifier, wanted_top_logprobs
-from tests.conftest import smol_config
+from tests.support.config import smol_config
 from verifiers.choice import ChoiceVerifier, option_letter
 
 REQ = GenerationRequest(prompt="Which? A. x B. y C. z D. w\nAnswer:")

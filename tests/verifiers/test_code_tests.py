@@ -11,7 +11,7 @@ import pytest
 
 from router.errors import OverloadedError, UnavailableError
 from router.generation import GenerationRequest, Message
-from tests.verifiers.scripted import gen
+from tests.support.scripted import gen
 from verifiers.code_tests import (
     CodeTestsVerifier,
     assemble_program,
@@ -392,7 +392,8 @@ def slow_code_requests(tmp_path: Path, params: str, n: int, sandbox: str = "") -
     from router.api.app import create_app
     from router.backends.instant import InstantBackend
     from router.config import load_settings
-    from tests.conftest import UvicornThread, smol_config
+    from tests.support.config import smol_config
+    from tests.support.servers import UvicornThread
 
     verifier = f'[[tiers.verifiers]]\nname = "code_tests"\nparams = {{ {params} }}\n'
     server = "allow_unauthenticated = true\nallow_client_tests_without_keys = true"

@@ -14,7 +14,7 @@ import pytest
 from router.backends.llamacpp import LlamaCppBackend
 from router.config import LlamaCppSettings
 from router.generation import Generation, GenerationRequest, Message
-from tests.verifiers.scripted import gen
+from tests.support.scripted import gen
 from verifiers.base import Registry, VerifierContext, VerifierError
 from verifiers.builtins import register_verifiers
 from verifiers.degeneration import DegenerationVerifier, script_of

@@ -24,9 +24,9 @@ from evals.suites import get_suite
 from router.config import VerifierSpec, load_settings
 from router.errors import OverloadedError
 from router.generation import Generation, GenerationRequest, Message
-from tests.evals.helpers import ScriptedBackend, write_config
-from tests.verifiers.scripted import ScriptedBackend as ReplyBackend
-from tests.verifiers.scripted import gen
+from tests.support.evals import ScriptedBackend, write_config
+from tests.support.scripted import ScriptedBackend as ReplyBackend
+from tests.support.scripted import gen
 from verifiers.base import Registry, Score, VerifierContext, VerifierError
 from verifiers.builtins import CHECKS, register_verifiers
 from verifiers.execution import SECOND_OPINION_PROMPT, ExecutionVerifier, agrees, only_defines, program_blocks, runnable

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from router.generation import GenerationRequest, ResponseFormat
-from tests.verifiers.scripted import gen
+from tests.support.scripted import gen
 from verifiers.format import FormatVerifier
 from verifiers.jsonschema_check import PATTERN_TIMEOUT_S
 

@@ -27,7 +27,7 @@ from router.learned.features import (
     logprob_stats,
 )
 from router.models.wheels import sha256_file
-from tests.verifiers.scripted import gen
+from tests.support.scripted import gen
 from verifiers.base import (
     Registry,
     Score,

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from router.generation import GenerationRequest, Message
-from tests.verifiers.scripted import gen
-from tests.verifiers.test_sandbox import box_processes
+from tests.support.sandbox import box_processes
+from tests.support.scripted import gen
 from verifiers.code_tests import CodeTestsVerifier
 from verifiers.sandbox import Limits, available, run_python_async, start_python
 
