@@ -23,7 +23,7 @@ from router.api.app import create_app
 from router.api.openai_types import ChatCompletionRequest
 from router.backends.instant import InstantBackend
 from router.config import load_settings
-from tests.support.config import smol_config
+from tests.support.config import smol_config, smol_settings
 from tests.support.hostile import CASES, CHAT, Case, chat
 from tests.support.servers import UvicornThread
 
@@ -233,7 +233,7 @@ def test_the_permission_travels_from_the_key_to_the_generation_request(tmp_path:
 
 
 def test_keyless_serving_allows_tests_only_behind_its_switch(tmp_path: Path) -> None:
-    closed = load_settings(smol_config(tmp_path, large="none"))
+    closed = smol_settings(tmp_path, large="none")
     assert Authenticator(closed.server).authenticate(None).may_send_tests is False
     opened = load_settings(
         smol_config(
