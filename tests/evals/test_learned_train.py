@@ -27,6 +27,8 @@ from tests.support.learned import make_run
 from verifiers.base import Registry, VerifierContext
 from verifiers.learned import LearnedVerifier
 
+pytestmark = pytest.mark.slow  # loads a model, starts processes or spends seconds of CPU
+
 BUCKETS = 64
 
 

@@ -169,6 +169,7 @@ def test_the_committed_classifier_is_the_services_choice(tmp_path: Path) -> None
     assert isinstance(get_suite("mixed"), Mixed)
 
 
+@pytest.mark.slow
 def test_eval_run_mixed_with_the_smol_model_writes_the_table(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

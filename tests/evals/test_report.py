@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from evals.calibrate import Target
 from evals.report import build, write
 from evals.store import RunStore
@@ -13,6 +15,7 @@ from router.config import load_settings
 from tests.support.evals import make_run, write_config
 
 
+@pytest.mark.slow
 async def test_report_files(tmp_path: Path) -> None:
     root = await make_run(tmp_path)
     report = build(load_table(RunStore(root)), Target.parse("min-pgr=0.5"))
@@ -53,6 +56,7 @@ async def test_report_files(tmp_path: Path) -> None:
     assert "calibrated" in (out / "sweep.csv").read_text()
 
 
+@pytest.mark.slow
 async def test_report_cli_is_reproducible(tmp_path: Path) -> None:
     root = await make_run(tmp_path)
     out = tmp_path / "out"

@@ -119,6 +119,7 @@ usd_per_1m_output_tokens = 1.0
     assert [t["name"] for t in RunStore(root).manifest()["tiers"]] == ["small", "large", "xl"]
 
 
+@pytest.mark.slow
 async def test_growing_the_limit_adds_only_the_new_items(tmp_path: Path) -> None:
     root = tmp_path / "runs" / "sums"
     first = await run(plan_for(tmp_path, limit=3), root, scripted())

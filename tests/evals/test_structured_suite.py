@@ -25,6 +25,7 @@ REF: dict[str, Any] = {
 FOLD = ["merchant", "items[].name"]
 
 
+@pytest.mark.slow
 def test_items_are_sound_and_the_fingerprint_stable() -> None:
     suite = get_suite("structured")
     assert isinstance(suite, Structured) and suite.task == "structured" and suite.fingerprint == "structured@2"

@@ -39,6 +39,7 @@ EVERYDAY = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suite_name", ["gsm8k", "humaneval", "mmlu"])
 def test_the_rules_label_every_suite_item_as_its_suites_task(suite_name: str) -> None:
     suite = get_suite(suite_name)
@@ -50,6 +51,7 @@ def test_the_rules_label_every_suite_item_as_its_suites_task(suite_name: str) ->
     assert got == {want: len(items)}, got
 
 
+@pytest.mark.slow
 def test_gsm8k_questions_without_the_suites_instruction_are_still_maths() -> None:
     items = get_suite("gsm8k").load()
     bare = [it.messages[-1].content.split("\n\n", 1)[1] for it in items]

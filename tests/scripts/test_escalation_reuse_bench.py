@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from evals.store import RunStore
 from evals.sweep import CONFIG, load_table
 from router import policy
@@ -57,6 +59,7 @@ usd_per_hour = 0.2
 """
 
 
+@pytest.mark.slow
 def test_it_replays_only_items_the_small_tier_lost_and_the_large_tier_answered() -> None:
     items = escalated_items(RUNS, SUITES, 12, seed=0)
     assert len(items) == 12

@@ -115,6 +115,7 @@ def test_a_tier_asks_for_what_its_verifiers_read() -> None:
     assert both.top_logprobs == 7
 
 
+@pytest.mark.slow
 async def test_scores_real_output_through_the_cascade(tmp_path: Path) -> None:
     """SmolLM2 answers an MMLU-style question; the cascade asks the small tier for the top 5 at
     every token because its `choice` verifier needs them, and the verifier reads the letter."""

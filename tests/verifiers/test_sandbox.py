@@ -21,6 +21,7 @@ from tests.support.sandbox import box_processes
 from verifiers.sandbox import SANDBOX_UID, available, run_python, run_python_async, seccomp_program
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.timeout(60),
     pytest.mark.skipif(available() is not None, reason=f"no sandbox here: {available()}"),
 ]

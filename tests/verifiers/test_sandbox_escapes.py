@@ -27,6 +27,7 @@ from verifiers.code_tests import CodeTestsVerifier
 from verifiers.sandbox import Limits, available, run_python_async, start_python
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.timeout(120),
     pytest.mark.skipif(available() is not None, reason=f"no sandbox here: {available()}"),
 ]

@@ -105,6 +105,7 @@ async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, Any]:
         return "429", exc
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_a_burst_cannot_pass_a_nearly_spent_budget(tmp_path: Path) -> None:
     cfg, keys = config(tmp_path)

@@ -27,6 +27,7 @@ def wait_for_zero(url: str, key: str, timeout: float = 10.0) -> float:
     return value
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_the_in_flight_gauge_returns_to_zero_whatever_the_ending(tmp_path: Path) -> None:
     gate = threading.Event()

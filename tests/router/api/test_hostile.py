@@ -250,6 +250,7 @@ def test_tiny_temperatures_are_greedy_and_seeds_pass_through() -> None:
     assert (kept.temperature, kept.top_p) == (0.5, 1.0)
 
 
+@pytest.mark.slow
 def test_a_key_with_the_permission_gets_its_tests_run(tmp_path: Path) -> None:
     """End to end over HTTP: a key created with --allow-tests sends tests, they run in the sandbox
     against the answer, and the response reports counts, never the sandbox's output."""

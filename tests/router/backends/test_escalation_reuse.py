@@ -22,6 +22,8 @@ from router.generation import Delta, Generation, GenerationRequest, Message
 from tests.support.config import smol_config
 from tests.support.servers import UvicornThread
 
+pytestmark = pytest.mark.slow  # loads a model, starts processes or spends seconds of CPU
+
 ASK = "Explain in a few sentences why the sky is blue."
 REJECT_ALL = '[[tiers.verifiers]]\nname = "format"\nparams = { regex = "^NEVER-MATCHES$" }\n'
 

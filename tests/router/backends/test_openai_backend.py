@@ -59,6 +59,7 @@ async def collect_until_error(backend: OpenAIBackend, request: GenerationRequest
 # -- the happy paths -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_chat_generate_returns_text_counts_and_logprobs(upstream: FaultUpstream) -> None:
     async with backend_for(upstream) as backend:
         gen = await backend.generate(CHAT.with_(max_tokens=32, seed=7, stop=("\n",)))
@@ -207,6 +208,7 @@ async def test_non_retryable_status_is_not_retried(
     assert len(upstream.requests) == 1
 
 
+@pytest.mark.slow
 async def test_context_too_long_maps_to_context_length_error(upstream: FaultUpstream) -> None:
     upstream.script(
         status(400, "This model's maximum context length is 2048 tokens.", code_name="context_length_exceeded"),
@@ -248,6 +250,7 @@ async def test_retries_spent_raise_upstream_error(upstream: FaultUpstream) -> No
     assert upstream.pending == 1  # the ok() was never asked for
 
 
+@pytest.mark.slow
 async def test_retry_after_seconds_is_honoured(upstream: FaultUpstream) -> None:
     upstream.script(status(429, "slow down", headers={"Retry-After": "1"}))
     async with backend_for(upstream) as backend:
@@ -259,6 +262,7 @@ async def test_retry_after_seconds_is_honoured(upstream: FaultUpstream) -> None:
     assert len(upstream.requests) == 2
 
 
+@pytest.mark.slow
 async def test_retry_after_ms_is_honoured(upstream: FaultUpstream) -> None:
     upstream.script(status(503, "busy", headers={"retry-after-ms": "300"}))
     async with backend_for(upstream) as backend:
@@ -283,6 +287,7 @@ async def test_retry_after_past_the_deadline_gives_up_at_once(upstream: FaultUps
 # -- deadlines -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_hanging_upstream_is_bounded_by_the_request_deadline(upstream: FaultUpstream) -> None:
     upstream.script(hang())
     async with backend_for(upstream) as backend:
@@ -294,6 +299,7 @@ async def test_hanging_upstream_is_bounded_by_the_request_deadline(upstream: Fau
     assert len(upstream.requests) == 1
 
 
+@pytest.mark.slow
 async def test_tier_timeout_is_the_deadline_when_the_request_has_none(upstream: FaultUpstream) -> None:
     upstream.script(hang())
     async with backend_for(upstream, timeout_s=0.4) as backend:
@@ -304,6 +310,7 @@ async def test_tier_timeout_is_the_deadline_when_the_request_has_none(upstream: 
     assert len(upstream.requests) == 1
 
 
+@pytest.mark.slow
 async def test_deadline_bounds_retries_and_backoff(upstream: FaultUpstream) -> None:
     upstream.script(*[status(500)] * 10)
     async with backend_for(upstream, max_attempts=10, backoff_initial_s=0.2, backoff_max_s=0.2) as backend:
@@ -362,6 +369,7 @@ async def test_stream_closed_cleanly_without_finish_is_not_complete(upstream: Fa
     assert len(upstream.requests) == 1
 
 
+@pytest.mark.slow
 async def test_stream_stalled_mid_way_hits_the_deadline(upstream: FaultUpstream) -> None:
     upstream.script(broken_stream(1, "hang"))
     async with backend_for(upstream) as backend:
@@ -421,6 +429,7 @@ class FakeClock:
         return self.now
 
 
+@pytest.mark.slow
 async def test_breaker_opens_rejects_fast_probes_once_and_closes(upstream: FaultUpstream) -> None:
     clock = FakeClock()
     breaker = CircuitBreaker("large", failures=2, cooldown_s=30.0, clock=clock)

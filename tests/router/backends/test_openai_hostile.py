@@ -294,6 +294,7 @@ async def test_a_stream_in_pieces_of_a_normal_size_is_read(upstream: FaultUpstre
     assert pieces == list(TOKENS) and gen.finish_reason == "stop"
 
 
+@pytest.mark.slow
 async def test_one_endless_line_costs_linear_time(upstream: FaultUpstream) -> None:
     line = b"data: " + b"x" * (3 * 1024 * 1024)  # no line end: one event that never completes
     upstream.script(sse(*[line[i : i + 128] for i in range(0, len(line), 128)], done=False))
@@ -446,6 +447,7 @@ async def test_a_malformed_answer_is_retried_then_the_good_one_read(upstream: Fa
     assert len(upstream.requests) == 2
 
 
+@pytest.mark.slow
 async def test_only_choice_zero_is_read_however_many_are_sent(upstream: FaultUpstream) -> None:
     others = [{"index": i, "message": {"content": f"other {i}"}, "finish_reason": "stop"} for i in range(1, 20_000)]
     mine = {"index": 0, "message": {"content": TEXT}, "finish_reason": "stop"}
@@ -573,6 +575,7 @@ async def test_an_environment_proxy_is_used_and_its_answers_are_capped_too(
     assert upstream.requests[0].path == "http://upstream.invalid/v1/chat/completions"  # sent through the proxy
 
 
+@pytest.mark.slow
 async def test_a_body_that_stalls_mid_way_is_bounded_by_the_deadline(upstream: FaultUpstream) -> None:
     upstream.script(stalled_body())
     async with backend_for(upstream) as backend:

@@ -85,6 +85,7 @@ def _cascade_sample(rule: str, margin: float, p: Dist, q: Dist, rng: np.random.G
     return speculative_accept(p, q, x, rng)[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule,margin", [("diff", 0.1), ("opt", 0.5), ("chow", 0.3)])
 def test_sampled_output_follows_q_where_kept_and_p_where_deferred(rule: str, margin: float) -> None:
     """The rule's decision depends on (p, q) alone, so a position's output is distributed as q

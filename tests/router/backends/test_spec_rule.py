@@ -46,6 +46,7 @@ def _fits_p(out: Counter[int], n: int) -> float:
     return float(chisquare(observed, [n * float(p) for p in P[1]]).pvalue)
 
 
+@pytest.mark.slow
 def test_sampled_drafts_come_out_distributed_as_the_target() -> None:
     n = 10_000
     out, kept = _run(Q, None, n, seed=1)
@@ -64,6 +65,7 @@ def test_the_draft_distribution_alone_would_fail_the_same_check() -> None:
     assert float(chisquare(observed, [sum(observed) * float(p) for p in P[1]]).pvalue) < 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixed", [3, 9, 1])
 def test_a_fixed_draft_token_comes_out_distributed_as_the_target(fixed: int) -> None:
     """A rejected answer's token is a point-mass draft: kept with probability p(x) (never when

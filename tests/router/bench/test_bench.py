@@ -185,6 +185,7 @@ def test_burst_answers_or_refuses_and_watches_memory(service: UvicornThread, tmp
         assert row["rss_before_mib"] > 0 and row["rss_settled_mib"] > 0
 
 
+@pytest.mark.slow
 def test_overhead_with_instant_backends(tmp_path: Path) -> None:
     out = tmp_path / "overhead.json"
     cfg = smol_config(tmp_path, verifiers='[[tiers.verifiers]]\nname = "confidence"\n')

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.config import smol_config
+
+pytestmark = pytest.mark.slow  # loads a model, starts processes or spends seconds of CPU
 
 
 def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -207,6 +207,7 @@ class SlowStore(SQLiteStore):
         super().write(e)
 
 
+@pytest.mark.slow
 async def test_writes_run_on_the_ledger_thread_and_never_block_the_loop(tmp_path: Path) -> None:
     store = SlowStore(tmp_path / "ledger.sqlite3")
     store.threads = set()

@@ -39,7 +39,10 @@ from tests.support.fault_upstream import (
 from tests.support.paused_upstream import chat_body, config, in_flight, paused_stream
 from tests.support.servers import serve_process
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prlimit on another process is Linux's")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prlimit on another process is Linux's"),
+]
 
 
 @contextlib.contextmanager

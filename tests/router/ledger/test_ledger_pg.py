@@ -104,6 +104,7 @@ def test_migrations_are_versioned_applied_once_and_by_one_replica_at_a_time(db: 
     assert "none (up to date)" in out and "schema version 2" in out
 
 
+@pytest.mark.slow
 def test_a_sqlite_ledger_of_schema_4_gains_the_user_column(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite3"
     s = SQLiteStore(path)
@@ -122,6 +123,7 @@ def test_a_sqlite_ledger_of_schema_4_gains_the_user_column(tmp_path: Path) -> No
         assert "user" in {r[1] for r in conn.execute("PRAGMA table_info(requests)")}
 
 
+@pytest.mark.slow
 def test_credentials_never_in_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg, _ = config_with_keys(tmp_path, {"k": {}}, large="none")
     pg_config(cfg, "postgresql://router:hunter2@db.internal:5432/ledger")

@@ -11,6 +11,8 @@ import pytest
 from router.quality.drift import BernoulliCusum, DriftMonitor, H, shifted
 from tests.support.shadow import serve, service, settings
 
+pytestmark = pytest.mark.slow  # loads a model, starts processes or spends seconds of CPU
+
 CHANGE_AT = 600  # requests the small tier serves at its usual 10% error rate
 DETECT_WITHIN = 150  # requests after it turns 70% wrong (at rate 0.5: about 75 shadow pairs)
 

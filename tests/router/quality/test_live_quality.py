@@ -17,6 +17,7 @@ ERROR_RATE = 0.15
 MIN_COVERAGE = 0.90  # for a nominal 95% interval: what 200 runs must show at least
 
 
+@pytest.mark.slow
 async def test_the_live_estimate_covers_a_known_accuracy_at_the_stated_rate(tmp_path: Path) -> None:
     s = settings(tmp_path, rate=0.5)
     covered, pairs = 0, []

@@ -36,6 +36,8 @@ from tests.support.model import SMOL
 from tests.support.scripted import ScriptedBackend
 from tests.support.servers import UvicornThread
 
+pytestmark = pytest.mark.slow  # loads a model, starts processes or spends seconds of CPU
+
 
 def config(
     tmp: Path,

@@ -27,6 +27,7 @@ CODE = "Write a Python function add(a, b) that returns their sum."
 ANSWER = "```python\ndef add(a, b):\n    return a + b\n```"
 
 
+@pytest.mark.slow
 async def test_a_code_comparison_waits_for_a_host_sandbox_slot(tmp_path: Path) -> None:
     if sandbox.available() is not None:
         pytest.skip(f"no sandbox here: {sandbox.available()}")

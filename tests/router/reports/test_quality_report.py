@@ -9,6 +9,8 @@ import io
 import random
 from pathlib import Path
 
+import pytest
+
 from router.cli import main as cli_main
 from router.ledger.store import Ledger, SQLiteStore
 from tests.support.shadow import serve, service, settings
@@ -21,6 +23,7 @@ def run_cli(*args: str) -> str:
     return out.getvalue()
 
 
+@pytest.mark.slow
 async def test_report_quality_shows_the_estimates_and_the_alarm(tmp_path: Path) -> None:
     s = settings(tmp_path, rate=0.5)
     path = tmp_path / "ledger.sqlite3"

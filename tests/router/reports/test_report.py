@@ -161,6 +161,7 @@ def test_csv_round_trips_floats() -> None:
     assert float(parsed[-1]["cost_usd"]) == total.cost_usd
 
 
+@pytest.mark.slow
 def test_html_is_self_contained_with_both_plots() -> None:
     rows, total = reports.aggregate(ENTRIES, "day")
     page = reports.to_html(rows, total, "day", ENTRIES, title="t <x>", window="all time", prices=[("small", "$1/h")])

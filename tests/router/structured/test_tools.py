@@ -129,6 +129,7 @@ def test_the_fallback_rendering_teaches_the_tagged_form_and_writes_tool_turns_as
     assert messages[0]["role"] == "user" and "<tool_call>" in messages[1]["content"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not QWEN.exists(), reason="the Qwen2.5-Coder model is not in the cache")
 def test_qwens_own_template_renders_the_tools_and_the_history() -> None:
     import llama_cpp
