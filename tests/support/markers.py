@@ -13,7 +13,10 @@ reported even where the code under test catches the error.
 from __future__ import annotations
 
 import contextlib
+import functools
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,16 +37,29 @@ def marked_slow(item: pytest.Item) -> bool:
     return item.get_closest_marker("slow") is not None
 
 
+# a module whose tests start sandboxes (bubblewrap boxes running code as uid 65534)
+SANDBOX_SOURCE = re.compile(r"verifiers\.sandbox|from verifiers import sandbox|\bcode_tests\b|\"execution\"|bwrap")
+
+
+@functools.cache
+def _starts_sandboxes(path: Path) -> bool:
+    return bool(SANDBOX_SOURCE.search(path.read_text(encoding="utf-8")))
+
+
 def worker_group(item: pytest.Item) -> str | None:
     """The pytest-xdist group (`--dist loadgroup`) that keeps a slow test with the tests it shares
-    expensive fixtures with: PostgreSQL's tests on one worker (one server), each other slow
-    module's tests on one worker (its module-scoped server or model loaded once). Fast tests
-    have none and spread freely."""
+    something with: PostgreSQL's tests on one worker (one server); the sandbox tests on one worker,
+    because every box on the host counts against uid 65534's process limit (RLIMIT_NPROC), so a
+    fork bomb contained in one box would starve a box another worker starts; each other slow
+    module's tests on one worker (its module-scoped server or model loaded once). Fast tests have
+    none and spread freely."""
     if {"pg", "db"} & set(getattr(item, "fixturenames", ())):
         return "postgres"
-    if marked_slow(item):
-        return item.nodeid.split("::", 1)[0]
-    return None
+    if not marked_slow(item):
+        return None
+    if _starts_sandboxes(item.path):
+        return "sandbox"
+    return item.nodeid.split("::", 1)[0]
 
 
 class FastLoop:
