@@ -56,16 +56,23 @@ lint: setup
 	$(BIN)/ruff format --check router verifiers evals tests scripts bench
 	$(BIN)/mypy
 
-# the fast loop: the tests not marked slow (a slow test loads a real model or starts a server)
+# the fast loop: the tests not marked slow (a slow test loads a real model, starts a server,
+# PostgreSQL or a sandbox, or takes seconds of CPU); one that is not marked and loads a model or
+# starts a server process fails here and says so (tests/support/markers.py)
 check: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+
+# The suite on parallel workers (pytest-xdist). --dist loadgroup keeps each slow module's tests on
+# one worker (its server or model loaded once; tests/support/markers.py) and spreads the rest.
+# TEST_WORKERS: measured on this 2-core machine (docs/testing.md); more only waits on the cores.
+TEST_WORKERS ?= 2
 
 # The docs site is built strictly (mkdocs.yml): a dead link or a moved heading fails the suite.
 # Never with --quiet: it hides the very warnings --strict counts, and the build passes anyway.
 test: setup lint
 	$(BIN)/tierroute models pull smollm2-135m-instruct-q4_1
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 clean:
 	rm -rf $(VENV) *.egg-info site

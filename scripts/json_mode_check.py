@@ -2,12 +2,12 @@
 
     .venv/bin/python scripts/json_mode_check.py [--url http://127.0.0.1:8000/v1] [--model auto]
 
-Sends each line of tests/router/data/json_mode_prompts.txt with `response_format: json_object`
+Sends each line of tests/router/api/data/json_mode_prompts.txt with `response_format: json_object`
 through the official `openai` client (4 at a time), parses every answer, and prints per prompt the
 tier that answered, whether the small tier's answer passed the `format` check, and the answer when
 it is not a JSON object; then the count. Exit status 0 only when every answer is a JSON object.
 
-The test suite sends 20 of these prompts to SmolLM2 (tests/router/test_structured_api.py); this is
+The test suite sends 20 of these prompts to SmolLM2 (tests/router/api/test_structured_api.py); this is
 the acceptance check of issue 17 on `make serve`'s default tiers, where answering all 50 takes
 minutes on two cores.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import openai
 
-PROMPTS = Path(__file__).resolve().parent.parent / "tests" / "router" / "data" / "json_mode_prompts.txt"
+PROMPTS = Path(__file__).resolve().parent.parent / "tests" / "router" / "api" / "data" / "json_mode_prompts.txt"
 
 
 def main() -> int:

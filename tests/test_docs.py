@@ -59,6 +59,7 @@ def _links(name: str) -> list[str]:
     return [t for t in _LINK.findall(text) if not re.match(r"[a-z]+:", t)]
 
 
+@pytest.mark.slow
 def test_the_layout_page_is_what_the_script_writes_from_the_tree() -> None:
     committed = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
     assert committed == render(), "docs/layout.md is stale: run .venv/bin/python scripts/gen_layout.py"
@@ -78,6 +79,7 @@ def test_a_new_module_appears_on_the_layout_page_with_its_first_sentence(tmp_pat
     assert "## `verifiers/`" not in page  # a folder the tree lacks is left out, not invented
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FRONT_DOORS)
 def test_every_link_reaches_a_file_and_a_heading_that_exist(name: str) -> None:
     source = ROOT / name

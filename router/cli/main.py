@@ -177,7 +177,7 @@ def _return_large_blocks() -> None:
     """Large allocations straight from mmap, given back when freed. glibc otherwise raises its
     mmap threshold after the first large free, and the 1 MB request bodies, prompts and token
     buffers of a burst then stay in the heap: measured +17% resident memory after one hostile burst
-    (tests/router/test_burst_hostile.py). The service's work is never bound on malloc speed."""
+    (tests/router/api/test_burst_hostile.py). The service's work is never bound on malloc speed."""
     import ctypes
     import ctypes.util
 

@@ -19,7 +19,7 @@ its Gaussian reading of 0/1 data is poor. Here the two parameters have one meani
   observations at p0 = 0.5 and 16,000 at 0.8 (more at higher rates), while a tier that falls to
   30% agreement is caught in about 15-70 observations (fewer the higher its baseline), and one
   that falls to 0 from 0.9 in 10. (h = 4 and 5 gave 1,300 and 3,500 at 0.5: too many alarms for a
-  rate an operator reads daily.) tests/router/test_drift.py pins both sides on fixed seeds.
+  rate an operator reads daily.) tests/router/quality/test_drift.py pins both sides on fixed seeds.
 
 Agreement is watched for a fall only (agreeing more with the larger tier is not a fault);
 acceptance for a fall and a rise (a verifier that starts accepting more may have been fooled).

@@ -31,6 +31,7 @@ async def test_option_letters_agree_as_the_grader_reads_them(rules: AgreementReg
     assert not (await rules.compare("choice", Q, "Answer: C", "Answer: B")).agree
 
 
+@pytest.mark.slow
 async def test_code_runs_the_callers_tests_only_when_the_request_carries_them(rules: AgreementRegistry) -> None:
     from verifiers import sandbox
 

@@ -21,7 +21,7 @@ from evals.store import RunStore
 from evals.sweep import CascadePolicy, ResultTable, SingleTier, evaluate, load_table
 from router.cli import main
 from router.config import PriceSettings
-from tests.evals.test_report import make_run
+from tests.support.evals import make_run
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = Target.parse("min-pgr=0.5")
@@ -58,6 +58,7 @@ def test_break_even_scale_cases() -> None:
     assert break_even_scale(LinearCost(2.0, 4.0), LinearCost(0.0, 3.0)) is None
 
 
+@pytest.mark.slow
 async def test_closed_form_matches_repricing_and_search(tmp_path: Path) -> None:
     store = RunStore(await make_run(tmp_path))
     table = load_table(store)
@@ -130,6 +131,7 @@ async def test_cascades_that_never_break_even(tmp_path: Path) -> None:
     assert rows[cal.verifier]["breakeven_ratio"] == "never"
 
 
+@pytest.mark.slow
 async def test_one_tier_has_no_ratio(tmp_path: Path) -> None:
     root = await make_run(tmp_path)
     report = build(load_table(RunStore(root), tiers=["small"]), TARGET)
@@ -144,6 +146,7 @@ async def test_one_tier_has_no_ratio(tmp_path: Path) -> None:
     assert not (out / "sums-breakeven.png").exists()
 
 
+@pytest.mark.slow
 def test_committed_runs_report_the_break_even(tmp_path: Path) -> None:
     """The command at the top of docs/eval/README.md, into a scratch directory."""
     text = (REPO / "docs/eval/README.md").read_text(encoding="utf-8")
@@ -174,6 +177,7 @@ def test_committed_runs_report_the_break_even(tmp_path: Path) -> None:
     assert page.count("Break-even price ratio</h3>") == len(suites)
 
 
+@pytest.mark.slow
 async def test_two_tier_calibration_does_not_move_with_the_price(tmp_path: Path) -> None:
     """Why fixing the thresholds at the recorded prices is exact for two tiers and an accuracy target."""
     store = RunStore(await make_run(tmp_path))

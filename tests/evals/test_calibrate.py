@@ -67,6 +67,7 @@ def test_split_is_fixed_by_seed_and_item_id() -> None:
     assert all(in_calibration(i, 3, 0.5) for i in ids_c)
 
 
+@pytest.mark.slow
 def test_held_out_items_never_influence_the_thresholds() -> None:
     table = synthetic()
     target = Target.parse("min-accuracy=0.8")
@@ -91,6 +92,7 @@ def test_held_out_items_never_influence_the_thresholds() -> None:
     assert after.held_out != before.held_out  # the report moved; the choice did not
 
 
+@pytest.mark.slow
 def test_targets() -> None:
     table = synthetic()
     ths, r, met = choose(table, "v", Target("min-accuracy", 0.8))
@@ -159,6 +161,7 @@ def test_write_thresholds_into_a_task_policy(tmp_path: Path) -> None:
     assert final.tier("large").llamacpp == before.tier("large").llamacpp
 
 
+@pytest.mark.slow
 def test_the_snippet_names_the_drift_baseline_the_calibration_implies() -> None:
     table = synthetic()
     cal = calibrate(table, "v", Target.parse("min-accuracy=0.8"), seed=0)

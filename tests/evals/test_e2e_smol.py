@@ -11,7 +11,7 @@ import pytest
 
 from evals.store import RunStore
 from router.cli import main
-from tests.conftest import smol_config
+from tests.support.config import smol_config
 
 pytestmark = pytest.mark.slow
 

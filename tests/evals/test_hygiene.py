@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from evals.data import GSM8K_TEST, HUMANEVAL, fetch, read_jsonl
 from evals.runner import EvalPlan, run_eval
 from evals.store import RunStore
@@ -17,7 +19,7 @@ from evals.suites import get_suite
 from router.backends.base import ContinuationScore
 from router.config import VerifierSpec, load_settings
 from router.generation import Generation, GenerationRequest
-from tests.evals.helpers import Calls, ScriptedBackend, registry, write_config
+from tests.support.evals import Calls, ScriptedBackend, registry, write_config
 from verifiers.base import Score
 from verifiers.code_tests import CodeTestsVerifier
 from verifiers.code_tests.stated import stated_examples
@@ -71,6 +73,7 @@ async def spy_run(
     return calls, backends, items
 
 
+@pytest.mark.slow
 async def test_humaneval_tests_never_reach_a_verifier(tmp_path: Path) -> None:
     rows = {r["task_id"]: r for r in read_jsonl(fetch(HUMANEVAL))}
 
@@ -211,6 +214,7 @@ async def test_gsm8k_solutions_never_reach_the_verifiers_that_ask_a_model(tmp_pa
         assert row["answer"].split("####")[0].strip()[:60] not in text
 
 
+@pytest.mark.slow
 async def test_mmlu_answer_key_never_reaches_choice_or_cross_tier(tmp_path: Path) -> None:
     specs = [VerifierSpec(name="choice"), VerifierSpec(name="cross_tier", params={"tier": "large"})]
     items, seen, asked, read = await model_using_run(tmp_path, "mmlu", lambda r: "A", specs)

@@ -16,9 +16,7 @@ from evals.store import RunStore
 from evals.sweep import CONFIG, CascadePolicy, SingleTier, evaluate, load_table
 from router.cli import main
 from router.config import load_settings
-from tests.evals.helpers import write_config
-
-pytest_plugins = ["tests.router.pg_server"]  # the session's PostgreSQL server: `db`
+from tests.support.evals import write_config
 
 N = 24
 THRESHOLD = 0.5
@@ -84,6 +82,7 @@ def setup(tmp_path: Path) -> tuple[Path, Path, Path, list[tuple[bool, bool, floa
     return config, write_jsonl(tmp_path / "logged.jsonl", lines), tmp_path / "runs", truth
 
 
+@pytest.mark.slow
 def test_import_then_sweep_and_calibrate_through_the_cli(
     setup: tuple[Path, Path, Path, list[tuple[bool, bool, float]]], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -139,6 +138,7 @@ def test_import_then_sweep_and_calibrate_through_the_cli(
     assert written is not None and f"small={th(written)}" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_train_reads_the_imported_prompts_back(setup: tuple[Path, Path, Path, Any]) -> None:
     from evals.training_data import load_run
 
@@ -235,6 +235,7 @@ def test_oversized_line_and_duplicate_ids_are_refused(tmp_path: Path) -> None:
         read_file(path)
 
 
+@pytest.mark.slow
 def test_a_failed_import_leaves_nothing_behind(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], setup: tuple[Path, Path, Path, Any]
 ) -> None:
@@ -282,7 +283,7 @@ def _ledger(path: Path | str, n: int) -> list[bool]:
 
     from router.ledger.entries import ShadowPair
     from router.ledger.stores import open_store
-    from tests.router.test_ledger import attempt, entry
+    from tests.support.ledger import attempt, entry
 
     store = open_store(path)
     store.open()

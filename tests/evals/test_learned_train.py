@@ -23,9 +23,11 @@ from router.cli import main
 from router.config import VerifierSpec
 from router.errors import ConfigError
 from router.learned.estimators import PreRouter
-from tests.evals.learned_helpers import make_run
+from tests.support.learned import make_run
 from verifiers.base import Registry, VerifierContext
 from verifiers.learned import LearnedVerifier
+
+pytestmark = pytest.mark.slow  # loads a model, starts processes or spends seconds of CPU
 
 BUCKETS = 64
 

@@ -20,7 +20,7 @@ from evals.suites.mixed import Mixed, OpenEnded
 from router.cli import main
 from router.config import Settings, load_settings
 from router.generation import GenerationRequest
-from tests.evals.helpers import Calls, ScriptedBackend, registry, small_reply, write_config, write_suite
+from tests.support.evals import Calls, ScriptedBackend, registry, small_reply, write_config, write_suite
 
 OPEN = [
     "Write a poem about autumn leaves.",  # no rule: open-ended
@@ -169,6 +169,7 @@ def test_the_committed_classifier_is_the_services_choice(tmp_path: Path) -> None
     assert isinstance(get_suite("mixed"), Mixed)
 
 
+@pytest.mark.slow
 def test_eval_run_mixed_with_the_smol_model_writes_the_table(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

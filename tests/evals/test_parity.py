@@ -15,6 +15,8 @@ from evals.store import RunStore
 from evals.sweep import CONFIG, CascadePolicy, load_table, route_cost
 from router.tasks import TaskLabel
 
+pytestmark = pytest.mark.slow  # loads a model, starts processes or spends seconds of CPU
+
 RESULTS = Path(__file__).resolve().parents[2] / "evals" / "results"
 RUNS = ["gsm8k", "humaneval", "mmlu"]
 

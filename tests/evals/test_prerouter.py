@@ -21,7 +21,7 @@ from router.learned.estimators import LinearModel, dump_estimator
 from router.learned.features import FeatureSpec, gram_bucket
 from router.ledger.entries import LedgerEntry
 from router.models.wheels import sha256_file
-from tests.verifiers.scripted import ScriptedBackend, tier
+from tests.support.scripted import ScriptedBackend, tier
 
 PRICE = PriceSettings(usd_per_hour=3.6)
 
@@ -101,6 +101,7 @@ def synthetic(n: int = 300, seed: int = 2, small_cost: float = 0.01) -> ResultTa
     return table(items)
 
 
+@pytest.mark.slow
 def test_preroute_then_verify_stays_within_the_drop_on_calibration_items() -> None:
     c = calibrate_preroute(synthetic(), "pre", Target.parse("min-pgr=0.8"), verifier="v", seed=0, max_drop=0.01)
     assert c.policy == "pre-route then verify[v]"
@@ -117,6 +118,7 @@ def test_preroute_only_meets_its_target_on_calibration_items() -> None:
     assert c.met and c.calibration.accuracy >= 0.8
 
 
+@pytest.mark.slow
 def test_held_out_items_never_influence_the_preroute_thresholds() -> None:
     t = synthetic()
     target = Target.parse("min-pgr=0.8")

@@ -4,33 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from evals.calibrate import Target
 from evals.report.pages import write
 from evals.report.suite import build
-from evals.runner import EvalPlan, run_eval
 from evals.store import RunStore
-from evals.suites import get_suite
 from evals.sweep import load_table
 from router.cli import main
-from router.config import VerifierSpec, load_settings
-from tests.evals.helpers import registry, scripted, write_config, write_suite
+from router.config import load_settings
+from tests.support.evals import make_run, write_config
 
 
-async def make_run(tmp_path: Path, n: int = 40) -> Path:
-    suite = get_suite(str(write_suite(tmp_path, n)))
-    plan = EvalPlan(
-        suite=suite,
-        items=suite.select(suite.load(), None, 0),
-        settings=load_settings(write_config(tmp_path)),
-        tiers=["small", "large"],
-        verifiers=[VerifierSpec(name="length")],
-    )
-    root = tmp_path / "runs" / "sums"
-    with RunStore(root) as store:
-        await run_eval(plan, store, registry=registry(), backends=scripted())
-    return root
-
-
+@pytest.mark.slow
 async def test_report_files(tmp_path: Path) -> None:
     root = await make_run(tmp_path)
     report = build(load_table(RunStore(root)), Target.parse("min-pgr=0.5"))
@@ -71,6 +57,7 @@ async def test_report_files(tmp_path: Path) -> None:
     assert "calibrated" in (out / "sweep.csv").read_text()
 
 
+@pytest.mark.slow
 async def test_report_cli_is_reproducible(tmp_path: Path) -> None:
     root = await make_run(tmp_path)
     out = tmp_path / "out"

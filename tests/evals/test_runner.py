@@ -7,49 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from evals.runner import EvalPlan, run_eval
 from evals.store import RunStore
-from evals.suites import get_suite
 from router.config import VerifierSpec, load_settings
-from tests.evals.helpers import (
+from tests.support.evals import (
     Calls,
     FlakyVerifier,
+    N,
     ScriptedBackend,
     large_reply,
+    plan_for,
     question_number,
     registry,
+    run,
     scripted,
     write_config,
-    write_suite,
 )
-
-N = 8
-
-
-def plan_for(
-    tmp_path: Path,
-    *,
-    limit: int | None = None,
-    verifiers: tuple[str, ...] = ("length",),
-    tiers: tuple[str, ...] = ("small", "large"),
-    config: Path | None = None,
-) -> EvalPlan:
-    settings = load_settings(config or write_config(tmp_path))
-    suite = get_suite(str(write_suite(tmp_path, N)))
-    items = suite.select(suite.load(), limit, 0)
-    return EvalPlan(
-        suite=suite,
-        items=items,
-        settings=settings,
-        tiers=list(tiers),
-        verifiers=[VerifierSpec(name=v) for v in verifiers],
-        limit=limit,
-    )
-
-
-async def run(plan: EvalPlan, root: Path, backends: dict[str, ScriptedBackend], calls: Calls | None = None):
-    with RunStore(root) as store:
-        return await run_eval(plan, store, registry=registry(calls), backends=backends)
 
 
 async def test_first_run_stores_every_tier_item_verifier_and_grade(tmp_path: Path) -> None:
@@ -147,6 +119,7 @@ usd_per_1m_output_tokens = 1.0
     assert [t["name"] for t in RunStore(root).manifest()["tiers"]] == ["small", "large", "xl"]
 
 
+@pytest.mark.slow
 async def test_growing_the_limit_adds_only_the_new_items(tmp_path: Path) -> None:
     root = tmp_path / "runs" / "sums"
     first = await run(plan_for(tmp_path, limit=3), root, scripted())

@@ -14,7 +14,7 @@ from evals.suites import get_suite
 from evals.suites.structured import Structured, grade_structured
 from router.config import load_settings
 from router.tasks import rule_task, task_of_suite
-from tests.evals.helpers import write_config
+from tests.support.evals import write_config
 
 REF: dict[str, Any] = {
     "merchant": "Green Leaf Grocers",
@@ -25,6 +25,7 @@ REF: dict[str, Any] = {
 FOLD = ["merchant", "items[].name"]
 
 
+@pytest.mark.slow
 def test_items_are_sound_and_the_fingerprint_stable() -> None:
     suite = get_suite("structured")
     assert isinstance(suite, Structured) and suite.task == "structured" and suite.fingerprint == "structured@2"

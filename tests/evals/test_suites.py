@@ -13,6 +13,7 @@ from evals.suites.gsm8k import reference_of
 from router.errors import ConfigError
 
 
+@pytest.mark.slow
 def test_builtin_suites_load_the_pinned_data() -> None:
     sizes = {"gsm8k": 1319, "humaneval": 164, "mmlu": 14042}
     for name, size in sizes.items():
@@ -32,6 +33,7 @@ def test_sampling_is_seeded_and_prefix_stable() -> None:
     assert [i.id for i in suite.select(items, 10, 1)] != [i.id for i in a]
 
 
+@pytest.mark.slow
 def test_mmlu_is_sampled_across_subjects() -> None:
     suite = get_suite("mmlu")
     picked = suite.select(suite.load(), 114, 0)
@@ -40,6 +42,7 @@ def test_mmlu_is_sampled_across_subjects() -> None:
     assert all(sum(i.group == g for i in picked) == 2 for g in groups)
 
 
+@pytest.mark.slow
 async def test_humaneval_grader_runs_the_hidden_tests() -> None:
     suite = get_suite("humaneval")
     item = suite.load()[2]  # truncate_number
@@ -51,6 +54,7 @@ async def test_humaneval_grader_runs_the_hidden_tests() -> None:
     assert (await suite.grade(item, body_only)).correct
 
 
+@pytest.mark.slow
 async def test_gsm8k_and_mmlu_graders() -> None:
     assert reference_of("so 3 + 4 = 7\n#### 1,234") == "1234"
     gsm = get_suite("gsm8k")
@@ -119,6 +123,7 @@ def test_jsonl_suite(tmp_path: Path) -> None:
             get_suite(str(path)).load()
 
 
+@pytest.mark.slow
 async def test_jsonl_code_tests_grader(tmp_path: Path) -> None:
     path = tmp_path / "code.jsonl"
     path.write_text(

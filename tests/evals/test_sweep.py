@@ -23,8 +23,7 @@ from evals.sweep import (
     sweep,
 )
 from router.config import PriceSettings
-from tests.evals.helpers import scripted
-from tests.evals.test_runner import plan_for, run
+from tests.support.evals import plan_for, run, scripted
 
 
 @pytest.fixture

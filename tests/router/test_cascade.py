@@ -11,7 +11,7 @@ from router.cascade import Answering, Cascade, Final, Tier
 from router.config import CascadeSettings, PriceSettings
 from router.errors import UnavailableError, UnknownModelError, UpstreamError
 from router.generation import Delta, Generation, GenerationRequest, Message
-from tests.verifiers.scripted import ScriptedBackend, tier
+from tests.support.scripted import ScriptedBackend, tier
 
 REQ = GenerationRequest(messages=(Message("user", "What is 6 * 7?"),), max_tokens=32)
 TOKENS = PriceSettings(usd_per_1m_input_tokens=1000.0, usd_per_1m_output_tokens=2000.0)

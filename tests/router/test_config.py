@@ -9,7 +9,7 @@ import pytest
 from router.config import DEFAULT_CONFIG, load_settings
 from router.engine import check_resources
 from router.errors import ConfigError
-from tests.conftest import smol_config
+from tests.support.config import smol_config, smol_settings
 from verifiers.base import Registry
 
 
@@ -85,7 +85,7 @@ def test_a_missing_or_tampered_prerouter_is_reported_with_its_key(tmp_path: Path
 
 def test_environment_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TIERROUTE_SERVER__PORT", "9123")
-    settings = load_settings(smol_config(tmp_path))
+    settings = smol_settings(tmp_path)
     assert settings.server.port == 9123
 
 
@@ -154,13 +154,13 @@ def test_the_default_configs_commented_maths_policies_are_valid(tmp_path: Path) 
 )
 def test_bad_sandbox_limits_are_refused_naming_the_key(tmp_path: Path, sandbox: str, key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        load_settings(smol_config(tmp_path, sandbox=sandbox))
+        smol_settings(tmp_path, sandbox=sandbox)
 
 
 def test_sandbox_limits_default_to_the_cpu_count_and_four_waiting_per_slot(tmp_path: Path) -> None:
     import os
 
-    default = load_settings(smol_config(tmp_path)).sandbox
+    default = smol_settings(tmp_path).sandbox
     assert default.slots == (os.cpu_count() or 2) and default.queue == 4 * default.slots
-    set_ = load_settings(smol_config(tmp_path, sandbox="max_concurrency = 3\nmax_queue = 1")).sandbox
+    set_ = smol_settings(tmp_path, sandbox="max_concurrency = 3\nmax_queue = 1").sandbox
     assert (set_.slots, set_.queue) == (3, 1)

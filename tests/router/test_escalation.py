@@ -10,7 +10,8 @@ import pytest
 
 from router.api.app import create_app
 from router.config import load_settings
-from tests.conftest import UvicornThread, llama_cpp_server, smol_config
+from tests.support.config import smol_config
+from tests.support.servers import UvicornThread, llama_cpp_server
 
 ASK = [{"role": "user", "content": "What is 17 * 3?"}]
 # a format check the small model's free-form answer never passes: the small tier is rejected

@@ -27,7 +27,8 @@ import pytest
 from router.api.app import create_app
 from router.backends.grammar_budget import GrammarBudget
 from router.config import load_settings
-from tests.conftest import UvicornThread, smol_config
+from tests.support.config import smol_config
+from tests.support.servers import UvicornThread
 
 FORMAT = """
 [[tiers.verifiers]]

@@ -6,32 +6,10 @@ import math
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import smol_config
-from tests.router.accounting_helpers import (
-    ESCALATE_ON_MARK,
-    MARK,
-    auth,
-    chat,
-    config_with_keys,
-    read_ledger,
-    running,
-)
-
-
-def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def value(m: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
-    """The sum of the samples of `name` that carry these labels (and any others)."""
-    want = set(labels.items())
-    return math.fsum(v for (n, have), v in m.items() if n == name and want <= have)
+from tests.support.accounting import ESCALATE_ON_MARK, MARK, auth, chat, config_with_keys, read_ledger, running
+from tests.support.config import smol_config
+from tests.support.metrics import samples, value
 
 
 def total(m: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str) -> float:

@@ -25,7 +25,8 @@ import httpx
 import pytest
 
 from router.structured.grammars import MAX_REQUEST_SCHEMA_BYTES
-from tests.conftest import serve_process, smol_config
+from tests.support.config import smol_config
+from tests.support.servers import serve_process
 
 
 def _schema(tag: str, n: int = 140) -> dict[str, Any]:

@@ -24,7 +24,8 @@ from router.api import schema_checks
 from router.api.app import create_app
 from router.config import load_settings
 from router.structured import grammars
-from tests.conftest import UvicornThread, smol_config
+from tests.support.config import smol_config
+from tests.support.servers import UvicornThread
 
 CRASHES = ("-c", "import sys; sys.stdin.readline(); sys.exit(3)")
 STALLS = ("-c", "import sys, time; sys.stdin.readline(); time.sleep(60)")

@@ -14,9 +14,10 @@ import pytest
 
 from router.api.app import create_app
 from router.config import load_settings
-from tests.conftest import UvicornThread, smol_config
-from tests.router.accounting_helpers import read_ledger
-from tests.router.test_metrics import samples, value
+from tests.support.accounting import read_ledger
+from tests.support.config import smol_config
+from tests.support.metrics import samples, value
+from tests.support.servers import UvicornThread
 
 # The small tier's own policy can never pass (mean confidence is below 1): every task without a
 # policy of its own escalates. Open-ended requests are judged by degeneration alone and accepted

@@ -18,7 +18,8 @@ from router.engine import Engine
 from router.errors import ConfigError
 from router.generation import GenerationRequest, Message
 from router.tasks import TASKS, TaskLabel, detect_task, task_of_suite
-from tests.conftest import SMOL, write_config
+from tests.support.config import write_config
+from tests.support.model import SMOL
 
 
 def chat(text: str, **metadata: object) -> GenerationRequest:
@@ -38,6 +39,7 @@ EVERYDAY = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suite_name", ["gsm8k", "humaneval", "mmlu"])
 def test_the_rules_label_every_suite_item_as_its_suites_task(suite_name: str) -> None:
     suite = get_suite(suite_name)
@@ -49,6 +51,7 @@ def test_the_rules_label_every_suite_item_as_its_suites_task(suite_name: str) ->
     assert got == {want: len(items)}, got
 
 
+@pytest.mark.slow
 def test_gsm8k_questions_without_the_suites_instruction_are_still_maths() -> None:
     items = get_suite("gsm8k").load()
     bare = [it.messages[-1].content.split("\n\n", 1)[1] for it in items]

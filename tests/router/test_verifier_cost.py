@@ -12,7 +12,7 @@ from router.config import CascadeSettings, PriceSettings, TierSettings
 from router.generation import GenerationRequest
 from router.plugins import VerifierRegistry
 from router.verification import VerifierContext, VerifierCost, VerifierSet, WeightedVerifier
-from tests.verifiers.scripted import ScriptedBackend
+from tests.support.scripted import ScriptedBackend
 
 SMALL = PriceSettings(usd_per_hour=3.6)  # $0.001 per busy second
 LARGE = PriceSettings(usd_per_1m_input_tokens=1000.0, usd_per_1m_output_tokens=2000.0)  # $0.001 / $0.002 a token

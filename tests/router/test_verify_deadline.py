@@ -10,7 +10,7 @@ from router.cascade import Cascade, Tier
 from router.config import CascadeSettings, PriceSettings, TierSettings
 from router.generation import Generation, GenerationRequest
 from router.verification import Score, VerifierSet, WeightedVerifier
-from tests.verifiers.scripted import ScriptedBackend
+from tests.support.scripted import ScriptedBackend
 
 PRICE = PriceSettings(usd_per_hour=3.6)
 

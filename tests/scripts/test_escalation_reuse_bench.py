@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from evals.store import RunStore
 from evals.sweep import CONFIG, load_table
 from router import policy
 from scripts.escalation_reuse_bench import SUITES, escalated_items, main, prompts_of
-from tests.conftest import SMOL, write_config
+from tests.support.config import write_config
+from tests.support.model import SMOL
 
 RUNS = Path(__file__).resolve().parents[2] / "evals" / "results"
 
@@ -56,6 +59,7 @@ usd_per_hour = 0.2
 """
 
 
+@pytest.mark.slow
 def test_it_replays_only_items_the_small_tier_lost_and_the_large_tier_answered() -> None:
     items = escalated_items(RUNS, SUITES, 12, seed=0)
     assert len(items) == 12

@@ -12,6 +12,7 @@ from scripts.spec_cascade_eval import RUN_NAME, Point, dominated_by_curve, main
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_the_committed_report_is_reproduced(tmp_path: Path) -> None:
     committed = ROOT / "docs" / "eval" / "spec-cascade.md"
     if not committed.exists():

@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 
 from evals.suites.mmlu import messages_for
-from router.config import load_settings
 from router.engine import Engine
 from router.generation import Generation, GenerationRequest, TokenLogprob
 from router.plugins import VerifierRegistry
 from router.verification import SharedVerifier, VerifierContext, VerifierSet, WeightedVerifier, wanted_top_logprobs
-from tests.conftest import smol_config
+from tests.support.config import smol_settings
 from verifiers.choice import ChoiceVerifier, option_letter
 
 REQ = GenerationRequest(prompt="Which? A. x B. y C. z D. w\nAnswer:")
@@ -116,11 +115,12 @@ def test_a_tier_asks_for_what_its_verifiers_read() -> None:
     assert both.top_logprobs == 7
 
 
+@pytest.mark.slow
 async def test_scores_real_output_through_the_cascade(tmp_path: Path) -> None:
     """SmolLM2 answers an MMLU-style question; the cascade asks the small tier for the top 5 at
     every token because its `choice` verifier needs them, and the verifier reads the letter."""
     verifiers = '[[tiers.verifiers]]\nname = "choice"\nparams = { top_logprobs = 5 }\n'
-    engine = Engine.from_settings(load_settings(smol_config(tmp_path, threshold=0.99, verifiers=verifiers)))
+    engine = Engine.from_settings(smol_settings(tmp_path, threshold=0.99, verifiers=verifiers))
     await engine.start()
     try:
         messages = messages_for(

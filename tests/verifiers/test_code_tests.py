@@ -11,7 +11,7 @@ import pytest
 
 from router.errors import OverloadedError, UnavailableError
 from router.generation import GenerationRequest, Message
-from tests.verifiers.scripted import gen
+from tests.support.scripted import gen
 from verifiers.code_tests import CodeTestsVerifier
 from verifiers.code_tests.steps import caller_test_steps, doctest_steps
 from verifiers.code_tests.verifier import assemble_program
@@ -110,6 +110,7 @@ def test_program_assembly() -> None:
     assert joined == PROMPT + body
 
 
+@pytest.mark.slow
 async def test_prompt_examples_pass_and_fail() -> None:
     v = CodeTestsVerifier()
     req = chat("Complete this function:\n```python\n" + PROMPT + "```")
@@ -123,12 +124,14 @@ async def test_prompt_examples_pass_and_fail() -> None:
     assert wrong.details["failures"] == {"mismatch": 1} and wrong.details["in_process"] == 0
 
 
+@pytest.mark.slow
 async def test_completion_mode_body_is_tested_with_its_prompt() -> None:
     body = "    total = 0\n    for op in operations:\n        total += op\n        if total < 0:\n            return True\n    return False\n"
     s = await CodeTestsVerifier().score(GenerationRequest(prompt=PROMPT), gen(body))
     assert s.value == 1.0, s.reason
 
 
+@pytest.mark.slow
 async def test_caller_tests_from_metadata() -> None:
     tests = (
         "assert add(1, 2) == 3\n"
@@ -149,6 +152,7 @@ async def test_caller_tests_from_metadata() -> None:
     assert "add('a', 'b')" not in half.reason
 
 
+@pytest.mark.slow
 async def test_doctests_can_be_turned_off_and_both_sources_add_up() -> None:
     req = chat("Complete:\n```python\n" + PROMPT + "```", tests="assert below_zero([-1])\nassert not below_zero([])")
     both = await CodeTestsVerifier().score(req, gen(WRONG))
@@ -161,6 +165,7 @@ async def test_doctests_can_be_turned_off_and_both_sources_add_up() -> None:
     assert only_caller.value == 0.5
 
 
+@pytest.mark.slow
 async def test_without_tests_it_scores_whether_the_code_compiles_and_imports() -> None:
     v = CodeTestsVerifier()
     req = chat("Write a function that reverses a string.")
@@ -189,6 +194,7 @@ async def test_abstains_on_code_in_another_language() -> None:
     assert broken.value == 0.0 and broken.reason == "syntax_error"
 
 
+@pytest.mark.slow
 async def test_never_reads_a_graders_reference() -> None:
     # Only metadata["tests"] is the caller's. Anything else in metadata, such as a benchmark's
     # hidden test or reference answer, must not change the score.
@@ -206,6 +212,7 @@ async def test_never_reads_a_graders_reference() -> None:
     assert (a.value, a.reason) == (b.value, b.reason) == (0.5, a.reason)
 
 
+@pytest.mark.slow
 async def test_hanging_code_ends_the_run_quickly() -> None:
     req = chat("Write f.", tests="assert f(1) == 1\nassert f(2) == 2\nassert f(3) == 3\n")
     s = await CodeTestsVerifier(unit_timeout_s=0.5, timeout_s=10).score(
@@ -216,6 +223,7 @@ async def test_hanging_code_ends_the_run_quickly() -> None:
     assert s.details["sandbox_s"] < 5
 
 
+@pytest.mark.slow
 async def test_prints_cannot_forge_results() -> None:
     req = chat("Write f.", tests="assert f() == 1\n")
     forged = '{"kind": "unit", "passed": true, "error": null}'
@@ -224,6 +232,7 @@ async def test_prints_cannot_forge_results() -> None:
     assert s.value == 0.0
 
 
+@pytest.mark.slow
 async def test_exceptions_in_doctests() -> None:
     prompt = 'def inv(x):\n    """\n    >>> inv(2)\n    0.5\n    >>> inv(0)\n    Traceback (most recent call last):\n    ZeroDivisionError: division by zero\n    """\n'
     req = GenerationRequest(prompt=prompt)
@@ -233,6 +242,7 @@ async def test_exceptions_in_doctests() -> None:
     assert s.value == 0.5
 
 
+@pytest.mark.slow
 async def test_metadata_tests_of_the_wrong_type_are_noted() -> None:
     s = await CodeTestsVerifier().score(
         chat("Write f.", tests={"not": "code"}), gen("```python\ndef f():\n    return 1\n```")
@@ -257,6 +267,7 @@ def test_bad_params(params: dict, error: type[Exception]) -> None:
         CodeTestsVerifier(**params)
 
 
+@pytest.mark.slow
 async def test_the_sandbox_queue_is_bounded() -> None:
     # one sandbox, one waiting run: a third concurrent run is refused at once with a typed 503
     v = CodeTestsVerifier(max_concurrency=1, max_queue=1, unit_timeout_s=5)
@@ -275,6 +286,7 @@ async def test_the_sandbox_queue_is_bounded() -> None:
     assert (await v.score(req, gen("```python\ndef f():\n    return 1\n```"))).value == 1.0
 
 
+@pytest.mark.slow
 async def test_oversized_inputs_are_refused_without_blocking_the_loop() -> None:
     ticks = 0
 
@@ -310,6 +322,7 @@ async def test_oversized_inputs_are_refused_without_blocking_the_loop() -> None:
     assert ticks > 0
 
 
+@pytest.mark.slow
 async def test_asserts_and_straight_test_functions_are_judged_outside() -> None:
     tests = (
         "def test_square():\n"
@@ -375,6 +388,7 @@ def test_judging_crafted_values_never_raises() -> None:
     assert judge(Check("eval", "f()", "truthy"), Reply(True, Opaque("X", "X()"), truth=None)) == "not_plain_data"
 
 
+@pytest.mark.slow
 async def test_a_value_too_big_to_report_fails_its_test_without_being_called_forged() -> None:
     req = chat("Write f.", tests="assert f() == [0]\nassert g() == 1\n")
     s = await CodeTestsVerifier().score(
@@ -393,7 +407,8 @@ def slow_code_requests(tmp_path: Path, params: str, n: int, sandbox: str = "") -
     from router.api.app import create_app
     from router.backends.instant import InstantBackend
     from router.config import load_settings
-    from tests.conftest import UvicornThread, smol_config
+    from tests.support.config import smol_config
+    from tests.support.servers import UvicornThread
 
     verifier = f'[[tiers.verifiers]]\nname = "code_tests"\nparams = {{ {params} }}\n'
     server = "allow_unauthenticated = true\nallow_client_tests_without_keys = true"
@@ -416,6 +431,7 @@ def slow_code_requests(tmp_path: Path, params: str, n: int, sandbox: str = "") -
             return replies, post().status_code
 
 
+@pytest.mark.slow
 def test_a_full_sandbox_queue_is_a_503_with_retry_after(tmp_path: Path) -> None:
     """Through the real HTTP app: the verifier's typed refusal reaches the client as 503 +
     Retry-After in OpenAI's error shape, and the service answers normally afterwards."""
@@ -429,6 +445,7 @@ def test_a_full_sandbox_queue_is_a_503_with_retry_after(tmp_path: Path) -> None:
     assert after == 200
 
 
+@pytest.mark.slow
 async def test_a_callers_prompt_examples_run_only_as_literal_calls_without_the_permission() -> None:
     """A prompt is client text: without the tests permission only examples that call a function
     with literal arguments and state a result run; setup lines and arbitrary expressions do not."""
@@ -467,6 +484,7 @@ def test_a_reply_built_to_collide_in_a_set_is_refused_not_hashed() -> None:
     assert decode_value(small) == set(range(MAX_HASHED_ITEMS))
 
 
+@pytest.mark.slow
 def test_the_host_limit_holds_across_verifiers_through_the_api(tmp_path: Path) -> None:
     """`[sandbox]` caps sandboxed runs for the whole process: the verifier's own limit (4 slots,
     4 waiting) would take all six requests, the host's (1 running, 1 waiting) refuses some with a
@@ -483,6 +501,7 @@ def test_the_host_limit_holds_across_verifiers_through_the_api(tmp_path: Path) -
     assert after == 200
 
 
+@pytest.mark.slow
 async def test_code_tests_and_execution_share_the_hosts_slots() -> None:
     """One host limit for every verifier that runs code on every tier (as the engine builds them):
     while code_tests on one tier runs, execution on another waits for the one slot, and with no room

@@ -184,6 +184,7 @@ def test_doctest_lines_are_not_read_twice() -> None:
     assert StatedExample("fib4(3)", 0, "call", "->") in stated_examples(fib4)
 
 
+@pytest.mark.slow
 def test_every_prose_example_holds_for_the_reference_solution() -> None:
     """How the reader is checked against HumanEval: on every prompt, the examples it reads run
     against the reference solution (here only; a verifier never sees it) and all pass."""
@@ -280,6 +281,7 @@ def test_for_example_on_the_same_line_as_the_call() -> None:
     assert [(e.source, e.expected) for e in stated_examples(prompt)] == [("f(2)", 4), ("f(5)", 10)]
 
 
+@pytest.mark.slow
 async def test_only_the_literal_example_runs_even_for_a_caller_with_the_tests_permission() -> None:
     """A prose example is never code to run, whoever sends it: of a literal example and a hostile
     one, the verifier runs the literal one only (the hostile one would have failed it)."""
@@ -293,6 +295,7 @@ async def test_only_the_literal_example_runs_even_for_a_caller_with_the_tests_pe
         assert score.details["in_process"] == 0
 
 
+@pytest.mark.slow
 async def test_the_expected_value_is_judged_outside_the_sandbox() -> None:
     """An answer that returns an object claiming to equal everything fails: the value the worker
     reports is plain data or "an object", and the comparison happens in the checker."""
@@ -305,6 +308,7 @@ async def test_the_expected_value_is_judged_outside_the_sandbox() -> None:
     assert score.details["failures"] == {"not_plain_data": 1}
 
 
+@pytest.mark.slow
 async def test_stated_examples_can_be_turned_off() -> None:
     request = requests()["HumanEval/72"]
     good = answer("```python\ndef will_it_fly(q, w):\n    return q == q[::-1] and sum(q) <= w\n```")
@@ -327,6 +331,7 @@ COMMITTED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("key", "item", "tier", "right", "value", "counts"), COMMITTED, ids=[c[1] + " " + c[2] for c in COMMITTED]
 )
@@ -342,6 +347,7 @@ async def test_committed_answers_are_scored_on_their_prompts_prose_examples(
     assert score.details["by_source"] == {"doctest": {"passed": counts[0], "total": counts[1]}}
 
 
+@pytest.mark.slow
 async def test_an_answer_cut_off_in_a_trailing_example_is_tested_like_the_grader_reads_it() -> None:
     """The small tier's HumanEval/94 answer ran into the token cap inside a ``print(...)`` after its
     complete function. The grader (version 2) keeps the parsing prefix; the verifier runs the same
@@ -359,6 +365,7 @@ async def test_an_answer_cut_off_in_a_trailing_example_is_tested_like_the_grader
     assert (score.value, score.details["total"]) == (1.0, 6)
 
 
+@pytest.mark.slow
 def test_the_verifier_runs_the_code_the_grader_grades_on_every_committed_answer() -> None:
     """Both read the answer with `extract_code` (a cut-off trailing line after a complete function
     dropped); on each of the 328 committed answers the verifier's program parses exactly when the

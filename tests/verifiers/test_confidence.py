@@ -5,7 +5,7 @@ import math
 import pytest
 
 from router.generation import GenerationRequest
-from tests.verifiers.scripted import gen
+from tests.support.scripted import gen
 from verifiers.confidence import ConfidenceVerifier, quantile
 
 REQ = GenerationRequest(prompt="2 + 2 =")

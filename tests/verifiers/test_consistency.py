@@ -7,7 +7,7 @@ import pytest
 
 from router.errors import DeadlineError
 from router.generation import GenerationRequest, Message
-from tests.verifiers.scripted import ScriptedBackend, gen
+from tests.support.scripted import ScriptedBackend, gen
 from verifiers.base import VerifierContext
 from verifiers.consistency import SelfConsistencyVerifier
 

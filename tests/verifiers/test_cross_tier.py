@@ -14,7 +14,7 @@ from router.backends.base import Backend, ContinuationScore
 from router.config import load_settings
 from router.engine import Engine
 from router.generation import Delta, Generation, GenerationRequest, Message
-from tests.conftest import smol_config
+from tests.support.config import smol_config
 from verifiers.base import VerifierContext
 from verifiers.cross_tier import STATS, CrossTierVerifier, continuation_stats, make_cross_tier
 

@@ -14,7 +14,7 @@ import pytest
 from router.backends.llamacpp import LlamaCppBackend
 from router.config import LlamaCppSettings
 from router.generation import Generation, GenerationRequest, Message
-from tests.verifiers.scripted import gen
+from tests.support.scripted import gen
 from verifiers.base import Registry, VerifierContext, VerifierError
 from verifiers.builtins import register_verifiers
 from verifiers.degeneration import DegenerationVerifier, script_of
@@ -56,6 +56,7 @@ async def test_a_right_committed_answer_shows_no_sign() -> None:
     assert s.details["signs"] == []
 
 
+@pytest.mark.slow
 async def test_counting_and_data_are_not_loops_but_words_are() -> None:
     assert await signs(", ".join(str(i) for i in range(1, 300))) == []
     assert await signs("[" + ", ".join(["0"] * 200) + "]") == []

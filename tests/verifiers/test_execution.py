@@ -24,9 +24,9 @@ from evals.suites import get_suite
 from router.config import VerifierSpec, load_settings
 from router.errors import OverloadedError
 from router.generation import Generation, GenerationRequest, Message
-from tests.evals.helpers import ScriptedBackend, write_config
-from tests.verifiers.scripted import ScriptedBackend as ReplyBackend
-from tests.verifiers.scripted import gen
+from tests.support.evals import ScriptedBackend, write_config
+from tests.support.scripted import ScriptedBackend as ReplyBackend
+from tests.support.scripted import gen
 from verifiers.base import Registry, Score, VerifierContext, VerifierError
 from verifiers.builtins import CHECKS, register_verifiers
 from verifiers.execution import SECOND_OPINION_PROMPT, ExecutionVerifier, agrees, only_defines, program_blocks, runnable
@@ -59,6 +59,7 @@ def program(code: str, after: str = "The answer is \\boxed{42}.") -> str:
 # ---- committed model output ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_program_that_prints_the_stated_answer_agrees() -> None:
     for text, printed, stated in ((LARGE_1036, 10.0, "10"), (SMALL_591, 220.0, "220")):
         s = await verifier().score(ASKED, gen(text))
@@ -68,6 +69,7 @@ async def test_a_program_that_prints_the_stated_answer_agrees() -> None:
         assert s.details["exit_status"] == 0 and s.details["blocks"] == 1 and s.details["sandbox_s"] > 0
 
 
+@pytest.mark.slow
 async def test_a_program_that_prints_something_else_disagrees() -> None:
     s = await verifier().score(ASKED, gen(SMALL_28))
     assert s.value == 0.0
@@ -77,6 +79,7 @@ async def test_a_program_that_prints_something_else_disagrees() -> None:
     assert "```output\n5\n```" in SMALL_28
 
 
+@pytest.mark.slow
 async def test_a_program_that_does_not_run_scores_crash_score() -> None:
     s = await verifier().score(ASKED, gen(SMALL_970))
     assert s.value == 0.0 and s.details["outcome"] == "exception" and s.details["error"] == "NameError"
@@ -85,6 +88,7 @@ async def test_a_program_that_does_not_run_scores_crash_score() -> None:
     assert s.value == 0.3
 
 
+@pytest.mark.slow
 async def test_a_module_the_sandbox_lacks_abstains() -> None:
     s = await verifier().score(ASKED, gen(LARGE_600))
     assert s.abstained and s.details["outcome"] == "module_unavailable"
@@ -94,6 +98,7 @@ async def test_a_module_the_sandbox_lacks_abstains() -> None:
 # ---- abstentions -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("text", "outcome"),
     [
@@ -175,12 +180,14 @@ def test_agrees(result: str, stated: str, agree: bool) -> None:
     assert agrees(result, stated) is agree
 
 
+@pytest.mark.slow
 async def test_several_blocks_run_as_notebook_cells_and_the_last_number_printed_counts() -> None:
     text = "```python\nprice = 4\nprint(price)\n```\nThen:\n```python\ntotal = price * 3\ntotal\n```\nSo \\boxed{12}."
     s = await verifier().score(ASKED, gen(text))
     assert s.value == 1.0 and s.details["blocks"] == 2 and s.details["result"] == 12.0
 
 
+@pytest.mark.slow
 async def test_a_program_that_never_ends_times_out() -> None:
     t0 = time.monotonic()
     s = await verifier(timeout_s=1.0).score(ASKED, gen(program("while True:\n    pass")))
@@ -191,6 +198,7 @@ async def test_a_program_that_never_ends_times_out() -> None:
 # ---- the sandbox boundary --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_program_cannot_read_or_write_host_files(tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("731\n")
@@ -204,6 +212,7 @@ async def test_a_program_cannot_read_or_write_host_files(tmp_path: Path) -> None
     assert not marker.exists()
 
 
+@pytest.mark.slow
 async def test_a_program_cannot_reach_the_network() -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -233,6 +242,7 @@ async def test_a_program_cannot_reach_the_network() -> None:
     assert accepted == []
 
 
+@pytest.mark.slow
 async def test_what_a_program_prints_never_reaches_the_score_text() -> None:
     code = "import sys\nprint('LEAKED-SECRET', file=sys.stderr)\nprint('LEAKED-SECRET 42')\nraise KeyError('LEAKED-SECRET')"
     for text in (program(code), program(code.rsplit("\n", 1)[0])):
@@ -241,6 +251,7 @@ async def test_what_a_program_prints_never_reaches_the_score_text() -> None:
     assert s.value == 1.0  # the second ran without raising, and printed 42
 
 
+@pytest.mark.slow
 async def test_at_most_max_concurrency_sandboxes_then_a_bounded_queue() -> None:
     v = verifier(max_concurrency=1, max_queue=1)
     slow = gen(program("import time\ntime.sleep(1.0)\nprint(42)"))
@@ -263,6 +274,7 @@ def second(reply: str) -> tuple[ExecutionVerifier, ReplyBackend]:
 QUESTION = GenerationRequest(messages=(Message("user", "Tom has 3 apples and buys 4 more. How many now?"),))
 
 
+@pytest.mark.slow
 async def test_second_opinion_agreeing_and_its_cost() -> None:
     v, backend = second("```python\napples = 3 + 4\nprint(apples)\n```")
     s = await v.score(QUESTION, gen("He has \\boxed{7} apples."))
@@ -274,12 +286,14 @@ async def test_second_opinion_agreeing_and_its_cost() -> None:
     assert asked.last_user_text() == SECOND_OPINION_PROMPT.format(problem=QUESTION.last_user_text())
 
 
+@pytest.mark.slow
 async def test_second_opinion_disagreeing() -> None:
     v, _ = second("```python\nprint(3 * 4)\n```")
     s = await v.score(QUESTION, gen("He has \\boxed{7} apples."))
     assert s.value == 0.0 and s.details["outcome"] == "disagree" and s.details["result"] == 12.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("reply", "outcome"),
     [("Seven.", "no_second_program"), ("```python\nprint(undefined)\n```", "exception")],
@@ -291,6 +305,7 @@ async def test_second_opinion_that_gives_nothing_abstains_but_is_charged(reply: 
     assert s.cost.completion_tokens == 20
 
 
+@pytest.mark.slow
 async def test_second_opinion_is_not_asked_without_a_numeric_answer_or_when_off() -> None:
     v, backend = second("```python\nprint(7)\n```")
     for text in ("He has some apples.", "Answer: B"):
@@ -378,6 +393,7 @@ class Recording:
         return await self.inner.score(request, candidate)
 
 
+@pytest.mark.slow
 async def test_gsm8k_reference_never_reaches_the_verifier_nor_its_second_opinion(tmp_path: Path) -> None:
     seen: list[tuple[GenerationRequest, Generation]] = []
     reg = Registry()

@@ -36,6 +36,7 @@ def test_a_cut_off_trailing_example_is_dropped(text: str, name: str, last_line: 
     assert "print(" not in code
 
 
+@pytest.mark.slow
 async def test_the_kept_function_passes_its_docstring_examples() -> None:
     checks = "def check(f):\n    assert f([0,81,12,3,1,21]) == 3\n    assert f([0,8,1,2,1,7]) == 7\n"
     assert (await grade_code_tests(HUMANEVAL_94, checks, entry_point="skjkasdkd")).correct

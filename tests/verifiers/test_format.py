@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from router.generation import GenerationRequest
-from tests.verifiers.scripted import gen
+from tests.support.scripted import gen
 from verifiers.format import FormatVerifier, parse_json_answer
 
 REQ = GenerationRequest(prompt="Reply in JSON")

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from router.generation import GenerationRequest, ResponseFormat
-from tests.verifiers.scripted import gen
+from tests.support.scripted import gen
 from verifiers.format import FormatVerifier
 from verifiers.jsonschema_check import PATTERN_TIMEOUT_S
 
@@ -85,6 +85,7 @@ async def test_a_catastrophic_client_pattern_fails_the_answer_instead_of_hanging
     assert (await FormatVerifier().score(request, gen('{"s": "ab"}'))).value == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 async def test_many_slow_strings_cost_a_bounded_time_off_the_event_loop() -> None:
     # 200 strings that each run the pattern to its time limit: only the first few are read

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from router.generation import GenerationRequest, Message
-from tests.verifiers.scripted import ScriptedBackend, gen
+from tests.support.scripted import ScriptedBackend, gen
 from verifiers.base import VerifierContext
 from verifiers.judge import RUBRIC, JudgeVerifier, parse_judge_score
 

@@ -27,7 +27,7 @@ from router.learned.features import (
     logprob_stats,
 )
 from router.models.wheels import sha256_file
-from tests.verifiers.scripted import gen
+from tests.support.scripted import gen
 from verifiers.base import (
     Registry,
     Score,
@@ -88,6 +88,7 @@ def test_prompt_only_features_read_no_answer() -> None:
         FeatureSpec(answer=False, verifiers=(CONF,))
 
 
+@pytest.mark.slow
 def test_gram_hashing_is_the_same_in_every_process() -> None:
     here = hashed_grams("the quick brown fox jumps", 64).tolist()
     code = (

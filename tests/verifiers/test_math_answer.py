@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from router.generation import GenerationRequest
-from tests.verifiers.scripted import gen
+from tests.support.scripted import gen
 from verifiers.math_answer import (
     MathAnswerVerifier,
     answers_agree,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from router.generation import GenerationRequest, Message
-from tests.verifiers.scripted import gen
+from tests.support.scripted import gen
 from verifiers.code_tests import CodeTestsVerifier
 from verifiers.code_tests.steps import caller_test_steps
 from verifiers.outside_judge import Failed, Judge, Opaque

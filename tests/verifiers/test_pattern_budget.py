@@ -13,7 +13,7 @@ import time
 import pytest
 
 from router.generation import Generation, GenerationRequest, Message, ResponseFormat, ToolCall, ToolSpec
-from tests.verifiers.scripted import gen
+from tests.support.scripted import gen
 from verifiers.format import FormatVerifier
 from verifiers.jsonschema_check import PATTERN_BUDGET_S, PatternBudget, first_error
 from verifiers.tool_call import ToolCallVerifier

@@ -16,8 +16,9 @@ import pytest
 from router.api.app import create_app
 from router.config import load_settings
 from router.generation import GenerationRequest, Message
-from tests.conftest import UvicornThread, smol_config
-from tests.verifiers.scripted import ScriptedBackend, gen
+from tests.support.config import smol_config
+from tests.support.scripted import ScriptedBackend, gen
+from tests.support.servers import UvicornThread
 from verifiers.code_tests import CodeTestsVerifier
 from verifiers.code_tests.verifier import assemble_program
 from verifiers.prompt_code import build_program, safe_definitions

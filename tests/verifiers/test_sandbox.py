@@ -16,26 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import smol_config
+from tests.support.config import smol_config
+from tests.support.sandbox import box_processes
 from verifiers.sandbox import SANDBOX_UID, available, run_python, run_python_async, seccomp_program
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.timeout(60),
     pytest.mark.skipif(available() is not None, reason=f"no sandbox here: {available()}"),
 ]
-
-
-def box_processes(pid_ns: str) -> list[int]:
-    """Host pids of live processes in the given PID namespace (``pid:[inode]``), seen from outside."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.readlink(f"/proc/{entry}/ns/pid") == pid_ns and _alive(int(entry)):
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 async def test_good_code_runs_and_prints() -> None:
@@ -415,11 +404,3 @@ def _parent(pid: int) -> int:
             return int(fh.read().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return -1
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False

@@ -21,12 +21,13 @@ from pathlib import Path
 import pytest
 
 from router.generation import GenerationRequest, Message
-from tests.verifiers.scripted import gen
-from tests.verifiers.test_sandbox import box_processes
+from tests.support.sandbox import box_processes
+from tests.support.scripted import gen
 from verifiers.code_tests import CodeTestsVerifier
 from verifiers.sandbox import Limits, available, run_python_async, start_python
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.timeout(120),
     pytest.mark.skipif(available() is not None, reason=f"no sandbox here: {available()}"),
 ]

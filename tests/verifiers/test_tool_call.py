@@ -109,6 +109,7 @@ def test_arguments_are_checked_as_response_format_answers_are() -> None:
     assert first_error({"anyOf": [{"type": "string"}, {"type": "integer"}]}, 1.5) is not None
 
 
+@pytest.mark.slow
 def test_a_hostile_pattern_fails_in_bounded_time_and_a_schema_made_in_code_never_crashes() -> None:
     started = time.monotonic()
     error = first_error({"type": "array", "items": {"pattern": "^(a|aa)+$"}}, ["a" * 40 + "!"] * 200)

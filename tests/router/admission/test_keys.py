@@ -1,0 +1,146 @@
+"""API keys: `tierroute keys create`, 401s, the bind refusal, and keys never written anywhere."""
+
+from __future__ import annotations
+
+import logging
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from router.admission.auth import Authenticator
+from router.cli import main
+from router.config import ServerSettings, load_settings
+from router.errors import AuthError
+from tests.support.accounting import auth, chat, config_with_keys, running
+from tests.support.config import smol_config
+
+KEY_RE = re.compile(r"trk-[A-Za-z0-9_-]{20,}")
+
+
+def create(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(["keys", "create", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_keys_create_prints_the_key_once_and_a_config_block_holding_only_its_hash(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    rc, out, _ = create(capsys, "alice", "--usd-per-day", "2.5", "--usd-per-month", "40", "--rpm", "30")
+    assert rc == 0
+    keys = KEY_RE.findall(out)
+    assert len(keys) == 1
+    key = keys[0]
+    block = out[out.index("[[server.api_keys]]") :]
+    assert key not in block
+    entry = tomllib.loads(block)["server"]["api_keys"][0]
+    assert entry == {
+        "name": "alice",
+        "hash": entry["hash"],
+        "usd_per_day": 2.5,
+        "usd_per_month": 40.0,
+        "requests_per_minute": 30,
+    }
+    assert entry["hash"].startswith("sha256$")
+
+    # the printed block is a working config: the key authenticates as 'alice', another does not
+    cfg = smol_config(tmp_path, server=block)
+    settings = load_settings(cfg)
+    authn = Authenticator(settings.server)
+    assert authn.authenticate(f"Bearer {key}").key_id == "alice"
+    with pytest.raises(AuthError):
+        authn.authenticate(f"Bearer {key[:-1]}x")
+
+
+def test_allow_tests_is_stored_with_the_key_and_grants_only_that_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    rc, out, _ = create(capsys, "ci", "--allow-tests")
+    assert rc == 0
+    key = KEY_RE.findall(out)[0]
+    entry = tomllib.loads(out[out.index("[[server.api_keys]]") :])["server"]["api_keys"][0]
+    assert entry["allow_tests"] is True
+    _, plain_out, _ = create(capsys, "plain")
+    plain = KEY_RE.findall(plain_out)[0]
+    assert "allow_tests" not in plain_out[plain_out.index("[[server.api_keys]]") :]  # off unless asked
+
+    cfg = smol_config(
+        tmp_path, server=out[out.index("[[server.api_keys]]") :] + plain_out[plain_out.index("[[server.api_keys]]") :]
+    )
+    authn = Authenticator(load_settings(cfg).server)
+    assert authn.authenticate(f"Bearer {key}").may_send_tests is True
+    assert authn.authenticate(f"Bearer {plain}").may_send_tests is False
+    assert main(["--config", str(cfg), "keys", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert "tests" in listing and "allowed" in listing
+
+
+def test_every_key_is_new(capsys: pytest.CaptureFixture[str]) -> None:
+    outs = [create(capsys, "bob")[1] for _ in range(2)]
+    assert KEY_RE.findall(outs[0]) != KEY_RE.findall(outs[1])
+
+
+def test_keys_create_refuses_bad_names_and_duplicates(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc, out, err = create(capsys, "has space")
+    assert rc == 1 and "name" in err and not KEY_RE.search(out)
+    cfg, _ = config_with_keys(tmp_path, {"carol": {}})
+    rc = main(["--config", str(cfg), "keys", "create", "carol"])
+    out, err = capsys.readouterr()
+    assert rc == 1 and "already has a key named 'carol'" in err and not KEY_RE.search(out)
+
+
+def test_keys_list_shows_names_and_limits_never_hashes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    cfg, _ = config_with_keys(tmp_path, {"dave": {"usd_per_day": 3.0, "requests_per_minute": 5}})
+    assert main(["--config", str(cfg), "keys", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "dave" in out and "sha256$" not in out and "3" in out and "5" in out
+
+
+def test_serve_refuses_without_keys_unless_explicit_and_never_public(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    closed = smol_config(tmp_path, server="")
+    assert main(["--config", str(closed), "serve"]) == 1
+    assert "keys create" in capsys.readouterr().err
+    open_ = smol_config(tmp_path, server="allow_unauthenticated = true")
+    assert main(["--config", str(open_), "serve", "--host", "0.0.0.0", "--port", "1"]) == 1
+    assert "not a loopback address" in capsys.readouterr().err
+
+
+def test_authenticator_is_open_only_when_told() -> None:
+    with pytest.raises(AuthError):
+        Authenticator(ServerSettings()).authenticate(None)
+    assert Authenticator(ServerSettings(allow_unauthenticated=True)).authenticate(None).key_id == "anonymous"
+
+
+@pytest.mark.timeout(300)
+async def test_401s_and_keys_never_reach_logs_ledger_or_metrics(
+    tmp_path: Path, smol_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg, keys = config_with_keys(tmp_path, {"erin": {"requests_per_minute": 2}, "frank": {"usd_per_day": 0.0}})
+    wrong = "trk-" + "A" * 43
+    caplog.set_level(logging.DEBUG)
+    async with running(cfg) as client:
+        assert (await client.post("/v1/chat/completions", json=chat("Hi."))).status_code == 401
+        for header in (f"Bearer {wrong}", "Basic abc", "Bearer ", keys["erin"]):
+            r = await client.post("/v1/chat/completions", json=chat("Hi."), headers={"Authorization": header})
+            assert r.status_code == 401
+            assert r.json()["error"]["code"] == "invalid_api_key"
+            assert wrong not in r.text and keys["erin"] not in r.text
+        for _ in range(3):  # two answered, one rate-limited
+            await client.post("/v1/chat/completions", json=chat("Hi.", max_tokens=2), headers=auth(keys["erin"]))
+        await client.post("/v1/chat/completions", json=chat("Hi.", stream=True), headers=auth(keys["erin"]))
+        await client.post("/v1/chat/completions", json=chat("Hi."), headers=auth(keys["frank"]))  # over budget
+        metrics = (await client.get("/metrics", headers=auth(keys["erin"]))).text
+    assert 'key="erin"' in metrics
+    ledger = b"".join(p.read_bytes() for p in tmp_path.glob("ledger.sqlite3*"))
+    assert b"erin" in ledger
+    logged = caplog.text + "\n".join(str(r.args) for r in caplog.records)
+    for secret in (*keys.values(), wrong):
+        assert secret not in logged
+        assert secret not in metrics
+        assert secret.encode() not in ledger
+        # nor any long piece of one
+        assert secret[4:20] not in logged and secret[4:20].encode() not in ledger
