@@ -40,6 +40,8 @@ FOLDERS: dict[str, str] = {
 COLLAPSED: dict[str, str] = {
     "evals/results": "the committed eval runs, per item (`tierroute eval run --runs-dir evals/results`): "
     "one folder per run",
+    "evals/results-gsm8k-full": "the small tier on the whole GSM8K test set, cached per item and resumable "
+    "(its README says how): one folder per run",
 }
 SKIP_DIRS = {"__pycache__"}
 
