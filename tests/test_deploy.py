@@ -68,6 +68,7 @@ def _healthcheck(port: int, **env: str) -> int:
     return subprocess.run([sys.executable, str(script)], env=environ, capture_output=True, timeout=30).returncode
 
 
+@pytest.mark.slow
 def test_the_health_check_follows_readyz_and_names_an_allowed_host(readyz: tuple[type[_Readyz], int]) -> None:
     handler, port = readyz
     assert _healthcheck(port) == 0
@@ -77,6 +78,7 @@ def test_the_health_check_follows_readyz_and_names_an_allowed_host(readyz: tuple
     assert handler.hosts[-1] == "api.example.com"
 
 
+@pytest.mark.slow
 def test_the_health_check_fails_when_nothing_listens(readyz: tuple[type[_Readyz], int]) -> None:
     _, port = readyz
     assert _healthcheck(port + 1 if port < 65535 else port - 1) == 1
@@ -104,6 +106,7 @@ def test_the_systemd_unit_is_hardened_but_leaves_the_sandbox_its_namespaces_and_
     assert "config check" in service["ExecStartPre"]  # refuses a config whose sandbox cannot start
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_systemd_analyze_verifies_the_unit_but_for_the_missing_install(tmp_path: Path) -> None:
     # the venv it starts is not installed here: only that complaint may remain

@@ -121,6 +121,7 @@ def test_each_shape_is_judged_outside_or_reported_forgeable() -> None:
     assert len(tests[2].plan()) == 2
 
 
+@pytest.mark.slow
 @needs_box
 async def test_a_forger_scores_no_more_than_its_wrong_solution_on_sealed_shapes() -> None:
     v = CodeTestsVerifier(unit_timeout_s=3, timeout_s=20)
@@ -142,6 +143,7 @@ async def test_a_forger_scores_no_more_than_its_wrong_solution_on_sealed_shapes(
     assert honest.details["forgeable"] == forged.details["forgeable"] == len(FORGEABLE)
 
 
+@pytest.mark.slow
 @needs_box
 async def test_a_doctest_stating_true_for_a_tolerance_check_is_judged_outside() -> None:
     prompt = "Write f(x) = x - 1.\n>>> abs(f(1.33) - 0.33) < 1e-6\nTrue\n>>> f(100) == 99\nTrue\n>>> f(4)\n3\n"
@@ -171,6 +173,7 @@ def run(judge: Judge, source: str, values: dict[str, Any]) -> tuple[Any, list[st
     return asyncio.run(judge.value(ast.parse(source, mode="eval").body, ask)), asked
 
 
+@pytest.mark.slow
 @needs_box
 async def test_a_huge_integer_from_the_box_does_not_hold_the_event_loop() -> None:
     """The answer returns a 300,000-digit hex string; the test squares it and takes it modulo itself

@@ -95,6 +95,7 @@ def test_no_hostile_construct_reaches_the_program_without_the_permission(name: s
     assert MARK not in completion
 
 
+@pytest.mark.slow
 @needs_box
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 async def test_hostile_prompt_code_never_runs_without_the_permission(
@@ -117,6 +118,7 @@ TAKEOVER = f"class __builtins__:\n    def __class_getitem__(cls, name):\n       
 USES_ABS = "```python\ndef f(x):\n    return abs(2 * x)\n```"
 
 
+@pytest.mark.slow
 @needs_box
 async def test_a_prompt_cannot_take_over_the_answers_builtins(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="verifiers.code_tests")
@@ -131,6 +133,7 @@ async def test_a_prompt_cannot_take_over_the_answers_builtins(caplog: pytest.Log
     assert MARK not in caplog.text
 
 
+@pytest.mark.slow
 @needs_box
 async def test_a_completion_prompt_split_by_carriage_returns_is_held_to_the_rule(
     caplog: pytest.LogCaptureFixture,
@@ -147,6 +150,7 @@ async def test_a_completion_prompt_split_by_carriage_returns_is_held_to_the_rule
     assert assemble_program(GenerationRequest(prompt=STUB.replace("\n", "\r")), "\n" + BODY) == STUB + BODY
 
 
+@pytest.mark.slow
 @needs_box
 async def test_with_the_permission_the_prompt_goes_in_as_written(caplog: pytest.LogCaptureFixture) -> None:
     """The tests permission decides whose code runs: such a caller can send any code as tests, so
@@ -195,6 +199,7 @@ def test_a_completion_keeps_its_prompt_only_as_the_rule_allows() -> None:
     )
 
 
+@pytest.mark.slow
 @needs_box
 async def test_an_example_of_a_function_only_the_prompt_wrote_is_not_run(caplog: pytest.LogCaptureFixture) -> None:
     """A helper's body is the client's code: its examples would test the prompt, not the answer."""

@@ -101,6 +101,7 @@ def sampled_mib(n: int = 5) -> float:
     return statistics.median(samples)
 
 
+@pytest.mark.slow
 async def test_a_box_cannot_hold_kernel_buffers_beyond_its_stated_bound() -> None:
     limits = Limits(timeout_s=60, memory_mb=64, max_procs=4)
     bound = box_memory.bound_mb(memory_mode().name, limits.memory_mb, limits.disk_mb, limits.max_procs)
@@ -158,6 +159,7 @@ def meminfo_mib(key: str, n: int = 5) -> float:
     return statistics.median(samples)
 
 
+@pytest.mark.slow
 async def test_sparse_mappings_cost_no_more_page_tables_than_the_bound_counts() -> None:
     """RLIMIT_AS counts mapped bytes, not how sparse they lie; the page tables the host spends on a
     box's sparse mappings, read from the host's /proc/meminfo, stay within the stated per-process
@@ -229,6 +231,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 async def test_pinned_pages_event_queues_and_xattrs_are_refused_and_hold_no_host_memory() -> None:
     limits = Limits(timeout_s=60, memory_mb=64, max_procs=1)
     bound = box_memory.bound_mb(memory_mode().name, limits.memory_mb, limits.disk_mb, limits.max_procs)
@@ -292,6 +295,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 async def test_closed_senders_leave_nothing_queued_beyond_the_bound() -> None:
     limits = Limits(timeout_s=60, memory_mb=64, max_procs=1)
     bound = box_memory.bound_mb(memory_mode().name, limits.memory_mb, limits.disk_mb, limits.max_procs)
@@ -333,6 +337,7 @@ time.sleep(30)
 """
 
 
+@pytest.mark.slow
 async def test_a_box_can_neither_bind_nor_connect_a_vsock_nor_open_a_network_family() -> None:
     port = random.randint(20000, 60000)
     async with start_python(VSOCK_AND_FAMILIES.format(port=port), limits=Limits(timeout_s=40), stdin=False) as box:
@@ -382,6 +387,7 @@ def _aio_nr() -> int:
         return int(fh.read())
 
 
+@pytest.mark.slow
 async def test_a_box_cannot_take_the_hosts_aio_contexts() -> None:
     before = _aio_nr()
     async with start_python(AIO_HOG, limits=Limits(timeout_s=40), stdin=False) as box:
@@ -403,6 +409,7 @@ def _host_io_setup() -> bool:
     return True
 
 
+@pytest.mark.slow
 async def test_everyday_code_that_needs_a_socketpair_or_files_still_runs() -> None:
     # asyncio's loop and multiprocessing make AF_UNIX pairs and pipes; Pool(8) opens about 26 files
     code = textwrap.dedent("""
@@ -419,6 +426,7 @@ async def test_everyday_code_that_needs_a_socketpair_or_files_still_runs() -> No
     assert r.stdout.split() == ["loop", "25"]
 
 
+@pytest.mark.slow
 async def test_the_memory_mode_is_named_in_every_result_and_logged_at_start_up() -> None:
     r = await run_python_async("print(1)")
     assert r.isolation[-1] == memory_mode().name in ("cgroup-memory", "rlimit-memory")
@@ -457,6 +465,7 @@ async def test_in_cgroup_mode_the_box_is_capped_as_a_whole_and_its_cgroup_remove
     assert after <= before
 
 
+@pytest.mark.slow
 async def test_a_box_enters_its_cgroup_before_bubblewrap_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -120,6 +120,7 @@ def history(argument_bytes: int) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_tools_and_a_tool_call_history_are_reserved(tmp_path: Path, upstream: FaultUpstream, mode: Mode) -> None:
     # the attack: 13 tools of ~31 KB and a 99 KB argument reserved $0.00003 and cost
@@ -142,6 +143,7 @@ def test_a_tool_call_history_alone_is_reserved(tmp_path: Path, upstream: FaultUp
     assert_within(statuses, total, costs, budget, served=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_a_response_format_schema_is_reserved(tmp_path: Path, upstream: FaultUpstream, mode: Mode) -> None:
     budget = 0.01

@@ -83,6 +83,7 @@ def shadowed(base: str) -> float:
     return done
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("mode", ["realistic", "greedy"])
 @pytest.mark.parametrize("shape", ["n", "tools"])
