@@ -109,8 +109,15 @@ async def test_a_box_cannot_hold_kernel_buffers_beyond_its_stated_bound() -> Non
     async with start_python(BUFFER_HOG, limits=limits, stdin=False) as box:
         reports = [json.loads(await asyncio.wait_for(box.stdout.readline(), 60)) for _ in range(4)]
         await asyncio.sleep(0.5)
-        held = before - await asyncio.to_thread(sampled_mib)  # while the box holds all of it
+        # while the box holds all of it; the most available of three windows, so that another test
+        # process allocating for a moment (a parallel worker loading a model) does not count
+        during = max([await asyncio.to_thread(sampled_mib) for _ in range(3)])
         box.kill()
+    await asyncio.sleep(0.5)
+    after = await asyncio.to_thread(sampled_mib)
+    # against the lower of the baselines before and after the box: memory another process took
+    # meanwhile and kept is in both `after` and `during`, so it is not counted as the box's
+    held = min(before, after) - during
     for report in reports:
         assert report["sndbuf"] == 1 and report["pipe_size"] == 1, report  # EPERM
         assert report["stopped"] in (24, None), report  # EMFILE once its open files ran out
@@ -120,8 +127,7 @@ async def test_a_box_cannot_hold_kernel_buffers_beyond_its_stated_bound() -> Non
     assert sum(r["in_flight"] for r in reports) <= box_memory.MAX_OPEN_FILES + 253 + 4
     # from outside: what the host lost while the box held its buffers
     assert held < bound, f"the box held {held:.0f} MiB of host memory; the stated bound is {bound} MiB"
-    await asyncio.sleep(0.5)
-    assert before - await asyncio.to_thread(sampled_mib) < 300, "the box's memory was not given back"
+    assert before - after < 300, "the box's memory was not given back"
 
 
 # Mappings of 8 KiB, each straddling a 1 GiB boundary far from the interpreter, only read (the
