@@ -6,6 +6,7 @@ Helpers live in tests/support/; this file holds only fixtures and pytest hooks
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +27,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # llama.cpp's threads meet at OpenMP barriers, where libgomp spins by default: two engines on
+    # two cores (two xdist workers, or one on a busy machine) then burn the time slices the other
+    # needs. Waiting threads sleep instead (set before llama.cpp is loaded; inherited by the
+    # servers the tests start). The llama.cpp tests on two workers: 100 s spinning, 32 s sleeping.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # pytest-xdist registers it too; said here so a run without xdist does not warn (warnings fail)
     config.addinivalue_line("markers", "xdist_group(name): run on the same worker as the rest of the group")
     FastLoop.configure(config)
