@@ -35,51 +35,36 @@ def insert(table: str, store: schema.Store, verb: str = "INSERT INTO") -> str:
     return f"{verb} {table} ({schema.column_list(table, store)}) VALUES ({values})"
 
 
+def _fields(value: Any, *skip: str) -> dict[str, Any]:
+    """A dataclass's fields by name, less `skip`: each store column that holds a field is named after it."""
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.name not in skip}
+
+
+def _read(cls: type[Any], row: Row, *skip: str) -> dict[str, Any]:
+    """The columns of `row` named after `cls`'s fields, less `skip`."""
+    return {f.name: row[f.name] for f in dataclasses.fields(cls) if f.name not in skip}
+
+
 def request_values(entry: LedgerEntry) -> dict[str, Any]:
-    """The entry's `requests` row."""
+    """The entry's `requests` row: its fields, flags as 0/1, and the sums over its attempts."""
     return {
-        "request_id": entry.request_id,
-        "ts": entry.ts,
-        "key_id": entry.key_id,
-        "model": entry.model,
-        "tier": entry.tier,
+        **_fields(entry, "attempts"),
         "escalated": int(entry.escalated),
         "unverified": int(entry.unverified),
         "n_attempts": len(entry.attempts),
         "prompt_tokens": entry.prompt_tokens,
         "completion_tokens": entry.completion_tokens,
-        "latency_ms": entry.latency_ms,
-        "cost_usd": entry.cost_usd,
         "verifier_cost_usd": entry.verifier_cost_usd,
-        "counterfactual_usd": entry.counterfactual_usd,
-        "task": entry.task,
-        "task_why": entry.task_why,
-        "user": entry.user,
     }
 
 
 def attempt_values(entry: LedgerEntry) -> list[dict[str, Any]]:
-    """The entry's `attempts` rows."""
+    """The entry's `attempts` rows: each attempt's fields, its scores as JSON."""
     return [
         {
             "request_id": entry.request_id,
-            "idx": a.idx,
-            "tier": a.tier,
-            "decision": a.decision,
-            "reason": a.reason,
-            "error": a.error,
-            "score": a.score,
-            "threshold": a.threshold,
+            **_fields(a, "scores"),
             "scores_json": json.dumps(a.scores, sort_keys=True),
-            "prompt_tokens": a.prompt_tokens,
-            "completion_tokens": a.completion_tokens,
-            "finish_reason": a.finish_reason,
-            "latency_ms": a.latency_ms,
-            "busy_ms": a.busy_ms,
-            "verify_ms": a.verify_ms,
-            "cost_usd": a.cost_usd,
-            "verifier_cost_usd": a.verifier_cost_usd,
-            "verifier_tokens": a.verifier_tokens,
         }
         for a in entry.attempts
     ]
@@ -87,70 +72,34 @@ def attempt_values(entry: LedgerEntry) -> list[dict[str, Any]]:
 
 def pending_values(pending: PendingEntry) -> dict[str, Any]:
     """The pending row's columns that both stores share (PostgreSQL adds `expires_at` itself)."""
-    return {
-        "request_id": pending.request_id,
-        "ts": pending.ts,
-        "key_id": pending.key_id,
-        "model": pending.model,
-        "reserved_usd": pending.reserved_usd,
-    }
+    return _fields(pending)
 
 
 def pair_values(pair: ShadowPair) -> dict[str, Any]:
     """The pair's `shadow_pairs` row: its fields by name, the scores as JSON, agreement as 0/1."""
-    values = {f.name: getattr(pair, f.name) for f in dataclasses.fields(pair)}
-    values["scores_json"] = json.dumps(values.pop("scores"), sort_keys=True)
-    values["agree"] = int(pair.agree)
-    return values
+    return {
+        **_fields(pair, "scores"),
+        "scores_json": json.dumps(pair.scores, sort_keys=True),
+        "agree": int(pair.agree),
+    }
 
 
 def entry_from_row(row: Row, attempts: Sequence[AttemptEntry]) -> LedgerEntry:
     """A `requests` row with its attempts (the sums it stores are recomputed from them)."""
+    values = _read(LedgerEntry, row, "attempts", "escalated", "unverified")
     return LedgerEntry(
-        request_id=row["request_id"],
-        ts=row["ts"],
-        key_id=row["key_id"],
-        model=row["model"],
-        tier=row["tier"],
-        escalated=bool(row["escalated"]),
-        unverified=bool(row["unverified"]),
-        latency_ms=row["latency_ms"],
-        cost_usd=row["cost_usd"],
-        counterfactual_usd=row["counterfactual_usd"],
-        attempts=tuple(attempts),
-        task=row["task"],
-        task_why=row["task_why"],
-        user=row["user"],
+        escalated=bool(row["escalated"]), unverified=bool(row["unverified"]), attempts=tuple(attempts), **values
     )
 
 
 def attempt_from_row(row: Row) -> AttemptEntry:
-    return AttemptEntry(
-        idx=row["idx"],
-        tier=row["tier"],
-        decision=row["decision"],
-        reason=row["reason"],
-        error=row["error"],
-        score=row["score"],
-        threshold=row["threshold"],
-        scores=json.loads(row["scores_json"]),
-        prompt_tokens=row["prompt_tokens"],
-        completion_tokens=row["completion_tokens"],
-        finish_reason=row["finish_reason"],
-        latency_ms=row["latency_ms"],
-        busy_ms=row["busy_ms"],
-        verify_ms=row["verify_ms"],
-        cost_usd=row["cost_usd"],
-        verifier_cost_usd=row["verifier_cost_usd"],
-        verifier_tokens=row["verifier_tokens"],
-    )
+    return AttemptEntry(scores=json.loads(row["scores_json"]), **_read(AttemptEntry, row, "scores"))
 
 
 def pending_from_row(row: Row) -> PendingEntry:
-    return PendingEntry(**{f.name: row[f.name] for f in dataclasses.fields(PendingEntry)})
+    return PendingEntry(**_read(PendingEntry, row))
 
 
 def pair_from_row(row: Row) -> ShadowPair:
-    values = {f.name: row[f.name] for f in dataclasses.fields(ShadowPair) if f.name != "scores"}
-    values["agree"] = bool(values["agree"])
-    return ShadowPair(scores=json.loads(row["scores_json"]), **values)
+    values = _read(ShadowPair, row, "scores", "agree")
+    return ShadowPair(scores=json.loads(row["scores_json"]), agree=bool(row["agree"]), **values)
