@@ -16,28 +16,11 @@ from pathlib import Path
 import openai
 import pytest
 
-from router.api.app import create_app
 from router.backends.llamacpp import LlamaCppBackend
-from router.config import LlamaCppSettings, load_settings
-from router.generation import Delta, Generation, GenerationRequest, Message
-from tests.support.config import smol_config
-from tests.support.servers import UvicornThread
+from router.generation import Delta, Generation, GenerationRequest
+from tests.support.local_tiers import ASK, ask, ask_auto, drafts, engine_settings, started, two_tier_service
 
 pytestmark = pytest.mark.slow  # loads a model, starts processes or spends seconds of CPU
-
-ASK = "Explain in a few sentences why the sky is blue."
-
-
-def _ask(text: str = ASK, **kw: object) -> GenerationRequest:
-    return GenerationRequest(messages=(Message("user", text),), max_tokens=int(kw.pop("max_tokens", 48)), **kw)  # type: ignore[arg-type]
-
-
-def _settings(path: Path, **kw: object) -> LlamaCppSettings:
-    return LlamaCppSettings(model=str(path), n_ctx=2048, n_threads=1, n_parallel=4, **kw)  # type: ignore[arg-type]
-
-
-def _drafts(g: Generation, source: str) -> tuple[int, int]:
-    return {s: (t, a) for s, t, a in g.drafts}.get(source, (0, 0))
 
 
 def _agreed(top1: tuple[bool, ...]) -> int:
@@ -46,10 +29,8 @@ def _agreed(top1: tuple[bool, ...]) -> int:
 
 @pytest.fixture(scope="module")
 async def large(smol_path: Path):
-    b = LlamaCppBackend("large", smol_path, _settings(smol_path), 512)
-    await b.start()
-    yield b
-    await b.close()
+    async with started("large", smol_path, engine_settings(smol_path)) as b:
+        yield b
 
 
 async def _read(backend: LlamaCppBackend, request: GenerationRequest, rejected: str) -> tuple[Generation, int]:
@@ -60,12 +41,12 @@ async def _read(backend: LlamaCppBackend, request: GenerationRequest, rejected: 
 
 
 async def test_a_scored_rejected_answer_is_not_read_again(large: LlamaCppBackend) -> None:
-    request = _ask()
+    request = ask()
     scratch = await large.generate(request)
     half = len(scratch.text) // 2
     rejected = scratch.text[:half] + " Bananas are purple, and so is every cloud above the moon."
     today, read_today = await _read(large, request, rejected)  # not scored yet: the reuse path as it was
-    assert _drafts(today, "scored") == (0, 0) and _drafts(today, "rejected")[1] > 0
+    assert drafts(today, "scored") == (0, 0) and drafts(today, "rejected")[1] > 0
 
     scored = await large.score_continuation(request, rejected)
     agreed = _agreed(scored.top1)
@@ -79,65 +60,61 @@ async def test_a_scored_rejected_answer_is_not_read_again(large: LlamaCppBackend
     assert shared.token_logprobs[:agreed] == pytest.approx(scratch.token_logprobs[:agreed], abs=1e-3)
     assert shared.token_logprobs == pytest.approx(scratch.token_logprobs, abs=0.25)
     # the agreed start came from the scoring pass: counted apart, refused token included
-    assert _drafts(shared, "scored") == (agreed + 1, agreed)
+    assert drafts(shared, "scored") == (agreed + 1, agreed)
     # and was not read again: one token of it (the last, for the next token's logits) at most
-    assert read_shared <= shared.completion_tokens - agreed + _drafts(shared, "rejected")[0]
+    assert read_shared <= shared.completion_tokens - agreed + drafts(shared, "rejected")[0]
     assert read_shared + agreed - 1 <= read_today
 
 
 async def test_a_stop_string_inside_the_scored_start_ends_the_answer_there(large: LlamaCppBackend) -> None:
-    base = await large.generate(_ask(max_tokens=40))
+    base = await large.generate(ask(max_tokens=40))
     words = base.text.split()
     stop = " " + words[len(words) // 2]  # a word in the middle of the answer
-    request = _ask(max_tokens=40, stop=(stop,))
+    request = ask(max_tokens=40, stop=(stop,))
     plain = await large.generate(request)
     assert plain.finish_reason == "stop" and len(plain.text) < len(base.text)
     await large.score_continuation(request, base.text)
     shared, read = await _read(large, request, base.text)
     assert (shared.text, shared.finish_reason) == (plain.text, "stop")
-    assert _drafts(shared, "scored")[1] >= shared.completion_tokens
+    assert drafts(shared, "scored")[1] >= shared.completion_tokens
     assert read == 0  # the answer ended inside what the scoring had read: nothing decoded
 
 
 async def test_a_candidate_scored_in_other_tokens_is_read_as_a_draft_as_before(large: LlamaCppBackend) -> None:
-    request = _ask()
+    request = ask()
     scratch = await large.generate(request)
     rejected = scratch.text[: 2 * len(scratch.text) // 3] + " The moon is made of green cheese, they say."
     await large.score_continuation(request, rejected[: len(rejected) - 7])  # clipped, as max_chars does
     g, _ = await _read(large, request, rejected)
     assert g.text == scratch.text
-    assert _drafts(g, "scored") == (0, 0) and _drafts(g, "rejected")[1] > 0
+    assert drafts(g, "scored") == (0, 0) and drafts(g, "rejected")[1] > 0
 
 
 async def test_sampling_keeps_the_reuse_path(large: LlamaCppBackend) -> None:
-    scratch = await large.generate(_ask())
-    request = _ask(temperature=0.7, seed=5)
+    scratch = await large.generate(ask())
+    request = ask(temperature=0.7, seed=5)
     await large.score_continuation(request, scratch.text)
     a, b = await large.generate_reusing(request, scratch.text), await large.generate_reusing(request, scratch.text)
     assert a.text and a.text == b.text
-    assert _drafts(a, "scored") == (0, 0) and _drafts(a, "rejected")[0] > 0
+    assert drafts(a, "scored") == (0, 0) and drafts(a, "rejected")[0] > 0
 
 
 async def test_without_the_scored_kv_the_reuse_path_runs(smol_path: Path, large: LlamaCppBackend) -> None:
     """A tier with no prefix cache keeps nothing of the scoring pass: the answer is read as a draft."""
-    bare = LlamaCppBackend("bare", smol_path, _settings(smol_path, prefix_cache_slots=0), 512)
-    await bare.start()
-    try:
-        request = _ask(max_tokens=40)
+    async with started("bare", smol_path, engine_settings(smol_path, prefix_cache_slots=0)) as bare:
+        request = ask(max_tokens=40)
         scratch = await bare.generate(request)
         rejected = scratch.text[: len(scratch.text) // 2] + " Zebra zebra zebra."
         await bare.score_continuation(request, rejected)
         g, _ = await _read(bare, request, rejected)
         assert g.text == scratch.text
-        assert _drafts(g, "scored") == (0, 0) and _drafts(g, "rejected")[1] > 0
-    finally:
-        await bare.close()
+        assert drafts(g, "scored") == (0, 0) and drafts(g, "rejected")[1] > 0
 
 
 async def test_streaming_gives_the_scored_start_first(large: LlamaCppBackend) -> None:
     # (a prompt without near ties in its answer: "Name three colours of the rainbow ..." ends at
     # one, " a" against " created" 0.1 apart, which KV laid out by another pass can tip)
-    request = _ask(max_tokens=40, text="Why do leaves change colour in autumn?")
+    request = ask(max_tokens=40, text="Why do leaves change colour in autumn?")
     scratch = await large.generate(request)
     await large.score_continuation(request, scratch.text)
     pieces, final = [], None
@@ -147,7 +124,7 @@ async def test_streaming_gives_the_scored_start_first(large: LlamaCppBackend) ->
         else:
             final = item
     assert final is not None and final.text == scratch.text == "".join(pieces)
-    assert _drafts(final, "scored")[1] >= final.completion_tokens - 1
+    assert drafts(final, "scored")[1] >= final.completion_tokens - 1
 
 
 CROSS_TIER = (
@@ -158,13 +135,10 @@ CROSS_TIER = (
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[openai.OpenAI, str]]:
-    tmp = tmp_path_factory.mktemp("shared")
     # cross_tier (the large tier reads the small answer) and a format check that fails: every
     # small answer is scored by the large tier and rejected
-    cfg = smol_config(tmp, threshold=0.99, verifiers=CROSS_TIER, large="local")
-    cfg.write_text(cfg.read_text().replace("n_threads = 2", "n_threads = 1"))
-    with UvicornThread(create_app(load_settings(cfg))) as srv:
-        yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0), srv.url
+    with two_tier_service(tmp_path_factory.mktemp("shared"), threshold=0.99, verifiers=CROSS_TIER) as service:
+        yield service
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -174,13 +148,7 @@ def test_the_escalated_answer_starts_where_the_scoring_left_it(
     client, _ = service
     messages = [{"role": "user", "content": f"{ASK} ({'streamed' if stream else 'whole'})"}]
     direct = client.chat.completions.create(model="large", messages=messages, max_tokens=32)  # type: ignore[arg-type]
-    if stream:
-        chunks = list(client.chat.completions.create(model="auto", messages=messages, max_tokens=32, stream=True))  # type: ignore[arg-type]
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        ext = chunks[-1].model_extra["tierroute"]  # type: ignore[index]
-    else:
-        r = client.chat.completions.create(model="auto", messages=messages, max_tokens=32)  # type: ignore[arg-type]
-        text, ext = r.choices[0].message.content or "", r.model_extra["tierroute"]  # type: ignore[index]
+    text, ext = ask_auto(client, messages, stream=stream)
     assert text == direct.choices[0].message.content
     small, large = ext["attempts"]
     assert small["accepted"] is False and large["accepted"] is True
