@@ -8,17 +8,17 @@ they share is here, so the engine settings and the reading of a `tierroute` repl
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 
 from router.api.app import create_app
-from router.backends.llamacpp import LlamaCppBackend
 from router.config import LlamaCppSettings, load_settings
 from router.generation import Generation, GenerationRequest, Message
 from tests.support.config import smol_config
+from tests.support.model import started as started
 from tests.support.servers import UvicornThread
 
 ASK = "Explain in a few sentences why the sky is blue."
@@ -36,19 +36,6 @@ def engine_settings(path: Path, **kw: object) -> LlamaCppSettings:
 def drafts(g: Generation, source: str) -> tuple[int, int]:
     """(drafted, accepted) tokens of one draft source; (0, 0) when it drafted nothing."""
     return {s: (t, a) for s, t, a in g.drafts}.get(source, (0, 0))
-
-
-@contextlib.asynccontextmanager
-async def started(
-    name: str, path: Path, settings: LlamaCppSettings, draft: Path | None = None
-) -> AsyncIterator[LlamaCppBackend]:
-    """A started backend, closed on the way out whatever the test did."""
-    b = LlamaCppBackend(name, path, settings, 512, draft)
-    await b.start()
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 @contextlib.contextmanager

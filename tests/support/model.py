@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from router.backends.llamacpp import LlamaCppBackend
+    from router.config import LlamaCppSettings
 
 SMOL = "smollm2-135m-instruct-q4_1"
 
@@ -20,3 +27,20 @@ def smol_file() -> Path:
     with lock.open("w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         return store.pull(entry)
+
+
+@contextlib.asynccontextmanager
+async def started(
+    name: str, path: Path, settings: LlamaCppSettings, draft: Path | None = None
+) -> AsyncIterator[LlamaCppBackend]:
+    """A started local backend (answers capped at 512 tokens), closed on the way out whatever the
+    test did. Imported here, not at the top: conftest imports this module, and a run that loads no
+    model should not import the engine."""
+    from router.backends.llamacpp import LlamaCppBackend
+
+    b = LlamaCppBackend(name, path, settings, 512, draft)
+    await b.start()
+    try:
+        yield b
+    finally:
+        await b.close()

@@ -14,6 +14,7 @@ import pytest
 from router.backends.llamacpp import LlamaCppBackend
 from router.config import LlamaCppSettings
 from router.generation import Generation, GenerationRequest, Message
+from tests.support.model import started
 from tests.support.scripted import gen
 from verifiers.base import Registry, VerifierContext, VerifierError
 from verifiers.builtins import register_verifiers
@@ -184,15 +185,9 @@ async def test_the_work_is_capped_on_a_huge_answer() -> None:
 
 @pytest.fixture(scope="module")
 async def smol(smol_path: Path):
-    b = LlamaCppBackend(
-        "small",
-        smol_path,
-        LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=2, n_parallel=2, max_queue=8),
-        512,
-    )
-    await b.start()
-    yield b
-    await b.close()
+    settings = LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=2, n_parallel=2, max_queue=8)
+    async with started("small", smol_path, settings) as b:
+        yield b
 
 
 async def test_smollm2_counting_is_not_a_loop(smol: LlamaCppBackend) -> None:

@@ -13,21 +13,16 @@ from router.backends.llamacpp import LlamaCppBackend
 from router.config import LlamaCppSettings
 from router.errors import ContextLengthError, DeadlineError, ModelError, OverloadedError, UnavailableError
 from router.generation import Delta, Generation, GenerationRequest, Message
+from tests.support.model import started
 
 QUESTION = GenerationRequest(messages=(Message("user", "What is 17 * 3?"),), max_tokens=24)
 
 
 @pytest.fixture(scope="module")
 async def backend(smol_path: Path):
-    b = LlamaCppBackend(
-        "small",
-        smol_path,
-        LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=2, n_parallel=4, max_queue=8),
-        512,
-    )
-    await b.start()
-    yield b
-    await b.close()
+    settings = LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=2, n_parallel=4, max_queue=8)
+    async with started("small", smol_path, settings) as b:
+        yield b
 
 
 async def test_loads_and_answers(backend: LlamaCppBackend) -> None:
