@@ -60,7 +60,8 @@ class Call:
 
     @property
     def completion_limit(self) -> int:
-        return self.request.n * self.max_tokens + _COMPLETION_SLACK  # usage counts all n choices
+        """The most completion tokens, all `n` choices (the bound admission reserves)."""
+        return completion_limit(self.request, self.max_tokens)
 
     @property
     def piece_limit(self) -> int:
