@@ -231,7 +231,7 @@ class Accounting:
             hold = self.limits.admit(principal, request_id, reserve)
         pending = PendingEntry(request_id, time.time(), principal.key_id, model, reserve)
         shared = self.shared is not None and self.shared.limited(principal.entry)
-        ticket = Ticket(request_id, hold, None, pending, user=user, shared=shared)
+        ticket = Ticket(hold, None, pending, user=user, shared=shared)
         if not shared and (stream or (self.ledger is not None and not self.ledger.healthy)):
             self._begin(ticket)
         return ticket

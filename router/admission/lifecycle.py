@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 class Ticket:
     """An admitted request: its budget hold and its pending row's write."""
 
-    request_id: str
     hold: Hold
     written: asyncio.Future[None] | None  # its pending row's write, if one was started
     pending: PendingEntry
@@ -38,6 +37,10 @@ class Ticket:
     user: str | None = None  # OpenAI's `user` field, kept in its ledger row
     shared: bool = False  # admitted through the shared limits in `ready` (its key is limited)
     reserved: bool = False  # that admission committed its reservation (its pending row)
+
+    @property
+    def request_id(self) -> str:
+        return self.pending.request_id  # one copy: the row the ledger writes for it
 
 
 class Accounts(Protocol):

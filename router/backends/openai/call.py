@@ -34,10 +34,9 @@ from router.generation import GenerationRequest, Message, NamedTool
 
 # Tokens a server may count past max_tokens: a stop sequence or end-of-text token it includes.
 _COMPLETION_SLACK = 8
-# A tokenizer gives at most one token per byte of text; a chat template adds a few per message, and
-# a hosted API may add a system prompt of its own.
+# A tokenizer gives at most one token per byte of text; a chat template adds a few per message (a
+# hosted API's own system prompt is the tier's `hosted_prompt_tokens`).
 _TEMPLATE_TOKENS_PER_MESSAGE = 64
-_TEMPLATE_TOKENS = 4096
 
 
 @dataclass
@@ -48,7 +47,7 @@ class Call:
     deadline: float
     started: float
     max_tokens: int  # what the upstream is asked for
-    hosted_prompt_tokens: int = _TEMPLATE_TOKENS  # what the server may add to the prompt
+    hosted_prompt_tokens: int  # what the server may add to the prompt (the tier's setting)
     attempts: int = 0
 
     def remaining(self) -> float:
@@ -61,7 +60,8 @@ class Call:
 
     @property
     def completion_limit(self) -> int:
-        return self.request.n * self.max_tokens + _COMPLETION_SLACK  # usage counts all n choices
+        """The most completion tokens, all `n` choices (the bound admission reserves)."""
+        return completion_limit(self.request, self.max_tokens)
 
     @property
     def piece_limit(self) -> int:
@@ -71,7 +71,7 @@ class Call:
         return 2 * self.completion_limit
 
 
-def prompt_limit(request: GenerationRequest, hosted_prompt_tokens: int = _TEMPLATE_TOKENS) -> int:
+def prompt_limit(request: GenerationRequest, hosted_prompt_tokens: int) -> int:
     """A token per byte of everything sent (tools, schemas, calls), and room for a hosted API's own
     system prompt (`[tiers.openai] hosted_prompt_tokens`); admission reserves this same bound."""
     return prompt_token_bound(request, per_message=_TEMPLATE_TOKENS_PER_MESSAGE, fixed=hosted_prompt_tokens)

@@ -116,6 +116,19 @@ def test_the_openai_backend_accepts_no_usage_above_what_is_reserved(tmp_path: Pa
     )
 
 
+@pytest.mark.parametrize("hosted", [0, 1_000_000])
+def test_the_hosted_allowance_is_reserved_at_both_ends_of_its_range(tmp_path: Path, hosted: int) -> None:
+    # 0: a server that adds no system prompt, reserved what is sent; 1_000_000: every request to
+    # the tier reserves a million prompt tokens more ($1 here), so a small budget refuses it
+    text = TIERS.replace('model = "large"\n', f'model = "large"\nhosted_prompt_tokens = {hosted}\n')
+    s = load_settings(write_config(tmp_path / "c.toml", text))
+    backend = OpenAIBackend.from_settings(s.tier("large"), s)
+    tier = Tier(s.tier("large"), backend, VerifierSet([]))
+    prompt = sent_bytes(BASE) + 64 + hosted
+    assert backend.prompt_token_limit(BASE) == prompt
+    assert worst_case_usd([tier], BASE) == pytest.approx((prompt * 1.0 + (50 + 8) * 10.0) / 1e6)
+
+
 def test_verifier_work_is_reserved_at_the_tier_that_does_it(tmp_path: Path) -> None:
     plain = tiers(tmp_path)
     checked = tiers(

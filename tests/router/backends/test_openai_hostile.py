@@ -14,7 +14,9 @@ import time
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from router.admission.reservation import sent_bytes
 from router.backends.openai import OpenAIBackend
 from router.config import OpenAIBackendSettings
 from router.errors import CircuitOpenError, DeadlineError, RequestError, UnavailableError, UpstreamError
@@ -207,6 +209,31 @@ async def test_plausible_usage_is_taken_as_sent(upstream: FaultUpstream) -> None
     async with backend_for(upstream) as backend:
         gen = await backend.generate(CHAT)
     assert (gen.prompt_tokens, gen.completion_tokens) == (900, CHAT.max_tokens + 2)
+
+
+@pytest.mark.parametrize("hosted", [0, 1_000_000], ids=["none", "most"])
+async def test_usage_is_taken_up_to_the_hosted_allowance_and_refused_past_it(
+    upstream: FaultUpstream, hosted: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # `hosted_prompt_tokens` at both ends of its range: the prompt count a server may report is
+    # what it was sent (a token a byte, 64 per message) plus exactly that allowance, no more
+    caplog.set_level(logging.WARNING, "router.backends.openai")
+    async with backend_for(upstream, logprobs=False, hosted_prompt_tokens=hosted) as backend:
+        bound = backend.prompt_token_limit(CHAT)
+        assert bound == sent_bytes(CHAT) + 64 + hosted
+        upstream.script(raw(200, chat_body(usage={"prompt_tokens": bound, "completion_tokens": 4})))
+        assert (await backend.generate(CHAT)).prompt_tokens == bound
+        assert "upstream usage refused" not in caplog.text
+        upstream.script(raw(200, chat_body(usage={"prompt_tokens": bound + 1, "completion_tokens": 4})))
+        gen = await backend.generate(CHAT)
+    assert gen.prompt_tokens == round(len("Say hello.") / 4)
+    assert "upstream usage refused" in caplog.text
+
+
+@pytest.mark.parametrize("hosted", [-1, 1_000_001])
+def test_a_hosted_allowance_out_of_range_is_refused(hosted: int) -> None:
+    with pytest.raises(ValidationError, match="hosted_prompt_tokens"):
+        OpenAIBackendSettings(base_url="http://127.0.0.1:9/v1", model="m", hosted_prompt_tokens=hosted)
 
 
 async def test_an_answer_longer_than_max_tokens_is_never_counted_beyond_it(upstream: FaultUpstream) -> None:
