@@ -295,3 +295,19 @@ def test_a_valid_history_with_tool_turns_is_served(scripted: UvicornThread) -> N
         tools=[function()], messages=[*first_turn(), CALLED, {"role": "tool", "tool_call_id": "c1", "content": "3"}]
     )
     assert httpx.post(f"{scripted.url}/v1/chat/completions", json=body, timeout=30).status_code == 200
+
+
+def test_a_tools_parameters_are_encoded_once_canonical(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the size check's compact JSON is the spec's: a request's tools are read on the event loop,
+    # and encoding each schema twice was a third of that reading
+    from router.api import request_parts
+
+    encoded: list[Any] = []
+    real = request_parts.compact_json
+    monkeypatch.setattr(request_parts, "compact_json", lambda v: encoded.append(v) or real(v))
+    schema = {"type": "object", "required": ["zeta"], "properties": {"zeta": {"type": "string"}, "alpha": {}}}
+    tool = request_parts.Tool.model_validate(function(parameters=schema))
+    spec = tool.spec()
+    assert len(encoded) == 1
+    assert spec.parameters_json == json.dumps(schema, separators=(",", ":"), sort_keys=True)
+    assert spec.parameters == schema and tool.function.parameters == schema
