@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, Stri
 from router.errors import RequestError
 from router.generation import ResponseFormat as GenerationFormat
 from router.generation import ToolSpec
-from router.structured.grammars import check_schema
+from router.structured.grammars import check_schema, loosened_form, schema_key
 
 MAX_CONTENT_PARTS = 256
 MAX_TESTS_CHARS = 100_000
@@ -117,6 +117,7 @@ class Tool(Lenient):
     # made once: its parameters are encoded and parsed again only as often as they must be (a
     # request may carry 256 KB of them, read on the event loop)
     _spec: ToolSpec | None = PrivateAttr(default=None)
+    _loose: tuple[dict[str, Any], list[str], str] | None = PrivateAttr(default=None)
 
     def spec(self) -> ToolSpec:
         if self._spec is None:
@@ -128,6 +129,17 @@ class Tool(Lenient):
                 strict=bool(f.strict),
             )
         return self._spec
+
+    def loosened(self, param: str) -> tuple[dict[str, Any], list[str], str]:
+        """A non-strict function's parameters as the service checks them
+        (router.structured.grammars.loosened_form), where keywords were dropped, and the loosened
+        schema's compact JSON (its check's key, and the spec's checked_json): made once per request,
+        for both the look-up of known schemas and the typed request. RequestError as loosened_form."""
+        if self._loose is None:
+            spec = self.spec()
+            loose, dropped = loosened_form(spec.parameters, param)
+            self._loose = loose, dropped, schema_key(loose)
+        return self._loose
 
 
 def _json_or_none(schema: dict[str, Any] | None) -> str | None:

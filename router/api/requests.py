@@ -47,8 +47,6 @@ from router.generation import (
 from router.structured.grammars import (
     check_schema,
     check_schema_bytes,
-    checked_form,
-    loosened_tool_schema,
     schema_known,
 )
 
@@ -143,14 +141,21 @@ class BaseRequest(Lenient):
             schema = fmt.json_schema.schema_ if fmt.json_schema.schema_ is not None else {}
             if not schema_known(schema):
                 todo.append(schema)
-        for tool in (self.tools or ()) if self.serves_tools else ():
+        for i, tool in enumerate(self.tools or ()) if self.serves_tools else ():
             spec = tool.spec()
             if spec.parameters_json is None:
                 continue
             # a strict function's canonical JSON is its check's key already: no encoding again
-            form = spec.parameters if spec.strict else checked_form(spec.parameters, strict=False)
-            if form is not None and not schema_known(spec.parameters_json if spec.strict else form):
-                todo.append(form)
+            if spec.strict:
+                if not schema_known(spec.parameters_json):
+                    todo.append(spec.parameters)
+                continue
+            try:
+                loose, _, text = tool.loosened(f"tools.{i}.function.parameters")
+            except RequestError:
+                continue  # refused outright (cheaply) when the typed request is made
+            if not schema_known(text):
+                todo.append(loose)
         return todo
 
     def _check_schema_bytes(self) -> None:
@@ -345,16 +350,17 @@ class ChatCompletionRequest(BaseRequest):
         # the check a response_format schema gets: a forced call's arguments are decoded under a
         # grammar of its schema, and every call's are validated against it (verifiers.tool_call).
         # A non-strict function's schema is a hint, as at OpenAI: what the grammar cannot honour is
-        # taken out of the schema enforced here, not refused (router.structured.grammars.loosened_tool_schema)
+        # taken out of the schema enforced here, not refused (router.structured.grammars.loosened_form)
         checked: list[ToolSpec] = []
-        for i, spec in enumerate(specs):
+        for i, (tool, spec) in enumerate(zip(self.tools or (), specs, strict=True)):
             param = f"tools.{i}.function.parameters"
             if spec.parameters is not None and spec.strict:
                 check_schema(spec.parameters, param=param, text=spec.parameters_json)
             elif spec.parameters is not None:
-                loose, dropped = loosened_tool_schema(spec.parameters, param)
+                loose, dropped, text = tool.loosened(param)
+                check_schema(loose, param, text=text)
                 if dropped:
-                    spec = dataclasses.replace(spec, checked_json=compact_json(loose))
+                    spec = dataclasses.replace(spec, checked_json=text)
             checked.append(spec)
         specs = tuple(checked)
         choice = self.tool_choice

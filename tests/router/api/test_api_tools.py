@@ -311,3 +311,23 @@ def test_a_tools_parameters_are_encoded_once_canonical(monkeypatch: pytest.Monke
     assert len(encoded) == 1
     assert spec.parameters_json == json.dumps(schema, separators=(",", ":"), sort_keys=True)
     assert spec.parameters == schema and tool.function.parameters == schema
+
+
+def test_a_non_strict_tools_schema_is_loosened_once_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    # new_schemas (on the loop, for every request) and the typed request share one loosening
+    from router.api import request_parts
+    from router.api.requests import ChatCompletionRequest
+    from router.structured import grammars
+
+    loosened: list[Any] = []
+    real = request_parts.loosened_form
+    monkeypatch.setattr(request_parts, "loosened_form", lambda s, p: loosened.append(s) or real(s, p))
+    schema = {"type": "object", "properties": {"zeta": {"not": {"type": "null"}}, "alpha": {"type": "integer"}}}
+    body = ChatCompletionRequest.model_validate(chat(tools=[function(parameters=schema)]))
+    new = body.new_schemas()
+    with grammars.pinned([(s, grammars.schema_verdict(s)) for s in new]):
+        spec = body.to_generation(64).tools[0]
+    assert len(loosened) == 1
+    loose = {"type": "object", "properties": {"zeta": {}, "alpha": {"type": "integer"}}}
+    assert spec.checked_json == json.dumps(loose, separators=(",", ":"), sort_keys=True)
+    assert spec.checked == loose and spec.parameters == schema
