@@ -16,6 +16,7 @@ router.api.request_parts; the answer's shapes are built in router.api.responses.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AllowInfNan, Field, Strict, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
@@ -345,7 +346,7 @@ class ChatCompletionRequest(BaseRequest):
 
     def _tools(self) -> tuple[tuple[ToolSpec, ...], ToolChoice]:
         specs = tuple(t.spec() for t in self.tools or ())
-        if len(compact_json([t.to_openai() for t in specs])) > MAX_TOOLS_CHARS:
+        if tools_chars(specs) > MAX_TOOLS_CHARS:
             raise RequestError(f"at most {MAX_TOOLS_CHARS} characters of tools, as JSON", param="tools")
         # the check a response_format schema gets: a forced call's arguments are decoded under a
         # grammar of its schema, and every call's are validated against it (verifiers.tool_call).
@@ -379,6 +380,20 @@ class ChatCompletionRequest(BaseRequest):
                 param="tool_choice",
             )
         return specs, NamedTool(choice.function.name)
+
+
+def tools_chars(specs: Sequence[ToolSpec]) -> int:
+    """len(compact_json([t.to_openai() for t in specs])), each function's parameters counted by
+    their compact JSON, which the spec holds already, rather than encoded again: this runs on the
+    event loop for every request, and the schemas are most of what its tools weigh."""
+    total = 2 + max(len(specs) - 1, 0)  # the brackets and the commas between tools
+    for spec in specs:
+        tool = spec.to_openai()
+        if spec.parameters_json is not None:
+            tool["function"]["parameters"] = 0  # one character where the schema's text goes
+            total += len(spec.parameters_json) - 1
+        total += len(compact_json(tool))
+    return total
 
 
 class CompletionRequest(BaseRequest):

@@ -331,3 +331,21 @@ def test_a_non_strict_tools_schema_is_loosened_once_per_request(monkeypatch: pyt
     loose = {"type": "object", "properties": {"zeta": {}, "alpha": {"type": "integer"}}}
     assert spec.checked_json == json.dumps(loose, separators=(",", ":"), sort_keys=True)
     assert spec.checked == loose and spec.parameters == schema
+
+
+def test_the_tools_size_is_counted_as_their_whole_compact_json() -> None:
+    # tools_chars counts without encoding the schemas again; it must count what encoding would
+    from router.api.request_parts import Tool, compact_json
+    from router.api.requests import tools_chars
+
+    odd = {"type": "object", "description": 'é "q" \\ \n \u2028 ☃', "minimum": 1.5e-7, "enum": [1e300, -0.0, 10**30]}
+    tools = [
+        Tool.model_validate(t).spec()
+        for t in (
+            function("a"),
+            function("b", description="d", strict=True, parameters={"z": 1, "a": {"b": [1, 2]}}),
+            function("c", parameters=odd),
+        )
+    ]
+    for specs in ([], tools[:1], tools[1:2], tools):
+        assert tools_chars(specs) == len(compact_json([t.to_openai() for t in specs]))
