@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, Stri
 from router.errors import RequestError
 from router.generation import ResponseFormat as GenerationFormat
 from router.generation import ToolSpec
-from router.structured.grammars import check_schema
+from router.structured.grammars import check_schema, loosened_form, schema_key
 
 MAX_CONTENT_PARTS = 256
 MAX_TESTS_CHARS = 100_000
@@ -71,6 +71,18 @@ def compact_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 
+class _EncodedSchema(dict[str, Any]):
+    """A parameters schema that keeps the compact JSON its size check made: the tool's spec takes
+    that text rather than encoding the schema again (a request may carry 256 KB of them, read on
+    the event loop)."""
+
+    __slots__ = ("json",)
+
+    def __init__(self, schema: dict[str, Any], text: str) -> None:
+        super().__init__(schema)
+        self.json = text
+
+
 class FunctionDefinition(Lenient):
     name: StrictStr = Field(pattern=FUNCTION_NAME)
     description: StrictStr | None = Field(None, max_length=MAX_DESCRIPTION_CHARS)
@@ -85,9 +97,10 @@ class FunctionDefinition(Lenient):
             return v
         if _depth(v) > MAX_SCHEMA_DEPTH:
             raise ValueError(f"a parameters schema may nest at most {MAX_SCHEMA_DEPTH} levels deep")
-        if len(compact_json(v)) > MAX_SCHEMA_CHARS:
+        text = compact_json(v)
+        if len(text) > MAX_SCHEMA_CHARS:
             raise ValueError(f"a parameters schema may be at most {MAX_SCHEMA_CHARS} characters of JSON")
-        return v
+        return _EncodedSchema(v, text)
 
 
 class Tool(Lenient):
@@ -104,17 +117,33 @@ class Tool(Lenient):
     # made once: its parameters are encoded and parsed again only as often as they must be (a
     # request may carry 256 KB of them, read on the event loop)
     _spec: ToolSpec | None = PrivateAttr(default=None)
+    _loose: tuple[dict[str, Any], list[str], str] | None = PrivateAttr(default=None)
 
     def spec(self) -> ToolSpec:
         if self._spec is None:
-            f = self.function
+            f, params = self.function, self.function.parameters
             self._spec = ToolSpec(
                 name=f.name,
                 description=f.description,
-                parameters_json=None if f.parameters is None else compact_json(f.parameters),
+                parameters_json=params.json if isinstance(params, _EncodedSchema) else _json_or_none(params),
                 strict=bool(f.strict),
             )
         return self._spec
+
+    def loosened(self, param: str) -> tuple[dict[str, Any], list[str], str]:
+        """A non-strict function's parameters as the service checks them
+        (router.structured.grammars.loosened_form), where keywords were dropped, and the loosened
+        schema's compact JSON (its check's key, and the spec's checked_json): made once per request,
+        for both the look-up of known schemas and the typed request. RequestError as loosened_form."""
+        if self._loose is None:
+            spec = self.spec()
+            loose, dropped = loosened_form(spec.parameters, param)
+            self._loose = loose, dropped, schema_key(loose)
+        return self._loose
+
+
+def _json_or_none(schema: dict[str, Any] | None) -> str | None:
+    return None if schema is None else compact_json(schema)  # a schema set after validation
 
 
 class CalledFunction(Lenient):

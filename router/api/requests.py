@@ -16,6 +16,7 @@ router.api.request_parts; the answer's shapes are built in router.api.responses.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AllowInfNan, Field, Strict, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
@@ -47,8 +48,6 @@ from router.generation import (
 from router.structured.grammars import (
     check_schema,
     check_schema_bytes,
-    checked_form,
-    loosened_tool_schema,
     schema_known,
 )
 
@@ -143,14 +142,21 @@ class BaseRequest(Lenient):
             schema = fmt.json_schema.schema_ if fmt.json_schema.schema_ is not None else {}
             if not schema_known(schema):
                 todo.append(schema)
-        for tool in (self.tools or ()) if self.serves_tools else ():
+        for i, tool in enumerate(self.tools or ()) if self.serves_tools else ():
             spec = tool.spec()
             if spec.parameters_json is None:
                 continue
             # a strict function's canonical JSON is its check's key already: no encoding again
-            form = spec.parameters if spec.strict else checked_form(spec.parameters, strict=False)
-            if form is not None and not schema_known(spec.parameters_json if spec.strict else form):
-                todo.append(form)
+            if spec.strict:
+                if not schema_known(spec.parameters_json):
+                    todo.append(spec.parameters)
+                continue
+            try:
+                loose, _, text = tool.loosened(f"tools.{i}.function.parameters")
+            except RequestError:
+                continue  # refused outright (cheaply) when the typed request is made
+            if not schema_known(text):
+                todo.append(loose)
         return todo
 
     def _check_schema_bytes(self) -> None:
@@ -340,21 +346,22 @@ class ChatCompletionRequest(BaseRequest):
 
     def _tools(self) -> tuple[tuple[ToolSpec, ...], ToolChoice]:
         specs = tuple(t.spec() for t in self.tools or ())
-        if len(compact_json([t.to_openai() for t in specs])) > MAX_TOOLS_CHARS:
+        if tools_chars(specs) > MAX_TOOLS_CHARS:
             raise RequestError(f"at most {MAX_TOOLS_CHARS} characters of tools, as JSON", param="tools")
         # the check a response_format schema gets: a forced call's arguments are decoded under a
         # grammar of its schema, and every call's are validated against it (verifiers.tool_call).
         # A non-strict function's schema is a hint, as at OpenAI: what the grammar cannot honour is
-        # taken out of the schema enforced here, not refused (router.structured.grammars.loosened_tool_schema)
+        # taken out of the schema enforced here, not refused (router.structured.grammars.loosened_form)
         checked: list[ToolSpec] = []
-        for i, spec in enumerate(specs):
+        for i, (tool, spec) in enumerate(zip(self.tools or (), specs, strict=True)):
             param = f"tools.{i}.function.parameters"
             if spec.parameters is not None and spec.strict:
                 check_schema(spec.parameters, param=param, text=spec.parameters_json)
             elif spec.parameters is not None:
-                loose, dropped = loosened_tool_schema(spec.parameters, param)
+                loose, dropped, text = tool.loosened(param)
+                check_schema(loose, param, text=text)
                 if dropped:
-                    spec = dataclasses.replace(spec, checked_json=compact_json(loose))
+                    spec = dataclasses.replace(spec, checked_json=text)
             checked.append(spec)
         specs = tuple(checked)
         choice = self.tool_choice
@@ -373,6 +380,20 @@ class ChatCompletionRequest(BaseRequest):
                 param="tool_choice",
             )
         return specs, NamedTool(choice.function.name)
+
+
+def tools_chars(specs: Sequence[ToolSpec]) -> int:
+    """len(compact_json([t.to_openai() for t in specs])), each function's parameters counted by
+    their compact JSON, which the spec holds already, rather than encoded again: this runs on the
+    event loop for every request, and the schemas are most of what its tools weigh."""
+    total = 2 + max(len(specs) - 1, 0)  # the brackets and the commas between tools
+    for spec in specs:
+        tool = spec.to_openai()
+        if spec.parameters_json is not None:
+            tool["function"]["parameters"] = 0  # one character where the schema's text goes
+            total += len(spec.parameters_json) - 1
+        total += len(compact_json(tool))
+    return total
 
 
 class CompletionRequest(BaseRequest):

@@ -183,20 +183,6 @@ def pinned(verdicts: list[tuple[Any, Verdict]]) -> Iterator[None]:
         _PINNED.reset(token)
 
 
-def checked_form(schema: Any, *, strict: bool = True) -> Any:
-    """The schema `check_schema` will be given for a client's `schema`: itself when strict, else
-    `loosened_tool_schema`'s form of it. None when that refuses it outright (cheaply)."""
-    if strict:
-        return schema
-    if not isinstance(schema, dict):
-        return None
-    try:
-        _check_depth(schema, 0)
-    except RequestError:
-        return None
-    return _loosen_node(schema, "#", [])
-
-
 def schema_known(schema: Any) -> bool:
     """Whether `check_schema(schema)` has run before: its outcome is then a look-up, cheap enough
     for the event loop. `schema` may be given as its compact JSON (`schema_key`'s)."""
@@ -256,10 +242,19 @@ def _check_schema(schema: Any) -> None:
 
 
 def loosened_tool_schema(schema: Any, param: str) -> tuple[dict[str, Any], list[str]]:
-    """A non-strict function's parameters as this service enforces and validates them: the
-    schema with each keyword the grammar cannot honour taken out (and `true`/`false` subschemas
-    made `{}`), so it accepts at least what the client's accepts; then `check_schema`'s checks, so
-    what stays is as safe as a strict schema. Returns it and where the keywords were dropped."""
+    """A non-strict function's parameters as this service enforces and validates them
+    (`loosened_form`), then `check_schema`'s checks, so what stays is as safe as a strict schema.
+    Returns it and where the keywords were dropped."""
+    loose, dropped = loosened_form(schema, param)
+    check_schema(loose, param)  # remembered by the loosened schema: a repeat costs the loosening alone
+    return loose, dropped
+
+
+def loosened_form(schema: Any, param: str) -> tuple[dict[str, Any], list[str]]:
+    """The schema with each keyword the grammar cannot honour taken out (and `true`/`false`
+    subschemas made `{}`), so it accepts at least what the client's accepts, and where the
+    keywords were dropped; not yet checked (`check_schema`). RequestError (400, naming `param`)
+    for a schema that is not an object or nests too deeply. It keeps the client's key order."""
     if not isinstance(schema, dict):
         raise RequestError("a JSON schema must be a JSON object", param=param)
     try:
@@ -267,9 +262,7 @@ def loosened_tool_schema(schema: Any, param: str) -> tuple[dict[str, Any], list[
     except RequestError as exc:
         raise RequestError(str(exc), param=param) from None
     dropped: list[str] = []
-    loose = _loosen_node(schema, "#", dropped)
-    check_schema(loose, param)  # remembered by the loosened schema: a repeat costs the loosening alone
-    return loose, dropped
+    return _loosen_node(schema, "#", dropped), dropped
 
 
 def _loosen_node(node: Any, where: str, dropped: list[str]) -> Any:

@@ -105,3 +105,40 @@ def test_a_batch_that_fails_twice_is_refused_not_checked_in_the_service(
     _, r = _post(server.url, _body(f"bad_{status}"))
     assert r.status_code == 200, r.text
     assert in_process == []
+
+
+def _big_schema() -> dict[str, Any]:
+    """About 30 KB, near MAX_SCHEMA_BYTES: patterns, enums, nesting, anyOf, the meta-schema's work."""
+    props = {
+        f"p{i}": {
+            "anyOf": [{"type": "string", "pattern": f"^[a-z]{{1,{i % 8 + 1}}}-[0-9]{{4}}$"}, {"type": "null"}],
+            "description": "x" * 80,
+        }
+        for i in range(120)
+    }
+    props["kind"] = {"enum": [f"value_{i}" for i in range(300)]}
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+def test_the_worker_caps_its_own_address_space() -> None:
+    # read from outside, in /proc: the cap is on the worker process itself, and a large schema's
+    # check stays well inside it (so the cap refuses no real schema)
+    from router.api.schema_worker import WORKER_MEMORY_BYTES
+
+    schema = _big_schema()
+    assert 25_000 < len(grammars.schema_key(schema)) < grammars.MAX_SCHEMA_BYTES
+    worker = schema_checks._Worker()
+    try:
+        assert worker.check([schema, {"type": "object", "not": {}}]) == [
+            None,
+            grammars.schema_verdict({"type": "object", "not": {}}),
+        ]
+        pid = worker.proc.pid
+        limits = Path(f"/proc/{pid}/limits").read_text().splitlines()
+        cap = next(line for line in limits if line.startswith("Max address space")).split()[3]
+        assert int(cap) == WORKER_MEMORY_BYTES
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        peak_kb = int(next(line for line in status if line.startswith("VmPeak")).split()[1])
+        assert peak_kb * 1024 < WORKER_MEMORY_BYTES / 2, peak_kb
+    finally:
+        worker.close()

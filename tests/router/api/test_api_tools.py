@@ -295,3 +295,57 @@ def test_a_valid_history_with_tool_turns_is_served(scripted: UvicornThread) -> N
         tools=[function()], messages=[*first_turn(), CALLED, {"role": "tool", "tool_call_id": "c1", "content": "3"}]
     )
     assert httpx.post(f"{scripted.url}/v1/chat/completions", json=body, timeout=30).status_code == 200
+
+
+def test_a_tools_parameters_are_encoded_once_canonical(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the size check's compact JSON is the spec's: a request's tools are read on the event loop,
+    # and encoding each schema twice was a third of that reading
+    from router.api import request_parts
+
+    encoded: list[Any] = []
+    real = request_parts.compact_json
+    monkeypatch.setattr(request_parts, "compact_json", lambda v: encoded.append(v) or real(v))
+    schema = {"type": "object", "required": ["zeta"], "properties": {"zeta": {"type": "string"}, "alpha": {}}}
+    tool = request_parts.Tool.model_validate(function(parameters=schema))
+    spec = tool.spec()
+    assert len(encoded) == 1
+    assert spec.parameters_json == json.dumps(schema, separators=(",", ":"), sort_keys=True)
+    assert spec.parameters == schema and tool.function.parameters == schema
+
+
+def test_a_non_strict_tools_schema_is_loosened_once_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    # new_schemas (on the loop, for every request) and the typed request share one loosening
+    from router.api import request_parts
+    from router.api.requests import ChatCompletionRequest
+    from router.structured import grammars
+
+    loosened: list[Any] = []
+    real = request_parts.loosened_form
+    monkeypatch.setattr(request_parts, "loosened_form", lambda s, p: loosened.append(s) or real(s, p))
+    schema = {"type": "object", "properties": {"zeta": {"not": {"type": "null"}}, "alpha": {"type": "integer"}}}
+    body = ChatCompletionRequest.model_validate(chat(tools=[function(parameters=schema)]))
+    new = body.new_schemas()
+    with grammars.pinned([(s, grammars.schema_verdict(s)) for s in new]):
+        spec = body.to_generation(64).tools[0]
+    assert len(loosened) == 1
+    loose = {"type": "object", "properties": {"zeta": {}, "alpha": {"type": "integer"}}}
+    assert spec.checked_json == json.dumps(loose, separators=(",", ":"), sort_keys=True)
+    assert spec.checked == loose and spec.parameters == schema
+
+
+def test_the_tools_size_is_counted_as_their_whole_compact_json() -> None:
+    # tools_chars counts without encoding the schemas again; it must count what encoding would
+    from router.api.request_parts import Tool, compact_json
+    from router.api.requests import tools_chars
+
+    odd = {"type": "object", "description": 'é "q" \\ \n \u2028 ☃', "minimum": 1.5e-7, "enum": [1e300, -0.0, 10**30]}
+    tools = [
+        Tool.model_validate(t).spec()
+        for t in (
+            function("a"),
+            function("b", description="d", strict=True, parameters={"z": 1, "a": {"b": [1, 2]}}),
+            function("c", parameters=odd),
+        )
+    ]
+    for specs in ([], tools[:1], tools[1:2], tools):
+        assert tools_chars(specs) == len(compact_json([t.to_openai() for t in specs]))
