@@ -12,18 +12,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.markers import FastLoop, slow_by_fixtures, worker_group
+from tests.support.markers import FastLoop, carry_groups_in_node_ids, slow_by_fixtures, worker_group
 from tests.support.model import smol_file
 from tests.support.pg import PostgresServer, server, stop_server
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # a test that asks for the model or PostgreSQL, however indirectly, is slow without saying so
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
+    # a test that asks for the model or PostgreSQL, however indirectly, is slow without saying so;
+    # marked before any plugin's hook runs, so `-m "not slow"` deselects it
     for item in items:
         if slow_by_fixtures(item):
             item.add_marker(pytest.mark.slow)
         if (group := worker_group(item)) is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    yield
+    # after every plugin's hook: the groups reach the xdist controller in the node ids
+    carry_groups_in_node_ids(config, items)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -38,6 +38,9 @@ _CODE_START = re.compile(r"^(?:def |async def |class |import |from \S+ import |@
 _TOP_LEVEL_LINE = re.compile(r"[^\s)\]}]")
 _CONTINUATION = re.compile(r"(?:else|elif|except|finally|case)\b")
 _MAX_PREFIX_TRIES = 64  # each try parses the prefix; an answer rarely has this many top-level lines
+# what `ast.parse` raises for text that is not Python: ValueError for NUL bytes, and RecursionError
+# or MemoryError for deep nesting, which a few kilobytes reach (3,001 characters of `-` and a `1`)
+UNPARSABLE = (SyntaxError, ValueError, MemoryError, RecursionError)
 
 
 @dataclass(frozen=True)
@@ -86,13 +89,17 @@ def outside_fences(text: str) -> str:
     return _FENCE.sub("\n", text)
 
 
+def parse(code: str) -> ast.Module | None:
+    """``code``'s syntax tree, or None when it is not Python the parser can hold (see UNPARSABLE)."""
+    try:
+        return ast.parse(code)
+    except UNPARSABLE:
+        return None
+
+
 def compiles(code: str) -> bool:
     """Whether ``code`` is syntactically valid Python (compiling does not run it)."""
-    try:
-        ast.parse(code)
-    except (SyntaxError, ValueError):  # ValueError: source with NUL bytes
-        return False
-    return True
+    return parse(code) is not None
 
 
 def extract_code(text: str) -> str:
@@ -140,18 +147,16 @@ def _parsing_prefix(code: str) -> str:
 
 
 def _defines(code: str) -> bool:
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return False
-    return any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) for n in tree.body)
+    tree = parse(code)
+    return tree is not None and any(
+        isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) for n in tree.body
+    )
 
 
 def defined_names(code: str) -> set[str]:
     """Top-level function and class names that ``code`` defines (empty if it does not parse)."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    tree = parse(code)
+    if tree is None:
         return set()
     return {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
 
@@ -159,14 +164,16 @@ def defined_names(code: str) -> set[str]:
 def definitions(code: str) -> list[tuple[str | None, str]]:
     """The top-level imports, functions and classes of ``code`` as (name, source) pairs, in order;
     the name is None for an import. Other statements are left out, so none of them runs."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    tree = parse(code)
+    if tree is None:
         return []
     found: list[tuple[str | None, str]] = []
     for node in tree.body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            found.append((None, ast.unparse(node)))
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            found.append((node.name, ast.unparse(node)))
+        if not isinstance(node, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        try:  # unparsing recurses in Python, which a tree the parser held can exceed (400 nested `-`)
+            source = ast.unparse(node)
+        except (ValueError, RecursionError):
+            continue
+        found.append((None if isinstance(node, ast.Import | ast.ImportFrom) else node.name, source))
     return found

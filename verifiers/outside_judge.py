@@ -70,7 +70,8 @@ _BINOPS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
-_ORDER: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
+# the comparisons other than equality (which is `same`), for the checker of plain asserts too
+ORDER: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
     ast.Lt: operator.lt,
     ast.LtE: operator.le,
     ast.Gt: operator.gt,
@@ -185,7 +186,7 @@ class Judge:
     def _link_here(self, op: ast.cmpop, left: ast.expr, right: ast.expr) -> bool:
         if isinstance(op, ast.Is | ast.IsNot):  # identity means something only against the singletons
             return _singleton(left) or _singleton(right)
-        return type(op) in _ORDER or isinstance(op, ast.Eq | ast.NotEq)
+        return type(op) in ORDER or isinstance(op, ast.Eq | ast.NotEq)
 
     def _call_name(self, node: ast.Call) -> str | None:
         """The known function ``node`` calls (``math.x`` for math's), or None."""
@@ -432,4 +433,4 @@ def _compare(op: ast.cmpop, left: Any, right: Any) -> bool:
         return same(left, right)
     if isinstance(op, ast.NotEq):
         return not same(left, right)
-    return bool(_ORDER[type(op)](left, right))
+    return bool(ORDER[type(op)](left, right))

@@ -41,6 +41,10 @@ What it refuses, and why each answer is the one it is:
 - ``inotify_init``, ``inotify_init1`` and ``fanotify_init``: ENOSYS, as without those features.
   Each instance queues up to ``fs.inotify.max_queued_events`` events of up to 255-byte names in
   kernel memory: 60 instances of one process held 488 MiB;
+- ``mq_open``: ENOSYS, as a kernel without POSIX message queues answers (SysV ``msgget`` is refused
+  above). A queue's messages are kernel memory charged to the uid's RLIMIT_MSGQUEUE (800 KiB by
+  default), which every box shares with every other (uid 65534) or with the service (its uid in a
+  user namespace); the standard library does not use them;
 - ``setxattr``, ``lsetxattr``, ``fsetxattr``, ``setxattrat``: EOPNOTSUPP, what a filesystem
   without extended attributes answers. The box's tmpfs keeps ``user.*`` attributes in kernel
   memory its size cap does not count: 400 MiB of values held 800 MiB in 4 s;
@@ -155,6 +159,7 @@ UNSUPPORTED_X86_64 = {
     "tee": 276,
     "inotify_init1": 294,
     "fanotify_init": 300,
+    "mq_open": 240,
 }
 # writing extended attributes: EOPNOTSUPP (tmpfs keeps them in memory beyond its size cap)
 XATTR_WRITE_X86_64 = {"setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "setxattrat": 463}

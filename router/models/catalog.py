@@ -8,8 +8,11 @@ pinned by the tier's `model_sha256` (`draft_model_sha256` for a draft model): an
 refused, and one with no pin is refused too, naming the setting and the file's present hash (to be
 checked against the publisher's before it is pinned), unless the tier sets `allow_unpinned = true`,
 the operator's explicit choice to load whatever file is there (warned about at every load). A
-verified local file is remembered by its path, size and modification time under the cache
-directory, so a gigabyte file is hashed once, not at every start.
+verified local file is remembered under the cache directory by its path and its identity on disk
+(device, inode, size, modification and change times), so a gigabyte file is hashed once, not at
+every start. The change time is there because the others can be forged: a file replaced in place
+by one of the same size, its modification time set back (`touch -r`, `cp -p`, `rsync -t`), kept its
+stamp; the kernel sets the change time itself at every write, rename or `utime`.
 """
 
 from __future__ import annotations
@@ -105,24 +108,16 @@ class ModelStore:
     def _stamp(self, path: Path) -> Path:
         return path.with_name(path.name + ".verified")
 
-    def _write_stamp(self, path: Path, sha: str) -> None:
-        st = path.stat()
-        self._stamp(path).write_text(json.dumps({"sha256": sha, "size": st.st_size, "mtime_ns": st.st_mtime_ns}))
-
     def is_verified(self, entry: CatalogEntry) -> bool:
         """True when the file is present and matches its pin; re-hashes if it changed since pull."""
         path = self.path_of(entry)
         if not path.is_file():
             return False
         st = path.stat()
-        try:
-            stamp = json.loads(self._stamp(path).read_text())
-            if (stamp["sha256"], stamp["size"], stamp["mtime_ns"]) == (entry.sha256, st.st_size, st.st_mtime_ns):
-                return True
-        except (OSError, ValueError, KeyError):
-            pass
+        if _stamped(self._stamp(path), entry.sha256, st):
+            return True
         if st.st_size == entry.size and sha256_file(path) == entry.sha256:
-            self._write_stamp(path, entry.sha256)
+            _write_stamp(self._stamp(path), entry.sha256, st)
             return True
         return False
 
@@ -135,18 +130,14 @@ class ModelStore:
         sha256 = sha256.lower()
         st = path.stat()
         stamp = self.root / "pins" / (hashlib.sha256(str(path.resolve()).encode()).hexdigest() + ".json")
-        try:
-            seen = json.loads(stamp.read_text())
-            if (seen["sha256"], seen["size"], seen["mtime_ns"]) == (sha256, st.st_size, st.st_mtime_ns):
-                return path
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+        if _stamped(stamp, sha256, st):
+            return path
         digest = sha256_file(path)
         if digest != sha256:
             raise IntegrityError(f"model file {path} has sha256 {digest}, not the pinned {sha256}; refused")
         try:
             stamp.parent.mkdir(parents=True, exist_ok=True)
-            stamp.write_text(json.dumps({"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}))
+            _write_stamp(stamp, sha256, st)
         except OSError:
             pass  # a cache that cannot be written: the file is hashed again next time
         return path
@@ -161,8 +152,34 @@ class ModelStore:
         if self.is_verified(entry):
             return path
         assemble(entry.parts, path, sha256=entry.sha256, size=entry.size, progress=progress, on_part=on_part)
-        self._write_stamp(path, entry.sha256)
+        _write_stamp(self._stamp(path), entry.sha256, path.stat())
         return path
+
+
+def _identity(sha256: str, st: os.stat_result) -> dict[str, object]:
+    """What a stamp records: the hash and the file's identity on disk when it was hashed (see the
+    module docstring for why the change time is in it)."""
+    return {
+        "sha256": sha256,
+        "dev": st.st_dev,
+        "ino": st.st_ino,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+    }
+
+
+def _stamped(stamp: Path, sha256: str, st: os.stat_result) -> bool:
+    """Whether `stamp` says the file as `st` finds it was hashed to `sha256` (an old stamp without
+    the change time, or an unreadable one, says no: the file is hashed again)."""
+    try:
+        return bool(json.loads(stamp.read_text()) == _identity(sha256, st))
+    except (OSError, ValueError):
+        return False
+
+
+def _write_stamp(stamp: Path, sha256: str, st: os.stat_result) -> None:
+    stamp.write_text(json.dumps(_identity(sha256, st)))
 
 
 def resolve_model(

@@ -62,6 +62,31 @@ def worker_group(item: pytest.Item) -> str | None:
     return item.nodeid.split("::", 1)[0]
 
 
+def carry_groups_in_node_ids(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give each grouped test's node id the `@group` suffix `--dist loadgroup` schedules by.
+
+    pytest-xdist's worker writes that suffix itself, but it cannot be relied on: its hook runs
+    before this project's conftest adds the groups (`worker_group`), and xdist 3.8 writes it into
+    `item._nodeid`, which pytest 9.2 no longer reads (the id moved to `item._id`), so every test
+    reached the controller ungrouped and the sandbox tests spread over all workers. Called after
+    every other plugin's collection hook; a no-op outside an xdist worker running loadgroup."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = sorted(
+            {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+        )
+        if not names:
+            continue
+        suffix = "@" + "_".join(names)
+        if item.nodeid.endswith(suffix):
+            continue
+        if hasattr(item, "_id"):  # pytest >= 9.2
+            item._id = type(item._id).parse(item.nodeid + suffix)
+        else:
+            item._nodeid = item.nodeid + suffix
+
+
 class FastLoop:
     """Only active when the run deselects slow tests; then `check` raises inside an unmarked test."""
 

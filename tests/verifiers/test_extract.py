@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from evals.grading import grade_code_tests
-from verifiers.extract import compiles, defined_names, extract_code, foreign_language
+from verifiers.extract import compiles, defined_names, definitions, extract_code, foreign_language
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -98,3 +98,23 @@ def test_code_without_fences_keeps_its_parsing_prefix() -> None:
 )
 def test_foreign_language(prompt: str, text: str, language: str | None) -> None:
     assert foreign_language(prompt, text) == language
+
+
+# text the parser cannot hold: a few kilobytes of nesting raise RecursionError or MemoryError from
+# `ast.parse`, and 400 nested operators one from `ast.unparse`, where a tree parsed
+DEEP = ["-" * 3000 + "1", "a" + ".a" * 3000, "not " * 10000 + "x", "lambda:" * 3000 + "1"]
+
+
+@pytest.mark.parametrize("text", DEEP, ids=["minus", "attribute", "not", "lambda"])
+def test_text_nested_past_the_parser_is_not_python_and_raises_nothing(text: str) -> None:
+    assert not compiles(text)
+    assert defined_names(text) == set()
+    assert definitions(text) == []
+    assert extract_code(text) == text
+    assert extract_code(f"```python\ndef f():\n    pass\n```\n```python\n{text}\n```") == "def f():\n    pass\n"
+
+
+def test_a_definition_too_deep_to_unparse_is_left_out_and_the_others_kept() -> None:
+    code = "import math\n\ndef deep():\n    return " + "-" * 400 + "1\n\ndef shallow():\n    return 1\n"
+    assert compiles(code)
+    assert definitions(code) == [(None, "import math"), ("shallow", "def shallow():\n    return 1")]

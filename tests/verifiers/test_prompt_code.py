@@ -242,3 +242,26 @@ def test_prompt_code_does_not_run_through_the_api(tmp_path, caplog: pytest.LogCa
                 scores.append(resp.json()["tierroute"]["attempts"][0]["scores"]["code_tests"]["score"])
         assert scores == [expected, expected], (server, scores)
         assert (MARK in caplog.text) == (expected == 0.0)
+
+
+@pytest.mark.slow
+@needs_box
+async def test_a_prompt_or_answer_nested_past_the_parser_is_scored_not_raised() -> None:
+    """3,001 characters the parser cannot hold (RecursionError from `ast.parse`) in the client's
+    prompt or the model's answer: before, the error left `score` and failed the whole request."""
+    deep = "-" * 3000 + "1"
+    v = CodeTestsVerifier()
+    for request, text in [
+        (chat(deep), ANSWER),
+        (chat(deep, client_code=True), ANSWER),
+        (GenerationRequest(prompt=deep), BODY),
+        (chat("Write f(x) that doubles x."), deep),
+        (GenerationRequest(prompt=STUB), deep),
+    ]:
+        score = await v.score(request, gen(text))
+        assert score.details["reason"] in {"no_tests", "syntax_error"}, (request, score.reason)
+    # a trusted caller's helper too deep to unparse is left out; the answer is still built
+    helper = "def helper():\n    return " + "-" * 400 + "1\n"
+    assert build_program(chat(f"```python\n{helper}```", client_code=True), ANSWER).source == (
+        "def f(x):\n    return 2 * x\n"
+    )

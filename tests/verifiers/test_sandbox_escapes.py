@@ -9,6 +9,7 @@ runs as root in CI (this machine kind), the case where a hole costs the most.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sqlite3
@@ -366,3 +367,57 @@ async def test_the_grader_does_not_take_an_early_exit_for_a_pass() -> None:
     # an answer that prints its own examples (buffered until exit) is still graded on its tests
     printing = "```python\ndef f(x):\n    return x * x\n\n# Test cases\nprint(f(2))  # 4\nprint(f(3))\n```"
     assert (await grade_code_tests(printing, tests, entry_point="f")).correct
+
+
+# machine code for `mov eax, 20; int 0x80; ret`: getpid through the i386 entry, where every number
+# names another call than on x86_64, so the filter kills the process rather than judge it
+I386_CALL = """
+import ctypes, mmap
+buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+buf.write(bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3]))
+print("before", flush=True)
+print(ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))(), flush=True)
+"""
+X32_CALL = """
+import ctypes
+print("before", flush=True)
+print(ctypes.CDLL(None).syscall(0x40000000 | 39), flush=True)  # getpid through the x32 ABI
+"""
+# the calls that make a file descriptor: those whose objects hold memory no limit of the box counts
+# are refused; the others hold a few hundred bytes each and count against RLIMIT_NOFILE
+FD_CALLS = """
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    r = libc.syscall(nr, *args)
+    return "ok" if r >= 0 else os.strerror(ctypes.get_errno())
+mask = ctypes.c_ulonglong(1 << 1)
+print(json.dumps({
+    "mq_open": call(240, b"q", os.O_CREAT | os.O_RDWR, 0o600, None),
+    "memfd_create": call(319, b"x", 0),
+    "userfaultfd": call(323, 0),
+    "pidfd_open": call(434, os.getpid(), 0),
+    "eventfd2": call(290, 0, 0),
+    "timerfd_create": call(283, 1, 0),
+    "signalfd4": call(289, -1, ctypes.byref(mask), 8, 0),
+    "epoll_create1": call(291, 0),
+}))
+"""
+
+
+async def test_a_call_through_another_abi_kills_the_process() -> None:
+    for code in (I386_CALL, X32_CALL):
+        result = await run_python_async(code)
+        assert result.stdout == "before\n" and result.returncode == -signal.SIGSYS, (code, result)
+
+
+async def test_only_descriptors_that_hold_bounded_memory_can_be_made() -> None:
+    result = await run_python_async(FD_CALLS)
+    assert result.ok, result.stderr
+    made = json.loads(result.stdout)
+    assert made["mq_open"] == os.strerror(38)  # ENOSYS: no POSIX message queues
+    for name in ("memfd_create", "userfaultfd", "pidfd_open"):
+        assert made[name] == os.strerror(1), (name, made)  # EPERM
+    for name in ("eventfd2", "timerfd_create", "signalfd4", "epoll_create1"):
+        assert made[name] == "ok", (name, made)

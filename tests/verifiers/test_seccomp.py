@@ -102,7 +102,7 @@ def test_calls_that_pin_or_queue_uncounted_kernel_memory_are_answered_as_missing
         assert run_filter(prog, nr, 3, 0, 4, 0, 16) == seccomp.ENOSYS, name
     for name, nr in seccomp.XATTR_WRITE_X86_64.items():
         assert run_filter(prog, nr, 0, 0, 0, 65536) == seccomp.EOPNOTSUPP, name
-    assert {"splice", "tee", "sendfile", "inotify_init1", "fanotify_init"} <= set(seccomp.UNSUPPORTED_X86_64)
+    assert {"splice", "tee", "sendfile", "inotify_init1", "fanotify_init", "mq_open"} <= set(seccomp.UNSUPPORTED_X86_64)
     for nr in (191, 192, 193, 326):  # getxattr, lgetxattr, fgetxattr, copy_file_range: still allowed
         assert run_filter(prog, nr, 0, 0, 0) == ALLOW
 

@@ -10,13 +10,10 @@ object equals nothing: a test that needs one compared fails as ``not_plain_data`
 from __future__ import annotations
 
 import ast
-import operator
-from collections.abc import Callable
-from typing import Any
 
 from verifiers.code_tests.protocol import Reply
 from verifiers.code_tests.steps import Check, Step
-from verifiers.outside_judge import Opaque, contains_opaque, same
+from verifiers.outside_judge import ORDER, Opaque, contains_opaque, same
 
 # Every reason a score or a test can give; nothing else reaches a response.
 KINDS = (
@@ -40,14 +37,6 @@ KINDS = (
     "sandbox_unavailable",
     "not_python",
 )
-_CMP: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
-    ast.Lt: operator.lt,
-    ast.LtE: operator.le,
-    ast.Gt: operator.gt,
-    ast.GtE: operator.ge,
-    ast.In: lambda a, b: a in b,
-    ast.NotIn: lambda a, b: a not in b,
-}
 
 
 def failure_kind(reply: Reply) -> str:
@@ -92,7 +81,7 @@ def judge(check: Check, reply: Reply) -> str | None:
         elif check.cmp == "NotEq":
             result = not same(left, right)
         else:
-            fn = next((f for k, f in _CMP.items() if k.__name__ == check.cmp), None)
+            fn = next((f for k, f in ORDER.items() if k.__name__ == check.cmp), None)
             if fn is None:
                 return "forged"
             try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 import zipfile
 from pathlib import Path
 
@@ -159,6 +161,61 @@ def test_a_verified_local_model_is_not_hashed_again(tmp_path: Path, monkeypatch:
     for _ in range(3):
         resolve_model(str(model), tmp_path / "cache", sha256=digest)
     assert hashed == [model]
+
+
+def _past_change_time(st: os.stat_result, probe: Path) -> None:
+    """Wait (at most a second) until the filesystem's clock has passed `st`'s change time: it ticks
+    coarsely (a few ms), and a rewrite in the same tick would keep the change time too."""
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        probe.write_bytes(b"")
+        if probe.stat().st_ctime_ns > st.st_ctime_ns:
+            return
+        time.sleep(0.002)
+
+
+def test_a_file_replaced_with_the_same_size_and_mtime_is_hashed_again(tmp_path: Path) -> None:
+    """The stamp's worst case: the file's content replaced by as many bytes, its modification time
+    set back (`touch -r`, `cp -p`), in place and by rename. Both are hashed again and refused."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + b"x" * 1000)
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    cache = tmp_path / "cache"
+    assert resolve_model(str(model), cache, sha256=digest) == model
+    before = model.stat()
+    _past_change_time(before, tmp_path / "probe")
+    with model.open("r+b") as fh:  # in place: same inode, same size
+        fh.write(b"GGUF" + b"y" * 1000)
+    os.utime(model, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (model.stat().st_size, model.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    with pytest.raises(IntegrityError, match="not the pinned"):
+        resolve_model(str(model), cache, sha256=digest)
+    # by rename, from a copy made of the original with its times (as `cp -p` makes it)
+    original = tmp_path / "copy.gguf"
+    original.write_bytes(b"GGUF" + b"x" * 1000)
+    assert resolve_model(str(original), cache, sha256=digest) == original
+    kept = original.stat()
+    evil = tmp_path / "evil.gguf"
+    evil.write_bytes(b"GGUF" + b"z" * 1000)
+    os.utime(evil, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    evil.replace(original)
+    with pytest.raises(IntegrityError, match="not the pinned"):
+        resolve_model(str(original), cache, sha256=digest)
+
+
+def test_a_catalog_model_replaced_with_the_same_size_and_mtime_is_hashed_again(tmp_path: Path) -> None:
+    chunks = [b"GGUF", b"model bytes"]
+    entry = _entry(chunks)
+    store = ModelStore(tmp_path / "cache")
+    store.root.mkdir(parents=True)
+    path = store.path_of(entry)
+    path.write_bytes(b"".join(chunks))
+    assert store.is_verified(entry)
+    before = path.stat()
+    _past_change_time(before, tmp_path / "probe")
+    path.write_bytes(b"GGUF" + b"x" * len(b"model bytes"))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert not store.is_verified(entry)
 
 
 def test_hf_models_need_a_pin_before_anything_is_fetched(tmp_path: Path) -> None:
