@@ -175,6 +175,19 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 
+def _prefixed_enum(count: int, prefix: int) -> tuple[dict[str, Any], str]:
+    """`count` values that share their first `prefix` characters: every value stays alive until
+    they part, where random values part at their first character."""
+    stem = "abcdefghijklmnopqrstuvwxyz0123456789"[:prefix] if prefix <= 36 else "q" * prefix
+    values = [f"{stem}{i:04d}" for i in range(count)]
+    return {"type": "object", "properties": {"x": {"enum": values}}}, '{"x":"' + values[count // 2] + '"}'
+
+
+for _count in (32, 64, 128, 256, 850):
+    for _prefix in (4, 12, 30):
+        CASES[f"enum{_count}-prefix{_prefix}"] = _prefixed_enum(_count, _prefix)
+
+
 _QUIET: Any = None
 
 
