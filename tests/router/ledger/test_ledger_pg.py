@@ -379,3 +379,37 @@ async def test_unavailable_is_what_an_unreachable_admission_raises(db: str) -> N
             await replicas[0].admit(key, _reservation(1, 0.1), time.time())
     finally:
         replicas[0].close()
+
+
+async def test_feedback_through_the_app_on_postgresql(db: str, tmp_path: Path) -> None:
+    # the route on the shared store: a key labels its own request, and only its own
+    from router.backends.instant import InstantBackend
+
+    cfg, keys = config_with_keys(tmp_path, {"alice": {}, "bob": {}})
+    pg_config(cfg, db)
+    backends = {"small": InstantBackend("small", "4"), "large": InstantBackend("large", "4")}
+    async with running(cfg, backends=backends) as client:
+        r = await client.post("/v1/chat/completions", json=chat("2+2?"), headers=auth(keys["alice"]))
+        ext = tierroute_of(r.text, False)
+        assert ext is not None
+        rid = ext["request_id"]
+        for score in (True, 0.25):
+            ok = await client.post(
+                "/v1/feedback", json={"request_id": rid, "score": score}, headers=auth(keys["alice"])
+            )
+            assert ok.status_code == 200, ok.text
+        foreign = await client.post("/v1/feedback", json={"request_id": rid, "score": 1}, headers=auth(keys["bob"]))
+        assert foreign.status_code == 404 and foreign.json()["error"]["code"] == "request_not_found"
+        nul = await client.post(
+            "/v1/feedback", json={"request_id": rid, "score": 1, "comment": "a\x00b"}, headers=auth(keys["alice"])
+        )
+        assert nul.status_code == 400  # PostgreSQL's TEXT takes no NUL: refused before it gets there
+    store = PostgresStore(db, read_only=True)
+    store.open()
+    try:
+        assert [(f.request_id, f.key_id, f.score) for f in store.feedback()] == [
+            (rid, "alice", 1.0),
+            (rid, "alice", 0.25),
+        ]
+    finally:
+        store.close()
