@@ -146,3 +146,27 @@ async def test_without_a_ledger_feedback_says_why(tmp_path: Path) -> None:
         rid = await ask(client, keys["alice"])
         r = await label(client, keys["alice"], request_id=rid, score=1)
     assert r.status_code == 400 and json.loads(r.text)["error"]["code"] == "feedback_unavailable"
+
+
+async def test_the_drift_detector_watches_labels_once_enough_have_arrived(tmp_path: Path) -> None:
+    shadow = "[tiers.shadow]\nrate = 0.0\nusd_per_day = 0.0\nbaseline_n = 20\n"  # no shadow work: labels only
+    cfg, keys = config_with_keys(tmp_path, {"alice": {}}, verifiers=shadow)
+    async with running(cfg, backends=dict(BACKENDS)) as client:
+        drift = client.app.state.services.shadow.drift
+
+        async def labelled(n: int, score: float) -> None:
+            for _ in range(n):
+                rid = await ask(client, keys["alice"], "What is 2 + 2?")
+                assert (await label(client, keys["alice"], request_id=rid, score=score)).status_code == 200
+
+        await labelled(19, 1.0)
+        assert not drift.streams[("small", "maths", "feedback")].armed  # fewer labels than a baseline needs
+        await labelled(1, 1.0)
+        assert drift.streams[("small", "maths", "feedback")].armed and not drift.alarms
+        await labelled(15, 0.0)
+        alarms = [(a.tier, a.task, a.signal, a.direction) for a in drift.alarms]
+        assert alarms == [("small", "maths", "feedback", "down")]
+        metrics = (await client.get("/metrics", headers=auth(keys["alice"]))).text
+        assert (
+            'tierroute_shadow_drift_alarm{direction="down",signal="feedback",task="maths",tier="small"} 1.0' in metrics
+        )
