@@ -359,13 +359,26 @@ def test_ledger_copy_from_sqlite_then_report_costs_reads_postgres(db: str, tmp_p
     for i in range(20):
         lite.write(entry(f"r{i}", 100.0 + i, key="alice" if i % 2 else "bob"))
     lite.write_pair(pair("r1", 130.0))
+    labels = [
+        Feedback("fb-1", "r1", 131.0, "alice", 0.0, label="thumbs_down"),
+        Feedback("fb-2", "r1", 132.0, "alice", 1.0),
+    ]
+    for fb in labels:
+        lite.write_feedback(fb)
     lite.begin(PendingEntry("p1", 140.0, "bob", "auto", 0.1))
     lite.close()
     copy = [TIERROUTE, "ledger", "copy", "--from", f"sqlite:{path}", "--to", db]
     out = subprocess.run(copy, capture_output=True, text=True, timeout=120, check=True).stdout
-    assert "copied 20 requests (0 already there), 1 shadow pairs, 0 feedback labels and 1 pending rows" in out
+    assert "copied 20 requests (0 already there), 1 shadow pairs, 2 feedback labels and 1 pending rows" in out
     again = subprocess.run(copy, capture_output=True, text=True, timeout=120, check=True).stdout
     assert "copied 0 requests (20 already there)" in again  # an interrupted copy can be rerun
+    assert "0 feedback labels" in again  # labels already there are not copied twice
+    store = PostgresStore(db, read_only=True)
+    store.open()
+    try:
+        assert list(store.feedback()) == labels
+    finally:
+        store.close()
     assert _report("--by", "key", "--ledger", db) == _report("--by", "key", "--ledger", str(path))
 
 
