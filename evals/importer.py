@@ -20,6 +20,8 @@ costs (what a hosted API charges is linear in the tokens; the largest error of t
 in the tier's price text); otherwise the config's tier of the same name lends its price, as it
 lends its verifiers, combine rule and thresholds, so `calibrate --write` retunes that tier.
 
+A ledger's shadow pairs and the labels clients posted become records in `evals.ledger_import`.
+
 Hostile input: every line is read with a byte limit before it is parsed, every field is checked
 for type and size, and an error names the line. The run is built in a temporary directory beside
 its destination and renamed into place only when complete: a failed import leaves nothing behind.
@@ -43,10 +45,9 @@ from typing import Any
 from evals.store import GenerationRecord, RunStore, generation_key
 from evals.suites.imported import DEFAULT_GRADER, GRADERS, ITEMS_FILE, ImportedSuite
 from router.backends.base import Backend
-from router.config import LedgerSettings, OpenAIBackendSettings, PriceSettings, Settings, TierSettings, VerifierSpec
+from router.config import OpenAIBackendSettings, PriceSettings, Settings, TierSettings, VerifierSpec
 from router.errors import ConfigError, UnavailableError
 from router.generation import Delta, Generation, GenerationRequest, Message
-from router.ledger.entries import AttemptEntry, ShadowPair
 from router.plugins import VerifierRegistry
 from router.tasks import rule_task
 from router.verification import VerifierError, spec_uses_a_model
@@ -91,6 +92,7 @@ _LABEL_KEYS = {"reference", "grader", "letters", "correct"}
 
 
 SHADOW_AGREEMENT = "shadow_agreement"  # per-tier labels that are the live agreement rule's verdict
+FEEDBACK = "feedback"  # per-tier labels from the labels clients posted (evals.ledger_import)
 
 
 def _uses_a_model(registry: VerifierRegistry, spec: VerifierSpec, tier: str) -> bool:
@@ -128,6 +130,10 @@ class Record:
     group: str
     answers: Mapping[str, Answer]
     key: dict[str, Any] | None  # the grader's part of the label; None: graded by agreement
+
+
+def _top_by_proxy(record: Record) -> bool:
+    return bool(record.key and record.key.get("top_by_proxy"))
 
 
 def graded_by(record: Record) -> str:
@@ -592,105 +598,12 @@ def _write(
         "items": len(records),
         "grading": dict(grading),
         # graded by agreement: a cheaper tier is 'right' when it says what this tier says
-        "proxy_reference_tier": top if grading.get("agreement") or grading.get(SHADOW_AGREEMENT) else None,
+        # (and labelled items whose top tier disagreed with an answer labelled wrong: see evals.ledger_import)
+        "proxy_reference_tier": top
+        if grading.get("agreement") or grading.get(SHADOW_AGREEMENT) or any(_top_by_proxy(r) for r in records)
+        else None,
         "prices": prices,
         "tasks": dict(tasks),
     }
     RunStore(tmp).write_manifest(manifest)
     return ImportResult(tmp, len(records), order, dict(grading), prices, dict(tasks))
-
-
-# ---- the ledger's shadow pairs ----------------------------------------------------------------------------
-
-
-@dataclass
-class LedgerRead:
-    records: list[Record]
-    pairs: int  # shadow pairs in the ledger (in the time window)
-    without_text: int  # kept hashes and extracted answers only (ledger.store_prompts off)
-    other_tiers: int  # pairs of another (tier, target) than the one imported
-
-
-def read_ledger(
-    location: str | Path,
-    *,
-    tiers: Sequence[str] | None = None,
-    since: float | None = None,
-    settings: LedgerSettings | None = None,
-) -> LedgerRead:
-    """The ledger's shadow pairs (SQLite file or `postgresql://` URL, read through the same store
-    the service writes with; see router/ledger/store.py) as records: the accepted answer and the larger
-    tier's, labelled by the agreement rule the pair was judged by (the larger tier right, the
-    accepted one right when they agreed). Only pairs that kept their prompt and both answers
-    (`ledger.store_prompts`) can become items; one (tier, target) pair of tiers per run: `tiers`
-    when given, else the most frequent. `settings` gives a PostgreSQL ledger its password variable."""
-    from router.ledger.stores import open_store
-
-    if tiers is not None and len(tiers) != 2:
-        raise ConfigError("--tiers for shadow pairs names two tiers: the accepting tier, then the shadow target")
-    store = open_store(location, read_only=True, settings=settings)
-    store.open()  # ConfigError naming the ledger when it is not there or cannot be reached
-    try:
-        pairs = list(store.pairs(since))
-        combos = Counter((p.tier, p.target) for p in pairs)
-        pair = tuple(tiers) if tiers else (combos.most_common(1)[0][0] if combos else ("", ""))
-        chosen = [p for p in pairs if (p.tier, p.target) == pair]
-        usable = [p for p in chosen if None not in (p.prompt_json, p.answer_text, p.shadow_text)]
-        wanted = {rid for p in usable for rid in (p.request_id, p.shadow_request_id)}
-        # a pair is written once both requests settled: their rows are no older than the oldest pair
-        attempts: dict[str, tuple[AttemptEntry, ...]] = {}
-        if wanted:
-            for entry in store.entries(since=min(p.ts for p in usable) - _ENTRY_SLACK_S):
-                if entry.request_id in wanted:
-                    attempts[entry.request_id] = entry.attempts
-    finally:
-        store.close()
-    where = str(location)
-    records = [_pair_record(p, n, where, attempts) for n, p in enumerate(usable, 1)]
-    return LedgerRead(records, len(pairs), len(chosen) - len(usable), len(pairs) - len(chosen))
-
-
-# how much older than its shadow pair a request's row may be: a shadow request can take a tier's
-# whole timeout after the answer it shadows was settled and written
-_ENTRY_SLACK_S = 3600.0
-
-
-def _pair_record(p: ShadowPair, n: int, where: str, attempts: Mapping[str, tuple[AttemptEntry, ...]]) -> Record:
-    assert p.prompt_json is not None and p.answer_text is not None and p.shadow_text is not None
-    try:
-        prompt = json.loads(p.prompt_json)
-    except json.JSONDecodeError:
-        raise ImportFormatError(f"{where} shadow pair {p.request_id}: prompt_json is not JSON") from None
-    line = {
-        "id": p.request_id,
-        **({"messages": prompt["messages"]} if "messages" in prompt else {"prompt": prompt.get("prompt")}),
-        "answers": {
-            p.tier: {"text": p.answer_text, **_attempt(attempts.get(p.request_id, ()), p.tier)},
-            p.target: {"text": p.shadow_text, **_attempt(attempts.get(p.shadow_request_id, ()), p.target)},
-        },
-    }
-    if p.task is not None:
-        line["task"] = p.task
-    agree = p.agree or p.answer_text == p.shadow_text
-    line["label"] = {"correct": {p.tier: agree, p.target: True}}
-    rec = parse_line(json.dumps(line), n, where=f"{where} shadow pair")
-    assert rec.key is not None
-    return Record(
-        rec.line, rec.id, rec.messages, rec.task, rec.group, rec.answers, {**rec.key, "source": SHADOW_AGREEMENT}
-    )
-
-
-def _attempt(attempts: Sequence[AttemptEntry], tier: str) -> dict[str, Any]:
-    """Tokens and time of the tier's (last) attempt at a request, from its ledger row."""
-    mine = [a for a in attempts if a.tier == tier]
-    if not mine:
-        return {"prompt_tokens": 0, "completion_tokens": 0}
-    a = max(mine, key=lambda a: a.idx)
-    out: dict[str, Any] = {"prompt_tokens": a.prompt_tokens, "completion_tokens": a.completion_tokens}
-    if a.finish_reason in ("stop", "length"):
-        out["finish_reason"] = a.finish_reason
-    if a.latency_ms is not None:
-        out["latency_s"] = a.latency_ms / 1000
-    if a.busy_ms is not None:
-        out["busy_s"] = a.busy_ms / 1000
-    return out

@@ -6,7 +6,8 @@ TierrouteError
  │    └── IntegrityError         a file's size or sha256 does not match the pin
  ├── RequestError (400)          the request cannot be served as asked
  │    ├── ContextLengthError     prompt + max_tokens exceed the context
- │    └── UnknownModelError (404)
+ │    ├── UnknownModelError (404)
+ │    └── NotFoundError (404)    a thing the request names is not there (for this caller)
  ├── AuthError (401)
  ├── RateLimitError (429)        per-key request rate; carries retry_after
  ├── QuotaError (429)            per-key budget spent (OpenAI's insufficient_quota)
@@ -55,6 +56,10 @@ class UnknownModelError(RequestError):
             param="model",
             code="model_not_found",
         )
+
+
+class NotFoundError(RequestError):
+    pass
 
 
 class AuthError(TierrouteError):

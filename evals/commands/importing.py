@@ -1,5 +1,6 @@
-"""`tierroute eval import`: logged answers, from a JSONL file or a ledger's shadow pairs, as an
-eval run that `sweep`, `calibrate` and `report` read like any other (see `evals.importer`).
+"""`tierroute eval import`: logged answers, from a JSONL file or a ledger's shadow pairs (graded by
+clients' labels where they exist), as an eval run that `sweep`, `calibrate` and `report` read like
+any other (see `evals.importer`, `evals.ledger_import`).
 
 Named for the command; `import` itself is a keyword.
 """
@@ -18,7 +19,8 @@ from router.errors import ConfigError
 
 def cmd_import(args: argparse.Namespace) -> int:
     """`eval import FILE --run NAME`: logged answers as an eval run (see `evals.importer`)."""
-    from evals.importer import TASK_KINDS, import_records, read_file, read_ledger, tier_order
+    from evals.importer import TASK_KINDS, import_records, read_file, tier_order
+    from evals.ledger_import import read_ledger
     from evals.runner import parse_verifier_option
 
     settings = settings_of(args)
@@ -34,7 +36,9 @@ def cmd_import(args: argparse.Namespace) -> int:
         read = read_ledger(source, tiers=tiers, settings=settings.ledger)
         print(
             f"{source}: {read.pairs} shadow pairs; {read.other_tiers} of other tiers, {read.without_text} kept hashes "
-            f"and extracted answers only (ledger.store_prompts was off), {len(read.records)} importable",
+            f"and extracted answers only (ledger.store_prompts was off), {len(read.records)} importable; "
+            f"{read.labelled} labelled by their clients (POST /v1/feedback), {read.labelled_elsewhere} other labelled "
+            "requests have no stored pair of these tiers",
             file=sys.stderr,
         )
         if not read.records:
@@ -66,6 +70,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     graded = ", ".join(f"{n} by {kind.replace('_', ' ')}" for kind, n in sorted(result.grading.items()))
     print(f"imported {result.items} items x {len(result.tiers)} tiers ({', '.join(result.tiers)}) into {result.root}")
     print(f"  graded: {graded}")
+    if result.grading.get("shadow_agreement"):
+        print(
+            f"  note: {result.grading['shadow_agreement']} items have no client label: {result.tiers[0]} is graded "
+            f"right there when it agreed with {result.tiers[-1]} in the shadow (a proxy, recorded in the manifest)"
+        )
     if result.grading.get("agreement"):
         print(
             f"  note: {result.grading['agreement']} items have no label: a tier is graded right there when it agrees "
@@ -90,7 +99,7 @@ def register(esub: Any, add: Any) -> None:
         default=None,
         metavar="PATH|URL",
         help="import the shadow pairs of this ledger (a SQLite file or a postgresql:// URL) instead of a file "
-        "(those that kept their prompt and answers)",
+        "(those that kept their prompt and answers), graded by the labels clients posted where they exist",
     )
     p.add_argument("--run", required=True, help="name of the new run (a directory under --runs-dir)")
     p.add_argument(

@@ -22,7 +22,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.admission.auth import allowed_hosts, docs_enabled
-from router.api import errors, routes_completions, routes_health, routes_models
+from router.api import errors, routes_completions, routes_feedback, routes_health, routes_models
 from router.api.deps import PrincipalDep, Services, ServicesDep
 from router.config import Settings
 from router.engine import Engine
@@ -201,6 +201,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None, **engine_kwa
     app.include_router(routes_health.router)
     app.include_router(routes_models.router)
     app.include_router(routes_completions.router)
+    app.include_router(routes_feedback.router)
     _add_metrics_route(app, settings)
     extra_routes = ["/metrics"]
     if docs_enabled(settings.server):

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from router.errors import (
     AuthError,
     ContextLengthError,
+    NotFoundError,
     QuotaError,
     RateLimitError,
     RequestError,
@@ -61,7 +62,7 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 def error_response(exc: BaseException) -> JSONResponse:
     """Map one of our exceptions to its response."""
     headers: dict[str, str] = {}
-    if isinstance(exc, UnknownModelError):
+    if isinstance(exc, UnknownModelError | NotFoundError):
         status, body = 404, error_body(str(exc), "invalid_request_error", exc.param, exc.code)
     elif isinstance(exc, ContextLengthError):
         status, body = 400, error_body(str(exc), "invalid_request_error", exc.param, exc.code)

@@ -80,6 +80,13 @@ def cmd_ledger_copy(args: argparse.Namespace) -> int:
             for pair in source.pairs():
                 target.write_pair(pair)
                 pairs += 1
+            labels = 0
+            for label in source.feedback():
+                try:
+                    target.write_feedback(label)
+                except (DuplicateEntry, sqlite3.IntegrityError):
+                    continue  # copied before
+                labels += 1
             pending = 0
             for row in source.pending():
                 target.begin(row)
@@ -89,7 +96,8 @@ def cmd_ledger_copy(args: argparse.Namespace) -> int:
     finally:
         source.close()
     print(
-        f"copied {copied} requests ({skipped} already there), {pairs} shadow pairs and {pending} pending rows "
+        f"copied {copied} requests ({skipped} already there), {pairs} shadow pairs, {labels} feedback labels and "
+        f"{pending} pending rows "
         f"from {args.source} to {args.target}"
     )
     return 0

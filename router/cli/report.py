@@ -1,5 +1,5 @@
 """`tierroute report costs`: cost, tokens, escalation, latency and savings from the live ledger;
-`tierroute report quality`: live acceptance, shadow agreement and drift alarms per tier."""
+`tierroute report quality`: live acceptance, shadow agreement, labelled accuracy and drift alarms per tier."""
 
 from __future__ import annotations
 
@@ -82,9 +82,11 @@ def cmd_report_quality(args: argparse.Namespace) -> int:
     try:
         entries = list(store.entries(since, until))
         pairs = list(store.pairs(since, until))
+        # a label comes after its request: those of the window's requests are at or after `since`
+        labels = list(store.feedback(since))
     finally:
         store.close()
-    quality = quality_report.build(entries, pairs, settings)
+    quality = quality_report.build(entries, pairs, settings, labels)
     window = _window_text(since, until)
     if args.html:
         last = settings.tiers[-1].name if settings is not None else None
@@ -102,14 +104,19 @@ def cmd_report_quality(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     header, body = quality_report.table(quality)
-    table = Table(*header, title=f"quality by tier and threshold, {window}", caption=str(ledger_path))
-    for col in table.columns[2:]:
+    table = Table(*header, title=f"quality by tier, task and threshold, {window}", caption=str(ledger_path))
+    for col in table.columns[3:]:
         col.justify = "right"
     for cells in body:
         table.add_row(*cells)
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     console.print(table)
     console.print("est. accuracy: agreement with the larger tier, as a proxy for correctness; intervals: 95% Wilson")
+    console.print(
+        f"label accuracy: the share of labelled answers (POST /v1/feedback) whose latest label says right; "
+        f"{quality.labels} labels"
+        + (f", {quality.unplaced} labelled requests passed no threshold (in no row)" if quality.unplaced else "")
+    )
     lines = quality_report.alarm_lines(quality)
     console.print("drift alarms:" if lines else "drift alarms: none")
     for line in lines:
@@ -191,8 +198,8 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--output", "-o", default=None, help="write csv/html here instead of stdout")
     q = add(
         "quality",
-        "per tier and threshold: acceptance, shadow agreement with its Wilson interval, estimated accuracy of "
-        "accepted answers, and drift alarms",
+        "per tier, task and threshold: acceptance, shadow agreement and the accuracy clients' labels give "
+        "(POST /v1/feedback), each with its Wilson interval and counts, and drift alarms",
         cmd_report_quality,
         rsub,
     )

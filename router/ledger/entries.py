@@ -12,6 +12,10 @@ answers is one `ShadowPair`. Without `ledger.store_prompts` a pair keeps hashes 
 answers only: enough for agreement rates, drift and deduplication, not to replay the prompt to
 another model.
 
+Feedback (`router.quality.feedback`): a label a client posted for one of its own requests, by the
+request's id; a request may have several, each kept with its time. A label holds the score, the
+client's label name and comment, and the name of the key that posted it: no prompt, no answer.
+
 `LedgerStore` is the storage interface both stores implement (`router.ledger.store.SQLiteStore`,
 `router.ledger.postgres.PostgresStore`); the tables behind it are described in
 `router.ledger.schema`, and `router.ledger.rows` maps these values to and from their rows.
@@ -189,6 +193,20 @@ class ShadowPair:
     shadow_text: str | None = None
 
 
+@dataclass(frozen=True)
+class Feedback:
+    """One label a client posted for one of its requests (see the `feedback` table in
+    `router.ledger.schema`); what a label means is `router.quality.feedback`'s business."""
+
+    feedback_id: str
+    request_id: str
+    ts: float  # unix seconds (UTC) when it was received
+    key_id: str  # the name of the key that posted it, never the key
+    score: float  # 0 (wrong) to 1 (right); a boolean label is 0 or 1
+    label: str | None = None
+    comment: str | None = None
+
+
 class DuplicateEntry(Exception):
     """The store already holds a row with this request id: writing it again would fail again
     (SQLite's own `sqlite3.IntegrityError` says the same for the SQLite store)."""
@@ -222,6 +240,17 @@ class LedgerStore(Protocol):
 
     def pairs(self, since: float | None = None, until: float | None = None) -> Iterator[ShadowPair]:
         """Shadow pairs with since <= ts < until, oldest first."""
+
+    def entry(self, request_id: str) -> LedgerEntry | None:
+        """The settled request with this id and its attempts; None when there is none."""
+
+    def write_feedback(self, feedback: Feedback) -> None:
+        """Store one label (its request's row must exist)."""
+
+    def feedback(
+        self, since: float | None = None, until: float | None = None, request_id: str | None = None
+    ) -> Iterator[Feedback]:
+        """Labels with since <= ts < until (of one request, given `request_id`), oldest first."""
 
     def close(self) -> None:
         """Commit nothing further and release the connection."""

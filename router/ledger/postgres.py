@@ -46,7 +46,7 @@ from psycopg.rows import dict_row
 from router.admission.limits import WINDOW_S, KeyWindow, Reservation, day_start, month_start
 from router.errors import ConfigError
 from router.ledger import rows, schema
-from router.ledger.entries import AttemptEntry, DuplicateEntry, LedgerEntry, PendingEntry, ShadowPair
+from router.ledger.entries import AttemptEntry, DuplicateEntry, Feedback, LedgerEntry, PendingEntry, ShadowPair
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +151,8 @@ CREATE INDEX rate_events_key_ts ON rate_events (key_id, ts);
 MIGRATIONS = RELEASED + tuple(
     (version, schema.postgres_why(version), schema.postgres_migration(version))
     for version in range(len(RELEASED) + 1, schema.latest("postgres") + 1)
+    # a number the description does not name is one a change on another branch holds (until merged)
+    if schema.postgres_why(version)
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -163,6 +165,7 @@ _INSERT_PAIR = (
     + " ON CONFLICT (request_id) DO UPDATE SET "
     + ", ".join(f"{c.quoted} = EXCLUDED.{c.quoted}" for c in schema.columns("shadow_pairs", "postgres")[1:])
 )
+_INSERT_FEEDBACK = rows.insert("feedback", "postgres")
 
 
 class PostgresStore:
@@ -312,6 +315,48 @@ class PostgresStore:
             )
         for row in found:
             yield rows.pair_from_row(row)
+
+    def entry(self, request_id: str) -> LedgerEntry | None:
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            cur = conn.cursor(row_factory=dict_row)
+            row = cur.execute(
+                f"SELECT {schema.column_list('requests', 'postgres')} FROM requests WHERE request_id = %s",
+                (request_id,),
+            ).fetchone()
+            found = cur.execute(
+                f"SELECT {schema.column_list('attempts', 'postgres')} FROM attempts WHERE request_id = %s ORDER BY idx",
+                (request_id,),
+            ).fetchall()
+        return None if row is None else rows.entry_from_row(row, [rows.attempt_from_row(a) for a in found])
+
+    def write_feedback(self, feedback: Feedback) -> None:
+        try:
+            with self.pool.connection() as conn:
+                conn.execute(_INSERT_FEEDBACK, rows.feedback_values(feedback))
+        except psycopg.errors.UniqueViolation as exc:
+            raise DuplicateEntry(f"{feedback.feedback_id}: {exc}") from exc
+
+    def feedback(
+        self, since: float | None = None, until: float | None = None, request_id: str | None = None
+    ) -> Iterator[Feedback]:
+        where, window = _window("ts", since, until)
+        params: tuple[float | str, ...] = window
+        if request_id is not None:
+            where = f"{where} AND request_id = %s" if where else "WHERE request_id = %s"
+            params = (*params, request_id)
+        with self.pool.connection() as conn:
+            found = (
+                conn.cursor(row_factory=dict_row)
+                .execute(
+                    f"SELECT {schema.column_list('feedback', 'postgres')} FROM feedback {where} "
+                    "ORDER BY ts, feedback_id",
+                    params,
+                )
+                .fetchall()
+            )
+        for row in found:
+            yield rows.feedback_from_row(row)
 
     def close(self) -> None:
         if self._pool is not None:

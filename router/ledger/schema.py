@@ -210,6 +210,24 @@ TABLES: tuple[Table, ...] = (
         postgres=1,
         indexes=(Index("shadow_pairs_ts", ("ts",)),),
     ),
+    Table(
+        "feedback",
+        "a label a client posted for one of its requests (POST /v1/feedback, router.quality.feedback): "
+        "several per request, each kept with its time",
+        (
+            Column("feedback_id", "text", "the label's own id, as the client received it"),
+            Column("request_id", "text", "the request labelled", references="requests (request_id)"),
+            Column("ts", "real", "unix seconds (UTC) when the label was received"),
+            Column("key_id", "text", "the API key's name that posted it, never the key"),
+            Column("score", "real", "the label: 0 (wrong) to 1 (right); a boolean is stored as 0 or 1"),
+            Column("label", "text", "the client's name for the label (e.g. thumbs_down), unchecked", null=True),
+            Column("comment", "text", "the client's comment, unchecked", null=True),
+        ),
+        ("feedback_id",),
+        sqlite=9,
+        postgres=6,
+        indexes=(Index("feedback_request", ("request_id", "ts")), Index("feedback_ts", ("ts",))),
+    ),
     # what PostgreSQL replicas need to agree on a key's limits (router.admission.limits.SharedLimits);
     # one SQLite process keeps these in memory
     Table(

@@ -20,18 +20,19 @@ from pathlib import Path
 
 from router.errors import ConfigError
 from router.ledger import rows, schema
-from router.ledger.entries import AttemptEntry, LedgerEntry, PendingEntry, ShadowPair
+from router.ledger.entries import AttemptEntry, Feedback, LedgerEntry, PendingEntry, ShadowPair
 
 log = logging.getLogger(__name__)
 
 # the SQLite schema version recorded in `meta`: the latest the description names (2: the pending
-# table; 3: requests.task and task_why; 4: shadow_pairs; 5: requests.user)
+# table; 3: requests.task and task_why; 4: shadow_pairs; 5: requests.user; 9: feedback)
 SCHEMA_VERSION = schema.latest("sqlite")
 
 _INSERT_REQUEST = rows.insert("requests", "sqlite")
 _INSERT_ATTEMPT = rows.insert("attempts", "sqlite")
 _INSERT_PENDING = rows.insert("pending", "sqlite", "INSERT OR REPLACE INTO")
 _INSERT_PAIR = rows.insert("shadow_pairs", "sqlite", "INSERT OR REPLACE INTO")
+_INSERT_FEEDBACK = rows.insert("feedback", "sqlite")
 
 
 class SQLiteStore:
@@ -117,15 +118,51 @@ class SQLiteStore:
             yield rows.pending_from_row(row)
 
     def entries(self, since: float | None = None, until: float | None = None) -> Iterator[LedgerEntry]:
+        yield from self._entries(since, until, self._request_columns())
+
+    def _request_columns(self) -> str:
         if self.read_only:
             # a ledger of an older version, opened read-only (a report), cannot be migrated: the
             # columns it lacks read as NULL
             have = _columns(self.conn, "requests")
             wanted = schema.columns("requests", "sqlite")
-            columns = ", ".join(c.quoted if c.name in have else f"NULL AS {c.quoted}" for c in wanted)
-            yield from self._entries(since, until, columns)
-            return
-        yield from self._entries(since, until, schema.column_list("requests", "sqlite"))
+            return ", ".join(c.quoted if c.name in have else f"NULL AS {c.quoted}" for c in wanted)
+        return schema.column_list("requests", "sqlite")
+
+    def entry(self, request_id: str) -> LedgerEntry | None:
+        conn = self.conn
+        conn.execute("BEGIN")  # the request and its attempts from one snapshot
+        try:
+            row = conn.execute(
+                f"SELECT {self._request_columns()} FROM requests WHERE request_id = ?", (request_id,)
+            ).fetchone()
+            found = conn.execute(
+                f"SELECT {schema.column_list('attempts', 'sqlite')} FROM attempts WHERE request_id = ? ORDER BY idx",
+                (request_id,),
+            ).fetchall()
+        finally:
+            conn.execute("COMMIT")
+        return None if row is None else rows.entry_from_row(row, [rows.attempt_from_row(a) for a in found])
+
+    def write_feedback(self, feedback: Feedback) -> None:
+        # one statement: its own transaction in autocommit mode; the request's row must exist
+        self.conn.execute(_INSERT_FEEDBACK, rows.feedback_values(feedback))
+
+    def feedback(
+        self, since: float | None = None, until: float | None = None, request_id: str | None = None
+    ) -> Iterator[Feedback]:
+        if not _columns(self.conn, "feedback"):
+            return  # a ledger older than feedback, opened read-only: it has none
+        where, window = _window("ts", since, until)
+        params: tuple[float | str, ...] = window
+        if request_id is not None:
+            where = f"{where} AND request_id = ?" if where else "WHERE request_id = ?"
+            params = (*params, request_id)
+        for row in self.conn.execute(
+            f"SELECT {schema.column_list('feedback', 'sqlite')} FROM feedback {where} ORDER BY ts, feedback_id",
+            params,
+        ).fetchall():
+            yield rows.feedback_from_row(row)
 
     def _entries(self, since: float | None, until: float | None, columns: str) -> Iterator[LedgerEntry]:
         where, params = _window("ts", since, until)

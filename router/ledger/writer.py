@@ -23,7 +23,8 @@ completed.
 
 The pending write runs on the writer thread while generation starts, so it costs a stream
 nothing while the disk is healthy (a first token takes longer than a commit). Shadow pairs
-(`router.quality.shadow`) are written through the same thread, best effort.
+(`router.quality.shadow`) are written through the same thread, best effort; so are feedback labels
+(`router.api.routes_feedback`), whose client hears whether the write succeeded.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, TypeVar
 
-from router.ledger.entries import DuplicateEntry, LedgerEntry, LedgerStore, PendingEntry, ShadowPair
+from router.ledger.entries import DuplicateEntry, Feedback, LedgerEntry, LedgerStore, PendingEntry, ShadowPair
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -107,6 +108,18 @@ class Ledger:
 
     async def pairs(self, since: float | None = None, until: float | None = None) -> list[ShadowPair]:
         return await self._call(lambda: list(self.store.pairs(since, until)))
+
+    async def entry(self, request_id: str) -> LedgerEntry | None:
+        return await self._call(self.store.entry, request_id)
+
+    async def record_feedback(self, feedback: Feedback) -> None:
+        """Write one label. Not kept for a retry: the client hears the failure (503) and may send it again."""
+        await self._call(self.store.write_feedback, feedback)
+
+    async def feedback(
+        self, since: float | None = None, until: float | None = None, request_id: str | None = None
+    ) -> list[Feedback]:
+        return await self._call(lambda: list(self.store.feedback(since, until, request_id)))
 
     async def close(self) -> None:
         """Finish every queued write (and retry the unsettled ones once), then close the store."""

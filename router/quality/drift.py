@@ -1,7 +1,9 @@
-"""Drift alarms: has a tier's acceptance rate, or its shadow agreement rate, moved off its baseline?
+"""Drift alarms: has a tier's acceptance rate, its shadow agreement rate, or its labelled accuracy
+moved off its baseline?
 
-Both signals are streams of yes/no observations (this request accepted or not; this shadow pair
-agreed or not), one stream per tier and task. The detector is the Bernoulli CUSUM (Reynolds and
+The signals are streams of yes/no observations (this request accepted or not; this shadow pair
+agreed or not; this answer labelled right or not by its client, `router.quality.feedback`), one
+stream per tier and task. The detector is the Bernoulli CUSUM (Reynolds and
 Stoumbos 1999): for a baseline rate p0 and the rate p1 it should catch, it adds each observation's
 log-likelihood ratio, ln(p1/p0) for a yes and ln((1-p1)/(1-p0)) for a no, to a sum floored at 0,
 and alarms when the sum reaches h.
@@ -21,24 +23,26 @@ its Gaussian reading of 0/1 data is poor. Here the two parameters have one meani
   that falls to 0 from 0.9 in 10. (h = 4 and 5 gave 1,300 and 3,500 at 0.5: too many alarms for a
   rate an operator reads daily.) tests/router/quality/test_drift.py pins both sides on fixed seeds.
 
-Agreement is watched for a fall only (agreeing more with the larger tier is not a fault);
-acceptance for a fall and a rise (a verifier that starts accepting more may have been fooled).
-Acceptance alone cannot see a tier that answers wrong at the same confidence: that is what the
-agreement stream is for.
+Agreement and feedback are watched for a fall only (agreeing more with the larger tier, or being
+labelled right more often, is not a fault); acceptance for a fall and a rise (a verifier that
+starts accepting more may have been fooled). Acceptance alone cannot see a tier that answers
+wrong at the same confidence: that is what the agreement stream is for.
 
-Baseline: where the operator states one (`tiers[].shadow.baseline_accept` / `baseline_agree`,
-per task or '*', e.g. the acceptance the calibration measured on its held-out split), that; else
-each stream learns it from its first `baseline_n` observations (default 200), (yes + 1/2) / (n + 1),
-and watches from there. A learned baseline is itself uncertain (one standard error is 0.02 at 0.9
-from 200 observations), and a detector tuned to an overestimated baseline reads noise as drift:
-simulated, 4 runs in 20 alarmed within 800 observations of a stable 0.9 tier. So each detector
-starts from the baseline moved `GUARD` = 2 standard errors towards the side it watches (lower for
-a fall, higher for a rise). Simulated over 20 seeds of 20,000 stable observations, the runs with
-any false alarm fell from 10 to 2 at p0 = 0.9 (17 to 2 at 0.6, 6 to 0 at 0.97), while a fall from
-0.9 to 0.3 is still caught within 26 observations (median 17) and from 0.6 to 0.2 within 108.
-We chose a config value over storing the baseline beside the thresholds that `eval calibrate
---write` writes: that writer belongs to the eval package, and an operator can copy the
-calibration's figure into the config by hand; the learned baseline covers the rest.
+Baseline: where the operator states one (`tiers[].shadow.baseline_accept` / `baseline_agree`, per
+task or '*', e.g. the acceptance the calibration measured on its held-out split), that; else each
+stream learns it from its first `baseline_n` observations (default 200), (yes + 1/2) / (n + 1),
+and watches from there. Feedback has no stated baseline: a stream of labels is watched once
+`baseline_n` labelled requests of the tier and task have arrived, and not before. A learned
+baseline is itself uncertain (one standard error is 0.02 at 0.9 from 200 observations), and a
+detector tuned to an overestimated baseline reads noise as drift: simulated, 4 runs in 20 alarmed
+within 800 observations of a stable 0.9 tier. So each detector starts from the baseline moved
+`GUARD` = 2 standard errors towards the side it watches (lower for a fall, higher for a rise).
+Simulated over 20 seeds of 20,000 stable observations, the runs with any false alarm fell from 10
+to 2 at p0 = 0.9 (17 to 2 at 0.6, 6 to 0 at 0.97), while a fall from 0.9 to 0.3 is still caught
+within 26 observations (median 17) and from 0.6 to 0.2 within 108. We chose a config value over
+storing the baseline beside the thresholds that `eval calibrate --write` writes: that writer
+belongs to the eval package, and an operator can copy the calibration's figure into the config by
+hand; the learned baseline covers the rest.
 
 An alarm stays raised until the sum falls back to 0 (the rate came back), so a lasting drift is
 one alarm, not one per request. The same detector runs live (`router.quality.shadow`) and over the
@@ -59,9 +63,13 @@ GUARD = 2.0  # standard errors a learned baseline is moved by, towards the side 
 # and a constant stream would still creep towards an alarm by ln(p1/p0) per observation
 _EDGE = 0.005
 
-Signal = Literal["acceptance", "agreement"]
+Signal = Literal["acceptance", "agreement", "feedback"]
 Direction = Literal["down", "up"]
-_DIRECTIONS: dict[Signal, tuple[Direction, ...]] = {"acceptance": ("down", "up"), "agreement": ("down",)}
+_DIRECTIONS: dict[Signal, tuple[Direction, ...]] = {
+    "acceptance": ("down", "up"),
+    "agreement": ("down",),
+    "feedback": ("down",),
+}
 
 
 def shifted(p0: float, direction: Direction, odds_ratio: float = ODDS_RATIO) -> float:

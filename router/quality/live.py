@@ -1,5 +1,8 @@
 """Live quality estimates: tallies per tier and threshold, and their Wilson intervals.
 
+Where clients label their answers (`router.quality.feedback`), the labelled accuracy is counted
+beside the proxy, with the same interval.
+
 With no reference answers in production, the accuracy of a tier's accepted answers is estimated
 by their agreement with a larger tier on the shadow-sampled share (`router.quality.shadow`): that is a
 proxy, exact only where the larger tier is always right; where both are wrong alike it reads high,
@@ -42,6 +45,8 @@ class Tally:
     accepted: int = 0
     pairs: int = 0
     agreed: int = 0
+    labelled: int = 0  # requests its clients labelled (router.quality.feedback)
+    right: int = 0  # of those, the ones whose latest label says right
 
     @property
     def acceptance(self) -> float | None:
@@ -55,6 +60,15 @@ class Tally:
     @property
     def interval(self) -> tuple[float, float] | None:
         return wilson(self.agreed, self.pairs) if self.pairs else None
+
+    @property
+    def label_accuracy(self) -> float | None:
+        """The accuracy of the answers clients labelled: ground truth where a proxy is all shadow gives."""
+        return self.right / self.labelled if self.labelled else None
+
+    @property
+    def label_interval(self) -> tuple[float, float] | None:
+        return wilson(self.right, self.labelled) if self.labelled else None
 
 
 def threshold_label(threshold: float) -> str:

@@ -6,6 +6,7 @@ task, a stream's code after its last chunk); `offer` does no I/O and never waits
 never pays for it. For every answer a tier accepted on an 'auto' request it:
 
 - feeds the drift detectors the acceptance of every tier the request tried (`router.quality.drift`);
+  (the feedback route, `router.api.routes_feedback`, feeds them each request's first label);
 - with probability `tiers[].shadow.rate`, queues the request for the tier's shadow target.
 
 Each sampled tier has a lane: a bounded queue (`max_queue`) and `max_concurrency` workers. A job
@@ -362,6 +363,10 @@ class ShadowService:
         m.agreement_high.labels(pair.tier, label).set(high)
         self._alarms(self.drift.observe(pair.tier, pair.task or "open_ended", "agreement", pair.agree, pair.ts))
 
+    def observe_feedback(self, tier: str, task: str, right: bool, ts: float) -> None:
+        """Count a request's first label (`router.quality.feedback`) in the feedback drift detector."""
+        self._alarms(self.drift.observe(tier, task, "feedback", right, ts))
+
     # -- helpers ----------------------------------------------------------------------------------
 
     def _tally(self, tier: str, threshold: float) -> Tally:
@@ -381,7 +386,7 @@ class ShadowService:
 
     def _baseline(self, tier: str, signal: Signal, task: str) -> float | None:
         cfg = self._settings(tier)
-        if cfg is None:
+        if cfg is None or signal == "feedback":  # labels have no stated baseline: learned
             return None
         stated = cfg.baseline_accept if signal == "acceptance" else cfg.baseline_agree
         return stated.get(task, stated.get("*"))

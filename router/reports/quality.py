@@ -1,20 +1,29 @@
 """`tierroute report quality`: how good each tier's accepted answers are in production, from the
-ledger's requests and shadow pairs (`router.quality.shadow`).
+ledger's requests, shadow pairs (`router.quality.shadow`) and the labels clients posted
+(`router.quality.feedback`).
 
-Per tier and threshold (a recalibrated threshold is a new population, so it gets its own row):
+Per tier, task and threshold (a recalibrated threshold is a new population, so it gets its own row):
 
 - `tried`, `accepted`, `acceptance`: the tier's answers on 'auto' requests, and the share that
   passed its threshold (the last tier accepts everything and is left out);
 - `pairs`, `agreed`, `agreement` with its 95% Wilson interval: the shadow-sampled share of the
   accepted answers, compared with the target tier's answers (`router.quality.agreement`);
+- `labelled`, `labelled right`, `label accuracy` with its 95% Wilson interval: the answers the
+  tier gave that their clients labelled (POST /v1/feedback), and the share whose latest label
+  says right. Ground truth, but of the answers clients chose to label, not of a random sample;
 - `est. accuracy`: the estimated accuracy of the accepted answers, which is the agreement rate:
   agreement with the larger tier stands in for correctness. It is exact only where the larger
   tier is always right; both tiers wrong alike reads as right, and a strict rule (free text)
   reads right answers worded differently as wrong.
 
+A label counts for the request it names when that request is in the window (by the request's
+time, whatever the label's); labels of requests that passed no threshold (a tier named by the
+client, an unverified answer) are counted apart (`Quality.unplaced`).
+
 Drift: the same detectors the service runs live (`router.quality.drift`), replayed over the window in
 time order with the config's baselines, so the report lists the alarms the service raised (a
-window that starts mid-history learns its baselines afresh, and may differ).
+window that starts mid-history learns its baselines afresh, and may differ). Feedback is replayed
+as the service saw it: each labelled request once, at its first label.
 
 Shadow requests (key `_shadow`) are the shadow's own work and are left out of the acceptance
 counts; their cost is in `report costs`.
@@ -32,8 +41,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from router.config import SHADOW_KEY, Settings
-from router.ledger.entries import LedgerEntry, ShadowPair
+from router.ledger.entries import Feedback, LedgerEntry, ShadowPair
 from router.quality.drift import Alarm, DriftMonitor, Signal
+from router.quality.feedback import answered, verdicts
 from router.quality.live import Tally, threshold_label, wilson
 from router.reports.costs import png_base64
 
@@ -41,6 +51,7 @@ from router.reports.costs import png_base64
 @dataclass
 class QualityRow:
     tier: str
+    task: str
     threshold: float
     tally: Tally = field(default_factory=Tally)
     targets: set[str] = field(default_factory=set)
@@ -49,8 +60,10 @@ class QualityRow:
     def values(self) -> dict[str, str | int | float | None]:
         t = self.tally
         low, high = t.interval or (None, None)
+        label_low, label_high = t.label_interval or (None, None)
         return {
             "tier": self.tier,
+            "task": self.task,
             "threshold": self.threshold,
             "tried": t.tried,
             "accepted": t.accepted,
@@ -61,6 +74,11 @@ class QualityRow:
             "agreement": t.agreement,
             "wilson_low": low,
             "wilson_high": high,
+            "labelled": t.labelled,
+            "labelled_right": t.right,
+            "label_accuracy": t.label_accuracy,
+            "label_low": label_low,
+            "label_high": label_high,
             "est_accuracy": t.agreement,
             "rules": ",".join(f"{r}:{n}" for r, n in sorted(self.rules.items())),
         }
@@ -68,6 +86,7 @@ class QualityRow:
 
 COLUMNS = (
     "tier",
+    "task",
     "threshold",
     "tried",
     "accepted",
@@ -78,6 +97,11 @@ COLUMNS = (
     "agreement",
     "wilson_low",
     "wilson_high",
+    "labelled",
+    "labelled_right",
+    "label_accuracy",
+    "label_low",
+    "label_high",
     "est_accuracy",
     "rules",
 )
@@ -89,6 +113,8 @@ class Quality:
     alarms: list[Alarm]
     entries: Sequence[LedgerEntry]
     pairs: Sequence[ShadowPair]
+    labels: int = 0  # labels of requests in the window
+    unplaced: int = 0  # labelled requests in the window that passed no threshold: in no row
 
 
 def _tried(entries: Sequence[LedgerEntry], last: str | None) -> list[tuple[float, str, float, str, bool]]:
@@ -107,38 +133,57 @@ def _tried(entries: Sequence[LedgerEntry], last: str | None) -> list[tuple[float
     return out
 
 
-def build(entries: Sequence[LedgerEntry], pairs: Sequence[ShadowPair], settings: Settings | None = None) -> Quality:
+def build(
+    entries: Sequence[LedgerEntry],
+    pairs: Sequence[ShadowPair],
+    settings: Settings | None = None,
+    feedback: Sequence[Feedback] = (),
+) -> Quality:
     """The report's figures. Without settings the last tier is not known: its attempts are told
-    by their reason ('last tier: ...'), which misses a last tier whose verifiers passed."""
+    by their reason ('last tier: ...'), which misses a last tier whose verifiers passed.
+    `feedback` may hold labels of requests outside `entries`: only those of `entries` count."""
     last = settings.tiers[-1].name if settings is not None else None
-    rows: dict[tuple[str, float], QualityRow] = {}
+    rows: dict[tuple[str, str, float], QualityRow] = {}
 
-    def row(tier: str, threshold: float) -> QualityRow:
-        return rows.setdefault((tier, threshold), QualityRow(tier, threshold))
+    def row(tier: str, task: str, threshold: float) -> QualityRow:
+        return rows.setdefault((tier, task, threshold), QualityRow(tier, task, threshold))
 
     events: list[tuple[float, int, str, str, Signal, bool]] = []
     for ts, tier, threshold, task, ok in _tried(entries, last):
-        r = row(tier, threshold)
+        r = row(tier, task, threshold)
         r.tally.tried += 1
         r.tally.accepted += int(ok)
         events.append((ts, 0, tier, task, "acceptance", ok))
     for p in pairs:
-        r = row(p.tier, p.threshold)
+        task = p.task or "open_ended"
+        r = row(p.tier, task, p.threshold)
         r.tally.pairs += 1
         r.tally.agreed += int(p.agree)
         r.targets.add(p.target)
         r.rules[p.rule] = r.rules.get(p.rule, 0) + 1
-        events.append((p.ts, 1, p.tier, p.task or "open_ended", "agreement", p.agree))
+        events.append((p.ts, 1, p.tier, task, "agreement", p.agree))
+    by_id = {e.request_id: e for e in entries}
+    labels = [f for f in feedback if f.request_id in by_id]
+    unplaced = 0
+    for rid, verdict in verdicts(labels).items():
+        about = answered(by_id[rid])
+        if about is None:
+            unplaced += 1
+            continue
+        r = row(about.tier, about.task, about.threshold)
+        r.tally.labelled += 1
+        r.tally.right += int(verdict.right)
+        events.append((verdict.first_ts, 2, about.tier, about.task, "feedback", verdict.first_right))
     monitor = DriftMonitor(*_baselines(settings))
     for ts, _, tier, task, signal, ok in sorted(events, key=lambda e: (e[0], e[1])):
         monitor.observe(tier, task, signal, ok, ts)
     ordered = [rows[k] for k in sorted(rows)]
-    return Quality(ordered, monitor.alarms, entries, pairs)
+    return Quality(ordered, monitor.alarms, entries, pairs, len(labels), unplaced)
 
 
 def _baselines(settings: Settings | None) -> tuple[Callable[[str, Signal, str], float | None], Callable[[str], int]]:
     def baseline(tier: str, signal: Signal, task: str) -> float | None:
-        if settings is None:
+        if settings is None or signal == "feedback":  # labels have no stated baseline: learned
             return None
         try:
             cfg = settings.tier(tier).shadow
@@ -165,7 +210,16 @@ def _baselines(settings: Settings | None) -> tuple[Callable[[str, Signal, str], 
 def _fmt(column: str, v: str | int | float | None) -> str:
     if v is None:
         return "-"
-    if column in ("acceptance", "agreement", "wilson_low", "wilson_high", "est_accuracy"):
+    if column in (
+        "acceptance",
+        "agreement",
+        "wilson_low",
+        "wilson_high",
+        "label_accuracy",
+        "label_low",
+        "label_high",
+        "est_accuracy",
+    ):
         return f"{100 * float(v):.1f}%"
     if column == "threshold":
         return threshold_label(float(v))
@@ -271,6 +325,7 @@ def to_html(q: Quality, *, title: str, window: str, last: str | None = None) -> 
     thead = "".join(f"<th>{esc(h)}</th>" for h in header)
     tbody = "\n".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>" for cells in body)
     alarms = "".join(f"<li>{esc(line)}</li>" for line in alarm_lines(q))
+    unplaced = f" ({q.unplaced} labelled requests passed no threshold and are in no row)" if q.unplaced else ""
     figures = "".join(
         f'<figure><img alt="{esc(t)}" src="data:image/png;base64,{png}"><figcaption>{esc(t)}</figcaption></figure>'
         for t, png in plots(q, last)
@@ -287,12 +342,13 @@ figure {{ margin: 1.5em 0; }}
 .alarm {{ color: #a00; }}
 </style></head><body>
 <h1>{esc(title)}</h1>
-<p>{esc(window)}; {len(q.pairs)} shadow pairs.</p>
+<p>{esc(window)}; {len(q.pairs)} shadow pairs; {q.labels} feedback labels{unplaced}.</p>
 <table><thead><tr>{thead}</tr></thead><tbody>
 {tbody}
 </tbody></table>
 <p class=note>est. accuracy is the agreement rate: agreement with the larger tier stands in for
-correctness (exact only where the larger tier is always right). Intervals are 95% Wilson.</p>
+correctness (exact only where the larger tier is always right). label accuracy is the share of the
+answers clients labelled whose latest label says right (POST /v1/feedback). Intervals are 95% Wilson.</p>
 <h2>Drift alarms</h2>
 {f"<ul class=alarm>{alarms}</ul>" if alarms else "<p>None.</p>"}
 {f"<h2>Over time</h2>{figures}" if figures else "<p>No shadow pairs or requests in this window.</p>"}

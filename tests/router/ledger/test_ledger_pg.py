@@ -22,7 +22,7 @@ from router.admission.limits import Reservation, SharedLimits
 from router.config import ApiKeyEntry, load_settings
 from router.errors import ConfigError, QuotaError, RateLimitError, UnavailableError
 from router.ledger import schema
-from router.ledger.entries import DuplicateEntry, PendingEntry, ShadowPair
+from router.ledger.entries import DuplicateEntry, Feedback, PendingEntry, ShadowPair
 from router.ledger.postgres import MIGRATIONS, PostgresStore
 from router.ledger.store import SQLiteStore
 from router.ledger.stores import open_store
@@ -63,6 +63,11 @@ def test_records_read_back_exactly_as_the_sqlite_store_reads_them(store: Postgre
     lite.open()
     written = [entry("r1", 1.0), entry("r2", 2.0, key="bob", attempts=(attempt(0, "small"),))]
     written[1] = written[1].__class__(**{**written[1].to_dict(), "attempts": written[1].attempts, "user": "end-7"})
+    labels = [
+        Feedback("fb-1", "r1", 4.0, "alice", 1.0),
+        Feedback("fb-2", "r2", 4.0, "bob", 0.0, label="thumbs_down", comment="wrong unit"),
+        Feedback("fb-3", "r2", 5.0, "bob", 0.75, label="partly"),
+    ]
     for s in (store, lite):
         s.begin(PendingEntry("r1", 1.0, "alice", "auto", 0.5))
         s.begin(PendingEntry("r9", 1.5, "alice", "auto", 0.25))
@@ -70,7 +75,18 @@ def test_records_read_back_exactly_as_the_sqlite_store_reads_them(store: Postgre
             s.write(e)
         s.write_pair(pair("r1", 3.0))
         s.write_pair(pair("r1", 3.0))  # a second pair for a request replaces the first
+        for fb in labels:
+            s.write_feedback(fb)
     assert list(store.entries()) == list(lite.entries()) == written
+    assert store.entry("r2") == lite.entry("r2") == written[1] and store.entry("r3") is None
+    # several labels of one request, in the order received, the same from either store
+    assert list(store.feedback()) == list(lite.feedback()) == labels
+    assert list(store.feedback(request_id="r2")) == list(lite.feedback(request_id="r2")) == labels[1:]
+    assert list(store.feedback(since=4.5, request_id="r2")) == labels[2:]
+    with pytest.raises(DuplicateEntry):
+        store.write_feedback(labels[0])
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):  # no label without its request
+        store.write_feedback(Feedback("fb-x", "nope", 9.0, "alice", 1.0))
     assert list(store.entries(since=1.5)) == written[1:]
     assert list(store.pairs()) == list(lite.pairs()) == [pair("r1", 3.0)]
     assert [p.request_id for p in store.pending()] == ["r9"]  # r1's row replaced its pending row
@@ -97,13 +113,13 @@ def test_migrations_are_versioned_applied_once_and_by_one_replica_at_a_time(db: 
             r[0]
             for r in conn.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'requests'")
         }
-    assert versions == [1, 2] and "user" in columns
+    assert versions == [v for v, _, _ in MIGRATIONS] and "user" in columns
     for s in stores:
         s.close()
     out = subprocess.run(
         [TIERROUTE, "ledger", "migrate", "--ledger", db], capture_output=True, text=True, timeout=120, check=True
     ).stdout
-    assert "none (up to date)" in out and "schema version 2" in out
+    assert "none (up to date)" in out and f"schema version {schema.latest('postgres')}" in out
 
 
 @pytest.mark.slow
@@ -120,7 +136,7 @@ def test_a_sqlite_ledger_of_schema_4_gains_the_user_column(tmp_path: Path) -> No
     assert [e.user for e in ro.entries()] == [None]
     ro.close()
     out = subprocess.run([TIERROUTE, "ledger", "migrate", "--ledger", f"sqlite:{path}"], capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
-    assert "schema version 5" in out
+    assert f"schema version {schema.latest('sqlite')}" in out
     with sqlite3.connect(path) as conn:
         assert "user" in {r[1] for r in conn.execute("PRAGMA table_info(requests)")}
 
@@ -137,7 +153,7 @@ def _pg_catalog(url: str) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]
             "SELECT conrelid::regclass::text, conname::text, pg_get_constraintdef(oid) FROM pg_constraint "
             "WHERE connamespace = 'public'::regnamespace AND conrelid::regclass::text <> 'schema_migrations' "
             "UNION ALL SELECT tablename::text, indexname::text, indexdef FROM pg_indexes "
-            "WHERE schemaname = 'public' AND tablename <> 'schema_migrations' ORDER BY 1, 2"
+            "WHERE schemaname = 'public' AND tablename <> 'schema_migrations' ORDER BY 1, 2, 3"
         ).fetchall()
     return [tuple(r) for r in columns], [tuple(r) for r in keys]
 
@@ -343,13 +359,26 @@ def test_ledger_copy_from_sqlite_then_report_costs_reads_postgres(db: str, tmp_p
     for i in range(20):
         lite.write(entry(f"r{i}", 100.0 + i, key="alice" if i % 2 else "bob"))
     lite.write_pair(pair("r1", 130.0))
+    labels = [
+        Feedback("fb-1", "r1", 131.0, "alice", 0.0, label="thumbs_down"),
+        Feedback("fb-2", "r1", 132.0, "alice", 1.0),
+    ]
+    for fb in labels:
+        lite.write_feedback(fb)
     lite.begin(PendingEntry("p1", 140.0, "bob", "auto", 0.1))
     lite.close()
     copy = [TIERROUTE, "ledger", "copy", "--from", f"sqlite:{path}", "--to", db]
     out = subprocess.run(copy, capture_output=True, text=True, timeout=120, check=True).stdout
-    assert "copied 20 requests (0 already there), 1 shadow pairs and 1 pending rows" in out
+    assert "copied 20 requests (0 already there), 1 shadow pairs, 2 feedback labels and 1 pending rows" in out
     again = subprocess.run(copy, capture_output=True, text=True, timeout=120, check=True).stdout
     assert "copied 0 requests (20 already there)" in again  # an interrupted copy can be rerun
+    assert "0 feedback labels" in again  # labels already there are not copied twice
+    store = PostgresStore(db, read_only=True)
+    store.open()
+    try:
+        assert list(store.feedback()) == labels
+    finally:
+        store.close()
     assert _report("--by", "key", "--ledger", db) == _report("--by", "key", "--ledger", str(path))
 
 
@@ -363,3 +392,37 @@ async def test_unavailable_is_what_an_unreachable_admission_raises(db: str) -> N
             await replicas[0].admit(key, _reservation(1, 0.1), time.time())
     finally:
         replicas[0].close()
+
+
+async def test_feedback_through_the_app_on_postgresql(db: str, tmp_path: Path) -> None:
+    # the route on the shared store: a key labels its own request, and only its own
+    from router.backends.instant import InstantBackend
+
+    cfg, keys = config_with_keys(tmp_path, {"alice": {}, "bob": {}})
+    pg_config(cfg, db)
+    backends = {"small": InstantBackend("small", "4"), "large": InstantBackend("large", "4")}
+    async with running(cfg, backends=backends) as client:
+        r = await client.post("/v1/chat/completions", json=chat("2+2?"), headers=auth(keys["alice"]))
+        ext = tierroute_of(r.text, False)
+        assert ext is not None
+        rid = ext["request_id"]
+        for score in (True, 0.25):
+            ok = await client.post(
+                "/v1/feedback", json={"request_id": rid, "score": score}, headers=auth(keys["alice"])
+            )
+            assert ok.status_code == 200, ok.text
+        foreign = await client.post("/v1/feedback", json={"request_id": rid, "score": 1}, headers=auth(keys["bob"]))
+        assert foreign.status_code == 404 and foreign.json()["error"]["code"] == "request_not_found"
+        nul = await client.post(
+            "/v1/feedback", json={"request_id": rid, "score": 1, "comment": "a\x00b"}, headers=auth(keys["alice"])
+        )
+        assert nul.status_code == 400  # PostgreSQL's TEXT takes no NUL: refused before it gets there
+    store = PostgresStore(db, read_only=True)
+    store.open()
+    try:
+        assert [(f.request_id, f.key_id, f.score) for f in store.feedback()] == [
+            (rid, "alice", 1.0),
+            (rid, "alice", 0.25),
+        ]
+    finally:
+        store.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from router.ledger import rows, schema
-from router.ledger.entries import AttemptEntry, LedgerEntry, PendingEntry, ShadowPair
+from router.ledger.entries import AttemptEntry, Feedback, LedgerEntry, PendingEntry, ShadowPair
 from router.ledger.postgres import MIGRATIONS, RELEASED
 from router.ledger.store import SCHEMA_VERSION, SQLiteStore
 
@@ -159,16 +159,19 @@ def test_both_generated_schemas_have_the_same_tables_and_columns() -> None:
 
 
 def test_the_sqlite_ddl_is_the_one_schema_5_wrote_by_hand() -> None:
-    assert tokens(schema.sqlite_ddl()) == tokens(_SCHEMA_5)
-    assert SCHEMA_VERSION == schema.latest("sqlite") == 5
+    # the tables added since (feedback, ...) follow schema 5's, which are unchanged
+    schema_5 = tuple(t for t in schema.TABLES if t.sqlite is not None and t.sqlite <= 5)
+    assert tokens(schema.sqlite_ddl(schema_5)) == tokens(_SCHEMA_5)
+    assert tokens(schema.sqlite_ddl())[: len(tokens(_SCHEMA_5))] == tokens(_SCHEMA_5)
+    assert SCHEMA_VERSION == schema.latest("sqlite")
 
 
 def test_released_postgres_migrations_are_unchanged_and_are_what_the_description_generates() -> None:
-    assert MIGRATIONS == RELEASED  # nothing added since: no generated migration yet
+    assert MIGRATIONS[: len(RELEASED)] == RELEASED  # those added since are generated after them
     for version, _, text in RELEASED:
         assert hashlib.sha256(text.encode()).hexdigest() == _RELEASED_SHA256[version]
         assert tokens(schema.postgres_migration(version)) == tokens(text)
-    assert schema.latest("postgres") == RELEASED[-1][0] == 2
+    assert schema.latest("postgres") == MIGRATIONS[-1][0] >= RELEASED[-1][0] == 2
 
 
 def test_a_file_made_by_schema_5_opens_unchanged(tmp_path: Path) -> None:
@@ -194,41 +197,43 @@ def test_a_file_made_by_schema_5_opens_unchanged(tmp_path: Path) -> None:
 # ---- a change to come: one edit of the description ---------------------------------------------
 
 REQUESTS = schema.table("requests")
+NEXT_SQLITE, NEXT_PG = schema.latest("sqlite") + 1, schema.latest("postgres") + 1
 LATER = (
     *(t for t in schema.TABLES if t.name != "requests"),
-    replace(REQUESTS, columns=(*REQUESTS.columns, schema.Column("region", "text", "where", null=True, sqlite=6, postgres=3))),
+    replace(REQUESTS, columns=(*REQUESTS.columns, schema.Column("region", "text", "where", null=True, sqlite=NEXT_SQLITE, postgres=NEXT_PG))),
     schema.Table(
         "notes", "a new table", (schema.Column("id", "text", "its id"), schema.Column("at", "real", "when")), ("id",),
-        sqlite=6, postgres=3, indexes=(schema.Index("notes_at", ("at",)),),
+        sqlite=NEXT_SQLITE, postgres=NEXT_PG, indexes=(schema.Index("notes_at", ("at",)),),
     ),
 )  # fmt: skip
 
 
 def test_a_column_and_a_table_added_later_are_one_edit_for_both_stores() -> None:
-    assert schema.latest("sqlite", LATER) == 6 and schema.latest("postgres", LATER) == 3
+    assert schema.latest("sqlite", LATER) == NEXT_SQLITE and schema.latest("postgres", LATER) == NEXT_PG
     assert schema.sqlite_added_columns(LATER)["requests"]["region"] == "ALTER TABLE requests ADD COLUMN region TEXT;"
-    migration = schema.postgres_migration(3, LATER)
+    migration = schema.postgres_migration(NEXT_PG, LATER)
     assert tokens(migration) == tokens(
         "ALTER TABLE requests ADD COLUMN region TEXT;"
         "CREATE TABLE notes (id TEXT PRIMARY KEY, at DOUBLE PRECISION NOT NULL);"
         "CREATE INDEX notes_at ON notes (at);"
     )
-    assert "requests.region: where" in schema.postgres_why(3, LATER)
+    assert "requests.region: where" in schema.postgres_why(NEXT_PG, LATER)
     assert "region" not in schema.postgres_migration(1, LATER)  # released migrations are not rewritten
     assert "region" in catalog(schema.sqlite_ddl(LATER))[0]["requests"]
 
 
 def test_a_change_the_generator_cannot_make_in_place_is_refused() -> None:
     not_null = replace(
-        REQUESTS, columns=(*REQUESTS.columns, schema.Column("region", "text", "where", sqlite=6, postgres=3))
+        REQUESTS,
+        columns=(*REQUESTS.columns, schema.Column("region", "text", "where", sqlite=NEXT_SQLITE, postgres=NEXT_PG)),
     )
     tables = (*(t for t in schema.TABLES if t.name != "requests"), not_null)
     with pytest.raises(schema.SchemaError, match="requests.region: .* must be nullable"):
-        schema.postgres_migration(3, tables)
+        schema.postgres_migration(NEXT_PG, tables)
     with pytest.raises(schema.SchemaError, match="must be nullable"):
         schema.sqlite_added_columns(tables)
     with pytest.raises(schema.SchemaError, match="adds nothing"):
-        schema.postgres_migration(3)
+        schema.postgres_migration(NEXT_PG)
 
 
 # ---- rows, by name ----------------------------------------------------------------------------
@@ -248,6 +253,8 @@ PAIR = ShadowPair(
     "p" * 64, "a" * 64, "s" * 64, 1e-5, prompt_json='{"prompt":"2+2"}',
 )  # fmt: skip
 
+FEEDBACK = Feedback("fb-1", "r1", 4.0, "alice", 0.0, label="thumbs_down", comment=None)
+
 
 def names(table: str) -> set[str]:
     return {c.name for c in schema.columns(table, "sqlite")}
@@ -258,6 +265,7 @@ def test_each_mapping_writes_exactly_its_tables_columns() -> None:
     assert set(rows.attempt_values(ENTRY)[0]) == names("attempts")
     assert set(rows.pair_values(PAIR)) == names("shadow_pairs")
     assert set(rows.pending_values(PendingEntry("r", 1.0, "k", "auto", 0.5))) == names("pending")
+    assert set(rows.feedback_values(FEEDBACK)) == names("feedback")
 
 
 def test_rows_are_read_by_name_whatever_their_order() -> None:
@@ -269,6 +277,7 @@ def test_rows_are_read_by_name_whatever_their_order() -> None:
     assert rows.pair_from_row(shuffled(rows.pair_values(PAIR))) == PAIR
     pending = PendingEntry("r", 1.0, "k", "auto", 0.5)
     assert rows.pending_from_row(shuffled(rows.pending_values(pending))) == pending
+    assert rows.feedback_from_row(shuffled(rows.feedback_values(FEEDBACK))) == FEEDBACK
 
 
 def test_an_entry_reads_back_exactly_through_the_sqlite_store(tmp_path: Path) -> None:
@@ -277,7 +286,13 @@ def test_an_entry_reads_back_exactly_through_the_sqlite_store(tmp_path: Path) ->
     try:
         s.write(ENTRY)
         s.write_pair(PAIR)
+        s.write_feedback(FEEDBACK)
         assert list(s.entries()) == [ENTRY]
+        assert s.entry("r1") == ENTRY and s.entry("r2") is None
         assert list(s.pairs()) == [PAIR]
+        assert list(s.feedback()) == list(s.feedback(request_id="r1")) == [FEEDBACK]
+        assert list(s.feedback(since=4.5)) == list(s.feedback(request_id="r2")) == []
+        with pytest.raises(sqlite3.IntegrityError):  # a label of no request is refused by the store too
+            s.write_feedback(replace(FEEDBACK, feedback_id="fb-2", request_id="nope"))
     finally:
         s.close()

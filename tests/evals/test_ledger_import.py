@@ -1,0 +1,208 @@
+"""Production labels into calibration, end to end: a real app on loopback serves requests (scripted
+tiers), shadows every accepted answer into the ledger, and takes labels for half of them through
+POST /v1/feedback with the official `openai` client; `eval import --ledger` grades by the labels
+where they exist, `eval calibrate` chooses a threshold from them, and `report quality` shows the
+labelled accuracy per tier with its interval.
+
+The story the tiers tell: the small tier answers every question right, boxed or not; the `format`
+verifier scores an unboxed answer 0; the large tier gets exactly those questions wrong. Shadow
+agreement alone therefore reads every unboxed answer as wrong and calibrates the small tier to
+escalate them; the clients' labels say they were right, and calibration stops escalating them."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import re
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from evals.formatting import th
+from evals.store import RunStore
+from evals.sweep import SingleTier, evaluate, load_table
+from router.api.app import create_app
+from router.cli import main
+from router.config import load_settings
+from router.generation import GenerationRequest
+from router.quality.live import wilson
+from tests.support.accounting import keys_section
+from tests.support.config import TOKEN_PRICE, Toml, tier, write_config
+from tests.support.model import SMOL
+from tests.support.scripted import ScriptedBackend
+from tests.support.servers import UvicornThread
+
+N = 24
+
+
+def number(request: GenerationRequest) -> int:
+    found = re.search(r"What is (\d+) \+ 100", request.last_user_text())
+    assert found
+    return int(found.group(1))
+
+
+def small(request: GenerationRequest) -> str:
+    i = number(request)
+    return f"The answer is \\boxed{{{i + 100}}}." if i % 2 == 0 else f"It is {i + 100}."
+
+
+def large(request: GenerationRequest) -> str:
+    i = number(request)
+    return f"The answer is \\boxed{{{i + 100 if i % 2 == 0 else i + 99}}}."
+
+
+def config(tmp: Path) -> tuple[Path, dict[str, str]]:
+    keys, raw = keys_section({"alice": {}, "bob": {}})
+    engine = {"model": SMOL}  # never loaded: the tiers are scripted
+    body = f'[server]\n{keys}\n[ledger]\npath = "{tmp / "ledger.sqlite3"}"\nstore_prompts = true\n'
+    body += tier(
+        "small",
+        threshold=0.0,  # accept every answer, so each is shadowed; the verifier's score is what calibration reads
+        engine=engine,
+        price={"usd_per_hour": Toml("3.6"), "stands_for": "test"},
+        tables={"shadow": {"rate": 1.0, "usd_per_day": 1.0, "max_concurrency": 2, "max_queue": 64}},
+        extra='[[tiers.verifiers]]\nname = "format"\nparams = { regex = "\\\\\\\\boxed\\\\{" }',
+    )
+    body += tier("large", engine=engine, price=TOKEN_PRICE)
+    return write_config(tmp / "config.toml", body), raw
+
+
+def shadow_pairs(ledger: Path) -> int:
+    with contextlib.closing(sqlite3.connect(ledger)) as conn:
+        return int(conn.execute("SELECT COUNT(*) FROM shadow_pairs").fetchone()[0])
+
+
+def cli(*argv: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(list(argv)) == 0
+    return out.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_labels_posted_for_half_the_requests_calibrate_the_threshold_and_show_in_the_report(tmp_path: Path) -> None:
+    cfg, keys = config(tmp_path)
+    ledger = tmp_path / "ledger.sqlite3"
+    backends = {"small": ScriptedBackend("small", small), "large": ScriptedBackend("large", large)}
+    ids: dict[int, str] = {}
+    with UvicornThread(create_app(load_settings(cfg), backends=backends)) as srv:
+        alice = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=keys["alice"], max_retries=0, timeout=30)
+        bob = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=keys["bob"], max_retries=0, timeout=30)
+        for i in range(N):
+            r = alice.chat.completions.create(
+                model="auto", messages=[{"role": "user", "content": f"What is {i} + 100?"}], max_tokens=16
+            )
+            assert r.model_extra is not None
+            ext: dict[str, Any] = r.model_extra["tierroute"]
+            assert ext["tier"] == "small"
+            ids[i] = ext["request_id"]
+        deadline = time.monotonic() + 60
+        while shadow_pairs(ledger) < N and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert shadow_pairs(ledger) == N
+
+        def feedback(client: openai.OpenAI, **body: Any) -> dict[str, Any]:
+            return client.post("/feedback", body=body, cast_to=httpx.Response).json()  # type: ignore[no-any-return]
+
+        # the client labels the unboxed answers (half of them): right; some after a thumbs-down it corrects
+        for i in range(1, N, 2):
+            if i % 4 == 3:
+                feedback(alice, request_id=ids[i], score=False, label="thumbs_down")
+            got = feedback(alice, request_id=ids[i], score=True if i % 4 == 1 else 1.0, label="tests_passed")
+            assert got["labels"] == (2 if i % 4 == 3 else 1)
+        # another key's request and an unknown one: the same 404 through the official client; a bad score: 400
+        with pytest.raises(openai.NotFoundError) as foreign:
+            feedback(bob, request_id=ids[1], score=0)
+        with pytest.raises(openai.NotFoundError) as unknown:
+            feedback(bob, request_id="chatcmpl-" + "0" * 24, score=0)
+        assert foreign.value.code == unknown.value.code == "request_not_found"
+        with pytest.raises(openai.BadRequestError) as bad:
+            feedback(alice, request_id=ids[1], score=2)
+        assert bad.value.param == "score"
+
+    # shadow agreement alone (the labels taken out of a copy) against the same ledger with its labels
+    control = tmp_path / "control.sqlite3"
+    shutil.copy(ledger, control)
+    with contextlib.closing(sqlite3.connect(control)) as conn, conn:
+        conn.execute("DELETE FROM feedback")
+    runs = tmp_path / "runs"
+    base = ["--config", str(cfg), "eval"]
+    out = cli(*base, "import", "--ledger", str(ledger), "--run", "labelled", "--runs-dir", str(runs))
+    assert "12 by feedback" in out and "12 by shadow agreement" in out
+    cli(*base, "import", "--ledger", str(control), "--run", "proxy", "--runs-dir", str(runs))
+    labelled, proxy = (load_table(RunStore(runs / name)) for name in ("labelled", "proxy"))
+    assert evaluate(SingleTier(0), labelled).accuracy == 1.0  # the labels: every small answer right
+    assert evaluate(SingleTier(0), proxy).accuracy == 0.5  # the proxy: every unboxed one wrong
+    # where a label says right and the large tier disagreed, the large tier's answer is graded wrong
+    assert evaluate(SingleTier(1), labelled).accuracy == 0.5
+    assert RunStore(runs / "labelled").manifest()["import"]["grading"] == {"feedback": 12, "shadow_agreement": 12}
+
+    def calibrated(run: str, *extra: str) -> float:
+        out = cli(*base, "calibrate", "--run", str(runs / run), "--target", "min-accuracy=0.9", *extra)
+        found = re.search(r"thresholds small=([0-9.]+)", out)
+        assert found, out
+        return float(found.group(1))
+
+    assert calibrated("proxy") == 1.0  # escalate every unboxed answer
+    chosen = calibrated("labelled", "--write")
+    assert chosen == 0.0  # the labels say they were right: escalate none
+    written = load_settings(cfg).tiers[0].tasks["maths"].threshold
+    assert written is not None and th(written) == th(chosen)
+
+    rows = list(csv.DictReader(io.StringIO(cli("report", "quality", "--csv", "--ledger", str(ledger)))))
+    (row,) = [r for r in rows if r["tier"] == "small"]
+    assert (row["task"], row["threshold"], row["pairs"], row["agreed"]) == ("maths", "0", str(N), "12")
+    assert (row["labelled"], row["labelled_right"], float(row["label_accuracy"])) == ("12", "12", 1.0)
+    low, high = wilson(12, 12)
+    assert float(row["label_low"]) == pytest.approx(low, abs=1e-6) and float(row["label_high"]) == high
+    table = cli("report", "quality", "--ledger", str(ledger))
+    assert f"{100 * low:.1f}%" in table and "18 labels" in table
+
+
+def test_each_pair_is_labelled_by_its_latest_label_and_the_agreement_rule(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from evals.ledger_import import read_ledger
+    from router.ledger.entries import Feedback, ShadowPair
+    from router.ledger.store import SQLiteStore
+    from tests.support.ledger import attempt, entry
+
+    path = tmp_path / "ledger.sqlite3"
+    s = SQLiteStore(path)
+    s.open()
+    # (agreed, the latest label's score); the last pair has no label
+    cases = [(True, 1.0), (True, 0.0), (False, 0.75), (False, 0.25), (False, None)]
+    for i, (agree, score) in enumerate(cases):
+        s.write(entry(f"r{i}", 10.0 + i, attempts=(attempt(0, "small"),)))
+        s.write(entry(f"s{i}", 10.0 + i, key="_shadow", attempts=(attempt(0, "large"),)))
+        pair = ShadowPair(
+            f"r{i}", f"s{i}", 20.0 + i, "small", "large", "maths", 0.5, 0.0, {}, agree, "number", "", None, None,
+            "p", "a", "s", 0.0, prompt_json='{"prompt":"What is 1 + 1?"}', answer_text=f"a{i}", shadow_text=f"b{i}",
+        )  # fmt: skip
+        s.write_pair(pair)
+        if score is not None:
+            s.write_feedback(Feedback(f"fb-{i}-0", f"r{i}", 30.0 + i, "alice", 1.0 - score))  # corrected below
+            s.write_feedback(Feedback(f"fb-{i}-1", f"r{i}", 40.0 + i, "alice", score))
+    s.write(replace(entry("alone", 50.0, attempts=(attempt(0, "small"),))))
+    s.write_feedback(Feedback("fb-alone", "alone", 51.0, "alice", 1.0))  # labelled, but no pair to import
+    s.close()
+    read = read_ledger(path)
+    assert (read.labelled, read.labelled_elsewhere) == (4, 1)
+    keys = [r.key for r in read.records]
+    assert [k["correct"] if k else None for k in keys] == [
+        {"small": True, "large": True},  # agreed with a right answer: right
+        {"small": False, "large": False},  # agreed with a wrong one: wrong
+        {"small": True, "large": False},  # disagreed with a right one: wrong
+        {"small": False, "large": True},  # disagreed with a wrong one: unknown, taken as right (the proxy)
+        {"small": False, "large": True},  # no label: shadow agreement, as before
+    ]
+    assert [k.get("source") for k in keys if k] == ["feedback"] * 4 + ["shadow_agreement"]
+    assert [k.get("top_by_proxy") for k in keys if k] == [False, False, False, True, None]
