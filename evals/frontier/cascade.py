@@ -34,7 +34,18 @@ import numpy as np
 from evals.calibrate import Calibration, Target, calibrate, split
 from evals.frontier.published import GPT4, MIXTRAL, TOP_PRICE_POINTS
 from evals.store import RunStore
-from evals.sweep import CascadePolicy, ItemOutcome, ResultTable, accuracy_of, load_table, route_cost
+from evals.sweep import (
+    CascadePolicy,
+    ItemOutcome,
+    PolicyResult,
+    ResultTable,
+    SingleTier,
+    accuracy_of,
+    evaluate,
+    load_table,
+    random_escalation,
+    route_cost,
+)
 from router.config import PriceSettings
 from router.errors import ConfigError
 from router.generation import GenerationRequest, Message
@@ -157,16 +168,15 @@ class Row:
     share: float
     price_point: str
     top_price: str
-    calibration: Calibration
+    calibration: Calibration  # thresholds chosen at the frontier's list price
+    result: PolicyResult  # the cascade on the held-out items, at this price point
+    top: PolicyResult  # the top tier alone on the same items, at this price point
     accuracy_ratio: float  # the cascade's held-out accuracy over the top tier's
     ratio_ci: Interval
     saved: float  # 1 - cascade cost / top tier's cost, held-out
     saved_ci: Interval
+    random_saved: float | None  # what escalating at random, as accurate on these items, saves
     price_ratio: float  # mean top-tier cost of one request over the small tier's (all items)
-
-    @property
-    def met_held_out(self) -> bool:
-        return self.accuracy_ratio >= self.share - 1e-12
 
 
 def target_for(table: ResultTable, share: float, seed: int, fraction: float) -> Target:
@@ -174,50 +184,82 @@ def target_for(table: ResultTable, share: float, seed: int, fraction: float) -> 
     return Target("min-accuracy", share * accuracy_of(calib, table.top))
 
 
-def evaluate_rows(
+def calibrations(
+    table: ResultTable, *, seed: int = 0, fraction: float = 0.5, shares: Sequence[float] = SHARES
+) -> list[tuple[float, Calibration]]:
+    """Every verifier of `table` calibrated for every share, as (share, calibration)."""
+    out = []
+    for share in shares:
+        target = target_for(table, share, seed, fraction)
+        out += [(share, calibrate(table, v, target, seed=seed, fraction=fraction)) for v in table.verifiers]
+    return out
+
+
+def held_out_row(
     table: ResultTable,
+    cal: Calibration,
+    share: float,
     *,
     suite: str,
     cascade: str,
     price_point: str,
     seed: int = 0,
     fraction: float = 0.5,
-    shares: Sequence[float] = SHARES,
-) -> list[Row]:
-    """Every verifier of `table` at every share: calibrated, held out, bootstrapped."""
+) -> Row:
+    """The calibrated cascade on `table`'s held-out items (the table priced at `price_point`),
+    with bootstrap intervals and the random baseline."""
     _, held = split(table, seed, fraction)
     top = table.top
+    policy = CascadePolicy(cal.verifier, tuple(cal.thresholds.values()))
+    per_item = [route_cost(it, policy.route(it)) for it in held.items]
+    cost = np.array([c for c, _, _ in per_item])
+    right = np.array([ok for _, _, ok in per_item], dtype=float)
     top_cost = np.array([it.tiers[top].cost_usd for it in held.items])
     top_right = np.array([it.tiers[top].correct for it in held.items], dtype=float)
+    ratio, ratio_ci, saved, saved_ci = _bootstrap(cost, right, top_cost, top_right, seed)
+    result = evaluate(policy, held, cal.thresholds[table.tiers[0].name])
     small_mean = float(np.mean([it.tiers[0].cost_usd for it in table.items]))
     top_mean = float(np.mean([it.tiers[top].cost_usd for it in table.items]))
-    rows = []
-    for share in shares:
-        target = target_for(table, share, seed, fraction)
-        for v in table.verifiers:
-            cal = calibrate(table, v, target, seed=seed, fraction=fraction)
-            policy = CascadePolicy(v, tuple(cal.thresholds.values()))
-            per_item = [route_cost(it, policy.route(it)) for it in held.items]
-            cost = np.array([c for c, _, _ in per_item])
-            right = np.array([ok for _, _, ok in per_item], dtype=float)
-            ratio, ratio_ci, saved, saved_ci = _bootstrap(cost, right, top_cost, top_right, seed)
-            rows.append(
-                Row(
-                    suite=suite,
-                    cascade=cascade,
-                    verifier=v,
-                    share=share,
-                    price_point=price_point,
-                    top_price=describe(table.tiers[top].price),
-                    calibration=cal,
-                    accuracy_ratio=ratio,
-                    ratio_ci=ratio_ci,
-                    saved=saved,
-                    saved_ci=saved_ci,
-                    price_ratio=top_mean / small_mean if small_mean > 0 else float("inf"),
-                )
-            )
-    return rows
+    return Row(
+        suite=suite,
+        cascade=cascade,
+        verifier=cal.verifier,
+        share=share,
+        price_point=price_point,
+        top_price=describe(table.tiers[top].price),
+        calibration=cal,
+        result=result,
+        top=evaluate(SingleTier(top, table.tiers[top].name), held),
+        accuracy_ratio=ratio,
+        ratio_ci=ratio_ci,
+        saved=saved,
+        saved_ci=saved_ci,
+        random_saved=random_at(held, result.accuracy),
+        price_ratio=top_mean / small_mean if small_mean > 0 else float("inf"),
+    )
+
+
+def random_at(table: ResultTable, accuracy: float) -> float | None:
+    """What the random-escalation baseline (`evals.sweep.random_escalation`) saves on `table` at
+    the escalation probability that makes it `accuracy` accurate (found by bisection: its accuracy
+    rises with the probability while each tier is more accurate than the one below); None when no
+    probability reaches it."""
+    lo, hi = 0.0, 1.0
+    if not random_escalation(table, lo).accuracy <= accuracy <= random_escalation(table, hi).accuracy:
+        return None
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if random_escalation(table, mid).accuracy < accuracy:
+            lo = mid
+        else:
+            hi = mid
+    return random_escalation(table, hi).savings
+
+
+def priced(frontier_store: RunStore, point: str) -> ResultTable:
+    """The frontier run with its top tier charged at the named price point."""
+    price: PriceSettings = TOP_PRICE_POINTS[point].settings(point)
+    return load_table(frontier_store, prices={GPT4: price})
 
 
 def _bootstrap(
@@ -238,9 +280,3 @@ def _bootstrap(
 
     ratio = float(right.mean() / top_right.mean()) if top_right.mean() > 0 else 0.0
     return ratio, ci(ratios), float(1.0 - cost.sum() / top_cost.sum()), ci(saved)
-
-
-def priced(frontier_store: RunStore, point: str) -> ResultTable:
-    """The frontier run with its top tier charged at the named price point."""
-    price: PriceSettings = TOP_PRICE_POINTS[point].settings(point)
-    return load_table(frontier_store, prices={GPT4: price})

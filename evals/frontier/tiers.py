@@ -80,6 +80,8 @@ async def _write(published: Published, suite: Suite, root: Path) -> None:
         raise ConfigError(f"published items not in suite {suite.name}: {', '.join(missing[:5])}")
     disagreements: list[Disagreement] = []
     agree_counts: dict[str, dict[str, int]] = {t: {"both_right": 0, "both_wrong": 0} for t in TIERS}
+    gens: list[GenerationRecord] = []
+    grades: list[GradeRecord] = []
     with RunStore(root) as store:
         for tier in TIERS:
             fp = tier_fingerprint(published, tier)
@@ -87,7 +89,7 @@ async def _write(published: Published, suite: Suite, root: Path) -> None:
             for p in published.items:
                 item, answer = items[p.id], p.answers[tier]
                 gk = generation_key(fp, item.prompt_sha)
-                store.add_generation(
+                gens.append(
                     GenerationRecord(
                         key=gk,
                         tier=tier,
@@ -120,7 +122,9 @@ async def _write(published: Published, suite: Suite, root: Path) -> None:
                         )
                     else:
                         counts["both_right" if correct else "both_wrong"] += 1
-                store.add_grade(GradeRecord(grade_key(gk, suite.fingerprint, item.id), gk, tier, item.id, correct, extracted, detail))
+                grades.append(GradeRecord(grade_key(gk, suite.fingerprint, item.id), gk, tier, item.id, correct, extracted, detail))
+        store.add_generations(gens)
+        store.add_grades(grades)
     RunStore(root).write_manifest(_manifest(published, suite, items, disagreements, agree_counts))
 
 
