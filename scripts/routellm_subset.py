@@ -42,13 +42,15 @@ PER_MESSAGE, PER_REPLY = 3, 3
 
 
 def git_show(repo: str, commit: str, path: str) -> str:
-    return subprocess.run(["git", "-C", repo, "show", f"{commit}:{path}"], check=True, capture_output=True).stdout.decode(
-        "utf-8"
-    )
+    return subprocess.run(
+        ["git", "-C", repo, "show", f"{commit}:{path}"], check=True, capture_output=True
+    ).stdout.decode("utf-8")
 
 
 def git_ls(repo: str, commit: str, path: str) -> list[str]:
-    out = subprocess.run(["git", "-C", repo, "ls-tree", "--name-only", f"{commit}:{path}"], check=True, capture_output=True)
+    out = subprocess.run(
+        ["git", "-C", repo, "ls-tree", "--name-only", f"{commit}:{path}"], check=True, capture_output=True
+    )
     return sorted(out.stdout.decode().split())
 
 
@@ -95,7 +97,7 @@ def gsm8k(repo: str, commit: str, tok: Counter_) -> tuple[list[dict[str, Any]], 
                     "answers": answers,
                 }
             )
-    out.sort(key=lambda r: int(r["id"].split("/")[1]))
+    out.sort(key=lambda r: int(str(r["id"]).split("/")[1]))
     counts = {"published": len(rows), "suite": len(items), "matched": len(out), "unmatched": unmatched}
     counts.update(ambiguous=ambiguous, kept=len(out))
     return out, counts

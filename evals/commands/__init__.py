@@ -1,4 +1,5 @@
-"""`tierroute eval run | import | sweep | calibrate | report | train | frontier`: registered into the main CLI by `register`.
+"""`tierroute eval run | import | sweep | calibrate | report | train | frontier`: registered into the
+main CLI by `register`.
 
 One module per command, each holding its handler and its own flags together: `run` (with the
 mixed suite and the default verifier lists), `importing` (`eval import`), `thresholds` (`eval

@@ -80,7 +80,9 @@ def local_table(stores: Sequence[RunStore], tier: str = "small") -> tuple[Result
     for t in tables:
         for it in t.items:
             o = it.tiers[0]
-            items.setdefault(it.id, replace(it, tiers=(replace(o, cost_usd=rate * (o.prompt_tokens + o.completion_tokens)),)))
+            items.setdefault(
+                it.id, replace(it, tiers=(replace(o, cost_usd=rate * (o.prompt_tokens + o.completion_tokens)),))
+            )
     info = first.tiers[0]
     price = PriceSettings(
         usd_per_1m_input_tokens=rate * 1e6,

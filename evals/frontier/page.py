@@ -1,5 +1,6 @@
 """The frontier report's files: README.md (the tables and what they mean) and frontier.csv (every
-row: each cascade, verifier, share and price point), written from `report.SuiteFrontier` alone so
+row: each cascade, verifier and share at the frontier's list price, and the chosen policies at the
+other price points), written from `report.SuiteFrontier` alone so
 the two cannot disagree. `headline` gives the rows the project README quotes; a test holds the
 README to them.
 """
@@ -40,7 +41,9 @@ def headline(reports: Sequence[SuiteFrontier]) -> list[list[str]]:
                 r = best(rep.rows, cascade, share)
                 n = f"{rep.suite}, {rep.n_joined} items"
                 if r is None:
-                    out.append([n, cascade, pct(share, 0), "none met it on the calibration half", "–", "nothing saved", "–"])
+                    out.append(
+                        [n, cascade, pct(share, 0), "none met it on the calibration half", "–", "nothing saved", "–"]
+                    )
                     continue
                 held = r.calibration.n_held_out
                 out.append(
@@ -155,9 +158,10 @@ def markdown(reports: Sequence[SuiteFrontier], command: str) -> str:
         command,
         "```",
         "",
-        "The local small tier (Qwen2.5-Coder-0.5B, this project's stored per-item runs) in front of GPT-4-1106-preview, "
-        "and in front of Mixtral-8x7B-Instruct then GPT-4-1106-preview, on the items both have. The frontier answers "
-        f"are RouteLLM's published per-item results ({src['repository']} at `{src['commit'][:12]}`, {src['license']}; "
+        "The local small tier (Qwen2.5-Coder-0.5B, this project's stored per-item runs) in front of "
+        "GPT-4-1106-preview, and in front of Mixtral-8x7B-Instruct then GPT-4-1106-preview, on the items both have. "
+        "The frontier answers are RouteLLM's published per-item results "
+        f"({src['repository']} at `{src['commit'][:12]}`, {src['license']}; "
         "provenance in `evals/data/routellm/PROVENANCE.md`), imported as eval runs: GSM8K answers regraded by "
         "this project's grader, MMLU's published correctness as is.",
         "",
@@ -208,7 +212,14 @@ def _suite(rep: SuiteFrontier) -> list[str]:
         "",
     ]
     tier_rows = [
-        [t.name, t.price_text, pct(t.accuracy), usd(t.cost_per_1k), num(t.prompt_tokens, 0), num(t.completion_tokens, 0)]
+        [
+            t.name,
+            t.price_text,
+            pct(t.accuracy),
+            usd(t.cost_per_1k),
+            num(t.prompt_tokens, 0),
+            num(t.completion_tokens, 0),
+        ]
         for t in rep.tiers
     ]
     header = ("tier", "price", "accuracy", "cost / 1k", "prompt tokens", "answer tokens")

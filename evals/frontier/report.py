@@ -1,6 +1,7 @@
 """The frontier report as numbers, one suite at a time: import the published tiers, join them with
-the local small tier, and evaluate every cascade at every share of the frontier's accuracy and at
-every named price point. `page` only formats what this decides.
+the local small tier, calibrate every cascade and verifier for every share of the frontier's
+accuracy at its list price, and evaluate the policy chosen for each share at every named price
+point. `page` only formats what this decides.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from evals import measures
+from evals.calibrate import Calibration
 from evals.frontier.cascade import (
     AGREES,
     Row,
@@ -21,7 +23,6 @@ from evals.frontier.cascade import (
     mixtral_agreement,
     priced,
 )
-from evals.calibrate import Calibration
 from evals.frontier.published import GPT4, MIXTRAL, TOP_PRICE_POINTS, load
 from evals.frontier.tiers import write_run
 from evals.store import RunStore
@@ -80,11 +81,14 @@ def build(
             f"RouteLLM published only the correctness of Mixtral's {suite.name} answers, not the answers: "
             "nothing a caller has could judge them, so there is no cascade via Mixtral"
         )
+
     def tables_at(point: str) -> dict[str, ResultTable]:
         frontier = priced(frontier_store, point)
         out = {cascade_name([GPT4]): join(local, frontier, [GPT4])}
         if has_texts:
-            out[cascade_name([MIXTRAL, GPT4])] = join(local, frontier, [MIXTRAL, GPT4], mixtral_agreement(local, frontier))
+            out[cascade_name([MIXTRAL, GPT4])] = join(
+                local, frontier, [MIXTRAL, GPT4], mixtral_agreement(local, frontier)
+            )
         return out
 
     # thresholds are chosen once, at the frontier's own list price; every price point reprices that cascade
@@ -96,7 +100,14 @@ def build(
                     continue
                 rows.append(
                     held_out_row(
-                        table, cal, share, suite=suite.name, cascade=name, price_point=point, seed=seed, fraction=fraction
+                        table,
+                        cal,
+                        share,
+                        suite=suite.name,
+                        cascade=name,
+                        price_point=point,
+                        seed=seed,
+                        fraction=fraction,
                     )
                 )
     listed = join(local, priced(frontier_store, LIST_PRICE), [MIXTRAL, GPT4], {it.id: None for it in local.items})

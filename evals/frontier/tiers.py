@@ -122,7 +122,11 @@ async def _write(published: Published, suite: Suite, root: Path) -> None:
                         )
                     else:
                         counts["both_right" if correct else "both_wrong"] += 1
-                grades.append(GradeRecord(grade_key(gk, suite.fingerprint, item.id), gk, tier, item.id, correct, extracted, detail))
+                grades.append(
+                    GradeRecord(
+                        grade_key(gk, suite.fingerprint, item.id), gk, tier, item.id, correct, extracted, detail
+                    )
+                )
         store.add_generations(gens)
         store.add_grades(grades)
     RunStore(root).write_manifest(_manifest(published, suite, items, disagreements, agree_counts))
@@ -135,7 +139,7 @@ def _manifest(
     disagreements: list[Disagreement],
     agree_counts: dict[str, dict[str, int]],
 ) -> dict[str, Any]:
-    tiers = []
+    tiers: list[dict[str, Any]] = []
     for tier in TIERS:
         price = PRICES[tier].settings(MODELS[tier])
         tiers.append(
@@ -175,7 +179,9 @@ def _manifest(
             "seed": 0,
         },
         "tiers": tiers,
-        "items": [{"id": p.id, "prompt_sha": items[p.id].prompt_sha, "group": items[p.id].group} for p in published.items],
+        "items": [
+            {"id": p.id, "prompt_sha": items[p.id].prompt_sha, "group": items[p.id].group} for p in published.items
+        ],
         "published": {
             "source": published.meta["source"],
             "tokenizer": published.meta["tokenizer"],

@@ -62,9 +62,7 @@ def test_the_committed_subset_matches_every_gsm8k_item_and_reads_back() -> None:
     mmlu = load("mmlu", DATA)
     assert mmlu.matched["matched"] >= 14000 and mmlu.matched["unmatched"] == 11
     assert all(a.text is None and a.tokens == 1 for p in mmlu.items for a in p.answers.values())
-    assert (DATA / "LICENSE").read_text().startswith("\n                                 Apache License") or "Apache License" in (
-        DATA / "LICENSE"
-    ).read_text()[:200]
+    assert "Apache License" in (DATA / "LICENSE").read_text()[:200]
     assert "0b64fdafe049e596a3f5657c219329f24af24198" in (DATA / "PROVENANCE.md").read_text()
 
 
@@ -116,7 +114,9 @@ def test_the_joined_cascade_is_calibrated_by_evals_calibrate(gsm8k_tables: tuple
     assert len(two.items) == 200 and [t.name for t in two.tiers] == ["small", GPT4]
     # the small tier is charged per token at its committed run's throughput: the run's total cost kept
     recorded = load_table(RunStore(REPO / "evals/results/gsm8k"), tiers=["small"])
-    assert sum(it.tiers[0].cost_usd for it in two.items) == pytest.approx(sum(it.tiers[0].cost_usd for it in recorded.items))
+    assert sum(it.tiers[0].cost_usd for it in two.items) == pytest.approx(
+        sum(it.tiers[0].cost_usd for it in recorded.items)
+    )
     few = replace(two, verifiers=["confidence_min", "execution", "boxed"])  # a nearest miss among them
     for share, cal in calibrations(few):
         assert cal.target == target_for(two, share, 0, 0.5)
@@ -194,7 +194,10 @@ def test_the_readme_quotes_the_report_cell_for_cell() -> None:
     quoted = _summary(readme, "has other price points and every verifier:\n")
     assert quoted == expected, "README's frontier table differs from docs/eval/frontier: copy the report's Summary"
     command = report.split("```\n", 2)[1].strip()
-    assert " ".join(readme.split("# (g) ", 1)[1].split("\n", 1)[1].split("```", 1)[0].replace("\\\n", " ").split()) == command
+    assert (
+        " ".join(readme.split("# (g) ", 1)[1].split("\n", 1)[1].split("```", 1)[0].replace("\\\n", " ").split())
+        == command
+    )
 
 
 @pytest.mark.slow  # spends seconds of CPU: the whole report, both suites
