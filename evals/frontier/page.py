@@ -233,7 +233,16 @@ def _suite(rep: SuiteFrontier) -> list[str]:
             "model; a hosted frontier API gives no log-probabilities of a given text to stand in for it.",
             "",
         ]
-    out += ["**What it saves, held out, at GPT-4-1106's list price:**", "", *verdict(rep), ""]
+    out += ["**What it saves, held out, at GPT-4-1106's list price:**", ""]
+    small = rep.tiers[0].accuracy
+    if rep.chance is not None and small < rep.chance + 0.05:
+        out += [
+            f"The small tier is right on {pct(small)} of these items, hardly more than a guess's {pct(rep.chance)}, "
+            "so a verifier has little to find: **nothing is saved** except by answering worse (compare each saving "
+            "below with escalating at random, as accurate).",
+            "",
+        ]
+    out += [*verdict(rep), ""]
     if rep.no_three_tier:
         out += [f"No three-tier cascade: {rep.no_three_tier}.", ""]
     for cascade in rep.cascades:

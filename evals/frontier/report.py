@@ -25,6 +25,7 @@ from evals.frontier.cascade import (
 )
 from evals.frontier.published import GPT4, MIXTRAL, TOP_PRICE_POINTS, load
 from evals.frontier.tiers import write_run
+from evals.grading import CHOICE_LETTERS
 from evals.store import RunStore
 from evals.suites.base import Suite
 from evals.sweep import ResultTable
@@ -55,6 +56,7 @@ class SuiteFrontier:
     cascades: list[str]  # cascade names, in the order the page shows them
     rows: list[Row] = field(default_factory=list)
     no_three_tier: str | None = None  # why there is no cascade via Mixtral
+    chance: float | None = None  # a guess's accuracy, where the suite's answers are options
 
 
 def cascade_name(tiers: Sequence[str]) -> str:
@@ -122,6 +124,7 @@ def build(
         cascades=list(chosen),
         rows=rows,
         no_three_tier=no_three,
+        chance=1 / len(CHOICE_LETTERS) if suite.task == "choice" else None,
     )
 
 
