@@ -220,3 +220,23 @@ def test_the_committed_report_is_what_its_command_gives(tmp_path: Path, monkeypa
     # the imported frontier tiers are eval runs the other commands read
     assert (runs / "routellm-gsm8k" / "manifest.json").is_file()
     assert main(["eval", "sweep", str(runs / "routellm-gsm8k")]) == 0
+
+
+def test_local_runs_are_merged_item_by_item_with_the_verifiers_all_share() -> None:
+    committed = RunStore(REPO / "evals/results/gsm8k")
+    full = RunStore(REPO / "evals/results-gsm8k-full/gsm8k-full")
+    merged, left_out = local_table([committed, full])
+    ids = {e["id"] for s in (committed, full) for e in s.manifest()["items"]}
+    done = {it.id for it in load_table(full, tiers=["small"]).items} | {
+        it.id for it in load_table(committed, tiers=["small"]).items
+    }
+    assert {it.id for it in merged.items} == done and done <= ids
+    # the whole-test-set run scored fewer verifiers: only those every item has are compared
+    assert "self_consistency[k=3]" not in merged.verifiers and "execution" in merged.verifiers
+    assert left_out == ['cross_tier[tier="large"]', "cross_tier_min", "cross_tier_top1"]
+    # the first run gives an item and the per-token rate: the same answers, priced the same
+    alone, _ = local_table([committed])
+    by_id = {it.id: it for it in merged.items}
+    for it in alone.items:
+        assert by_id[it.id].tiers[0].text == it.tiers[0].text
+        assert by_id[it.id].tiers[0].cost_usd == pytest.approx(it.tiers[0].cost_usd)
