@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -192,21 +192,33 @@ class _Log:
         self._fh: Any = None
 
     def append(self, rec: Any) -> None:
+        self.append_all([rec])
+
+    def append_all(self, recs: Sequence[Any]) -> None:
+        """Append records with one flush and fsync: a bulk writer (an import of published answers)
+        pays the sync once, not once per record."""
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             torn = self.path.is_file() and self.path.stat().st_size > 0 and not _ends_with_newline(self.path)
             self._fh = open(self.path, "a", encoding="utf-8")
             if torn:
                 self._fh.write("\n")  # never glue a new record onto a torn one
-        self._fh.write(json.dumps(asdict(rec), ensure_ascii=False, separators=(",", ":")) + "\n")
+        for rec in recs:
+            self._fh.write(json.dumps(asdict(rec), ensure_ascii=False, separators=(",", ":")) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
-        self.records[rec.key] = rec
+        for rec in recs:
+            self.records[rec.key] = rec
 
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+
+
+def _clipped_grade(rec: GradeRecord) -> GradeRecord:
+    clipped = None if rec.extracted is None else _clip(rec.extracted, 200)
+    return GradeRecord(**{**asdict(rec), "extracted": clipped, "detail": _clip(rec.detail, 300)})
 
 
 def _ends_with_newline(path: Path) -> bool:
@@ -278,8 +290,13 @@ class RunStore:
         self.scores.append(rec.__class__(**{**asdict(rec), "details": _clip(rec.details)}))
 
     def add_grade(self, rec: GradeRecord) -> None:
-        clipped = None if rec.extracted is None else _clip(rec.extracted, 200)
-        self.grades.append(GradeRecord(**{**asdict(rec), "extracted": clipped, "detail": _clip(rec.detail, 300)}))
+        self.add_grades([rec])
+
+    def add_generations(self, recs: Sequence[GenerationRecord]) -> None:
+        self.generations.append_all(recs)
+
+    def add_grades(self, recs: Sequence[GradeRecord]) -> None:
+        self.grades.append_all([_clipped_grade(rec) for rec in recs])
 
     def close(self) -> None:
         for log in (self.generations, self.scores, self.grades):

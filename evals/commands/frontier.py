@@ -1,0 +1,86 @@
+"""`tierroute eval frontier`: what the local small tier saves in front of frontier models whose
+per-item answers were published (see `evals.frontier`): imports them as eval runs under
+`--runs-dir`, joins them with the small tier's stored runs, writes the report to `--out`, headed
+by the command that regenerates it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+from typing import Any
+
+from router.errors import ConfigError
+
+
+def _local(specs: list[str]) -> dict[str, list[str]]:
+    """`--local SUITE=RUN[,RUN...]` options as suite -> run directories, in the order given."""
+    out: dict[str, list[str]] = {}
+    for spec in specs:
+        suite, sep, runs = spec.partition("=")
+        if not sep or not suite or not runs:
+            raise ConfigError(f"--local {spec!r}: expected SUITE=RUN_DIR[,RUN_DIR...]")
+        out.setdefault(suite, []).extend(r for r in runs.split(",") if r)
+    return out
+
+
+def cmd_frontier(args: argparse.Namespace) -> int:
+    from evals.frontier.page import write
+    from evals.frontier.report import build
+    from evals.store import RunStore
+    from evals.suites import get_suite
+
+    local = _local(args.local)
+    if not local:
+        raise ConfigError("eval frontier needs at least one --local SUITE=RUN_DIR")
+    reports = []
+    for suite_name, runs in local.items():
+        stores = [RunStore(Path(r)) for r in runs]
+        for s in stores:
+            s.manifest()  # a ConfigError naming a missing run
+        reports.append(
+            build(
+                get_suite(suite_name),
+                stores,
+                Path(args.runs_dir),
+                data_dir=Path(args.data),
+                seed=args.seed,
+                fraction=args.fraction,
+            )
+        )
+    for path in write(reports, Path(args.out), command=_command(args)):
+        print(path)
+    return 0
+
+
+def _command(args: argparse.Namespace) -> str:
+    from evals.calibrate import split_options
+
+    parts = ["tierroute", "eval", "frontier"]
+    for spec in args.local:
+        parts += ["--local", spec]
+    parts += ["--data", args.data, "--runs-dir", args.runs_dir, "--out", args.out, *split_options(args)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def register(esub: Any, add: Any) -> None:
+    p = add(
+        "frontier",
+        "what the small tier saves in front of published frontier tiers (GPT-4-1106, Mixtral): import and report",
+        cmd_frontier,
+        esub,
+    )
+    p.add_argument(
+        "--local",
+        action="append",
+        default=[],
+        metavar="SUITE=RUN_DIR[,RUN_DIR...]",
+        help="the small tier's stored runs of a suite (repeatable; gsm8k and mmlu have published frontier results); "
+        "the first run that holds an item gives it, and its measured throughput prices the small tier",
+    )
+    p.add_argument("--data", default="evals/data/routellm", help="the published subset (default: the committed one)")
+    p.add_argument("--runs-dir", default="runs", help="where the imported frontier runs are written (default ./runs)")
+    p.add_argument("--out", default="frontier-report", help="output directory (default ./frontier-report)")
+    p.add_argument("--seed", type=int, default=0, help="fixes the calibration split (default 0)")
+    p.add_argument("--fraction", type=float, default=0.5, help="share of items used to calibrate (default 0.5)")
