@@ -40,9 +40,7 @@ class KeyRegistry:
         self.config_keys = list(settings.server.api_keys)
         self.snapshot: Snapshot = config_snapshot(self.config_keys)
         self.store = ControlStore(settings.ledger.location, settings.ledger) if settings.ledger.enabled else None
-        self.plane = (
-            ControlPlane(self.store, models=models, on_change=self.refresh) if self.store is not None else None
-        )
+        self.plane = ControlPlane(self.store, models=models, on_change=self.refresh) if self.store is not None else None
         self._task: asyncio.Task[None] | None = None
 
     def open(self) -> None:

@@ -107,9 +107,10 @@ class ControlStore:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        with self._lock:  # never under a transaction another thread is in (a poll the close outran)
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[_Sql]:

@@ -346,7 +346,7 @@ class PostgresStore:
                 assert row is not None
                 now = float(row[0])
             for q in ordered:
-                decide(q, _window(conn, q, now, day_start, month_start))  # raises to refuse: all rolls back
+                decide(q, _quota_window(conn, q, now, day_start, month_start))  # raises to refuse: all rolls back
             for q in ordered:
                 if q.requests_per_minute is not None:
                     conn.execute("INSERT INTO rate_events (key_id, ts) VALUES (%s, %s)", (q.subject, now))
@@ -383,7 +383,9 @@ def _pending_filter(q: Quota) -> tuple[str, tuple[Any, ...]]:
     return 'team = %s AND "user" = %s', (q.team, q.name)
 
 
-def _window(conn: psycopg.Connection[Any], q: Quota, now: float, day_start: float, month_start: float) -> KeyWindow:
+def _quota_window(
+    conn: psycopg.Connection[Any], q: Quota, now: float, day_start: float, month_start: float
+) -> KeyWindow:
     """One quota's window, read under its lock."""
     subject = q.subject
     recent, oldest = 0, None

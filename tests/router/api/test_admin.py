@@ -62,9 +62,7 @@ async def test_a_key_is_made_used_limited_to_models_and_revoked_through_the_admi
     caplog.set_level(logging.DEBUG)
     r = await admin(client, raw, "POST", "/admin/teams", json={"name": "research", "requests_per_minute": 100})
     assert r.status_code == 201, r.text
-    r = await admin(
-        client, raw, "POST", "/admin/keys", json={"name": "ana", "team": "research", "models": ["small"]}
-    )
+    r = await admin(client, raw, "POST", "/admin/keys", json={"name": "ana", "team": "research", "models": ["small"]})
     assert r.status_code == 201, r.text
     made = r.json()
     key = made["key"]
@@ -178,9 +176,9 @@ async def test_over_limit_answers_name_the_limit_and_when_it_resets(
     assert (await client.post("/v1/chat/completions", json=body(user="eve"), headers=bearer(key))).status_code == 200
 
     # a key's token rate: reserved at admission at the worst case, so a large max_tokens is refused
-    capped = (
-        await admin(client, raw, "POST", "/admin/keys", json={"name": "k2", "tokens_per_minute": 60})
-    ).json()["key"]
+    capped = (await admin(client, raw, "POST", "/admin/keys", json={"name": "k2", "tokens_per_minute": 60})).json()[
+        "key"
+    ]
     r = await client.post("/v1/chat/completions", json=body(max_tokens=100), headers=bearer(capped))
     assert r.status_code == 429 and r.json()["error"]["type"] == "tokens"
     assert r.headers["x-tierroute-limit"] == "key.tokens_per_minute"
