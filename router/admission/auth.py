@@ -170,10 +170,10 @@ def docs_enabled(server: ServerSettings) -> bool:
     return server.docs if server.docs is not None else _keyless_loopback(server)
 
 
-def check_bind(server: ServerSettings) -> None:
+def check_bind(server: ServerSettings, *, stored_keys: bool = False) -> None:
     """Refuse to serve without keys unless that is explicit, and never on a public address unless
-    told twice."""
-    if server.api_keys:
+    told twice. `stored_keys`: the ledger's database holds keys (made with the admin API or CLI)."""
+    if server.api_keys or stored_keys:
         return
     if not server.allow_unauthenticated:
         raise ConfigError(
