@@ -305,6 +305,10 @@ class TierSettings(_Strict):
         return self
 
 
+def _client_only() -> list[Literal["client", "admin"]]:
+    return ["client"]
+
+
 class ApiKeyEntry(_Strict):
     name: str
     hash: str = Field(description="'sha256$salt$digest' as printed by `tierroute keys create`.")
@@ -316,7 +320,7 @@ class ApiKeyEntry(_Strict):
     )
     tokens_per_minute: int | None = Field(None, ge=1, description="Input + output tokens per minute.")
     roles: list[Literal["client", "admin"]] = Field(
-        default_factory=lambda: ["client"],
+        default_factory=_client_only,
         min_length=1,
         description="'client': /v1 (completions, models); 'admin': the admin API (/admin/). An admin "
         "key sends completions only if it is also a client. With a ledger, config keys are imported "

@@ -25,6 +25,10 @@ router = APIRouter(prefix="/admin", tags=["admin"])
 Role = Literal["client", "admin"]
 
 
+def _client_only() -> list[Role]:
+    return ["client"]
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -44,7 +48,7 @@ class LimitFields(_Body):
 class KeyCreate(LimitFields):
     name: str = Field(description="1-64 letters, digits and _.@-: what the ledger, logs and metrics call the key.")
     roles: list[Role] = Field(
-        default_factory=lambda: ["client"],
+        default_factory=_client_only,
         min_length=1,
         description="'client': the /v1 API; 'admin': this API. An admin key sends completions only with 'client' too.",
     )

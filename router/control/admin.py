@@ -225,6 +225,7 @@ class ControlPlane:
     def spend(self, *, key: str | None = None, team: str | None = None, user: str | None = None) -> dict[str, Any]:
         """Spend so far (UTC day and month) of a key, a team, or a user within a team."""
         now = self.clock()
+        params: tuple[str, ...]
         if key is not None:
             self.key(key)
             where, params, target = "key_id = ?", (key,), {"key": key}
