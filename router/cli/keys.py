@@ -166,7 +166,7 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
             snapshot = plane.store.snapshot()
         finally:
             plane.store.close()
-        found = Table("name", "roles", "team", "usd/day", "usd/month", "req/min", "tok/min", "models", "tests", "state")
+        found = Table("name", "roles", "team", "limits", "models", "tests", "state")
         now = time.time()
         for k in sorted(snapshot.keys.values(), key=lambda k: k.name):
             state = "revoked" if k.revoked_at else ("expired" if not k.live(now) else "live")
@@ -174,10 +174,7 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
                 k.name,
                 ",".join(k.roles),
                 k.team or "-",
-                _opt(k.limits.usd_per_day),
-                _opt(k.limits.usd_per_month),
-                _opt(k.limits.requests_per_minute),
-                _opt(k.limits.tokens_per_minute),
+                _limits_text(k.limits),
                 ",".join(k.models) if k.models else "all",
                 "allowed" if k.allow_tests else "-",
                 state,
@@ -281,6 +278,20 @@ def _limits_of(changes: dict[str, Any]) -> Any:
     from router.control.records import Limits
 
     return Limits(**changes)
+
+
+def _limits_text(limits: Any) -> str:
+    parts = [
+        f"{prefix}{value:g}{unit}"
+        for prefix, value, unit in (
+            ("$", limits.usd_per_day, "/day"),
+            ("$", limits.usd_per_month, "/month"),
+            ("", limits.requests_per_minute, " rpm"),
+            ("", limits.tokens_per_minute, " tpm"),
+        )
+        if value is not None
+    ]
+    return " ".join(parts) or "-"
 
 
 def _opt(value: Any) -> str:

@@ -91,7 +91,7 @@ class ControlPlane:
             if team is not None:
                 self._team_exists(sql, team)
             if not insert_key(sql, found):
-                raise Conflict(f"a key named '{name}' exists (revoked keys keep their names)")
+                raise Conflict(f"the ledger's database already has a key named '{name}' (a revoked key keeps its name)")
             detail = {k: v for k, v in found.public().items() if k not in ("name", "created_at", "created_by")}
             record(sql, actor, "key.create", name, detail)
         self._changed()
