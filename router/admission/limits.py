@@ -1,4 +1,10 @@
-"""Per-key admission, decided before any generation: USD budgets, then a request rate limit.
+"""Admission, decided before any generation: USD budgets, request rates and token rates, at each
+level a request falls under (its key, its key's team, and that team's end user: `Quota`).
+
+A request is admitted only if it fits every level; each level keeps its counters under its
+`Quota.subject`, and a refusal at one level leaves no trace at the others. Token rates
+(`tokens_per_minute`) count a request at its worst case from admission (like the dollar
+reservation) and at its real count once it settles, in a 60 s window.
 
 Budgets (`usd_per_day`, `usd_per_month`, UTC calendar periods) compare what the key has spent,
 as the ledger recorded it, plus a reservation for each of its requests in flight, plus the new

@@ -13,6 +13,13 @@ need to agree on a key's limits (`router.admission.limits.SharedLimits`):
                                             database's clock; rows older than the window are deleted
     pending.expires_at                      a reservation stops counting then (its replica died, or
                                             never released it)
+    token_events subject, request_id, ts,   tokens per admission of a token-limited key, team or
+                 tokens                     user: its worst case, replaced by its real count when it
+                                            settles; rows older than the window are deleted
+
+A key's team and a team's end user are limited like a key: each is a subject (`team:NAME`,
+`user:TEAM:USER`) with its own `limit_keys` row, `key_spend` rows and events, and an admission
+locks every subject it falls under, in one order.
 
 Schema changes are versioned migrations (`MIGRATIONS`, recorded in `schema_migrations`), applied
 in order at start-up under an advisory lock, so replicas starting together migrate once;
