@@ -305,6 +305,10 @@ class TierSettings(_Strict):
         return self
 
 
+def _client_only() -> list[Literal["client", "admin"]]:
+    return ["client"]
+
+
 class ApiKeyEntry(_Strict):
     name: str
     hash: str = Field(description="'sha256$salt$digest' as printed by `tierroute keys create`.")
@@ -313,6 +317,14 @@ class ApiKeyEntry(_Strict):
     requests_per_minute: int | None = Field(None, ge=1)
     allow_tests: bool = Field(
         False, description="May send `tierroute.tests`: code that runs on this host (in the sandbox)."
+    )
+    tokens_per_minute: int | None = Field(None, ge=1, description="Input + output tokens per minute.")
+    roles: list[Literal["client", "admin"]] = Field(
+        default_factory=_client_only,
+        min_length=1,
+        description="'client': /v1 (completions, models); 'admin': the admin API (/admin/). An admin "
+        "key sends completions only if it is also a client. With a ledger, config keys are imported "
+        "into its database once (docs/keys.md).",
     )
 
 
@@ -335,6 +347,13 @@ class ServerSettings(_Strict):
         None,
         description="Serve /docs, /redoc and /openapi.json (behind the API keys when there are keys). "
         "Unset: on only for keyless serving on a loopback address.",
+    )
+    keys_poll_s: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        description="How often a replica checks the ledger's database for changed keys, teams and "
+        "limits; a change made on another replica is seen within this plus a reload.",
     )
     allowed_hosts: list[str] | None = Field(
         None,

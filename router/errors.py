@@ -9,8 +9,8 @@ TierrouteError
  │    ├── UnknownModelError (404)
  │    └── NotFoundError (404)    a thing the request names is not there (for this caller)
  ├── AuthError (401)
- ├── RateLimitError (429)        per-key request rate; carries retry_after
- ├── QuotaError (429)            per-key budget spent (OpenAI's insufficient_quota)
+ ├── RateLimitError (429)        a key's, team's or user's request or token rate; carries retry_after
+ ├── QuotaError (429)            a key's, team's or user's budget spent (OpenAI's insufficient_quota)
  └── UnavailableError (503)      a tier cannot answer now; carries retry_after
       ├── OverloadedError        a local tier's queue is full
       ├── CircuitOpenError       the tier's breaker is open
@@ -67,13 +67,24 @@ class AuthError(TierrouteError):
 
 
 class RateLimitError(TierrouteError):
-    def __init__(self, message: str, retry_after: float) -> None:
+    """`kind`: what ran out, "requests" (per minute) or "tokens" (per minute), as OpenAI's error
+    type says it; `limit`: which one, "key.requests_per_minute", "team.tokens_per_minute", ..."""
+
+    def __init__(self, message: str, retry_after: float, *, kind: str = "requests", limit: str | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.kind = kind
+        self.limit = limit
 
 
 class QuotaError(TierrouteError):
-    pass
+    """A budget is spent. `retry_after`: seconds until it resets (None: unknown); `limit`: which
+    one, "key.usd_per_day", "team.usd_per_month", "user.usd_per_day", ..."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None, limit: str | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.limit = limit
 
 
 class UnavailableError(TierrouteError):

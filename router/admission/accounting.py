@@ -26,12 +26,13 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from router import policy
 from router.admission.auth import Principal
 from router.admission.lifecycle import RequestAccount, Ticket
 from router.admission.limits import Limits, Reservation, SharedCounter, SharedLimits, day_start, month_start
+from router.admission.quota import Quota
 from router.cascade import CascadeResult, Tier
 from router.config import Settings
 from router.engine import Engine
@@ -73,6 +74,17 @@ def worst_case_usd(
     with it, without `verify` (shadow work is a generation only)."""
     by_name = tiers if tiers is not None else {t.name: t for t in plan}
     return math.fsum(_tier_worst_case(t, request, by_name, verify=verify) for t in plan)
+
+
+def worst_case_tokens(plan: Sequence[Tier], request: GenerationRequest) -> int:
+    """The most tokens (input + output) a request can be counted for: every planned tier's
+    prompt bound and `n` choices of its max_tokens, as `worst_case_usd` prices them. What a
+    token-rate limit reserves; verifiers' own tokens are not counted against it."""
+    total = 0
+    for tier in plan:
+        sent = request.with_(max_tokens=min(request.max_tokens, tier.settings.max_tokens))
+        total += tier.backend.prompt_token_limit(sent) + tier.backend.completion_token_limit(sent)
+    return total
 
 
 def _tier_worst_case(tier: Tier, request: GenerationRequest, tiers: Mapping[str, Tier], *, verify: bool) -> float:
@@ -131,8 +143,16 @@ def unreserved_verifiers(tiers: Sequence[Tier]) -> list[str]:
 
 
 class Accounting:
-    def __init__(self, settings: Settings, engine: Engine) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        *,
+        user_quota: Callable[[str, str], Quota | None] | None = None,
+    ) -> None:
         self.settings = settings
+        # an end user's limits within a team (the control plane's), looked up per request
+        self.user_quota = user_quota
         # a forgotten hold stops counting once every tier could have timed out, its verifying
         # included (on a shared ledger a reservation that expired while its request still ran
         # would free budget that request then spends)
@@ -143,7 +163,7 @@ class Accounting:
             else None
         )
         self.shared = (
-            SharedLimits(store, settings.server.api_keys, hold_ttl_s=ttl, workers=settings.ledger.pool_size)
+            SharedLimits(store, hold_ttl_s=ttl, workers=settings.ledger.pool_size)
             if isinstance(store, SharedCounter)
             else None
         )
@@ -227,14 +247,27 @@ class Accounting:
         otherwise reserve it, and for a stream (or while the ledger fails) start its pending row.
         With shared limits, a limited key's admission waits for `ready`."""
         reserve = worst_case_usd(plan, request, tiers=self.tiers)
+        quotas = self.quotas(principal, user)
+        tokens = worst_case_tokens(plan, request) if any(q.tokens_per_minute is not None for q in quotas) else 0
         with self._counting_refusals():
-            hold = self.limits.admit(principal, request_id, reserve)
-        pending = PendingEntry(request_id, time.time(), principal.key_id, model, reserve)
-        shared = self.shared is not None and self.shared.limited(principal.entry)
-        ticket = Ticket(hold, None, pending, user=user, shared=shared)
+            hold = self.limits.admit(principal, request_id, reserve, quotas=quotas, reserve_tokens=tokens)
+        team = principal.team
+        pending = PendingEntry(request_id, time.time(), principal.key_id, model, reserve, team=team, user=user)
+        shared = self.shared is not None and self.shared.limited(quotas)
+        ticket = Ticket(hold, None, pending, user=user, shared=shared, quotas=quotas, team=team, reserved_tokens=tokens)
         if not shared and (stream or (self.ledger is not None and not self.ledger.healthy)):
             self._begin(ticket)
         return ticket
+
+    def quotas(self, principal: Principal, user: str | None) -> tuple[Quota, ...]:
+        """Every level's limits a request falls under: its key's, its team's, and (when the key has
+        a team and the request names a `user`) that end user's within the team."""
+        found = principal.quotas
+        if principal.team is not None and user and self.user_quota is not None:
+            own = self.user_quota(principal.team, user)
+            if own is not None:
+                found = (*found, own)
+        return found
 
     @contextlib.contextmanager
     def _counting_refusals(self) -> Iterator[None]:
@@ -258,11 +291,20 @@ class Accounting:
         limits is admitted here, through the database (429, or 503 when it cannot be reached)."""
         if ticket.shared and self.shared is not None:
             if not ticket.reserved:
-                entry = self.shared.keys[ticket.pending.key_id]
                 p = ticket.pending
-                reservation = Reservation(p.request_id, p.ts, p.key_id, p.model, p.reserved_usd, self.shared.hold_ttl_s)
+                reservation = Reservation(
+                    p.request_id,
+                    p.ts,
+                    p.key_id,
+                    p.model,
+                    p.reserved_usd,
+                    self.shared.hold_ttl_s,
+                    team=p.team,
+                    user=p.user,
+                    reserved_tokens=ticket.reserved_tokens,
+                )
                 with self._counting_refusals():
-                    await self.shared.admit(entry, reservation, p.ts)
+                    await self.shared.admit(ticket.quotas, reservation, p.ts)
                 ticket.reserved = True
             return
         if self.ledger is not None and not self.ledger.healthy:
@@ -303,7 +345,7 @@ class Accounting:
         try:
             latency_s = self.limits.monotonic() - hold.started
             entry = LedgerEntry.from_result(
-                ticket.request_id, principal.key_id, result, latency_s=latency_s, user=ticket.user
+                ticket.request_id, principal.key_id, result, latency_s=latency_s, user=ticket.user, team=ticket.team
             )
             failed = None
             if self.ledger is not None:
@@ -317,7 +359,8 @@ class Accounting:
             # charged even when the write failed: the work was done, and this process's budgets
             # must see it (the pending row carries it, at its reservation, past a restart)
             # (less what an expired hold already charged for it)
-            self.limits.charge(principal.key_id, entry.cost_usd - hold.charged_usd, entry.ts)
+            tokens = entry.prompt_tokens + entry.completion_tokens
+            self.limits.settle(hold, entry.cost_usd - hold.charged_usd, tokens, entry.ts)
         finally:
             hold.release()
         if failed is not None:

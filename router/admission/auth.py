@@ -10,9 +10,13 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from router.admission.quota import Quota
 from router.config import ApiKeyEntry, ServerSettings
+from router.control.records import KeyRecord, Snapshot, config_snapshot
 from router.errors import AuthError, ConfigError
 
 KEY_PREFIX = "trk-"
@@ -45,24 +49,59 @@ class Principal:
 
     `may_send_tests`: whether the caller may send `tierroute.tests`, code that the service runs on
     its host. Only an operator grants that: per key (`keys create --allow-tests`), or for every
-    client of a keyless server (`server.allow_client_tests_without_keys`)."""
+    client of a keyless server (`server.allow_client_tests_without_keys`).
+
+    `roles`: 'client' (the /v1 API) and/or 'admin' (the admin API); `team`: the key's team, if
+    any; `models`: the models it may ask for (None: all); `key_quotas`: the key's own and its
+    team's limits (an end user's are added per request, from its `user` field)."""
 
     key_id: str
     entry: ApiKeyEntry | None
     may_send_tests: bool = False
+    roles: frozenset[str] = frozenset({"client"})
+    team: str | None = None
+    models: frozenset[str] | None = None
+    key_quotas: tuple[Quota, ...] | None = None
+
+    @property
+    def quotas(self) -> tuple[Quota, ...]:
+        if self.key_quotas is not None:
+            return self.key_quotas
+        return (Quota.of_key(self.entry),) if self.entry is not None else ()
 
 
 ANONYMOUS = Principal("anonymous", None)
 
 
+def is_admin(principal: Principal) -> bool:
+    """Whether the caller holds an admin key (the admin API's role). For routes outside /admin/
+    that let an admin act for any key, e.g. labelling another key's request."""
+    return "admin" in principal.roles
+
+
+def is_client(principal: Principal) -> bool:
+    """Whether the caller may use the /v1 API (completions, models)."""
+    return "client" in principal.roles
+
+
 class Authenticator:
-    def __init__(self, server: ServerSettings) -> None:
-        self.keys = list(server.api_keys)
-        self.open = server.allow_unauthenticated and not self.keys
+    """Finds the key a request presents among the keys `keys()` returns now (the control plane's
+    snapshot, which another replica's change replaces within the poll bound; without a ledger,
+    the config's keys)."""
+
+    def __init__(self, server: ServerSettings, keys: Callable[[], Snapshot] | None = None) -> None:
+        config = config_snapshot(list(server.api_keys))
+        self.keys: Callable[[], Snapshot] = keys if keys is not None else (lambda: config)
+        self.allow_unauthenticated = server.allow_unauthenticated
         self.anonymous = Principal("anonymous", None, may_send_tests=server.allow_client_tests_without_keys)
 
-    def authenticate(self, authorization: str | None) -> Principal:
-        if self.open:
+    @property
+    def open(self) -> bool:
+        return self.allow_unauthenticated and not self.keys().keys
+
+    def authenticate(self, authorization: str | None, now: float | None = None) -> Principal:
+        snapshot = self.keys()
+        if self.allow_unauthenticated and not snapshot.keys:
             return self.anonymous
         if not authorization:
             raise AuthError("You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.")
@@ -70,13 +109,30 @@ class Authenticator:
         if scheme.lower() != "bearer" or not key.strip():
             raise AuthError("Malformed Authorization header; expected 'Bearer KEY'.")
         key = key.strip()
-        found: ApiKeyEntry | None = None
-        for entry in self.keys:  # check every entry: timing does not reveal which one matched
-            if _matches(key, entry.hash) and found is None:
-                found = entry
+        found: KeyRecord | None = None
+        for record in snapshot.keys.values():  # check every entry: timing does not reveal which one matched
+            if _matches(key, record.hash) and found is None:
+                found = record
         if found is None:
             raise AuthError("Incorrect API key provided.")
-        return Principal(found.name, found, may_send_tests=found.allow_tests)
+        at = time.time() if now is None else now
+        if found.revoked_at is not None:
+            raise AuthError("This API key has been revoked.")
+        if found.expires_at is not None and at >= found.expires_at:
+            raise AuthError("This API key has expired.")
+        team = snapshot.teams.get(found.team) if found.team is not None else None
+        quotas = [found.limits.quota("key", found.name)]
+        if team is not None:
+            quotas.append(team.limits.quota("team", team.name))
+        return Principal(
+            found.name,
+            None,
+            may_send_tests=found.allow_tests,
+            roles=frozenset(found.roles),
+            team=found.team,
+            models=None if found.models is None else frozenset(found.models),
+            key_quotas=tuple(quotas),
+        )
 
 
 def is_loopback(host: str) -> bool:
@@ -114,10 +170,10 @@ def docs_enabled(server: ServerSettings) -> bool:
     return server.docs if server.docs is not None else _keyless_loopback(server)
 
 
-def check_bind(server: ServerSettings) -> None:
+def check_bind(server: ServerSettings, *, stored_keys: bool = False) -> None:
     """Refuse to serve without keys unless that is explicit, and never on a public address unless
-    told twice."""
-    if server.api_keys:
+    told twice. `stored_keys`: the ledger's database holds keys (made with the admin API or CLI)."""
+    if server.api_keys or stored_keys:
         return
     if not server.allow_unauthenticated:
         raise ConfigError(

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from router.admission.auth import Principal
 from router.admission.limits import Hold
+from router.admission.quota import Quota
 from router.cascade import CascadeResult, Spent
 from router.ledger.entries import PendingEntry
 
@@ -37,6 +38,9 @@ class Ticket:
     user: str | None = None  # OpenAI's `user` field, kept in its ledger row
     shared: bool = False  # admitted through the shared limits in `ready` (its key is limited)
     reserved: bool = False  # that admission committed its reservation (its pending row)
+    quotas: tuple[Quota, ...] = ()  # every level's limits it falls under: key, team, end user
+    team: str | None = None  # the key's team at admission: the ledger row's, and its spend's
+    reserved_tokens: int = 0  # the most tokens (input + output) it can use: its token-rate reservation
 
     @property
     def request_id(self) -> str:

@@ -1,4 +1,10 @@
-"""Per-key admission, decided before any generation: USD budgets, then a request rate limit.
+"""Admission, decided before any generation: USD budgets, request rates and token rates, at each
+level a request falls under (its key, its key's team, and that team's end user: `Quota`).
+
+A request is admitted only if it fits every level; each level keeps its counters under its
+`Quota.subject`, and a refusal at one level leaves no trace at the others. Token rates
+(`tokens_per_minute`) count a request at its worst case from admission (like the dollar
+reservation) and at its real count once it settles, in a 60 s window.
 
 Budgets (`usd_per_day`, `usd_per_month`, UTC calendar periods) compare what the key has spent,
 as the ledger recorded it, plus a reservation for each of its requests in flight, plus the new
@@ -36,12 +42,13 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from router.admission.auth import Principal
+from router.admission.quota import Quota
 from router.config import ApiKeyEntry
 from router.errors import QuotaError, RateLimitError, UnavailableError
 
@@ -62,48 +69,144 @@ def month_start(ts: float) -> float:
     return float(calendar.timegm((y, m, 1, 0, 0, 0)))
 
 
-def check_budget(entry: ApiKeyEntry, day_usd: float, month_usd: float, pending: float, reserve_usd: float) -> None:
-    """QuotaError when the key's settled spend (today, this month) plus what it holds in flight
-    plus this request's reservation passes a budget."""
-    for period, spent, limit, resets in (
-        ("daily", day_usd, entry.usd_per_day, "at 00:00 UTC"),
-        ("monthly", month_usd, entry.usd_per_month, "on the 1st at 00:00 UTC"),
+def _quota(q: Quota | ApiKeyEntry) -> Quota:
+    return q if isinstance(q, Quota) else Quota.of_key(q)
+
+
+def check_budget(
+    quota: Quota | ApiKeyEntry,
+    day_usd: float,
+    month_usd: float,
+    pending: float,
+    reserve_usd: float,
+    now: float | None = None,
+) -> None:
+    """QuotaError when the settled spend (today, this month) plus what is held in flight plus
+    this request's reservation passes a budget; it names the budget and when it resets."""
+    q = _quota(quota)
+    at = time.time() if now is None else now
+    y, m = time.gmtime(at)[:2]
+    next_month = calendar.timegm((y + m // 12, m % 12 + 1, 1, 0, 0, 0))
+    for period, field_name, spent, limit, resets, reset_at in (
+        ("daily", "usd_per_day", day_usd, q.usd_per_day, "at 00:00 UTC", day_start(at) + 86400.0),
+        ("monthly", "usd_per_month", month_usd, q.usd_per_month, "on the 1st at 00:00 UTC", float(next_month)),
     ):
         if limit is not None and (spent >= limit or spent + pending + reserve_usd > limit):
+            wait = max(1.0, reset_at - at)
             raise QuotaError(
-                f"You exceeded your current quota: key '{entry.name}' has used ${spent:.6f} "
-                f"(+${pending:.6f} reserved in flight) of its ${limit:g} {period} budget, and this "
-                f"request may cost up to ${reserve_usd:.6f} (a smaller max_tokens, or one named "
-                f"tier, reserves less); it resets {resets}."
+                f"You exceeded your current quota: {q.label} has used ${spent:.6f} "
+                f"(+${pending:.6f} reserved in flight) of its ${limit:g} {period} budget "
+                f"({q.level}.{field_name}), and this request may cost up to ${reserve_usd:.6f} "
+                f"(a smaller max_tokens, or one named tier, reserves less); it resets {resets}, "
+                f"in {math.ceil(wait)} s.",
+                retry_after=wait,
+                limit=f"{q.level}.{field_name}",
             )
 
 
-def check_rate(key_id: str, per_minute: int, recent: int, oldest_age_s: float | None) -> None:
+def check_rate(quota: Quota | ApiKeyEntry, recent: int, oldest_age_s: float | None) -> None:
     """RateLimitError when `recent` admissions in the last minute (the oldest `oldest_age_s` ago)
     leave no room for one more."""
-    if recent >= per_minute:
+    q = _quota(quota)
+    per_minute = q.requests_per_minute
+    if per_minute is not None and recent >= per_minute:
         retry_after = max(0.0, WINDOW_S - (oldest_age_s or 0.0))
         raise RateLimitError(
-            f"Rate limit reached for key '{key_id}': {per_minute} requests per minute. "
-            f"Retry in {math.ceil(retry_after)} s.",
+            f"Rate limit reached for {q.label}: {per_minute} requests per minute "
+            f"({q.level}.requests_per_minute). Retry in {math.ceil(retry_after)} s.",
             retry_after=retry_after,
+            kind="requests",
+            limit=f"{q.level}.requests_per_minute",
         )
 
 
+def check_tokens(quota: Quota, used: int, reserve_tokens: int, oldest_age_s: float | None) -> None:
+    """RateLimitError when the tokens admitted in the last minute (each request at its worst
+    case until it settles, then at its real count) plus this request's worst case pass the
+    token rate."""
+    per_minute = quota.tokens_per_minute
+    if per_minute is None or used + reserve_tokens <= per_minute:
+        return
+    limit = f"{quota.level}.tokens_per_minute"
+    if reserve_tokens > per_minute:
+        raise RateLimitError(
+            f"Rate limit reached for {quota.label}: {per_minute} tokens per minute ({limit}), and this "
+            f"request may use up to {reserve_tokens} tokens (input + output) on its own: ask for a "
+            f"smaller max_tokens, or one named tier.",
+            retry_after=WINDOW_S,
+            kind="tokens",
+            limit=limit,
+        )
+    retry_after = max(0.0, WINDOW_S - (oldest_age_s or 0.0))
+    raise RateLimitError(
+        f"Rate limit reached for {quota.label}: {per_minute} tokens per minute ({limit}); {used} used "
+        f"in the last minute and this request may use up to {reserve_tokens}. Retry in {math.ceil(retry_after)} s.",
+        retry_after=retry_after,
+        kind="tokens",
+        limit=limit,
+    )
+
+
 class RateLimiter:
-    """Sliding-window log per key: exact, and O(1) amortised per request."""
+    """Sliding-window log per subject: exact, and O(1) amortised per request."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._seen: dict[str, deque[float]] = {}
 
-    def acquire(self, key_id: str, per_minute: int) -> None:
+    def _window(self, subject: str) -> deque[float]:
         now = self.clock()
-        seen = self._seen.setdefault(key_id, deque())
+        seen = self._seen.setdefault(subject, deque())
         while seen and seen[0] <= now - WINDOW_S:
             seen.popleft()
-        check_rate(key_id, per_minute, len(seen), now - seen[0] if seen else None)
-        seen.append(now)
+        return seen
+
+    def check(self, quota: Quota) -> None:
+        seen = self._window(quota.subject)
+        check_rate(quota, len(seen), self.clock() - seen[0] if seen else None)
+
+    def add(self, subject: str) -> None:
+        self._window(subject).append(self.clock())
+
+    def acquire(self, key_id: str, per_minute: int) -> None:
+        quota = Quota("key", key_id, requests_per_minute=per_minute)
+        self.check(quota)
+        self.add(key_id)
+
+
+class TokenWindow:
+    """Tokens admitted per subject in the last minute: each request at its worst case from
+    admission, then at its real count once it settles (`settle`)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._seen: dict[str, deque[list[float]]] = {}  # [admitted at, tokens]
+        self._of: dict[str, list[list[float]]] = {}  # a request's entries, until it settles or ends
+
+    def _window(self, subject: str) -> deque[list[float]]:
+        now = self.clock()
+        seen = self._seen.setdefault(subject, deque())
+        while seen and seen[0][0] <= now - WINDOW_S:
+            seen.popleft()
+        return seen
+
+    def check(self, quota: Quota, reserve_tokens: int) -> None:
+        seen = self._window(quota.subject)
+        used = int(sum(e[1] for e in seen))
+        check_tokens(quota, used, reserve_tokens, self.clock() - seen[0][0] if seen else None)
+
+    def add(self, subject: str, request_id: str, tokens: int) -> None:
+        item = [self.clock(), float(tokens)]
+        self._window(subject).append(item)
+        self._of.setdefault(request_id, []).append(item)
+
+    def settle(self, request_id: str, tokens: int) -> None:
+        for item in self._of.pop(request_id, ()):
+            item[1] = float(tokens)
+
+    def forget(self, request_id: str) -> None:
+        """The request ended unsettled: its entries keep their worst case until they leave the window."""
+        self._of.pop(request_id, None)
 
 
 @dataclass
@@ -133,6 +236,7 @@ class Hold:
     expires: float  # monotonic; a hold still open then is charged its reservation (see _expire)
     _limits: Limits | None = field(default=None, repr=False)
     charged_usd: float = 0.0  # what its expiry charged; the settled cost replaces it
+    subjects: tuple[str, ...] = ()  # every quota it counts against (the key's first), see Quota.subject
 
     def release(self) -> None:
         if self._limits is not None:
@@ -160,6 +264,7 @@ class Limits:
         self.clock = clock
         self.monotonic = monotonic
         self.rate = RateLimiter(monotonic)
+        self.tokens = TokenWindow(monotonic)
         self.on_change = on_change  # told the number of holds whenever it changes (the in-flight gauge)
         self._spend: dict[str, _Spend] = {}
         # in admission order, which with one TTL is expiry order: expiring looks at the front only
@@ -188,23 +293,45 @@ class Limits:
         self._expire()
         return self._reserved.get(key_id, 0.0)
 
-    def admit(self, principal: Principal, request_id: str, reserve_usd: float = 0.0) -> Hold:
+    def admit(
+        self,
+        principal: Principal,
+        request_id: str,
+        reserve_usd: float = 0.0,
+        *,
+        quotas: Sequence[Quota] | None = None,
+        reserve_tokens: int = 0,
+    ) -> Hold:
         """Raise QuotaError or RateLimitError, or return a hold, reserving `reserve_usd` (the most
-        the request can cost) against the key's budgets until it is released."""
-        entry = principal.entry
+        the request can cost) against every quota it falls under (`quotas`: the principal's own,
+        its key's and team's, unless given) until it is released; a token-limited quota also
+        counts `reserve_tokens` in its token window until the request settles."""
+        found = tuple(principal.quotas if quotas is None else quotas)
         now = self.monotonic()
         self._expire()
-        if entry is not None and not self.shared:
-            self._check_budget(entry, reserve_usd)
-            if entry.requests_per_minute is not None:
-                self.rate.acquire(entry.name, entry.requests_per_minute)
+        if not self.shared:
+            # every quota is checked before any counts the request: a refusal leaves no trace
+            for q in found:
+                if q.has_budget:
+                    self._check_budget(q, reserve_usd)
+                if q.requests_per_minute is not None:
+                    self.rate.check(q)
+                if q.tokens_per_minute is not None:
+                    self.tokens.check(q, reserve_tokens)
+            for q in found:
+                if q.requests_per_minute is not None:
+                    self.rate.add(q.subject)
+                if q.tokens_per_minute is not None:
+                    self.tokens.add(q.subject, request_id, reserve_tokens)
         if request_id in self._holds:
             raise ValueError(f"request {request_id} is already admitted")
         key = principal.key_id
-        hold = Hold(request_id, key, reserve_usd, now, now + self.hold_ttl_s, self)
+        subjects = tuple(dict.fromkeys([key, *(q.subject for q in found)]))
+        hold = Hold(request_id, key, reserve_usd, now, now + self.hold_ttl_s, self, subjects=subjects)
         self._holds[request_id] = hold
-        self._reserved[key] = self._reserved.get(key, 0.0) + reserve_usd
-        self._held[key] = self._held.get(key, 0) + 1
+        for subject in subjects:
+            self._reserved[subject] = self._reserved.get(subject, 0.0) + reserve_usd
+            self._held[subject] = self._held.get(subject, 0) + 1
         self._changed()
         return hold
 
@@ -212,18 +339,26 @@ class Limits:
         return self._holds.get(request_id)
 
     def charge(self, key_id: str, usd: float, ts: float) -> None:
-        """Add a settled request's cost to its key's spend."""
+        """Add a settled request's cost to one subject's spend (a key's name, or `Quota.subject`)."""
         s = self._spend_of(key_id, self.clock())
         if day_start(ts) == s.day:
             s.day_usd += usd
         if month_start(ts) == s.month:
             s.month_usd += usd
 
-    def _check_budget(self, entry: ApiKeyEntry, reserve_usd: float) -> None:
-        if entry.usd_per_day is None and entry.usd_per_month is None:
+    def settle(self, hold: Hold, usd: float, tokens: int, ts: float) -> None:
+        """A request settled: its cost is charged to every quota it counted against, and its
+        token windows hold its real count instead of its worst case."""
+        for subject in hold.subjects or (hold.key_id,):
+            self.charge(subject, usd, ts)
+        self.tokens.settle(hold.request_id, tokens)
+
+    def _check_budget(self, quota: Quota | ApiKeyEntry, reserve_usd: float) -> None:
+        q = _quota(quota)
+        if not q.has_budget:
             return
-        day_usd, month_usd = self.spent(entry.name)
-        check_budget(entry, day_usd, month_usd, self._reserved.get(entry.name, 0.0), reserve_usd)
+        day_usd, month_usd = self.spent(q.subject)
+        check_budget(q, day_usd, month_usd, self._reserved.get(q.subject, 0.0), reserve_usd, self.clock())
 
     def _spend_of(self, key_id: str, now: float) -> _Spend:
         s = self._spend.get(key_id)
@@ -237,13 +372,14 @@ class Limits:
         if self._holds.get(hold.request_id) is not hold:
             return
         del self._holds[hold.request_id]
-        key = hold.key_id
-        self._held[key] -= 1
-        if self._held[key]:
-            self._reserved[key] -= hold.reserved_usd
-        else:  # exactly zero once nothing is held, whatever the float rounding on the way
-            del self._held[key]
-            del self._reserved[key]
+        self.tokens.forget(hold.request_id)
+        for key in hold.subjects or (hold.key_id,):
+            self._held[key] -= 1
+            if self._held[key]:
+                self._reserved[key] -= hold.reserved_usd
+            else:  # exactly zero once nothing is held, whatever the float rounding on the way
+                del self._held[key]
+                del self._reserved[key]
         self._changed()
 
     def _expire(self) -> None:
@@ -260,7 +396,8 @@ class Limits:
                 hold.request_id,
                 self.hold_ttl_s,
             )
-            self.charge(hold.key_id, hold.reserved_usd, self.clock())
+            for subject in hold.subjects or (hold.key_id,):
+                self.charge(subject, hold.reserved_usd, self.clock())
             hold.charged_usd = hold.reserved_usd
             self._drop(hold)
 
@@ -275,13 +412,15 @@ class Limits:
 
 @dataclass(frozen=True)
 class KeyWindow:
-    """What the shared store knows of a key at admission, read under the key's lock."""
+    """What the shared store knows of one quota's subject at admission, read under its lock."""
 
     day_usd: float  # settled cost today (UTC)
     month_usd: float  # settled cost this month
     reserved_usd: float  # live reservations (unsettled, unexpired), from every replica
     recent: int  # admissions in the last WINDOW_S seconds, every replica's
     oldest_age_s: float | None  # how long ago the oldest of those was
+    tokens: int = 0  # tokens admitted in the last WINDOW_S seconds (worst case until settled)
+    tokens_oldest_age_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -294,6 +433,9 @@ class Reservation:
     model: str
     reserved_usd: float
     ttl_s: float
+    team: str | None = None
+    user: str | None = None
+    reserved_tokens: int = 0
 
 
 @runtime_checkable
@@ -302,11 +444,16 @@ class SharedCounter(Protocol):
     methods block; `SharedLimits` calls them off the event loop."""
 
     def admit(
-        self, reservation: Reservation, day_start: float, month_start: float, decide: Callable[[KeyWindow], bool]
+        self,
+        reservation: Reservation,
+        quotas: Sequence[Quota],
+        day_start: float,
+        month_start: float,
+        decide: Callable[[Quota, KeyWindow], None],
     ) -> None:
-        """In one transaction holding the key's lock: read its window, call `decide` (which raises
-        to refuse, and says whether the request uses up rate), then write the reservation and,
-        when told, a rate event."""
+        """In one transaction holding every quota's lock (in one order, so two admissions never
+        wait on each other): read each window, call `decide` (which raises to refuse), then write
+        the reservation and, for a quota with a request or token rate, its events."""
 
     def drop(self, request_id: str) -> None:
         """Release an unsettled reservation (the request ended without a record)."""
@@ -315,32 +462,35 @@ class SharedCounter(Protocol):
 class SharedLimits:
     """Budgets and rate limits decided through a store every replica shares."""
 
-    def __init__(self, counter: SharedCounter, keys: Iterable[ApiKeyEntry], *, hold_ttl_s: float, workers: int) -> None:
+    def __init__(
+        self, counter: SharedCounter, keys: Iterable[ApiKeyEntry] = (), *, hold_ttl_s: float, workers: int
+    ) -> None:
         self.counter = counter
         self.keys = {k.name: k for k in keys}
         self.hold_ttl_s = hold_ttl_s
         # admissions wait on the database's row lock, not on the ledger's writer thread
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tierroute-limits")
 
-    def limited(self, entry: ApiKeyEntry | None) -> bool:
-        return entry is not None and (
-            entry.usd_per_day is not None or entry.usd_per_month is not None or entry.requests_per_minute is not None
-        )
+    def limited(self, found: ApiKeyEntry | Sequence[Quota] | None) -> bool:
+        if found is None:
+            return False
+        quotas = [Quota.of_key(found)] if isinstance(found, ApiKeyEntry) else found
+        return any(q.limited for q in quotas)
 
-    async def admit(self, entry: ApiKeyEntry, reservation: Reservation, now: float) -> None:
+    async def admit(self, found: ApiKeyEntry | Sequence[Quota], reservation: Reservation, now: float) -> None:
         """Raise QuotaError, RateLimitError, or UnavailableError (the database is unreachable:
         the request is refused rather than served unlimited); return once the reservation is
         committed."""
+        quotas = [Quota.of_key(found)] if isinstance(found, ApiKeyEntry) else [q for q in found if q.limited]
 
-        def decide(w: KeyWindow) -> bool:
-            check_budget(entry, w.day_usd, w.month_usd, w.reserved_usd, reservation.reserved_usd)
-            if entry.requests_per_minute is None:
-                return False
-            check_rate(entry.name, entry.requests_per_minute, w.recent, w.oldest_age_s)
-            return True
+        def decide(q: Quota, w: KeyWindow) -> None:
+            if q.has_budget:
+                check_budget(q, w.day_usd, w.month_usd, w.reserved_usd, reservation.reserved_usd, now)
+            check_rate(q, w.recent, w.oldest_age_s)
+            check_tokens(q, w.tokens, reservation.reserved_tokens, w.tokens_oldest_age_s)
 
         loop = asyncio.get_running_loop()
-        call = functools.partial(self.counter.admit, reservation, day_start(now), month_start(now), decide)
+        call = functools.partial(self.counter.admit, reservation, quotas, day_start(now), month_start(now), decide)
         try:
             await loop.run_in_executor(self._pool, call)
         except (QuotaError, RateLimitError):

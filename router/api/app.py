@@ -22,8 +22,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.admission.auth import allowed_hosts, docs_enabled
-from router.api import errors, routes_completions, routes_feedback, routes_health, routes_models
-from router.api.deps import PrincipalDep, Services, ServicesDep
+from router.api import errors, routes_admin, routes_completions, routes_feedback, routes_health, routes_models
+from router.api.deps import AnyPrincipalDep, Services, ServicesDep
 from router.config import Settings
 from router.engine import Engine
 from router.errors import RequestError
@@ -181,13 +181,16 @@ def create_app(settings: Settings, *, engine: Engine | None = None, **engine_kwa
             await eng.start()
         accounting = app.state.services.accounting
         shadow = app.state.services.shadow
+        keys = app.state.services.keys
         try:
+            await keys.start()  # the ledger database's keys (the config's imported once), then polled
             await accounting.start()
             await shadow.start()  # reads the day's shadow spend back from the ledger
             yield
         finally:
             await shadow.close()  # before the ledger closes: running shadow work is still recorded
             await accounting.close()  # after the server has drained: every answered request is in
+            await keys.close()
             if owned:
                 await eng.close()
 
@@ -202,6 +205,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None, **engine_kwa
     app.include_router(routes_models.router)
     app.include_router(routes_completions.router)
     app.include_router(routes_feedback.router)
+    app.include_router(routes_admin.router)
     _add_metrics_route(app, settings)
     extra_routes = ["/metrics"]
     if docs_enabled(settings.server):
@@ -223,15 +227,15 @@ def _add_docs_routes(app: FastAPI) -> list[str]:
     from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 
     @app.get("/openapi.json", include_in_schema=False)
-    async def openapi(principal: PrincipalDep) -> JSONResponse:
+    async def openapi(principal: AnyPrincipalDep) -> JSONResponse:
         return JSONResponse(app.openapi())
 
     @app.get("/docs", include_in_schema=False)
-    async def swagger(principal: PrincipalDep) -> HTMLResponse:
+    async def swagger(principal: AnyPrincipalDep) -> HTMLResponse:
         return get_swagger_ui_html(openapi_url="/openapi.json", title="tierroute API")
 
     @app.get("/redoc", include_in_schema=False)
-    async def redoc(principal: PrincipalDep) -> HTMLResponse:
+    async def redoc(principal: AnyPrincipalDep) -> HTMLResponse:
         return get_redoc_html(openapi_url="/openapi.json", title="tierroute API")
 
     return ["/openapi.json", "/docs", "/redoc"]
@@ -253,5 +257,5 @@ def _add_metrics_route(app: FastAPI, settings: Settings) -> None:
     else:
 
         @app.get("/metrics", include_in_schema=False)
-        async def metrics_private(services: ServicesDep, principal: PrincipalDep) -> Response:
+        async def metrics_private(services: ServicesDep, principal: AnyPrincipalDep) -> Response:
             return render(services)

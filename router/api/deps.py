@@ -11,8 +11,10 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from router.admission.accounting import Accounting
-from router.admission.auth import Authenticator, Principal
+from router.admission.auth import Authenticator, Principal, is_admin, is_client
+from router.api.errors import PermissionDenied
 from router.config import Settings
+from router.control.registry import KeyRegistry
 from router.engine import Engine
 from router.quality.shadow import ShadowService
 
@@ -23,8 +25,10 @@ class Services:
     def __init__(self, settings: Settings, engine: Engine) -> None:
         self.settings = settings
         self.engine = engine
-        self.auth = Authenticator(settings.server)
-        self.accounting = Accounting(settings, engine)
+        # keys, teams and user limits: the ledger database's, polled (router.control.registry)
+        self.keys = KeyRegistry(settings, models=engine.cascade.model_names())
+        self.auth = Authenticator(settings.server, keys=lambda: self.keys.snapshot)
+        self.accounting = Accounting(settings, engine, user_quota=self.keys.user_quota)
         self.shadow = ShadowService(
             settings, engine.cascade, self.accounting.ledger, self.accounting.metrics, sandboxes=engine.sandboxes
         )
@@ -37,8 +41,35 @@ def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-def get_principal(request: Request, services: ServicesDep) -> Principal:
+def get_any_principal(request: Request, services: ServicesDep) -> Principal:
+    """Any valid key, whatever its roles (metrics, the OpenAPI schema)."""
     return services.auth.authenticate(request.headers.get("authorization"))
 
 
+AnyPrincipalDep = Annotated[Principal, Depends(get_any_principal)]
+
+
+def get_principal(principal: AnyPrincipalDep) -> Principal:
+    """A key with the client role: the /v1 API."""
+    if not is_client(principal):
+        raise PermissionDenied(
+            f"Key '{principal.key_id}' is an admin key: it may use the admin API (/admin/) only. "
+            "Give it the client role, or use a client key, to send requests to /v1.",
+            code="not_a_client_key",
+        )
+    return principal
+
+
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+def get_admin(principal: AnyPrincipalDep) -> Principal:
+    """A key with the admin role: the admin API. A client key gets 403 on every admin route."""
+    if not is_admin(principal):
+        raise PermissionDenied(
+            f"Key '{principal.key_id}' may not use the admin API: it needs the admin role.", code="not_an_admin_key"
+        )
+    return principal
+
+
+AdminDep = Annotated[Principal, Depends(get_admin)]

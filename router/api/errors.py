@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from router.control.records import Conflict, NotFound
 from router.errors import (
     AuthError,
     ContextLengthError,
@@ -47,12 +48,16 @@ class PermissionDenied(TierrouteError):
 MAX_RETRY_AFTER_S = 3600
 
 
-def retry_after(seconds: float) -> str:
-    """A Retry-After header value: whole seconds in [1, an hour], whatever was computed or heard
-    from upstream (NaN, infinity, negative or absurd values included)."""
+MAX_BUDGET_RESET_S = 31 * 86400  # a monthly budget resets at most a month away
+
+
+def retry_after(seconds: float, cap: int = MAX_RETRY_AFTER_S) -> str:
+    """A Retry-After header value: whole seconds in [1, cap] (an hour unless a budget's reset
+    says otherwise), whatever was computed or heard from upstream (NaN, infinity, negative or
+    absurd values included)."""
     if not math.isfinite(seconds):
-        return str(MAX_RETRY_AFTER_S)
-    return str(min(MAX_RETRY_AFTER_S, max(1, math.ceil(seconds))))
+        return str(cap)
+    return str(min(cap, max(1, math.ceil(seconds))))
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -62,7 +67,11 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 def error_response(exc: BaseException) -> JSONResponse:
     """Map one of our exceptions to its response."""
     headers: dict[str, str] = {}
-    if isinstance(exc, UnknownModelError | NotFoundError):
+    if isinstance(exc, NotFound):
+        status, body = 404, error_body(str(exc), "invalid_request_error", exc.param, "not_found")
+    elif isinstance(exc, Conflict):
+        status, body = 409, error_body(str(exc), "invalid_request_error", exc.param, "conflict")
+    elif isinstance(exc, UnknownModelError | NotFoundError):
         status, body = 404, error_body(str(exc), "invalid_request_error", exc.param, exc.code)
     elif isinstance(exc, ContextLengthError):
         status, body = 400, error_body(str(exc), "invalid_request_error", exc.param, exc.code)
@@ -74,9 +83,15 @@ def error_response(exc: BaseException) -> JSONResponse:
         status, body = 403, error_body(str(exc), "permission_error", exc.param, exc.code)
     elif isinstance(exc, QuotaError):
         status, body = 429, error_body(str(exc), "insufficient_quota", None, "insufficient_quota")
+        if exc.retry_after is not None:  # when the budget resets (a day can be longer than the cap)
+            headers["Retry-After"] = retry_after(exc.retry_after, MAX_BUDGET_RESET_S)
+        if exc.limit is not None:
+            headers["x-tierroute-limit"] = exc.limit
     elif isinstance(exc, RateLimitError):
-        status, body = 429, error_body(str(exc), "requests", None, "rate_limit_exceeded")
+        status, body = 429, error_body(str(exc), exc.kind, None, "rate_limit_exceeded")
         headers["Retry-After"] = retry_after(exc.retry_after)
+        if exc.limit is not None:
+            headers["x-tierroute-limit"] = exc.limit
     elif isinstance(exc, UnavailableError):
         status, body = 503, error_body(str(exc), "server_error", None, "service_unavailable")
         headers["Retry-After"] = retry_after(exc.retry_after)

@@ -16,7 +16,7 @@ from starlette.background import BackgroundTask
 
 from router.admission.auth import Principal
 from router.api.deps import PrincipalDep, Services, ServicesDep
-from router.api.errors import error_response
+from router.api.errors import PermissionDenied, error_response
 from router.api.requests import BaseRequest, ChatCompletionRequest, CompletionRequest
 from router.api.responses import CHAT, COMPLETION, Shape, new_id, shown_tokens, tool_answer_chunks
 from router.api.schema_checks import verdicts
@@ -40,6 +40,13 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
 
 async def _prepare(services: Services, body: BaseRequest, principal: Principal) -> tuple[GenerationRequest, list[Tier]]:
     plan = services.engine.cascade.plan(body.model)  # 404 for an unknown model, before any work
+    if principal.models is not None and body.model not in principal.models:
+        raise PermissionDenied(
+            f"Key '{principal.key_id}' may not use the model '{body.model}'; it may use: "
+            f"{', '.join(sorted(principal.models))}.",
+            param="model",
+            code="model_not_allowed",
+        )
     default_max = max(t.settings.max_tokens for t in plan)
     # 403 for tests from a caller the operator has not allowed to send them
     make = functools.partial(body.to_generation, default_max, may_send_tests=principal.may_send_tests)  # type: ignore[attr-defined]

@@ -24,8 +24,8 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
-from router.admission.auth import Principal
-from router.api.deps import PrincipalDep, ServicesDep
+from router.admission.auth import Principal, is_admin
+from router.api.deps import AnyPrincipalDep, ServicesDep, get_principal
 from router.api.responses import new_id
 from router.errors import NotFoundError, RequestError, TierrouteError, UnavailableError
 from router.ledger.entries import Feedback
@@ -41,9 +41,8 @@ MAX_LABELS_PER_REQUEST = 100  # past this a request takes no more: the table can
 
 
 def caller_is_admin(principal: Principal) -> bool:
-    """Whether the caller may label any key's requests. No admin keys exist yet: always False.
-    The one hook to wire to the admin keys of the control plane (issue 30, item 2)."""
-    return False
+    """Whether the caller may label any key's requests: it holds an admin key (docs/admin.md)."""
+    return is_admin(principal)
 
 
 class NotFound(NotFoundError):
@@ -94,7 +93,9 @@ class FeedbackRequest(BaseModel):
 
 
 @router.post("/feedback")
-async def post_feedback(body: FeedbackRequest, services: ServicesDep, principal: PrincipalDep) -> dict[str, Any]:
+async def post_feedback(body: FeedbackRequest, services: ServicesDep, principal: AnyPrincipalDep) -> dict[str, Any]:
+    if not caller_is_admin(principal):
+        get_principal(principal)  # neither admin nor client: the 403 every /v1 route gives
     ledger = services.accounting.ledger
     if ledger is None:
         raise RequestError(

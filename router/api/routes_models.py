@@ -43,7 +43,8 @@ def _card(services: ServicesDep, name: str) -> dict[str, Any]:
 
 @router.get("/models")
 async def list_models(services: ServicesDep, principal: PrincipalDep) -> dict[str, Any]:
-    return {"object": "list", "data": [_card(services, n) for n in services.engine.cascade.model_names()]}
+    names = [n for n in services.engine.cascade.model_names() if principal.models is None or n in principal.models]
+    return {"object": "list", "data": [_card(services, n) for n in names]}
 
 
 @router.get("/models/{model}")

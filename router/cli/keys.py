@@ -1,7 +1,12 @@
-"""`tierroute keys create|list`: make API keys and show the configured ones.
+"""`tierroute keys ...`: API keys, teams and end users' limits, from the command line.
 
-The key is printed once and never stored: the config holds only its salted hash, and the ledger,
-logs and metrics know a key by its name.
+With a config whose ledger is enabled, every command works on the ledger's database through the
+same operations as the admin API (`router.control.admin.ControlPlane`), audited as `cli:USER`;
+the config's `[[server.api_keys]]` are imported first, once, as `serve` does. Without `--config`
+(or with `--print-config`), `keys create` prints a `[[server.api_keys]]` block to paste instead.
+
+A key is printed once and never stored: the database (or the config) holds only its salted hash,
+and the ledger, logs and metrics know a key by its name.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import argparse
 import json
 import re
 import sys
+import time
 from typing import Any
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
@@ -37,9 +43,86 @@ def toml_entry(
     return "\n".join(lines) + "\n"
 
 
+def _plane(args: argparse.Namespace) -> Any:
+    """The control plane of the config's ledger database (config keys imported), or None when
+    there is no config or its ledger is off."""
+    if getattr(args, "config", None) is None:
+        return None
+    from router.config import load_settings
+    from router.control.admin import ControlPlane
+    from router.control.store import ControlStore
+
+    settings = load_settings(args.config)
+    if not settings.ledger.enabled:
+        return None
+    store = ControlStore(settings.ledger.location, settings.ledger)
+    store.open()
+    plane = ControlPlane(store, models=["auto", *(t.name for t in settings.tiers)])
+    plane.import_config(settings.server.api_keys)
+    return plane
+
+
+def _actor() -> str:
+    import getpass
+
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "cli:unknown"
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    from router.control.records import Limits
+
+    return Limits(args.usd_per_day, args.usd_per_month, args.rpm, args.tpm)
+
+
+def _run(work: Any) -> int:
+    """Run a control-plane call; its refusal is one line on stderr and exit status 1."""
+    from router.errors import TierrouteError
+
+    try:
+        work()
+    except TierrouteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_keys_create(args: argparse.Namespace) -> int:
     from router.admission.auth import hash_key, new_key
 
+    plane = None if args.print_config else _plane(args)
+    if plane is not None:
+        roles = [r for r, on in (("admin", args.admin), ("client", args.client or not args.admin)) if on]
+        models = args.models.split(",") if args.models else None
+        expires = time.time() + args.expires_in_days * 86400 if args.expires_in_days else None
+
+        def create() -> None:
+            key, found = plane.create_key(
+                _actor(),
+                args.name,
+                roles=roles,
+                team=args.team,
+                limits=_limits(args),
+                models=models,
+                allow_tests=args.allow_tests,
+                expires_at=expires,
+            )
+            print(f"API key for '{args.name}' (shown once, store it now):\n\n    {key}\n")
+            print(f"Stored in the ledger's database (roles {', '.join(found.roles)}); every replica serves it")
+            print("within server.keys_poll_s, without a restart.")
+
+        try:
+            return _run(create)
+        finally:
+            plane.store.close()
+    if args.team or args.models or args.admin or args.tpm or args.expires_in_days:
+        print(
+            "error: --team, --models, --admin, --tpm and --expires-in-days need a ledger database (--config)",
+            file=sys.stderr,
+        )
+        return 1
     if not _NAME.match(args.name):
         print("error: a key name is 1-64 characters of letters, digits and _.@-", file=sys.stderr)
         return 1
@@ -77,6 +160,27 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
     from router.config import load_settings
 
+    plane = _plane(args)
+    if plane is not None:
+        try:
+            snapshot = plane.store.snapshot()
+        finally:
+            plane.store.close()
+        found = Table("name", "roles", "team", "limits", "models", "tests", "state")
+        now = time.time()
+        for k in sorted(snapshot.keys.values(), key=lambda k: k.name):
+            state = "revoked" if k.revoked_at else ("expired" if not k.live(now) else "live")
+            found.add_row(
+                k.name,
+                ",".join(k.roles),
+                k.team or "-",
+                _limits_text(k.limits),
+                ",".join(k.models) if k.models else "all",
+                "allowed" if k.allow_tests else "-",
+                state,
+            )
+        Console(highlight=False).print(found)
+        return 0
     settings = load_settings(args.config)
     table = Table("name", "usd/day", "usd/month", "requests/min", "tests")
     for k in settings.server.api_keys:
@@ -97,6 +201,97 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
         return 0
     console.print(table)
     return 0
+
+
+def _with_plane(args: argparse.Namespace, work: Any) -> int:
+    plane = _plane(args)
+    if plane is None:
+        print(
+            "error: this needs a config whose ledger is enabled (--config): keys live in its database", file=sys.stderr
+        )
+        return 1
+    try:
+        return _run(lambda: work(plane))
+    finally:
+        plane.store.close()
+
+
+def _show(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True))
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    return _with_plane(args, lambda p: _show(p.revoke_key(_actor(), args.name).public()))
+
+
+def _changes(args: argparse.Namespace, fields: tuple[str, ...]) -> dict[str, Any]:
+    """The fields given on the command line; 'none' clears one."""
+    out: dict[str, Any] = {}
+    for name in fields:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if value == "none":
+            out[name] = None
+        elif name in ("models",):
+            out[name] = value.split(",")
+        elif name in ("requests_per_minute", "tokens_per_minute"):
+            out[name] = int(value)
+        elif name.startswith("usd"):
+            out[name] = float(value)
+        else:
+            out[name] = value
+    return out
+
+
+_LIMIT_ARGS = ("usd_per_day", "usd_per_month", "requests_per_minute", "tokens_per_minute")
+
+
+def cmd_keys_update(args: argparse.Namespace) -> int:
+    changes = _changes(args, (*_LIMIT_ARGS, "team", "models"))
+    return _with_plane(args, lambda p: _show(p.update_key(_actor(), args.name, changes).public()))
+
+
+def cmd_keys_spend(args: argparse.Namespace) -> int:
+    return _with_plane(args, lambda p: _show(p.spend(key=args.key, team=args.team, user=args.user)))
+
+
+def cmd_keys_team(args: argparse.Namespace) -> int:
+    changes = _changes(args, _LIMIT_ARGS)
+    if args.action == "create":
+        return _with_plane(args, lambda p: _show(p.create_team(_actor(), args.name, _limits_of(changes)).public()))
+    return _with_plane(args, lambda p: _show(p.update_team(_actor(), args.name, changes).public()))
+
+
+def cmd_keys_user(args: argparse.Namespace) -> int:
+    changes = _changes(args, _LIMIT_ARGS)
+    return _with_plane(
+        args, lambda p: _show(p.set_user_limits(_actor(), args.team, args.user, _limits_of(changes)).public())
+    )
+
+
+def cmd_keys_audit(args: argparse.Namespace) -> int:
+    return _with_plane(args, lambda p: _show(p.store.audit()))
+
+
+def _limits_of(changes: dict[str, Any]) -> Any:
+    from router.control.records import Limits
+
+    return Limits(**changes)
+
+
+def _limits_text(limits: Any) -> str:
+    parts = [
+        f"{prefix}{value:g}{unit}"
+        for prefix, value, unit in (
+            ("$", limits.usd_per_day, "/day"),
+            ("$", limits.usd_per_month, "/month"),
+            ("", limits.requests_per_minute, " rpm"),
+            ("", limits.tokens_per_minute, " tpm"),
+        )
+        if value is not None
+    ]
+    return " ".join(parts) or "-"
 
 
 def _opt(value: Any) -> str:
@@ -129,4 +324,38 @@ def register(sub: Any, add: Any) -> None:
         action="store_true",
         help="let this key send tierroute.tests (Python the code_tests verifier runs on this host, sandboxed)",
     )
-    add("list", "list configured keys (names and limits, never keys)", cmd_keys_list, ksub)
+    p.add_argument("--tpm", type=int, default=None, help="token rate limit, input + output tokens per minute")
+    p.add_argument("--team", default=None, help="the team it belongs to (its limits apply too)")
+    p.add_argument("--models", default=None, help="comma-separated models it may use ('auto', tier names)")
+    p.add_argument("--admin", action="store_true", help="an admin key: the admin API (not /v1 unless --client)")
+    p.add_argument("--client", action="store_true", help="with --admin: may send completions too")
+    p.add_argument("--expires-in-days", type=float, default=None, help="refused after this many days")
+    p.add_argument(
+        "--print-config", action="store_true", help="print a [[server.api_keys]] block instead of storing the key"
+    )
+    add("list", "list keys (names, roles, teams and limits, never keys)", cmd_keys_list, ksub)
+    p = add("revoke", "revoke a key: refused at once here, within server.keys_poll_s everywhere", cmd_keys_revoke, ksub)
+    p.add_argument("name")
+    p = add("update", "change a key's limits, team or models ('none' clears one)", cmd_keys_update, ksub)
+    p.add_argument("name")
+    _limit_flags(p)
+    p.add_argument("--team", default=None)
+    p.add_argument("--models", default=None, help="comma-separated, or 'none' for every model")
+    p = add("spend", "spend so far today and this month of a key, a team or a team's user", cmd_keys_spend, ksub)
+    p.add_argument("--key", default=None)
+    p.add_argument("--team", default=None)
+    p.add_argument("--user", default=None)
+    p = add("team", "create a team, or update its limits", cmd_keys_team, ksub)
+    p.add_argument("action", choices=("create", "update"))
+    p.add_argument("name")
+    _limit_flags(p)
+    p = add("user", "set an end user's limits within a team (user '*': every user's default)", cmd_keys_user, ksub)
+    p.add_argument("team")
+    p.add_argument("user")
+    _limit_flags(p)
+    add("audit", "the audit log: every admin action, newest first", cmd_keys_audit, ksub)
+
+
+def _limit_flags(p: Any) -> None:
+    for flag in ("usd-per-day", "usd-per-month", "requests-per-minute", "tokens-per-minute"):
+        p.add_argument(f"--{flag}", default=None, help="a number, or 'none' for no limit")

@@ -192,6 +192,20 @@ def _return_large_blocks() -> None:
         return
 
 
+def _stored_keys(settings: Any) -> bool:
+    """Whether the ledger's database holds a live key (made through the admin API or the CLI)."""
+    if settings.server.api_keys or not settings.ledger.enabled:
+        return False
+    from router.control.store import ControlStore
+
+    store = ControlStore(settings.ledger.location, settings.ledger)
+    store.open()
+    try:
+        return any(k.live(time.time()) for k in store.snapshot().keys.values())
+    finally:
+        store.close()
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -205,7 +219,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"server": server})
     from router.admission.auth import check_bind
 
-    check_bind(settings.server)
+    check_bind(settings.server, stored_keys=_stored_keys(settings))
     _return_large_blocks()
     app = create_app(settings)
     uvicorn.run(app, host=settings.server.host, port=settings.server.port, log_level=args.log_level)

@@ -108,6 +108,7 @@ class LedgerEntry:
     task: str | None = None  # the request's task (router.tasks); None in rows written before tasks existed
     task_why: str | None = None  # why it was given that task
     user: str | None = None  # OpenAI's `user` request field: the client's own end-user id, unchecked
+    team: str | None = None  # the key's team at admission (router.control); its spend is the team's
 
     @property
     def prompt_tokens(self) -> int:
@@ -131,6 +132,7 @@ class LedgerEntry:
         latency_s: float,
         ts: float | None = None,
         user: str | None = None,
+        team: str | None = None,
     ) -> LedgerEntry:
         return cls(
             request_id=request_id,
@@ -147,6 +149,7 @@ class LedgerEntry:
             task=result.task.task if result.task else None,
             task_why=result.task.why if result.task else None,
             user=user,
+            team=team,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -163,6 +166,8 @@ class PendingEntry:
     key_id: str
     model: str
     reserved_usd: float
+    team: str | None = None  # the key's team: the team's budget holds this reservation too
+    user: str | None = None  # OpenAI's `user` field: so does that end user's, within the team
 
 
 @dataclass(frozen=True)
@@ -225,8 +230,9 @@ class LedgerStore(Protocol):
         """Store the entry and its attempts, and drop its pending row, atomically: all or nothing."""
 
     def spend_by_key(self, since: float) -> dict[str, float]:
-        """USD per key at or after `since` (unix seconds): settled requests at their cost, pending
-        ones at their reservation."""
+        """USD per limit subject (a key's name; the SQLite store also 'team:T' and 'user:T:U', see
+        `router.admission.quota.Quota.subject`) at or after `since` (unix seconds): settled requests
+        at their cost, pending ones at their reservation."""
 
     def pending(self) -> Iterator[PendingEntry]:
         """The pending rows, oldest first: requests admitted and never settled."""

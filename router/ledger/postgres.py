@@ -13,6 +13,13 @@ need to agree on a key's limits (`router.admission.limits.SharedLimits`):
                                             database's clock; rows older than the window are deleted
     pending.expires_at                      a reservation stops counting then (its replica died, or
                                             never released it)
+    token_events subject, request_id, ts,   tokens per admission of a token-limited key, team or
+                 tokens                     user: its worst case, replaced by its real count when it
+                                            settles; rows older than the window are deleted
+
+A key's team and a team's end user are limited like a key: each is a subject (`team:NAME`,
+`user:TEAM:USER`) with its own `limit_keys` row, `key_spend` rows and events, and an admission
+locks every subject it falls under, in one order.
 
 Schema changes are versioned migrations (`MIGRATIONS`, recorded in `schema_migrations`), applied
 in order at start-up under an advisory lock, so replicas starting together migrate once;
@@ -36,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -44,9 +51,11 @@ import psycopg_pool
 from psycopg.rows import dict_row
 
 from router.admission.limits import WINDOW_S, KeyWindow, Reservation, day_start, month_start
+from router.admission.quota import Quota
 from router.errors import ConfigError
 from router.ledger import rows, schema
 from router.ledger.entries import AttemptEntry, DuplicateEntry, Feedback, LedgerEntry, PendingEntry, ShadowPair
+from router.ledger.store import spend_subjects
 
 log = logging.getLogger(__name__)
 
@@ -151,14 +160,13 @@ CREATE INDEX rate_events_key_ts ON rate_events (key_id, ts);
 MIGRATIONS = RELEASED + tuple(
     (version, schema.postgres_why(version), schema.postgres_migration(version))
     for version in range(len(RELEASED) + 1, schema.latest("postgres") + 1)
-    # a number the description does not name is one a change on another branch holds (until merged)
-    if schema.postgres_why(version)
+    if schema.postgres_why(version)  # a number another branch holds until a merge renumbers: skipped
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 _INSERT_REQUEST = rows.insert("requests", "postgres")
 # the pending columns both stores have (`expires_at` is this store's own, read by admissions only)
-_SHARED_PENDING = ", ".join(f.name for f in dataclasses.fields(PendingEntry))
+_SHARED_PENDING = ", ".join(f'"{f.name}"' if f.name in ("user",) else f.name for f in dataclasses.fields(PendingEntry))
 _INSERT_ATTEMPT = rows.insert("attempts", "postgres")
 _INSERT_PAIR = (
     rows.insert("shadow_pairs", "postgres")
@@ -237,11 +245,12 @@ class PostgresStore:
     def begin(self, pending: PendingEntry) -> None:
         with self.pool.connection() as conn:
             conn.execute(
-                "INSERT INTO pending (request_id, ts, key_id, model, reserved_usd, expires_at) "
-                "VALUES (%(request_id)s, %(ts)s, %(key_id)s, %(model)s, %(reserved_usd)s, "
+                'INSERT INTO pending (request_id, ts, key_id, model, reserved_usd, team, "user", expires_at) '
+                "VALUES (%(request_id)s, %(ts)s, %(key_id)s, %(model)s, %(reserved_usd)s, %(team)s, %(user)s, "
                 f"{_NOW} + %(hold_ttl_s)s) ON CONFLICT (request_id) DO UPDATE SET "
                 "ts = EXCLUDED.ts, key_id = EXCLUDED.key_id, model = EXCLUDED.model, "
-                "reserved_usd = EXCLUDED.reserved_usd, expires_at = EXCLUDED.expires_at",
+                'reserved_usd = EXCLUDED.reserved_usd, team = EXCLUDED.team, "user" = EXCLUDED."user", '
+                "expires_at = EXCLUDED.expires_at",
                 {**rows.pending_values(pending), "hold_ttl_s": self.hold_ttl_s},
             )
 
@@ -366,50 +375,40 @@ class PostgresStore:
     # -- SharedCounter ---------------------------------------------------------------------------
 
     def admit(
-        self, reservation: Reservation, day_start: float, month_start: float, decide: Callable[[KeyWindow], bool]
+        self,
+        reservation: Reservation,
+        quotas: Sequence[Quota],
+        day_start: float,
+        month_start: float,
+        decide: Callable[[Quota, KeyWindow], None],
     ) -> None:
-        key = reservation.key_id
+        r = reservation
         with self.pool.connection() as conn, conn.transaction():
-            conn.execute("INSERT INTO limit_keys (key_id) VALUES (%s) ON CONFLICT DO NOTHING", (key,))
-            # the key's lock, held to commit: no other replica admits for this key meanwhile
-            row = conn.execute(f"SELECT {_NOW} FROM limit_keys WHERE key_id = %s FOR UPDATE", (key,)).fetchone()
-            assert row is not None
-            now = float(row[0])
-            conn.execute("DELETE FROM rate_events WHERE key_id = %s AND ts <= %s", (key, now - WINDOW_S))
-            recent, oldest = conn.execute(
-                "SELECT count(*), min(ts) FROM rate_events WHERE key_id = %s", (key,)
-            ).fetchone() or (0, None)
-            spend: dict[str, float] = dict(
-                conn.execute(
-                    "SELECT kind, usd FROM key_spend WHERE key_id = %s AND "
-                    "((kind = 'day' AND start = %s) OR (kind = 'month' AND start = %s))",
-                    (key, day_start, month_start),
-                ).fetchall()
-            )
-            reserved = conn.execute(
-                "SELECT coalesce(sum(reserved_usd), 0) FROM pending WHERE key_id = %s AND expires_at > %s",
-                (key, now),
-            ).fetchone()
-            window = KeyWindow(
-                day_usd=float(spend.get("day", 0.0)),
-                month_usd=float(spend.get("month", 0.0)),
-                reserved_usd=float(reserved[0]) if reserved else 0.0,
-                recent=int(recent),
-                oldest_age_s=None if oldest is None else now - float(oldest),
-            )
-            if decide(window):  # raises to refuse: the transaction rolls back, nothing is written
-                conn.execute("INSERT INTO rate_events (key_id, ts) VALUES (%s, %s)", (key, now))
+            # every quota's lock, taken in one order (so two admissions never wait on each other)
+            # and held to commit: no other replica admits against any of them meanwhile
+            ordered = sorted(quotas, key=lambda q: q.subject)
+            now = 0.0
+            for q in ordered:
+                conn.execute("INSERT INTO limit_keys (key_id) VALUES (%s) ON CONFLICT DO NOTHING", (q.subject,))
+                row = conn.execute(
+                    f"SELECT {_NOW} FROM limit_keys WHERE key_id = %s FOR UPDATE", (q.subject,)
+                ).fetchone()
+                assert row is not None
+                now = float(row[0])
+            for q in ordered:
+                decide(q, _quota_window(conn, q, now, day_start, month_start))  # raises to refuse: all rolls back
+            for q in ordered:
+                if q.requests_per_minute is not None:
+                    conn.execute("INSERT INTO rate_events (key_id, ts) VALUES (%s, %s)", (q.subject, now))
+                if q.tokens_per_minute is not None:
+                    conn.execute(
+                        "INSERT INTO token_events (subject, request_id, ts, tokens) VALUES (%s, %s, %s, %s)",
+                        (q.subject, r.request_id, now, r.reserved_tokens),
+                    )
             conn.execute(
-                "INSERT INTO pending (request_id, ts, key_id, model, reserved_usd, expires_at) "
-                "VALUES (%s, %s, %s, %s, %s, %s)",
-                (
-                    reservation.request_id,
-                    reservation.ts,
-                    key,
-                    reservation.model,
-                    reservation.reserved_usd,
-                    now + reservation.ttl_s,
-                ),
+                'INSERT INTO pending (request_id, ts, key_id, model, reserved_usd, team, "user", expires_at) '
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                (r.request_id, r.ts, r.key_id, r.model, r.reserved_usd, r.team, r.user, now + r.ttl_s),
             )
 
     def drop(self, request_id: str) -> None:
@@ -425,6 +424,58 @@ class PostgresStore:
         return {key: float(total) for key, total in found}
 
 
+def _pending_filter(q: Quota) -> tuple[str, tuple[Any, ...]]:
+    """Which pending rows hold a quota's reservations."""
+    if q.level == "key":
+        return "key_id = %s", (q.name,)
+    if q.level == "team":
+        return "team = %s", (q.name,)
+    return 'team = %s AND "user" = %s', (q.team, q.name)
+
+
+def _quota_window(
+    conn: psycopg.Connection[Any], q: Quota, now: float, day_start: float, month_start: float
+) -> KeyWindow:
+    """One quota's window, read under its lock."""
+    subject = q.subject
+    recent, oldest = 0, None
+    if q.requests_per_minute is not None:
+        conn.execute("DELETE FROM rate_events WHERE key_id = %s AND ts <= %s", (subject, now - WINDOW_S))
+        recent, oldest = conn.execute(
+            "SELECT count(*), min(ts) FROM rate_events WHERE key_id = %s", (subject,)
+        ).fetchone() or (0, None)
+    tokens, tokens_oldest = 0, None
+    if q.tokens_per_minute is not None:
+        conn.execute("DELETE FROM token_events WHERE subject = %s AND ts <= %s", (subject, now - WINDOW_S))
+        tokens, tokens_oldest = conn.execute(
+            "SELECT coalesce(sum(tokens), 0), min(ts) FROM token_events WHERE subject = %s", (subject,)
+        ).fetchone() or (0, None)
+    spend: dict[str, float] = {}
+    reserved = 0.0
+    if q.has_budget:
+        spend = dict(
+            conn.execute(
+                "SELECT kind, usd FROM key_spend WHERE key_id = %s AND "
+                "((kind = 'day' AND start = %s) OR (kind = 'month' AND start = %s))",
+                (subject, day_start, month_start),
+            ).fetchall()
+        )
+        where, params = _pending_filter(q)
+        row = conn.execute(
+            f"SELECT coalesce(sum(reserved_usd), 0) FROM pending WHERE {where} AND expires_at > %s", (*params, now)
+        ).fetchone()
+        reserved = float(row[0]) if row else 0.0
+    return KeyWindow(
+        day_usd=float(spend.get("day", 0.0)),
+        month_usd=float(spend.get("month", 0.0)),
+        reserved_usd=reserved,
+        recent=int(recent),
+        oldest_age_s=None if oldest is None else now - float(oldest),
+        tokens=int(tokens),
+        tokens_oldest_age_s=None if tokens_oldest is None else now - float(tokens_oldest),
+    )
+
+
 def _insert(conn: psycopg.Connection[Any], entry: LedgerEntry) -> None:
     """The settled rows, the pending row's removal and the key's spend, in the caller's transaction."""
     conn.execute("DELETE FROM pending WHERE request_id = %s", (entry.request_id,))
@@ -432,10 +483,16 @@ def _insert(conn: psycopg.Connection[Any], entry: LedgerEntry) -> None:
     attempts = rows.attempt_values(entry)
     if attempts:
         conn.cursor().executemany(_INSERT_ATTEMPT, attempts)
+    for subject in spend_subjects(entry.key_id, entry.team, entry.user):
+        conn.execute(
+            "INSERT INTO key_spend (key_id, kind, start, usd) VALUES (%s, 'day', %s, %s), (%s, 'month', %s, %s) "
+            "ON CONFLICT (key_id, kind, start) DO UPDATE SET usd = key_spend.usd + EXCLUDED.usd",
+            (subject, day_start(entry.ts), entry.cost_usd, subject, month_start(entry.ts), entry.cost_usd),
+        )
+    # a token-rate window counts the request at its real size from now on
     conn.execute(
-        "INSERT INTO key_spend (key_id, kind, start, usd) VALUES (%s, 'day', %s, %s), (%s, 'month', %s, %s) "
-        "ON CONFLICT (key_id, kind, start) DO UPDATE SET usd = key_spend.usd + EXCLUDED.usd",
-        (entry.key_id, day_start(entry.ts), entry.cost_usd, entry.key_id, month_start(entry.ts), entry.cost_usd),
+        "UPDATE token_events SET tokens = %s WHERE request_id = %s",
+        (entry.prompt_tokens + entry.completion_tokens, entry.request_id),
     )
 
 

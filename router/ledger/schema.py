@@ -29,6 +29,10 @@ Kind = Literal["text", "real", "integer"]
 Store = Literal["sqlite", "postgres"]
 
 WITH_TABLE = 0  # a column or index that came with its table, in each store the table is in
+# the control plane's version in each store (keys, teams, user limits, audit: router.control); the
+# lead may renumber these at a merge, so code and tests read them through `latest`, never as numbers
+CONTROL_SQLITE = 8
+CONTROL_POSTGRES = 5
 # each kind's type name in each dialect (SQLite's REAL and PostgreSQL's DOUBLE PRECISION are both
 # 8-byte IEEE floats: a cost reads back as the same float from either store)
 _TYPES: dict[Store, dict[Kind, str]] = {
@@ -113,6 +117,14 @@ TABLES: tuple[Table, ...] = (
                 sqlite=5,
                 postgres=2,
             ),
+            Column(
+                "team",
+                "text",
+                "the key's team when the request was admitted (router.control); NULL: no team",
+                null=True,
+                sqlite=CONTROL_SQLITE,
+                postgres=CONTROL_POSTGRES,
+            ),
         ),
         ("request_id",),
         sqlite=1,
@@ -129,6 +141,22 @@ TABLES: tuple[Table, ...] = (
             Column("model", "text", "what the client asked for"),
             Column("reserved_usd", "real", "the most the request can cost: its budget reservation"),
             Column("expires_at", "real", "the reservation stops counting then (its replica died)", sqlite=None),
+            Column(
+                "team",
+                "text",
+                "the key's team at admission: the team's reservations are summed by it",
+                null=True,
+                sqlite=CONTROL_SQLITE,
+                postgres=CONTROL_POSTGRES,
+            ),
+            Column(
+                "user",
+                "text",
+                "OpenAI's `user` field: a team's end user's reservations are summed by it",
+                null=True,
+                sqlite=CONTROL_SQLITE,
+                postgres=CONTROL_POSTGRES,
+            ),
         ),
         ("request_id",),
         sqlite=2,
@@ -259,6 +287,102 @@ TABLES: tuple[Table, ...] = (
         sqlite=None,
         postgres=1,
         indexes=(Index("rate_events_key_ts", ("key_id", "ts")),),
+    ),
+    # the control plane (router.control): keys, teams and end users' limits, read by every replica
+    # and changed by the admin API; `control_version` is the one row a replica polls for changes
+    Table(
+        "api_keys",
+        "one row per API key: its salted hash (never the key), roles, team, limits, models and expiry",
+        (
+            Column("name", "text", "the key's name: what the ledger, logs and metrics call it"),
+            Column("hash", "text", "'sha256$salt$digest' of the key"),
+            Column("roles", "text", "'client', 'admin' or 'admin,client'"),
+            Column("team", "text", "the team it belongs to (at most one); NULL: none", null=True),
+            Column("usd_per_day", "real", "the key's daily budget (UTC days); NULL: none", null=True),
+            Column("usd_per_month", "real", "its monthly budget (UTC months); NULL: none", null=True),
+            Column("requests_per_minute", "integer", "its request rate limit; NULL: none", null=True),
+            Column("tokens_per_minute", "integer", "its token rate limit (input + output); NULL: none", null=True),
+            Column("models", "text", "JSON list of the models it may use ('auto', tier names); NULL: all", null=True),
+            Column("allow_tests", "integer", "1: it may send tierroute.tests (code run on this host)"),
+            Column("expires_at", "real", "unix seconds after which it is refused; NULL: never", null=True),
+            Column("revoked_at", "real", "unix seconds when it was revoked; NULL: live", null=True),
+            Column("created_at", "real", "unix seconds when it was created or imported"),
+            Column("created_by", "text", "who created it: an admin key's name, 'cli:USER' or 'config'"),
+        ),
+        ("name",),
+        sqlite=CONTROL_SQLITE,
+        postgres=CONTROL_POSTGRES,
+    ),
+    Table(
+        "teams",
+        "one row per team: the limits all its keys share",
+        (
+            Column("name", "text", "the team's name"),
+            Column("usd_per_day", "real", "daily budget of all its keys together; NULL: none", null=True),
+            Column("usd_per_month", "real", "monthly budget; NULL: none", null=True),
+            Column("requests_per_minute", "integer", "request rate of all its keys; NULL: none", null=True),
+            Column("tokens_per_minute", "integer", "token rate of all its keys; NULL: none", null=True),
+            Column("created_at", "real", "unix seconds when it was created"),
+        ),
+        ("name",),
+        sqlite=CONTROL_SQLITE,
+        postgres=CONTROL_POSTGRES,
+    ),
+    Table(
+        "user_limits",
+        "limits of one end user (OpenAI's `user` field) within a team; end_user '*' is every user's default",
+        (
+            Column("team", "text", "the team whose keys' requests it covers"),
+            Column("end_user", "text", "the `user` field's value, or '*' for any user without a row of its own"),
+            Column("usd_per_day", "real", "the user's daily budget; NULL: none", null=True),
+            Column("usd_per_month", "real", "monthly budget; NULL: none", null=True),
+            Column("requests_per_minute", "integer", "request rate; NULL: none", null=True),
+            Column("tokens_per_minute", "integer", "token rate; NULL: none", null=True),
+        ),
+        ("team", "end_user"),
+        sqlite=CONTROL_SQLITE,
+        postgres=CONTROL_POSTGRES,
+    ),
+    Table(
+        "audit",
+        "one row per admin action: who, what, when (never a key or its hash)",
+        (
+            Column("ts", "real", "unix seconds when it was done"),
+            Column("actor", "text", "who: an admin key's name, 'cli:USER' or 'config'"),
+            Column("action", "text", "what: key.create, key.update, key.revoke, team.create, ..."),
+            Column("target", "text", "the key, team or team/user it was done to"),
+            Column("detail", "text", "JSON of the fields it set"),
+        ),
+        (),
+        sqlite=CONTROL_SQLITE,
+        postgres=CONTROL_POSTGRES,
+        indexes=(Index("audit_ts", ("ts",)),),
+    ),
+    Table(
+        "control_version",
+        "one row (id 1): its version grows with every change to keys, teams or user limits",
+        (
+            Column("id", "integer", "always 1"),
+            Column("version", "integer", "how many changes have been committed"),
+            Column("changed_at", "real", "unix seconds of the last change"),
+        ),
+        ("id",),
+        sqlite=CONTROL_SQLITE,
+        postgres=CONTROL_POSTGRES,
+    ),
+    Table(
+        "token_events",
+        "tokens per limited subject and admission, on the database's clock: reserved, then settled",
+        (
+            Column("subject", "text", "a key's name, 'team:NAME' or 'user:TEAM:USER'"),
+            Column("request_id", "text", "the request"),
+            Column("ts", "real", "when it was admitted"),
+            Column("tokens", "integer", "its worst case until it settles, then its real input + output"),
+        ),
+        (),
+        sqlite=None,
+        postgres=CONTROL_POSTGRES,
+        indexes=(Index("token_events_subject_ts", ("subject", "ts")), Index("token_events_request", ("request_id",))),
     ),
 )
 

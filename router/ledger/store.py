@@ -25,7 +25,8 @@ from router.ledger.entries import AttemptEntry, Feedback, LedgerEntry, PendingEn
 log = logging.getLogger(__name__)
 
 # the SQLite schema version recorded in `meta`: the latest the description names (2: the pending
-# table; 3: requests.task and task_why; 4: shadow_pairs; 5: requests.user; 9: feedback)
+# table; 3: requests.task and task_why; 4: shadow_pairs; 5: requests.user; then the control plane's
+# keys, teams, user limits and audit, with requests.team: router.control; then feedback)
 SCHEMA_VERSION = schema.latest("sqlite")
 
 _INSERT_REQUEST = rows.insert("requests", "sqlite")
@@ -102,14 +103,15 @@ class SQLiteStore:
         conn.executemany(_INSERT_ATTEMPT, rows.attempt_values(entry))
 
     def spend_by_key(self, since: float) -> dict[str, float]:
-        found = self.conn.execute(
-            "SELECT key_id, SUM(usd) AS usd FROM ("
-            " SELECT key_id, cost_usd AS usd FROM requests WHERE ts >= ?"
-            " UNION ALL SELECT key_id, reserved_usd FROM pending WHERE ts >= ?"
-            ") GROUP BY key_id",
+        found: dict[str, float] = {}
+        for row in self.conn.execute(
+            'SELECT key_id, team, "user", cost_usd AS usd FROM requests WHERE ts >= ?'
+            ' UNION ALL SELECT key_id, team, "user", reserved_usd FROM pending WHERE ts >= ?',
             (since, since),
-        ).fetchall()
-        return {row["key_id"]: float(row["usd"]) for row in found}
+        ).fetchall():
+            for subject in spend_subjects(row["key_id"], row["team"], row["user"]):
+                found[subject] = found.get(subject, 0.0) + float(row["usd"])
+        return found
 
     def pending(self) -> Iterator[PendingEntry]:
         for row in self.conn.execute(
@@ -247,3 +249,14 @@ def _window(column: str, since: float | None, until: float | None) -> tuple[str,
         clauses.append(f"{column} < ?")
         params.append(until)
     return ("WHERE " + " AND ".join(clauses)) if clauses else "", tuple(params)
+
+
+def spend_subjects(key_id: str, team: str | None, user: str | None) -> list[str]:
+    """The limit subjects a request's cost counts for: its key, its team, and that team's user
+    (`router.admission.quota.Quota.subject`)."""
+    found = [key_id]
+    if team is not None:
+        found.append(f"team:{team}")
+        if user:
+            found.append(f"user:{team}:{user}")
+    return found

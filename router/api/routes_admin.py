@@ -1,0 +1,265 @@
+"""The admin API under /admin/: keys, teams and end users' limits, their spend, and the audit log.
+
+Every route depends on `AdminDep`: a key with the admin role, else 401 (no or a wrong key) or 403
+(a client key). The routes are thin: each calls one `router.control.admin.ControlPlane` operation
+(the same ones `tierroute keys ...` calls) off the event loop, and that operation writes its audit
+row. A created key is in the response once and nowhere else: not in the database (its hash is),
+not in the audit row, not in a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from router.api.deps import AdminDep, Services, ServicesDep
+from router.control.admin import ControlPlane
+from router.control.records import Limits
+from router.errors import RequestError
+
+router = APIRouter(prefix="/admin", tags=["admin"])
+
+Role = Literal["client", "admin"]
+
+
+def _client_only() -> list[Role]:
+    return ["client"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LimitFields(_Body):
+    usd_per_day: float | None = Field(None, ge=0, description="Budget per UTC day, in USD; null: none.")
+    usd_per_month: float | None = Field(None, ge=0, description="Budget per UTC month, in USD; null: none.")
+    requests_per_minute: int | None = Field(None, ge=1, description="Requests in any 60 s; null: none.")
+    tokens_per_minute: int | None = Field(
+        None, ge=1, description="Input + output tokens in any 60 s (reserved at admission); null: none."
+    )
+
+    def limits(self) -> Limits:
+        return Limits(self.usd_per_day, self.usd_per_month, self.requests_per_minute, self.tokens_per_minute)
+
+
+class KeyCreate(LimitFields):
+    name: str = Field(description="1-64 letters, digits and _.@-: what the ledger, logs and metrics call the key.")
+    roles: list[Role] = Field(
+        default_factory=_client_only,
+        min_length=1,
+        description="'client': the /v1 API; 'admin': this API. An admin key sends completions only with 'client' too.",
+    )
+    team: str | None = Field(None, description="The team it belongs to (at most one); its limits apply too.")
+    models: list[str] | None = Field(None, description="Models it may ask for ('auto', tier names); null: all.")
+    allow_tests: bool = Field(False, description="May send tierroute.tests (code run on this host, sandboxed).")
+    expires_at: float | None = Field(None, description="Unix seconds after which it is refused; null: never.")
+
+
+class KeyUpdate(LimitFields):
+    """Only the fields sent change; null clears a limit, the team, or the model list (all models)."""
+
+    roles: list[Role] | None = None
+    team: str | None = None
+    models: list[str] | None = None
+    allow_tests: bool | None = None
+    expires_at: float | None = None
+
+
+class KeyOut(BaseModel):
+    name: str
+    roles: list[str]
+    team: str | None
+    usd_per_day: float | None
+    usd_per_month: float | None
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    models: list[str] | None
+    allow_tests: bool
+    expires_at: float | None
+    revoked_at: float | None
+    created_at: float
+    created_by: str
+
+
+class KeyCreated(KeyOut):
+    key: str = Field(description="The API key: shown this once, never stored (the database keeps a salted hash).")
+
+
+class TeamCreate(LimitFields):
+    name: str = Field(description="1-64 letters, digits and _.@-.")
+
+
+class TeamOut(BaseModel):
+    name: str
+    usd_per_day: float | None
+    usd_per_month: float | None
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    created_at: float
+
+
+class UserOut(BaseModel):
+    team: str
+    user: str = Field(description="OpenAI's `user` field; '*' is the default for every user without a row.")
+    usd_per_day: float | None
+    usd_per_month: float | None
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+
+
+class SpendOut(BaseModel):
+    key: str | None = None
+    team: str | None = None
+    user: str | None = None
+    usd_today: float = Field(description="Settled cost since 00:00 UTC.")
+    usd_this_month: float = Field(description="Settled cost since the 1st, 00:00 UTC.")
+    requests_today: int
+    tokens_today: int = Field(description="Input + output tokens of today's settled requests.")
+    usd_reserved_in_flight: float = Field(description="Reservations of requests not yet settled.")
+
+
+class AuditOut(BaseModel):
+    ts: float
+    actor: str = Field(description="The admin key's name, 'cli:USER', or 'config' (an imported config key).")
+    action: str
+    target: str
+    detail: dict[str, Any]
+
+
+class Listing(BaseModel):
+    object: Literal["list"] = "list"
+
+
+class KeyList(Listing):
+    data: list[KeyOut]
+
+
+class TeamList(Listing):
+    data: list[TeamOut]
+
+
+class UserList(Listing):
+    data: list[UserOut]
+
+
+class AuditList(Listing):
+    data: list[AuditOut]
+
+
+def _plane(services: Services) -> ControlPlane:
+    if services.keys.plane is None:
+        raise RequestError(
+            "The admin API needs the ledger's database (ledger.enabled = true): keys live there.",
+            code="admin_unavailable",
+        )
+    return services.keys.plane
+
+
+@router.post("/keys", status_code=201, response_model=KeyCreated)
+async def create_key(body: KeyCreate, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
+    plane = _plane(services)
+    key, found = await asyncio.to_thread(
+        plane.create_key,
+        admin.key_id,
+        body.name,
+        roles=body.roles,
+        team=body.team,
+        limits=body.limits(),
+        models=body.models,
+        allow_tests=body.allow_tests,
+        expires_at=body.expires_at,
+    )
+    return {**found.public(), "key": key}
+
+
+@router.get("/keys", response_model=KeyList)
+async def list_keys(services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
+    snapshot = await asyncio.to_thread(_plane(services).store.snapshot)
+    return {"object": "list", "data": [k.public() for k in sorted(snapshot.keys.values(), key=lambda k: k.name)]}
+
+
+@router.get("/keys/{name}", response_model=KeyOut)
+async def get_key(name: str, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
+    return (await asyncio.to_thread(_plane(services).key, name)).public()
+
+
+@router.patch("/keys/{name}", response_model=KeyOut)
+async def update_key(name: str, body: KeyUpdate, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
+    changes = {f: getattr(body, f) for f in body.model_fields_set}
+    return (await asyncio.to_thread(_plane(services).update_key, admin.key_id, name, changes)).public()
+
+
+@router.post("/keys/{name}/revoke", response_model=KeyOut)
+async def revoke_key(name: str, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
+    """Refused at once on this replica; on the others within `server.keys_poll_s` plus a reload."""
+    return (await asyncio.to_thread(_plane(services).revoke_key, admin.key_id, name)).public()
+
+
+@router.get("/keys/{name}/spend", response_model=SpendOut)
+async def key_spend(name: str, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
+    return await asyncio.to_thread(lambda: _plane(services).spend(key=name))
+
+
+@router.post("/teams", status_code=201, response_model=TeamOut)
+async def create_team(body: TeamCreate, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
+    plane = _plane(services)
+    return (await asyncio.to_thread(plane.create_team, admin.key_id, body.name, body.limits())).public()
+
+
+@router.get("/teams", response_model=TeamList)
+async def list_teams(services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
+    snapshot = await asyncio.to_thread(_plane(services).store.snapshot)
+    return {"object": "list", "data": [t.public() for t in sorted(snapshot.teams.values(), key=lambda t: t.name)]}
+
+
+@router.get("/teams/{name}", response_model=TeamOut)
+async def get_team(name: str, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
+    return (await asyncio.to_thread(_plane(services).team, name)).public()
+
+
+@router.patch("/teams/{name}", response_model=TeamOut)
+async def update_team(name: str, body: LimitFields, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
+    changes = {f: getattr(body, f) for f in body.model_fields_set}
+    return (await asyncio.to_thread(_plane(services).update_team, admin.key_id, name, changes)).public()
+
+
+@router.get("/teams/{name}/spend", response_model=SpendOut)
+async def team_spend(name: str, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
+    return await asyncio.to_thread(lambda: _plane(services).spend(team=name))
+
+
+@router.get("/teams/{team}/users", response_model=UserList)
+async def list_users(team: str, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
+    plane = _plane(services)
+    await asyncio.to_thread(plane.team, team)  # 404 for an unknown team
+    snapshot = await asyncio.to_thread(plane.store.snapshot)
+    found = sorted((u for (t, _), u in snapshot.users.items() if t == team), key=lambda u: u.user)
+    return {"object": "list", "data": [u.public() for u in found]}
+
+
+@router.put("/teams/{team}/users/{user}", response_model=UserOut)
+async def set_user_limits(
+    team: str, user: str, body: LimitFields, services: ServicesDep, admin: AdminDep
+) -> dict[str, Any]:
+    """The user's limits within the team (replacing any it had); user '*' sets every user's default."""
+    plane = _plane(services)
+    return (await asyncio.to_thread(plane.set_user_limits, admin.key_id, team, user, body.limits())).public()
+
+
+@router.delete("/teams/{team}/users/{user}", status_code=204)
+async def delete_user_limits(team: str, user: str, services: ServicesDep, admin: AdminDep) -> None:
+    await asyncio.to_thread(_plane(services).delete_user_limits, admin.key_id, team, user)
+
+
+@router.get("/teams/{team}/users/{user}/spend", response_model=SpendOut)
+async def user_spend(team: str, user: str, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
+    return await asyncio.to_thread(lambda: _plane(services).spend(team=team, user=user))
+
+
+@router.get("/audit", response_model=AuditList)
+async def audit(services: ServicesDep, admin: AdminDep, since: float | None = None) -> dict[str, Any]:
+    """Every admin action, newest first (at most 1000): who, what, to what, when."""
+    return {"object": "list", "data": await asyncio.to_thread(_plane(services).store.audit, since)}

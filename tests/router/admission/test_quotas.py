@@ -1,0 +1,93 @@
+"""Team, end-user and token-rate limits in one process (a SQLite ledger's `Limits`), with a fake
+clock: a team's budget is shared by its keys, a user's is its own, a token window holds worst
+cases until they settle, every refusal names its limit and reset, and a refusal at one level
+leaves nothing at another."""
+
+from __future__ import annotations
+
+import calendar
+
+import pytest
+
+from router.admission.auth import Principal
+from router.admission.limits import Limits, check_budget
+from router.admission.quota import Quota
+from router.errors import QuotaError, RateLimitError
+
+T0 = float(calendar.timegm((2025, 3, 31, 23, 0, 0)))  # an hour before a day and a month end
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def member(name: str, team: Quota, **limits: float | int) -> Principal:
+    return Principal(name, None, team=team.name, key_quotas=(Quota("key", name, **limits), team))  # type: ignore[arg-type]
+
+
+def test_a_team_budget_is_shared_by_its_keys_and_a_user_budget_is_its_own() -> None:
+    wall, mono = Clock(T0), Clock(0.0)
+    lim = Limits([], clock=wall, monotonic=mono, hold_ttl_s=300)
+    team = Quota("team", "lab", usd_per_day=1.0)
+    a, b = member("a", team), member("b", team)
+    ha = lim.admit(a, "r1", 0.4)
+    lim.admit(b, "r2", 0.4)
+    with pytest.raises(QuotaError) as err:
+        lim.admit(a, "r3", 0.4)  # 0.8 held by the team's two keys + 0.4 > 1.0
+    assert err.value.limit == "team.usd_per_day" and "team 'lab'" in str(err.value)
+    assert err.value.retry_after == pytest.approx(3600.0)  # 00:00 UTC, an hour away
+    lim.settle(ha, 0.1, 20, wall.t)  # settled at its cost: charged to the key and the team
+    ha.release()
+    assert lim.spent("a") == (pytest.approx(0.1), pytest.approx(0.1))
+    assert lim.spent("team:lab") == (pytest.approx(0.1), pytest.approx(0.1))
+    lim.admit(a, "r4", 0.5)  # 0.1 + 0.4 + 0.5 fits exactly
+
+    bob = Quota("user", "bob", team="lab", requests_per_minute=1)
+    other = Limits([], clock=wall, monotonic=mono, hold_ttl_s=300)
+    other.admit(a, "u1", quotas=(*a.quotas, bob))
+    with pytest.raises(RateLimitError) as rate:
+        other.admit(b, "u2", quotas=(*b.quotas, bob))  # bob, whichever key of the team he comes through
+    assert rate.value.limit == "user.requests_per_minute" and "user 'bob' of team 'lab'" in str(rate.value)
+    other.admit(b, "u3", quotas=(*b.quotas, Quota("user", "eve", team="lab", requests_per_minute=1)))
+
+
+def test_a_token_window_holds_worst_cases_until_they_settle() -> None:
+    wall, mono = Clock(T0), Clock(0.0)
+    lim = Limits([], clock=wall, monotonic=mono, hold_ttl_s=300)
+    p = Principal("k", None, key_quotas=(Quota("key", "k", tokens_per_minute=1000),))
+    holds = [lim.admit(p, f"r{i}", reserve_tokens=300) for i in range(3)]
+    with pytest.raises(RateLimitError) as err:
+        lim.admit(p, "r3", reserve_tokens=300)  # 900 + 300 > 1000
+    assert err.value.kind == "tokens" and err.value.limit == "key.tokens_per_minute"
+    assert err.value.retry_after == pytest.approx(60.0)
+    lim.settle(holds[0], 0.0, 15, wall.t)  # its real count replaces its worst case
+    holds[0].release()
+    lim.admit(p, "r4", reserve_tokens=300)  # 15 + 600 + 300 fits
+    with pytest.raises(RateLimitError):
+        lim.admit(p, "r5", reserve_tokens=300)
+    with pytest.raises(RateLimitError, match="on its own"):
+        lim.admit(p, "r6", reserve_tokens=1001)
+    mono.t += 60.0  # the window moved past every admission
+    lim.admit(p, "r7", reserve_tokens=1000)
+
+
+def test_a_refusal_at_one_level_leaves_nothing_at_another() -> None:
+    wall, mono = Clock(T0), Clock(0.0)
+    lim = Limits([], clock=wall, monotonic=mono, hold_ttl_s=300)
+    broke = Quota("team", "broke", usd_per_day=0.0)
+    p = Principal("k", None, team="broke", key_quotas=(Quota("key", "k", requests_per_minute=1), broke))
+    with pytest.raises(QuotaError):
+        lim.admit(p, "r1", 0.01)
+    q = Principal("k", None, key_quotas=(Quota("key", "k", requests_per_minute=1),))
+    lim.admit(q, "r2")  # the refused request used none of the key's rate
+
+
+def test_a_monthly_budget_says_when_the_month_ends() -> None:
+    with pytest.raises(QuotaError) as err:
+        check_budget(Quota("key", "k", usd_per_month=1.0), 0.0, 1.0, 0.0, 0.0, T0)
+    assert err.value.limit == "key.usd_per_month" and err.value.retry_after == pytest.approx(3600.0)
+    assert "resets on the 1st at 00:00 UTC, in 3600 s" in str(err.value)
