@@ -1,8 +1,9 @@
-"""`tierroute eval run | import | sweep | calibrate | report | train`: registered into the main CLI by `register`.
+"""`tierroute eval run | import | regrade | sweep | calibrate | report | train`: registered into the main
+CLI by `register`.
 
 One module per command, each holding its handler and its own flags together: `run` (with the
-mixed suite and the default verifier lists), `importing` (`eval import`), `thresholds` (`eval
-sweep` and `eval calibrate`), `report` and `train`; `common` holds what they share and `progress`
+mixed suite and the default verifier lists), `importing` (`eval import`), `regrade`, `thresholds`
+(`eval sweep` and `eval calibrate`), `report` and `train`; `common` holds what they share and `progress`
 the console's progress bars. Heavy imports stay inside the handlers, so building the parser is instant.
 """
 
@@ -10,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from evals.commands import importing, report, run, thresholds, train
+from evals.commands import importing, regrade, report, run, thresholds, train
 
 
 def register(sub: Any, add: Any) -> None:
     ev = sub.add_parser("eval", help="run eval suites, sweep policies, calibrate thresholds, write reports")
     esub = ev.add_subparsers(dest="eval_command", metavar="ACTION", required=True)
-    for module in (run, importing, thresholds, report, train):
+    for module in (run, importing, regrade, thresholds, report, train):
         module.register(esub, add)
