@@ -540,8 +540,7 @@ async def grade_stored(suite: Suite, item: Item, rec: GenerationRecord) -> Grade
     if rec.error is not None:
         return GradeRecord(key=key, gen=rec.key, tier=rec.tier, item=item.id, correct=False, detail="no answer")
     g = await suite.grade_answer(item, rec.text, cut_off=rec.finish_reason == "length")
-    verdict = {"correct": bool(g.correct), "extracted": g.extracted, "detail": g.detail}
-    return GradeRecord(key=key, gen=rec.key, tier=rec.tier, item=item.id, **verdict)
+    return GradeRecord(key, rec.key, rec.tier, item.id, correct=bool(g.correct), extracted=g.extracted, detail=g.detail)
 
 
 def select_items(suite: Suite, limit: int | None, seed: int, cache_dir: Any = None) -> list[Item]:
