@@ -35,6 +35,7 @@ MAX_LITERAL_DIGITS = 40
 MAX_DEPTH = 24  # nested parentheses, signs and exponents together
 MAX_BITS = 4096  # of any intermediate numerator or denominator: about 1,233 decimal digits
 MAX_EXPONENT = 4096
+MAX_ANSWER_DIGITS = 1300  # a stated number read exactly (longer: as a float; Python's int() refuses past 4,300)
 
 _LEAD = re.compile(
     r"^(?:(?:please|now|ok(?:ay)?|hey|hi)[,!]?\s+)?(?:(?:can|could)\s+you\s+(?:please\s+)?(?:tell\s+me\s+)?)?"
@@ -213,7 +214,7 @@ def stated_value(answer: str) -> Fraction | None:
     if value is None:
         return None
     literals = _LITERAL.findall(answer)
-    if len(literals) == 1:
+    if len(literals) == 1 and len(literals[0]) <= MAX_ANSWER_DIGITS:
         exact = Fraction(literals[0].replace(",", ""))
         if math.isclose(float(exact), abs(value), rel_tol=1e-9, abs_tol=1e-12):
             return -exact if value < 0 else exact

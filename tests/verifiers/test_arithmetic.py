@@ -118,6 +118,17 @@ def test_a_hostile_prompt_neither_hangs_nor_crashes_it(expression: str) -> None:
     assert time.process_time() - started < 2.0  # microseconds in fact; generous for a loaded machine
 
 
+@pytest.mark.parametrize(
+    "reply",
+    ["0." + "0" * 5000 + "1", "5" * 5000, "51" + " 51" * 20_000, "\\boxed{" * 2000 + "51"],
+    ids=["long decimal", "long integer", "many numbers", "unclosed boxes"],
+)
+def test_a_strange_answer_neither_hangs_nor_crashes_it(reply: str) -> None:
+    started = time.process_time()
+    assert score(README_QUESTION, reply) in (None, 0.0, 1.0)
+    assert time.process_time() - started < 5.0
+
+
 def test_it_is_registered_like_the_other_verifiers() -> None:
     made = BUILTINS["arithmetic"]({}, VerifierContext(tier="small"))
     assert made.name == "arithmetic"
