@@ -35,17 +35,24 @@ def grade_exact(text: str, reference: str | list[str]) -> Grade:
     return Grade(any(got == _fold(r) for r in refs), text.strip()[:200])
 
 
-def grade_numeric(text: str, reference: float | int | str) -> Grade:
+def grade_numeric(text: str, reference: float | int | str, *, cut_off: bool = False) -> Grade:
     """Right when the stated final answer (\\boxed{}, '####', 'answer:', else the last number)
-    reads as the reference number (relative tolerance 1e-6)."""
+    reads as the reference number (relative tolerance 1e-6).
+
+    An answer cut off at its token limit (`cut_off`) is read by its stated markers only: its last
+    number is wherever the generation stopped (a loop that keeps repeating a figure from the
+    question, say), not an answer it gave."""
     from verifiers.math_answer import extract_answer, numbers_equal, parse_number
 
     ref = reference if isinstance(reference, int | float) else parse_number(str(reference))
     if ref is None:
         raise ValueError(f"numeric reference {reference!r} is not a number")
-    answer = extract_answer(text, fallback_last_number=True)
+    answer = extract_answer(text, fallback_last_number=not cut_off)
     value = parse_number(answer)
-    detail = "no answer found" if answer is None else ("not a number" if value is None else "")
+    if answer is None:
+        detail = "cut off before stating an answer" if cut_off else "no answer found"
+    else:
+        detail = "not a number" if value is None else ""
     return Grade(numbers_equal(value, float(ref)), answer, detail)
 
 

@@ -4,7 +4,9 @@ Definitions (each function's docstring gives its own):
 
 - PGR, performance gap recovered (RouteLLM): (acc - acc_weak) / (acc_strong - acc_weak).
 - APGR (RouteLLM): the area under the PGR curve plotted against the fraction of calls to the
-  strong model, normalised by that fraction's range (which is 0..1 for every threshold sweep here).
+  strong model, normalised by that fraction's range. A verifier that abstains escalates what it
+  abstains on at every threshold, so its sweep starts above 0; the reports give `apgr_full`, the
+  curve completed to the whole 0..1 range, so that every verifier is measured on the same range.
 - CPT(x%) (RouteLLM): the smallest fraction of calls to the strong model at which PGR reaches x%.
 - AIQ (RouterBench): the area under the router's non-decreasing convex hull in the (cost,
   quality) plane, divided by the cost range from the cheapest to the most expensive single model.
@@ -70,6 +72,21 @@ def apgr(points: Sequence[tuple[float, float]], weak: float, strong: float) -> f
         return None
     gap = (acc - weak) / (strong - weak)
     return float(np.trapezoid(gap, x) / span)
+
+
+def apgr_full(points: Sequence[tuple[float, float]], weak: float, strong: float) -> float | None:
+    """APGR over the whole range of calls to the strong model, 0 to 1, for any router's points.
+
+    Every cascade can also accept every first answer (x = 0 at the weak model's accuracy) and
+    escalate every answer (x = 1 at the strong model's), and any point on a straight line between
+    two of its settings is reached by choosing between them at random per request. So a curve that
+    starts above 0 (a verifier that abstains escalates those answers even at threshold 0) is
+    completed by those two points, and its area over 0..1 is what it recovers against any other
+    router: unlike `apgr`, a router is not flattered by covering only the range where it is good.
+    For a sweep that already spans 0 to 1 the two are equal."""
+    if strong == weak or not points:
+        return None
+    return apgr([*points, (0.0, weak), (1.0, strong)], weak, strong)
 
 
 def cpt(points: Sequence[tuple[float, float]], weak: float, strong: float, target: float) -> float | None:

@@ -89,6 +89,9 @@ class _Judged(Suite):
     async def grade(self, item: Item, text: str) -> Grade:
         return await self.origin.grade(item, text)
 
+    async def grade_answer(self, item: Item, text: str, *, cut_off: bool) -> Grade:
+        return await self.origin.grade_answer(item, text, cut_off=cut_off)
+
 
 @dataclass
 class Part:

@@ -523,21 +523,24 @@ async def _process(
 
     await asyncio.gather(*(score(label, spec) for label, spec in w.specs.items()))
 
-    rk = grade_key(gk, plan.suite.fingerprint, item.id)
-    if rk not in store.grades.records:
-        if rec.error is not None:
-            grade_rec = GradeRecord(key=rk, gen=gk, tier=tier, item=item.id, correct=False, detail="no answer")
-        else:
-            try:
-                g = await plan.suite.grade(item, rec.text)
-            except Exception as exc:  # a grader bug must not be stored as a verdict
-                summary.failed.append(f"{tier} {item.id} grader: {type(exc).__name__}: {exc}")
-                return
-            grade_rec = GradeRecord(
-                key=rk, gen=gk, tier=tier, item=item.id, correct=bool(g.correct), extracted=g.extracted, detail=g.detail
-            )
-        store.add_grade(grade_rec)
+    if grade_key(gk, plan.suite.fingerprint, item.id) not in store.grades.records:
+        try:
+            store.add_grade(await grade_stored(plan.suite, item, rec))
+        except Exception as exc:  # a grader bug must not be stored as a verdict
+            summary.failed.append(f"{tier} {item.id} grader: {type(exc).__name__}: {exc}")
+            return
         summary.graded += 1
+
+
+async def grade_stored(suite: Suite, item: Item, rec: GenerationRecord) -> GradeRecord:
+    """The suite's grade of a stored answer, keyed by the suite's grader version: how a run grades
+    what it generated, and how `evals.regrade` grades it again after the grader changed. A request
+    that could not be served is wrong; an answer cut off at its token limit is graded as one."""
+    key = grade_key(rec.key, suite.fingerprint, item.id)
+    if rec.error is not None:
+        return GradeRecord(key=key, gen=rec.key, tier=rec.tier, item=item.id, correct=False, detail="no answer")
+    g = await suite.grade_answer(item, rec.text, cut_off=rec.finish_reason == "length")
+    return GradeRecord(key, rec.key, rec.tier, item.id, correct=bool(g.correct), extracted=g.extracted, detail=g.detail)
 
 
 def select_items(suite: Suite, limit: int | None, seed: int, cache_dir: Any = None) -> list[Item]:

@@ -472,10 +472,14 @@ class VerifierSummary:
     auroc: list[float | None]  # per tier (None where the tier has no score or one class)
     ece: list[float | None]
     brier: list[float | None]
-    apgr: float | None
+    apgr: float | None  # over the whole 0..1 range of calls to the top tier (`measures.apgr_full`)
     cpt: dict[float, float | None]  # target PGR -> fraction of calls to the top tier
     aiq: float | None
     curve: list[PolicyResult]
+    # the range the sweep itself covers: from the share it escalates at threshold 0 (above 0 for a
+    # verifier that abstains) to 1; and APGR normalised by that range alone (RouteLLM's `apgr`)
+    covered_from: float | None = None
+    apgr_covered: float | None = None
 
 
 CPT_TARGETS = (0.5, 0.8, 0.95)
@@ -519,10 +523,12 @@ def summarize(table: ResultTable, verifier: str, curve: list[PolicyResult] | Non
         auroc=aurocs,
         ece=eces,
         brier=briers,
-        apgr=measures.apgr(xy, weak, strong),
+        apgr=measures.apgr_full(xy, weak, strong),
         cpt={x: measures.cpt(xy, weak, strong, x) for x in CPT_TARGETS},
         aiq=measures.aiq([(r.cost_per_1k, r.accuracy) for r in curve], min(singles), max(singles)),
         curve=curve,
+        covered_from=min((x for x, _ in xy), default=None),
+        apgr_covered=measures.apgr(xy, weak, strong),
     )
 
 

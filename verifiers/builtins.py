@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from router.plugins import RegisterVerifier
 from verifiers import sandbox
+from verifiers.arithmetic import make_arithmetic
 from verifiers.base import VerifierFactory
 from verifiers.choice import make_choice
 from verifiers.code_tests import make_code_tests
@@ -38,6 +39,7 @@ BUILTINS: dict[str, VerifierFactory] = {
     "cross_tier": make_cross_tier,
     "execution": make_execution,
     "tool_call": make_tool_call,
+    "arithmetic": make_arithmetic,
 }
 
 

@@ -32,6 +32,7 @@ _ANSWER_IS = re.compile(r"\banswer\s+is\s*[:：]?[ \t]*([^\n]*)", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"\.(?=\s|$)|\s+(?:because|since|which|so|and\s+that)\b", re.IGNORECASE)
 _LAST_NUMBER = re.compile(r"-?[$€£]?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE = re.compile(r"[{}]")
 
 _NUMBER = re.compile(
     r"""^(?P<sign>[-+])?\s*(?P<cur>[$€£¥])?\s*(?P<sign2>[-+])?\s*
@@ -173,16 +174,25 @@ def _find_answer(text: str, fallback_last_number: bool) -> tuple[str, str] | Non
 
 
 def _last_boxed(text: str) -> str | None:
-    """The contents of the last ``\\boxed{...}``, braces balanced; None if there is none."""
-    result = None
-    for m in _BOXED.finditer(text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            result = text[m.end() : i - 1]
-    return result
+    """The contents of the last ``\\boxed{...}``, braces balanced; None if there is none.
+
+    Every brace is paired in one pass, so an answer that opens thousands of boxes it never closes
+    (a loop) costs a pass over its text, not one per box."""
+    opened = [m.end() - 1 for m in _BOXED.finditer(text)]  # the position of each box's "{"
+    if not opened:
+        return None
+    closing: dict[int, int] = {}
+    stack: list[int] = []
+    for m in _BRACE.finditer(text):
+        if m.group() == "{":
+            stack.append(m.start())
+        elif stack:
+            closing[stack.pop()] = m.start()
+    for brace in reversed(opened):
+        end = closing.get(brace)
+        if end is not None:
+            return text[brace + 1 : end]
+    return None
 
 
 def _first_clause(s: str) -> str:

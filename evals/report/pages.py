@@ -122,10 +122,14 @@ PREAMBLE = [
     "dearest tier). ECE uses 10 equal-width bins.",
     "A verifier abstains where it does not apply (`execution` on an answer without a program); the "
     "cascade escalates those answers at every threshold. `scored` is the share of the first tier's "
-    "answers a verifier scored; its AUROC, ECE and Brier are over those answers, and when it "
-    "abstains on some, its curve cannot go below that share of escalations, so its APGR is over the "
-    "span it covers, shown as (x ≥ share): not comparable with a verifier that scores every answer. "
-    "Combined with one that does (a config's `mean` ignores an abstention), it covers the whole range.",
+    "answers a verifier scored; its AUROC, ECE and Brier are over those answers. When it abstains on "
+    "some, its sweep cannot go below that share of escalations; APGR is over the whole range x = 0 to 1 "
+    "for every verifier all the same, the curve completed by the two settings every cascade has (accept "
+    "every first answer, escalate every answer) and straight lines between them (a random choice per "
+    "request between two settings), so a verifier that abstains is not flattered by covering only the "
+    "range where it is good. `APGR, covered range only` is RouteLLM's APGR over the range the sweep covers, "
+    "shown as (x ≥ share) where that is not the whole range. Combined with a verifier that scores every "
+    "answer (a config's `mean` ignores an abstention), it covers the whole range.",
 ]
 
 

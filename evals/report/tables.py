@@ -50,6 +50,7 @@ def verifier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
         f"Brier ({names[0]})",
         f"scored ({names[0]})",
         "APGR",
+        "APGR, covered range only",
         "CPT(50%)",
         "CPT(80%)",
         "CPT(95%)",
@@ -57,12 +58,12 @@ def verifier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
     ]
     rows = []
     for v in r.verifiers:
-        # a verifier that abstains escalates those answers at every threshold: its curve starts at
-        # the share it abstains on, and APGR (over the span the curve covers) is not comparable
-        # with a verifier that scores every answer; the span is shown with it
+        # a verifier that abstains escalates those answers at every threshold: its sweep starts at
+        # the share it abstains on. APGR is over the whole 0..1 range for every verifier, so they
+        # compare; the figure over the covered range alone is beside it, with that range
         scored = [it.tiers[0].scores.get(v.verifier) is not None for it in r.table.items]
-        low = min((p.top_rate for p in v.curve), default=0.0)
-        apgr = num(v.apgr) if low <= 0.005 or v.apgr is None else f"{num(v.apgr)} (x ≥ {low:.0%})"
+        low = v.covered_from or 0.0
+        covered = "–" if low <= 0.005 or v.apgr_covered is None else f"{num(v.apgr_covered)} (x ≥ {low:.0%})"
         rows.append(
             [
                 v.verifier,
@@ -70,7 +71,8 @@ def verifier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
                 num(v.ece[0]),
                 num(v.brier[0]),
                 pct(sum(scored) / len(scored)) if scored else "–",
-                apgr,
+                num(v.apgr),
+                covered,
                 *(pct(v.cpt[x]) for x in (0.5, 0.8, 0.95)),
                 num(v.aiq),
             ]
@@ -87,7 +89,8 @@ def verifier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
             "–",
             "–",
             "–",
-            num(measures.apgr(rand_xy, weak, strong)),
+            num(measures.apgr_full(rand_xy, weak, strong)),
+            "–",
             *(pct(measures.cpt(rand_xy, weak, strong, x)) for x in (0.5, 0.8, 0.95)),
             num(measures.aiq([(p.cost_per_1k, p.accuracy) for p in random_curve], min(singles), max(singles))),
         ]
@@ -97,6 +100,7 @@ def verifier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
         [
             "*oracle*",
             *("–" for _ in names),
+            "–",
             "–",
             "–",
             "–",
@@ -275,6 +279,8 @@ def summary_rows(reports: Sequence[SuiteReport]) -> list[dict[str, Any]]:
                         "cpt95": v.cpt[0.95],
                         "aiq": v.aiq,
                         **extra,
+                        "covered_from": v.covered_from,
+                        "apgr_covered": v.apgr_covered,
                     }
                 )
     return rows

@@ -63,6 +63,12 @@ class Suite(abc.ABC):
     async def grade(self, item: Item, text: str) -> Grade:
         """Whether `text` answers `item` correctly."""
 
+    async def grade_answer(self, item: Item, text: str, *, cut_off: bool) -> Grade:
+        """How the runner grades a stored answer: `grade`, told whether the answer was cut off at
+        its token limit. A suite whose grader would read a cut-off answer too kindly (the last
+        number of a loop taken for a final answer) overrides this; the others need not."""
+        return await self.grade(item, text)
+
     def request(self, item: Item, request: GenerationRequest) -> GenerationRequest:
         """The request for `item` with what a caller sends besides the messages (a structured-output
         suite's `response_format`). Public fields only: never anything from the answer key."""

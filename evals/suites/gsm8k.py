@@ -27,7 +27,10 @@ class GSM8K(Suite):
     name = "gsm8k"
     task = "math"
     max_tokens = 512
-    version = "2"  # 2: a final answer stated in a sentence with one number is read
+    # 2: a final answer stated in a sentence with one number is read
+    # 3: an answer cut off at its token limit is read by its stated markers only, never by its
+    #    last number (gsm8k/656: a loop repeating the question's "10 pages/day", graded right at 2)
+    version = "3"
     source = f"GSM8K test, 1,319 items: {GSM8K_TEST.describe()}"
 
     def load(self, cache_dir: Path | None = None) -> list[Item]:
@@ -43,3 +46,6 @@ class GSM8K(Suite):
 
     async def grade(self, item: Item, text: str) -> Grade:
         return grade_numeric(text, item.answer_key.reference)
+
+    async def grade_answer(self, item: Item, text: str, *, cut_off: bool) -> Grade:
+        return grade_numeric(text, item.answer_key.reference, cut_off=cut_off)

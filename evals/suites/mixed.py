@@ -128,3 +128,6 @@ class Mixed(Suite):
 
     async def grade(self, item: Item, text: str) -> Grade:
         return await self.origin_of(item).grade(item, text)
+
+    async def grade_answer(self, item: Item, text: str, *, cut_off: bool) -> Grade:
+        return await self.origin_of(item).grade_answer(item, text, cut_off=cut_off)

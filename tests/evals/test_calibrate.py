@@ -137,6 +137,15 @@ def test_write_thresholds_keeps_the_rest_of_the_config(tmp_path: Path) -> None:
 def test_write_thresholds_into_a_task_policy(tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
     shutil.copy(DEFAULT_CONFIG, path)
+    # the shipped maths policy keeps its verifiers when its threshold is written
+    write_thresholds(path, {"small": 0.88}, task="maths")
+    shipped = load_settings(path).tier("small").tasks["maths"]
+    assert shipped.threshold == pytest.approx(0.88)
+    assert [v.name for v in shipped.verifiers or []] == ["arithmetic", "confidence"]
+    # without it (the config as it was before the arithmetic check)
+    text = DEFAULT_CONFIG.read_text()
+    start, end = text.index("\n[tiers.tasks.maths]\n"), text.index("\n# `cross_tier` ranks GSM8K answers")
+    path.write_text(text[:start] + text[end:])
     before = load_settings(path)
     # the small tier has no maths policy yet: one is added, holding only the threshold
     write_thresholds(path, {"small": 0.77}, task="maths")

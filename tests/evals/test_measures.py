@@ -41,6 +41,20 @@ def test_apgr_by_hand() -> None:
     )
 
 
+def test_apgr_full_completes_the_curve_to_the_whole_range() -> None:
+    # a sweep from 0 to 1 is unchanged
+    assert measures.apgr_full([(0, 0.4), (0.5, 0.8), (1, 0.8)], 0.4, 0.8) == pytest.approx(0.75)
+    # a verifier that abstains on 60% of answers: its sweep starts at x = 0.6, where it recovers the
+    # whole gap. Over its own range that reads 1.0; over 0..1 the line from (0, weak) to it counts
+    covered = [(0.6, 0.8), (1, 0.8)]
+    assert measures.apgr(covered, 0.4, 0.8) == pytest.approx(1.0)
+    assert measures.apgr_full(covered, 0.4, 0.8) == pytest.approx(0.6 / 2 + 0.4)
+    # a sweep that never reaches x = 1 is completed there too, at the strong model's accuracy
+    assert measures.apgr_full([(0, 0.4), (0.5, 0.4)], 0.4, 0.8) == pytest.approx(0.25)
+    assert measures.apgr_full([], 0.4, 0.8) is None
+    assert measures.apgr_full([(0.5, 0.6)], 0.5, 0.5) is None
+
+
 def test_cpt_interpolates_along_the_curve() -> None:
     pts = [(0, 0.4), (0.2, 0.5), (0.6, 0.8), (1, 0.8)]  # PGR 0, .25, 1, 1
     assert measures.cpt(pts, 0.4, 0.8, 0.5) == pytest.approx(0.2 + (0.5 - 0.25) / 0.75 * 0.4)

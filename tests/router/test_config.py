@@ -132,9 +132,15 @@ def test_the_default_configs_commented_maths_policies_are_valid(tmp_path: Path) 
     assert len(blocks) == 2, blocks  # the cross_tier policy and the weighted mean
     anchor = "# Code: the prompt's own examples"
     registry = Registry.from_entry_points()
+    # each replaces the maths policy in force (its table, up to the next task's comments)
+    start, end = text.index("\n[tiers.tasks.maths]\n"), text.index(anchor)
+    assert [v.name for v in load_settings(DEFAULT_CONFIG).tiers[0].tasks["maths"].verifiers] == [
+        "arithmetic",
+        "confidence",
+    ]
     for block in blocks:
         cfg = tmp_path / "config.toml"
-        cfg.write_text(text.replace(anchor, "\n".join(block) + "\n\n" + anchor, 1))
+        cfg.write_text(text[:start] + "\n" + "\n".join(block) + "\n\n" + text[end:])
         policy = load_settings(cfg).tiers[0].tasks["maths"]
         assert policy.verifiers, block
         for spec in policy.verifiers:

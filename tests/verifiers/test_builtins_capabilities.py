@@ -23,6 +23,7 @@ from verifiers.builtins import BUILTINS
         ("degeneration", {}, False),
         ("math_answer", {}, False),
         ("format", {}, False),
+        ("arithmetic", {}, False),
     ],
 )
 def test_uses_a_model(name: str, params: dict, uses: bool) -> None:
