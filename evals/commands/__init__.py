@@ -4,7 +4,8 @@ into the main CLI by `register`.
 One module per command, each holding its handler and its own flags together: `run` (with the
 mixed suite and the default verifier lists), `importing` (`eval import`), `regrade`, `thresholds`
 (`eval sweep` and `eval calibrate`), `report`, `train` and `frontier`; `common` holds what they
-share and `progress` the console's progress bars. Heavy imports stay inside the handlers, so building the parser is instant.
+share and `progress` the console's progress bars. Heavy imports stay inside the handlers, so
+building the parser is instant.
 """
 
 from __future__ import annotations
