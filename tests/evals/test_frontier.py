@@ -141,8 +141,13 @@ def test_mixtral_decides_by_agreeing_with_the_small_tier(gsm8k_tables: tuple[obj
     # an item where both answers state the gold number agrees; the small tier's wrong answer does not
     both_right = [it for it in three.items if it.tiers[0].correct and it.tiers[1].correct]
     assert both_right and all(agree[it.id] == 1.0 for it in both_right)
-    split_right = [it for it in three.items if it.tiers[0].correct != it.tiers[1].correct]
+    # (a small answer cut off before stating one is graded wrong, gsm8k@3, yet its last number
+    # may still be Mixtral's: gsm8k/656 loops on the gold 10; agreement reads numbers, not grades)
+    generations = (REPO / "evals/results/gsm8k/generations.jsonl").read_text().splitlines()
+    cut = {g["item"] for g in map(json.loads, generations) if g["tier"] == "small" and g["finish_reason"] == "length"}
+    split_right = [it for it in three.items if it.tiers[0].correct != it.tiers[1].correct and it.id not in cut]
     assert split_right and all(agree[it.id] != 1.0 for it in split_right)
+    assert agree["gsm8k/656"] == 1.0 and not next(it for it in three.items if it.id == "gsm8k/656").tiers[0].correct
 
 
 def test_random_baseline_is_as_accurate_as_asked(gsm8k_tables: tuple[object, object]) -> None:
