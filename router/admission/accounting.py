@@ -26,11 +26,11 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from router import policy
 from router.admission.auth import Principal
-from router.admission.lifecycle import RequestAccount, Ticket
+from router.admission.lifecycle import Replayed, RequestAccount, Ticket
 from router.admission.limits import Limits, Reservation, SharedCounter, SharedLimits, day_start, month_start
 from router.cascade import CascadeResult, Tier
 from router.config import Settings
@@ -206,10 +206,12 @@ class Accounting:
         *,
         stream: bool,
         user: str | None = None,
+        cached: bool = False,
     ) -> RequestAccount:
         """Admit the request (429 before any work) and give its account, which the route enters
-        once (`router.admission.lifecycle`)."""
-        ticket = self.admit(principal, request_id, request, plan, model, stream=stream, user=user)
+        once (`router.admission.lifecycle`). `cached`: a cache hit, which generates nothing, so
+        it reserves nothing and only the key's rate limit can refuse it."""
+        ticket = self.admit(principal, request_id, request, plan, model, stream=stream, user=user, cached=cached)
         return RequestAccount(self, principal, ticket)
 
     def admit(
@@ -222,16 +224,18 @@ class Accounting:
         *,
         stream: bool,
         user: str | None = None,
+        cached: bool = False,
     ) -> Ticket:
         """429 when the key's budget cannot take the request's worst case, or its rate is spent;
         otherwise reserve it, and for a stream (or while the ledger fails) start its pending row.
-        With shared limits, a limited key's admission waits for `ready`."""
-        reserve = worst_case_usd(plan, request, tiers=self.tiers)
+        With shared limits, a limited key's admission waits for `ready`. A cache hit (`cached`)
+        reserves nothing and meets the rate limit only."""
+        reserve = 0.0 if cached else worst_case_usd(plan, request, tiers=self.tiers)
         with self._counting_refusals():
-            hold = self.limits.admit(principal, request_id, reserve)
+            hold = self.limits.admit(principal, request_id, reserve, budget=not cached)
         pending = PendingEntry(request_id, time.time(), principal.key_id, model, reserve)
         shared = self.shared is not None and self.shared.limited(principal.entry)
-        ticket = Ticket(hold, None, pending, user=user, shared=shared)
+        ticket = Ticket(hold, None, pending, user=user, shared=shared, budget=not cached)
         if not shared and (stream or (self.ledger is not None and not self.ledger.healthy)):
             self._begin(ticket)
         return ticket
@@ -262,7 +266,7 @@ class Accounting:
                 p = ticket.pending
                 reservation = Reservation(p.request_id, p.ts, p.key_id, p.model, p.reserved_usd, self.shared.hold_ttl_s)
                 with self._counting_refusals():
-                    await self.shared.admit(entry, reservation, p.ts)
+                    await self.shared.admit(entry, reservation, p.ts, budget=ticket.budget)
                 ticket.reserved = True
             return
         if self.ledger is not None and not self.ledger.healthy:
@@ -298,13 +302,29 @@ class Accounting:
         ticket.settling = True
         await asyncio.shield(self._record(principal, ticket, result))
 
+    async def record_replayed(self, principal: Principal, ticket: Ticket, replayed: Replayed) -> None:
+        """A cache hit's row, at zero cost: written and counted as `record` writes a generated one."""
+        ticket.settling = True
+
+        def entry(latency_s: float) -> LedgerEntry:
+            p = ticket.pending
+            return replayed.entry(p.request_id, principal.key_id, p.model, latency_s=latency_s, user=ticket.user)
+
+        await asyncio.shield(self._record_entry(principal, ticket, entry))
+
     async def _record(self, principal: Principal, ticket: Ticket, result: CascadeResult) -> None:
+        def entry(latency_s: float) -> LedgerEntry:
+            return LedgerEntry.from_result(
+                ticket.request_id, principal.key_id, result, latency_s=latency_s, user=ticket.user
+            )
+
+        await self._record_entry(principal, ticket, entry)
+
+    async def _record_entry(self, principal: Principal, ticket: Ticket, make: Callable[[float], LedgerEntry]) -> None:
         hold = ticket.hold
         try:
             latency_s = self.limits.monotonic() - hold.started
-            entry = LedgerEntry.from_result(
-                ticket.request_id, principal.key_id, result, latency_s=latency_s, user=ticket.user
-            )
+            entry = make(latency_s)
             failed = None
             if self.ledger is not None:
                 if ticket.written is not None:  # its pending row first, or the settled row could come before it

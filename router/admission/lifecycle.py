@@ -21,7 +21,7 @@ from typing import Protocol
 from router.admission.auth import Principal
 from router.admission.limits import Hold
 from router.cascade import CascadeResult, Spent
-from router.ledger.entries import PendingEntry
+from router.ledger.entries import LedgerEntry, PendingEntry
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,18 @@ class Ticket:
     user: str | None = None  # OpenAI's `user` field, kept in its ledger row
     shared: bool = False  # admitted through the shared limits in `ready` (its key is limited)
     reserved: bool = False  # that admission committed its reservation (its pending row)
+    budget: bool = True  # False: a cache hit, admitted by its rate limit alone (it costs nothing)
 
     @property
     def request_id(self) -> str:
         return self.pending.request_id  # one copy: the row the ledger writes for it
+
+
+class Replayed(Protocol):
+    """An answer served without generating (a cache hit, `router.cache.answer.CachedAnswer`):
+    what its ledger row says."""
+
+    def entry(self, request_id: str, key_id: str, model: str, *, latency_s: float, user: str | None) -> LedgerEntry: ...
 
 
 class Accounts(Protocol):
@@ -51,6 +59,8 @@ class Accounts(Protocol):
     async def written(self, ticket: Ticket) -> None: ...
 
     async def record(self, principal: Principal, ticket: Ticket, result: CascadeResult) -> None: ...
+
+    async def record_replayed(self, principal: Principal, ticket: Ticket, replayed: Replayed) -> None: ...
 
     def release(self, ticket: Ticket) -> None: ...
 
@@ -91,6 +101,11 @@ class RequestAccount:
     async def record(self, result: CascadeResult) -> None:
         """The settled row, committed before the client sees the answer (503 if it cannot be)."""
         await self.accounting.record(self.principal, self.ticket, result)
+        self._recorded = True
+
+    async def record_replayed(self, replayed: Replayed) -> None:
+        """A cache hit's row (nothing generated, nothing charged), committed before the client sees it."""
+        await self.accounting.record_replayed(self.principal, self.ticket, replayed)
         self._recorded = True
 
     async def close(self) -> None:

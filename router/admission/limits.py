@@ -188,14 +188,16 @@ class Limits:
         self._expire()
         return self._reserved.get(key_id, 0.0)
 
-    def admit(self, principal: Principal, request_id: str, reserve_usd: float = 0.0) -> Hold:
+    def admit(self, principal: Principal, request_id: str, reserve_usd: float = 0.0, *, budget: bool = True) -> Hold:
         """Raise QuotaError or RateLimitError, or return a hold, reserving `reserve_usd` (the most
-        the request can cost) against the key's budgets until it is released."""
+        the request can cost) against the key's budgets until it is released. Without `budget`
+        (a cache hit, which costs nothing) only the rate limit decides."""
         entry = principal.entry
         now = self.monotonic()
         self._expire()
         if entry is not None and not self.shared:
-            self._check_budget(entry, reserve_usd)
+            if budget:
+                self._check_budget(entry, reserve_usd)
             if entry.requests_per_minute is not None:
                 self.rate.acquire(entry.name, entry.requests_per_minute)
         if request_id in self._holds:
@@ -327,13 +329,14 @@ class SharedLimits:
             entry.usd_per_day is not None or entry.usd_per_month is not None or entry.requests_per_minute is not None
         )
 
-    async def admit(self, entry: ApiKeyEntry, reservation: Reservation, now: float) -> None:
+    async def admit(self, entry: ApiKeyEntry, reservation: Reservation, now: float, *, budget: bool = True) -> None:
         """Raise QuotaError, RateLimitError, or UnavailableError (the database is unreachable:
         the request is refused rather than served unlimited); return once the reservation is
-        committed."""
+        committed. Without `budget` (a cache hit) only the rate limit decides."""
 
         def decide(w: KeyWindow) -> bool:
-            check_budget(entry, w.day_usd, w.month_usd, w.reserved_usd, reservation.reserved_usd)
+            if budget:
+                check_budget(entry, w.day_usd, w.month_usd, w.reserved_usd, reservation.reserved_usd)
             if entry.requests_per_minute is None:
                 return False
             check_rate(entry.name, entry.requests_per_minute, w.recent, w.oldest_age_s)

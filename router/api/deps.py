@@ -12,6 +12,7 @@ from fastapi import Depends, Request
 
 from router.admission.accounting import Accounting
 from router.admission.auth import Authenticator, Principal
+from router.cache.service import ResponseCache
 from router.config import Settings
 from router.engine import Engine
 from router.quality.shadow import ShadowService
@@ -28,6 +29,7 @@ class Services:
         self.shadow = ShadowService(
             settings, engine.cascade, self.accounting.ledger, self.accounting.metrics, sandboxes=engine.sandboxes
         )
+        self.cache = ResponseCache(settings, self.accounting.ledger, self.accounting.metrics.registry)
 
 
 def get_services(request: Request) -> Services:

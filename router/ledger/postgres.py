@@ -46,7 +46,7 @@ from psycopg.rows import dict_row
 from router.admission.limits import WINDOW_S, KeyWindow, Reservation, day_start, month_start
 from router.errors import ConfigError
 from router.ledger import rows, schema
-from router.ledger.entries import AttemptEntry, DuplicateEntry, LedgerEntry, PendingEntry, ShadowPair
+from router.ledger.entries import AttemptEntry, CacheRow, DuplicateEntry, LedgerEntry, PendingEntry, ShadowPair
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,8 @@ CREATE INDEX rate_events_key_ts ON rate_events (key_id, ts);
 )
 MIGRATIONS = RELEASED + tuple(
     (version, schema.postgres_why(version), schema.postgres_migration(version))
-    for version in range(len(RELEASED) + 1, schema.latest("postgres") + 1)
+    for version in schema.versions("postgres")
+    if version > RELEASED[-1][0]
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -162,6 +163,12 @@ _INSERT_PAIR = (
     rows.insert("shadow_pairs", "postgres")
     + " ON CONFLICT (request_id) DO UPDATE SET "
     + ", ".join(f"{c.quoted} = EXCLUDED.{c.quoted}" for c in schema.columns("shadow_pairs", "postgres")[1:])
+)
+
+_INSERT_CACHE = (
+    rows.insert("cache_entries", "postgres")
+    + " ON CONFLICT (cache_key) DO UPDATE SET "
+    + ", ".join(f"{c.quoted} = EXCLUDED.{c.quoted}" for c in schema.columns("cache_entries", "postgres")[1:])
 )
 
 
@@ -312,6 +319,34 @@ class PostgresStore:
             )
         for row in found:
             yield rows.pair_from_row(row)
+
+    def cache_get(self, cache_key: str, scope: str, now: float) -> CacheRow | None:
+        with self.pool.connection() as conn:
+            found = (
+                conn.cursor(row_factory=dict_row)
+                .execute(
+                    f"SELECT {schema.column_list('cache_entries', 'postgres')} FROM cache_entries "
+                    "WHERE cache_key = %s AND scope = %s AND expires_at > %s",
+                    (cache_key, scope, now),
+                )
+                .fetchone()
+            )
+        return None if found is None else rows.cache_from_row(found)
+
+    def cache_put(self, row: CacheRow, max_entries: int) -> None:
+        with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
+            conn.execute(_INSERT_CACHE, rows.cache_values(row))
+            conn.execute("DELETE FROM cache_entries WHERE expires_at <= %s", (row.created,))
+            # the newest max_entries stay, whichever replica stored them
+            conn.execute(
+                "DELETE FROM cache_entries WHERE cache_key IN (SELECT cache_key FROM cache_entries "
+                "ORDER BY created DESC, cache_key OFFSET %s)",
+                (max_entries,),
+            )
+
+    def cache_drop(self, cache_key: str) -> None:
+        with self.pool.connection() as conn:
+            conn.execute("DELETE FROM cache_entries WHERE cache_key = %s", (cache_key,))
 
     def close(self) -> None:
         if self._pool is not None:

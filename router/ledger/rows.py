@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from router.ledger import schema
-from router.ledger.entries import AttemptEntry, LedgerEntry, PendingEntry, ShadowPair
+from router.ledger.entries import AttemptEntry, CacheRow, LedgerEntry, PendingEntry, ShadowPair
 
 # named-parameter placeholders of each store's driver
 _PLACEHOLDER: dict[schema.Store, str] = {"sqlite": ":{}", "postgres": "%({})s"}
@@ -103,3 +103,12 @@ def pending_from_row(row: Row) -> PendingEntry:
 def pair_from_row(row: Row) -> ShadowPair:
     values = _read(ShadowPair, row, "scores", "agree")
     return ShadowPair(scores=json.loads(row["scores_json"]), agree=bool(row["agree"]), **values)
+
+
+def cache_values(row: CacheRow) -> dict[str, Any]:
+    """The cached answer's `cache_entries` row: its fields by name."""
+    return _fields(row)
+
+
+def cache_from_row(row: Row) -> CacheRow:
+    return CacheRow(**_read(CacheRow, row))
