@@ -35,12 +35,14 @@ def cache_config(
     cache: str = "enabled = true\n",
     threshold: float = 0.5,
     name: str = "config.toml",
+    ledger_url: str | None = None,
 ) -> tuple[Path, dict[str, str]]:
     """One tier (its backend replaced by `Counting` in the tests), these keys, a SQLite ledger in
-    `tmp`, and `cache` as the [cache] section's body."""
+    `tmp` (or the PostgreSQL one at `ledger_url`), and `cache` as the [cache] section's body."""
     body, raw = keys_section(keys)
+    ledger = f'url = "{ledger_url}"' if ledger_url else f'path = "{tmp / "ledger.sqlite3"}"'
     text = (
-        f'[server]\n{body}\n[ledger]\npath = "{tmp / "ledger.sqlite3"}"\n[cache]\n{cache}\n'
+        f"[server]\n{body}\n[ledger]\n{ledger}\n[cache]\n{cache}\n"
         f'[[tiers]]\nname = "small"\nbackend = "llamacpp"\nthreshold = {threshold}\nmax_tokens = 64\n'
         f'[tiers.llamacpp]\nmodel = "{SMOL}"\n'
         "[tiers.price]\nusd_per_1m_input_tokens = 0.60\nusd_per_1m_output_tokens = 2.40\n"

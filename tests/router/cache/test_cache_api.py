@@ -143,9 +143,16 @@ async def test_cache_control_and_what_is_never_stored(tmp_path: Path) -> None:
 
 
 async def test_a_policy_change_invalidates_and_an_unchanged_config_still_hits(tmp_path: Path) -> None:
-    cfg, raw = cache_config(tmp_path, KEYS)
-    changed, _ = cache_config(tmp_path, {}, threshold=0.6, name="changed.toml")
-    # the same keys in the changed config: its [server] section is the first one's
+    await policy_change(tmp_path, None)
+
+
+async def test_a_policy_change_invalidates_on_postgresql_too(tmp_path: Path, db: str) -> None:
+    await policy_change(tmp_path, db)
+
+
+async def policy_change(tmp_path: Path, ledger_url: str | None) -> None:
+    cfg, raw = cache_config(tmp_path, KEYS, ledger_url=ledger_url)
+    changed = tmp_path / "changed.toml"
     changed.write_text(cfg.read_text().replace("threshold = 0.5", "threshold = 0.6"))
     priced = tmp_path / "priced.toml"
     priced.write_text(cfg.read_text().replace("usd_per_1m_input_tokens = 0.60", "usd_per_1m_input_tokens = 0.70"))
