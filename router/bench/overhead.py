@@ -2,7 +2,8 @@
 
 Two figures per request: the client's latency, and the app's own time from `Server-Timing`. A
 second pass of the same schedule against /healthz (the floor) gives what HTTP, uvicorn and this
-client cost with no router work at all.
+client cost with no router work at all. With the config's response cache on, the warm-up stores
+every prompt's answer, so the timed requests are cache hits (counted under `cache`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ async def drive_overhead(
                         out.finish_reason = answer["choices"][0].get("finish_reason")
                     out.server_ms = _server_timing(response.headers.get("server-timing"))
                     out.tier = response.headers.get("x-tierroute-tier")
+                    out.cache = response.headers.get("x-tierroute-cache")
                 out.latency_s = out.ttft_s = time.perf_counter() - t0
                 return out
 
@@ -116,6 +118,7 @@ async def drive_overhead(
             "server_ms": distribution_ms([o.server_ms / 1000.0 for o in floor_ok if o.server_ms is not None]),
         },
         "tiers": dict(sorted(Counter(o.tier or "?" for o in ok).items())),
+        "cache": dict(sorted(Counter(o.cache for o in ok if o.cache is not None).items())),
         "finish_reasons": dict(sorted(Counter(o.finish_reason or "none" for o in ok).items())),
         "memory": memory.result(),
         "per_request": [o.to_dict() for o in outcomes],
