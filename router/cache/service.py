@@ -6,7 +6,9 @@ operator opts in to others), its key and scope, and what the client's `Cache-Con
 that fails is answered as a miss and dropped, and a database that cannot be read is a miss too:
 the cache can only ever cost a generation, never an answer. `offer` stores a settled answer in
 the background, after its ledger row is committed and off the client's path; the store also
-drops expired entries and evicts the oldest past `max_entries`, all replicas' together.
+drops expired entries and, every `evict_every` stores, evicts the oldest past `max_entries`,
+all replicas' together (so the table holds at most `max_entries` plus `evict_every` - 1 per
+replica, `evict_every` being 1% of `max_entries`).
 
 Counted in /metrics: `tierroute_cache_lookups_total{result}` (hit, miss, invalid, error, bypass,
 skip) and `tierroute_cache_stores_total{result}` (stored, truncated, unverified, too_large,
@@ -65,6 +67,11 @@ class ResponseCache:
         self.ledger = ledger if settings.cache.enabled else None
         self.policy = keys.policy_version(settings)
         self.clock = clock
+        # eviction walks the newest max_entries of the created index, so it runs once per 1% of
+        # max_entries stores (every store below 100): a store costs O(100) index entries, not
+        # O(max_entries), and a replica adds at most that many entries past the bound between two
+        self.evict_every = max(1, settings.cache.max_entries // 100)
+        self._puts = 0
         self._storing: set[asyncio.Task[None]] = set()
         self.lookups = Counter(
             "tierroute_cache_lookups",
@@ -152,11 +159,13 @@ class ResponseCache:
             body=body,
             digest=answer.digest(lookup.key, lookup.scope, body),
         )
-        self._background(self._put(row), "store")
+        self._puts += 1
+        evict = self._puts % self.evict_every == 0
+        self._background(self._put(row, self.settings.max_entries if evict else None), "store")
 
-    async def _put(self, row: CacheRow) -> None:
+    async def _put(self, row: CacheRow, max_entries: int | None) -> None:
         assert self.ledger is not None
-        await self.ledger.cache_put(row, self.settings.max_entries)
+        await self.ledger.cache_put(row, max_entries)
         self.stores.labels("stored").inc()
 
     def _background(self, work: Any, what: str) -> None:

@@ -333,10 +333,12 @@ class PostgresStore:
             )
         return None if found is None else rows.cache_from_row(found)
 
-    def cache_put(self, row: CacheRow, max_entries: int) -> None:
+    def cache_put(self, row: CacheRow, max_entries: int | None) -> None:
         with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
             conn.execute(_INSERT_CACHE, rows.cache_values(row))
             conn.execute("DELETE FROM cache_entries WHERE expires_at <= %s", (row.created,))
+            if max_entries is None:
+                return
             # the newest max_entries stay, whichever replica stored them
             conn.execute(
                 "DELETE FROM cache_entries WHERE cache_key IN (SELECT cache_key FROM cache_entries "

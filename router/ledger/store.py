@@ -182,11 +182,13 @@ class SQLiteStore:
         ).fetchone()
         return None if found is None else rows.cache_from_row(found)
 
-    def cache_put(self, row: CacheRow, max_entries: int) -> None:
+    def cache_put(self, row: CacheRow, max_entries: int | None) -> None:
         def put() -> None:
             conn = self.conn
             conn.execute(_INSERT_CACHE, rows.cache_values(row))
             conn.execute("DELETE FROM cache_entries WHERE expires_at <= ?", (row.created,))
+            if max_entries is None:
+                return
             # the newest max_entries stay (LIMIT -1: no limit, from that offset on)
             conn.execute(
                 "DELETE FROM cache_entries WHERE cache_key IN (SELECT cache_key FROM cache_entries "

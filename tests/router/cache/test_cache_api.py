@@ -176,6 +176,7 @@ async def test_bounds_ttl_and_eviction(tmp_path: Path) -> None:
             await cache.close()
             return str(r.json()["tierroute"]["cache"])
 
+        assert cache.evict_every == 1  # below 100 entries, every store evicts
         for q in ("one", "two", "three"):
             assert await ask(q) == "miss"
         assert [await ask("three"), await ask("two"), await ask("one")] == ["hit", "hit", "miss"]  # oldest evicted

@@ -130,6 +130,9 @@ def test_the_store_shares_entries_matches_scope_and_evicts_the_oldest(db: str) -
         assert two.cache_get("k2", "key:ana", now) is None
         one.cache_drop("k3")
         assert two.cache_get("k3", "key:ana", now + 3) is None
+        for k in ("k5", "k6", "k7"):  # without max_entries a store evicts nothing (only expired rows)
+            two.cache_put(_row(k, "key:ana", now + 11), max_entries=None)
+        assert [one.cache_get(k, "key:ana", now + 12) is not None for k in ("k4", "k5", "k6", "k7")] == [True] * 4
     finally:
         one.close()
         two.close()
