@@ -17,6 +17,10 @@ On a PostgreSQL ledger the budgets and rate limits of a limited key are shared b
 (`router.admission.limits.SharedLimits`): `ready` admits the request through the database, in the
 transaction that writes its pending row (its reservation), so such a request, plain or streamed,
 has its row before any work; a request that ends without a record drops it again.
+
+A response-cache hit (`router.cache`) generates nothing: it is admitted with no reservation, by
+its key's rate limit alone (a key whose budget is spent still gets its hits), and recorded at
+zero cost through the same write, charge and metrics as any answer (`record_replayed`).
 """
 
 from __future__ import annotations

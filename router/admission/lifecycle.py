@@ -7,7 +7,8 @@ the work it did without an answer recorded and its budget hold released. Six cal
 remember, in order, on every path (`admit`, `ready`, `written`, `record`, and on the way out the
 spent work and `release`); here `Accounting.open` admits, `async with` makes ready and guarantees
 the way out, and a stream that outlives the handler takes the way out with it
-(`contextlib.AsyncExitStack.pop_all`).
+(`contextlib.AsyncExitStack.pop_all`). A cache hit is recorded with `record_replayed` instead
+of `record`: the same way out, a row that says nothing was generated.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 
 from router.bench.instant_server import instant_service
 from router.bench.load import Send, arrivals, open_loop, schedule_lag, warm_up
-from router.bench.memory import MemoryWatch
+from router.bench.memory import MemoryWatch, read_cpu_s
 from router.bench.outcome import Outcome
 from router.bench.stats import distribution_ms, rounded
 from router.bench.workload import PROMPTS
@@ -82,8 +82,10 @@ async def drive_overhead(
         schedule = arrivals(rate, max(1, round(rate * seconds)), kind=kind, seed=seed)
         send = sender(chat=True)
         await warm_up(send, warmup)
+        cpu_before = read_cpu_s(pid)
         async with MemoryWatch(pid) as memory:
             outcomes, wall = await open_loop(send, schedule)
+        cpu_after = read_cpu_s(pid)
         floor_outcomes: list[Outcome] = []
         if floor:
             await warm_up(sender(chat=False), warmup)
@@ -108,6 +110,11 @@ async def drive_overhead(
         "client_ms": distribution_ms([o.latency_s for o in ok]),
         "server_ms": distribution_ms([o.server_ms / 1000.0 for o in ok if o.server_ms is not None]),
         "schedule_lag_ms": schedule_lag(outcomes, schedule),
+        # the server process's CPU time per timed request (every thread: HTTP, the cascade, the
+        # ledger's writer): the figure a busy machine does not inflate
+        "server_cpu_ms_per_request": None
+        if cpu_before is None or cpu_after is None or not outcomes
+        else rounded((cpu_after - cpu_before) * 1000 / len(outcomes)),
         "floor": None
         if not floor
         else {
