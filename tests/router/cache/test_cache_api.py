@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 
 from router.api.requests import ChatCompletionRequest
 from router.cache import answer, keys
@@ -250,3 +251,19 @@ async def test_a_hit_meets_the_rate_limit_but_not_the_budget(tmp_path: Path) -> 
     assert broke_new.status_code == 429 and broke_new.json()["error"]["code"] == "insufficient_quota"
     assert [p.status_code for p in paced] == [200, 200, 429]
     assert paced[2].json()["error"]["code"] == "rate_limit_exceeded"
+
+
+async def test_the_official_client_reads_a_hit_plain_and_streamed(tmp_path: Path) -> None:
+    cfg, raw = cache_config(tmp_path, KEYS)
+    async with running(cfg, backends={"small": Counting("small")}) as client:
+        sdk = openai.AsyncOpenAI(base_url="http://localhost/v1", api_key=raw["ana"], http_client=client, max_retries=0)
+        ask = {"model": "auto", "messages": [{"role": "user", "content": "SDK?"}], "temperature": 0, "max_tokens": 8}
+        first = await sdk.chat.completions.create(**ask)  # type: ignore[call-overload]
+        await client.app.state.services.cache.close()  # type: ignore[attr-defined]
+        hit = await sdk.chat.completions.create(**ask)  # type: ignore[call-overload]
+        stream = await sdk.chat.completions.create(stream=True, stream_options={"include_usage": True}, **ask)  # type: ignore[call-overload]
+        chunks = [c async for c in stream]
+    assert hit.choices[0].message.content == first.choices[0].message.content == "answer 1 here"
+    assert (hit.model_extra or {})["tierroute"]["cache"] == "hit" and hit.usage == first.usage
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "answer 1 here"
+    assert chunks[-1].usage == first.usage and (chunks[-1].model_extra or {})["tierroute"]["cache"] == "hit"
