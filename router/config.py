@@ -478,6 +478,36 @@ class LedgerSettings(_Strict):
         return self.url if self.url is not None else str(self.path)
 
 
+class CacheSettings(_Strict):
+    """The exact-match response cache (router.cache; docs/cache.md). Off by default."""
+
+    enabled: bool = Field(False, description="Answer a repeated deterministic request from the cache.")
+    ttl_s: float = Field(3600.0, gt=0, le=30 * 86400, description="How long an answer may be served from the cache.")
+    max_entries: int = Field(
+        10_000, ge=1, le=10_000_000, description="Entries kept in all; past it the oldest are evicted."
+    )
+    max_entry_bytes: int = Field(
+        262_144,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="Larger answers are not stored (and a larger stored row is refused on reading).",
+    )
+    scope: Literal["key", "team", "global"] = Field(
+        "key",
+        description="Who shares entries: 'key', each API key its own (one tenant never receives another's "
+        "answer); 'team', the keys of one team (a key without a team keeps its own); 'global', every "
+        "caller (one tenant only).",
+    )
+    allow_nondeterministic: bool = Field(
+        False,
+        description="Also cache requests sampled with temperature > 0 and no seed (every repeat then gets "
+        "the first sample).",
+    )
+    namespace: str = Field(
+        "", max_length=64, description="Mixed into every key: change it to stop serving every earlier entry."
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TIERROUTE_", env_nested_delimiter="__", extra="forbid", toml_file=None
@@ -489,6 +519,7 @@ class Settings(BaseSettings):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     tiers: list[TierSettings] = Field(min_length=1)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -520,6 +551,12 @@ class Settings(BaseSettings):
                 raise ValueError(f"{where}: a tier cannot shadow itself")
         if any(k.name == SHADOW_KEY for k in self.server.api_keys):
             raise ValueError(f"server.api_keys: the key name {SHADOW_KEY!r} is the operator's shadow account")
+        return self
+
+    @model_validator(mode="after")
+    def _cache_needs_ledger(self) -> Settings:
+        if self.cache.enabled and not self.ledger.enabled:
+            raise ValueError("cache.enabled: the response cache is kept in the ledger's database; enable the ledger")
         return self
 
     def shadow_target(self, tier: TierSettings) -> str | None:

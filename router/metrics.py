@@ -86,7 +86,8 @@ class Metrics:
         self.requests = Counter(
             "tierroute_requests",
             "Requests by final tier, outcome"
-            " (accepted, escalated, unverified; abandoned or failed: no answer, work spent)"
+            " (accepted, escalated, unverified; cached: from the response cache; abandoned or failed: no answer,"
+            " work spent)"
             " and task (structured, choice, code, maths, open_ended).",
             ["tier", "outcome", "task"],
             registry=r,
@@ -102,7 +103,7 @@ class Metrics:
         )
         self.attempts = Counter(
             "tierroute_attempts",
-            "Tier attempts by decision (accepted, rejected, skipped, error, abandoned).",
+            "Tier attempts by decision (accepted, rejected, skipped, error, abandoned, cached).",
             ["tier", "decision"],
             registry=r,
         )
@@ -149,6 +150,8 @@ class Metrics:
         end = entry.attempts[-1].decision if entry.attempts else "accepted"
         if end in ("abandoned", "error"):  # spent work of a request that got no answer
             outcome = "abandoned" if end == "abandoned" else "failed"
+        elif end == "cached":  # answered from the response cache (router.cache): nothing generated
+            outcome = "cached"
         else:
             outcome = "unverified" if entry.unverified else "escalated" if entry.escalated else "accepted"
         # the label takes only the five task names, so a series count never grows with traffic

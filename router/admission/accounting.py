@@ -17,6 +17,10 @@ On a PostgreSQL ledger the budgets and rate limits of a limited key are shared b
 (`router.admission.limits.SharedLimits`): `ready` admits the request through the database, in the
 transaction that writes its pending row (its reservation), so such a request, plain or streamed,
 has its row before any work; a request that ends without a record drops it again.
+
+A response-cache hit (`router.cache`) generates nothing: it is admitted with no reservation, by
+its key's rate limit alone (a key whose budget is spent still gets its hits), and recorded at
+zero cost through the same write, charge and metrics as any answer (`record_replayed`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from router import policy
 from router.admission.auth import Principal
-from router.admission.lifecycle import RequestAccount, Ticket
+from router.admission.lifecycle import Replayed, RequestAccount, Ticket
 from router.admission.limits import Limits, Reservation, SharedCounter, SharedLimits, day_start, month_start
 from router.admission.quota import Quota
 from router.cascade import CascadeResult, Tier
@@ -226,10 +230,12 @@ class Accounting:
         *,
         stream: bool,
         user: str | None = None,
+        cached: bool = False,
     ) -> RequestAccount:
         """Admit the request (429 before any work) and give its account, which the route enters
-        once (`router.admission.lifecycle`)."""
-        ticket = self.admit(principal, request_id, request, plan, model, stream=stream, user=user)
+        once (`router.admission.lifecycle`). `cached`: a cache hit, which generates nothing, so
+        it reserves nothing and only the key's rate limit can refuse it."""
+        ticket = self.admit(principal, request_id, request, plan, model, stream=stream, user=user, cached=cached)
         return RequestAccount(self, principal, ticket)
 
     def admit(
@@ -242,19 +248,34 @@ class Accounting:
         *,
         stream: bool,
         user: str | None = None,
+        cached: bool = False,
     ) -> Ticket:
         """429 when the key's budget cannot take the request's worst case, or its rate is spent;
         otherwise reserve it, and for a stream (or while the ledger fails) start its pending row.
-        With shared limits, a limited key's admission waits for `ready`."""
-        reserve = worst_case_usd(plan, request, tiers=self.tiers)
+        With shared limits, a limited key's admission waits for `ready`. A cache hit (`cached`)
+        reserves nothing, no dollars and no tokens, and meets the rate limits only."""
+        reserve = 0.0 if cached else worst_case_usd(plan, request, tiers=self.tiers)
         quotas = self.quotas(principal, user)
-        tokens = worst_case_tokens(plan, request) if any(q.tokens_per_minute is not None for q in quotas) else 0
+        limited_tokens = any(q.tokens_per_minute is not None for q in quotas)
+        tokens = worst_case_tokens(plan, request) if limited_tokens and not cached else 0
         with self._counting_refusals():
-            hold = self.limits.admit(principal, request_id, reserve, quotas=quotas, reserve_tokens=tokens)
+            hold = self.limits.admit(
+                principal, request_id, reserve, quotas=quotas, reserve_tokens=tokens, budget=not cached
+            )
         team = principal.team
         pending = PendingEntry(request_id, time.time(), principal.key_id, model, reserve, team=team, user=user)
         shared = self.shared is not None and self.shared.limited(quotas)
-        ticket = Ticket(hold, None, pending, user=user, shared=shared, quotas=quotas, team=team, reserved_tokens=tokens)
+        ticket = Ticket(
+            hold,
+            None,
+            pending,
+            user=user,
+            shared=shared,
+            quotas=quotas,
+            team=team,
+            reserved_tokens=tokens,
+            budget=not cached,
+        )
         if not shared and (stream or (self.ledger is not None and not self.ledger.healthy)):
             self._begin(ticket)
         return ticket
@@ -304,7 +325,7 @@ class Accounting:
                     reserved_tokens=ticket.reserved_tokens,
                 )
                 with self._counting_refusals():
-                    await self.shared.admit(ticket.quotas, reservation, p.ts)
+                    await self.shared.admit(ticket.quotas, reservation, p.ts, budget=ticket.budget)
                 ticket.reserved = True
             return
         if self.ledger is not None and not self.ledger.healthy:
@@ -340,13 +361,31 @@ class Accounting:
         ticket.settling = True
         await asyncio.shield(self._record(principal, ticket, result))
 
+    async def record_replayed(self, principal: Principal, ticket: Ticket, replayed: Replayed) -> None:
+        """A cache hit's row, at zero cost: written and counted as `record` writes a generated one."""
+        ticket.settling = True
+
+        def entry(latency_s: float) -> LedgerEntry:
+            p = ticket.pending
+            return replayed.entry(
+                p.request_id, principal.key_id, p.model, latency_s=latency_s, user=ticket.user, team=ticket.team
+            )
+
+        await asyncio.shield(self._record_entry(principal, ticket, entry))
+
     async def _record(self, principal: Principal, ticket: Ticket, result: CascadeResult) -> None:
+        def entry(latency_s: float) -> LedgerEntry:
+            return LedgerEntry.from_result(
+                ticket.request_id, principal.key_id, result, latency_s=latency_s, user=ticket.user, team=ticket.team
+            )
+
+        await self._record_entry(principal, ticket, entry)
+
+    async def _record_entry(self, principal: Principal, ticket: Ticket, make: Callable[[float], LedgerEntry]) -> None:
         hold = ticket.hold
         try:
             latency_s = self.limits.monotonic() - hold.started
-            entry = LedgerEntry.from_result(
-                ticket.request_id, principal.key_id, result, latency_s=latency_s, user=ticket.user, team=ticket.team
-            )
+            entry = make(latency_s)
             failed = None
             if self.ledger is not None:
                 if ticket.written is not None:  # its pending row first, or the settled row could come before it

@@ -7,7 +7,8 @@ the work it did without an answer recorded and its budget hold released. Six cal
 remember, in order, on every path (`admit`, `ready`, `written`, `record`, and on the way out the
 spent work and `release`); here `Accounting.open` admits, `async with` makes ready and guarantees
 the way out, and a stream that outlives the handler takes the way out with it
-(`contextlib.AsyncExitStack.pop_all`).
+(`contextlib.AsyncExitStack.pop_all`). A cache hit is recorded with `record_replayed` instead
+of `record`: the same way out, a row that says nothing was generated.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from router.admission.auth import Principal
 from router.admission.limits import Hold
 from router.admission.quota import Quota
 from router.cascade import CascadeResult, Spent
-from router.ledger.entries import PendingEntry
+from router.ledger.entries import LedgerEntry, PendingEntry
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +42,20 @@ class Ticket:
     quotas: tuple[Quota, ...] = ()  # every level's limits it falls under: key, team, end user
     team: str | None = None  # the key's team at admission: the ledger row's, and its spend's
     reserved_tokens: int = 0  # the most tokens (input + output) it can use: its token-rate reservation
+    budget: bool = True  # False: a cache hit, admitted by its rate limit alone (it costs nothing)
 
     @property
     def request_id(self) -> str:
         return self.pending.request_id  # one copy: the row the ledger writes for it
+
+
+class Replayed(Protocol):
+    """An answer served without generating (a cache hit, `router.cache.answer.CachedAnswer`):
+    what its ledger row says."""
+
+    def entry(
+        self, request_id: str, key_id: str, model: str, *, latency_s: float, user: str | None, team: str | None = None
+    ) -> LedgerEntry: ...
 
 
 class Accounts(Protocol):
@@ -55,6 +66,8 @@ class Accounts(Protocol):
     async def written(self, ticket: Ticket) -> None: ...
 
     async def record(self, principal: Principal, ticket: Ticket, result: CascadeResult) -> None: ...
+
+    async def record_replayed(self, principal: Principal, ticket: Ticket, replayed: Replayed) -> None: ...
 
     def release(self, ticket: Ticket) -> None: ...
 
@@ -95,6 +108,11 @@ class RequestAccount:
     async def record(self, result: CascadeResult) -> None:
         """The settled row, committed before the client sees the answer (503 if it cannot be)."""
         await self.accounting.record(self.principal, self.ticket, result)
+        self._recorded = True
+
+    async def record_replayed(self, replayed: Replayed) -> None:
+        """A cache hit's row (nothing generated, nothing charged), committed before the client sees it."""
+        await self.accounting.record_replayed(self.principal, self.ticket, replayed)
         self._recorded = True
 
     async def close(self) -> None:

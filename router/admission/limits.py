@@ -301,18 +301,20 @@ class Limits:
         *,
         quotas: Sequence[Quota] | None = None,
         reserve_tokens: int = 0,
+        budget: bool = True,
     ) -> Hold:
         """Raise QuotaError or RateLimitError, or return a hold, reserving `reserve_usd` (the most
         the request can cost) against every quota it falls under (`quotas`: the principal's own,
         its key's and team's, unless given) until it is released; a token-limited quota also
-        counts `reserve_tokens` in its token window until the request settles."""
+        counts `reserve_tokens` in its token window until the request settles. Without `budget` (a
+        cache hit, which costs nothing) only the rate limits decide."""
         found = tuple(principal.quotas if quotas is None else quotas)
         now = self.monotonic()
         self._expire()
         if not self.shared:
             # every quota is checked before any counts the request: a refusal leaves no trace
             for q in found:
-                if q.has_budget:
+                if budget and q.has_budget:
                     self._check_budget(q, reserve_usd)
                 if q.requests_per_minute is not None:
                     self.rate.check(q)
@@ -477,14 +479,16 @@ class SharedLimits:
         quotas = [Quota.of_key(found)] if isinstance(found, ApiKeyEntry) else found
         return any(q.limited for q in quotas)
 
-    async def admit(self, found: ApiKeyEntry | Sequence[Quota], reservation: Reservation, now: float) -> None:
+    async def admit(
+        self, found: ApiKeyEntry | Sequence[Quota], reservation: Reservation, now: float, *, budget: bool = True
+    ) -> None:
         """Raise QuotaError, RateLimitError, or UnavailableError (the database is unreachable:
         the request is refused rather than served unlimited); return once the reservation is
-        committed."""
+        committed. Without `budget` (a cache hit) only the rate limits decide."""
         quotas = [Quota.of_key(found)] if isinstance(found, ApiKeyEntry) else [q for q in found if q.limited]
 
         def decide(q: Quota, w: KeyWindow) -> None:
-            if q.has_budget:
+            if budget and q.has_budget:
                 check_budget(q, w.day_usd, w.month_usd, w.reserved_usd, reservation.reserved_usd, now)
             check_rate(q, w.recent, w.oldest_age_s)
             check_tokens(q, w.tokens, reservation.reserved_tokens, w.tokens_oldest_age_s)

@@ -189,6 +189,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None, **engine_kwa
             yield
         finally:
             await shadow.close()  # before the ledger closes: running shadow work is still recorded
+            await app.state.services.cache.close()  # its stores in flight, before the ledger closes
             await accounting.close()  # after the server has drained: every answered request is in
             await keys.close()
             if owned:

@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 from router.admission.accounting import Accounting
 from router.admission.auth import Authenticator, Principal, is_admin, is_client
 from router.api.errors import PermissionDenied
+from router.cache.service import ResponseCache
 from router.config import Settings
 from router.control.registry import KeyRegistry
 from router.engine import Engine
@@ -32,6 +33,7 @@ class Services:
         self.shadow = ShadowService(
             settings, engine.cascade, self.accounting.ledger, self.accounting.metrics, sandboxes=engine.sandboxes
         )
+        self.cache = ResponseCache(settings, self.accounting.ledger, self.accounting.metrics.registry)
 
 
 def get_services(request: Request) -> Services:

@@ -27,6 +27,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from router.cache.answer import CachedAnswer
 from router.cascade import CascadeResult
 from router.generation import Generation, GenerationRequest, TokenLogprob, ToolCall
 from router.structured import tools
@@ -37,9 +38,28 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def extension(rid: str, result: CascadeResult) -> dict[str, Any]:
-    """The `tierroute` object: which tier answered, why, and what it cost."""
-    return {"request_id": rid, **result.summary()}
+def extension(rid: str, result: CascadeResult, cache: str | None = None) -> dict[str, Any]:
+    """The `tierroute` object: which tier answered, why, and what it cost; with the response cache
+    on, `cache` says what it did (miss, bypass, skip)."""
+    found = {"request_id": rid, **result.summary()}
+    return found if cache is None else {**found, "cache": cache}
+
+
+def cached_extension(rid: str, hit: CachedAnswer) -> dict[str, Any]:
+    """The `tierroute` object of a cache hit: the tier whose stored answer it is, and no cost."""
+    return {
+        "request_id": rid,
+        "cache": "hit",
+        "cached_request_id": hit.request_id,
+        "tier": hit.tier,
+        "task": hit.task,
+        "task_why": hit.task_why,
+        "escalated": False,
+        "unverified": False,
+        "cost_usd": 0.0,
+        "counterfactual_top_tier_usd": 0.0,
+        "attempts": [],
+    }
 
 
 def usage(result: CascadeResult) -> dict[str, int]:
@@ -189,7 +209,7 @@ class Shape(ABC):
     ) -> dict[str, Any]: ...
 
     def response(
-        self, rid: str, request: GenerationRequest, result: CascadeResult, wanted: int | None
+        self, rid: str, request: GenerationRequest, result: CascadeResult, wanted: int | None, cache: str | None = None
     ) -> dict[str, Any]:
         """The answer whole: per choice its text or tool calls, and its logprobs (`wanted`: how many
         alternatives the client asked to see; None: no logprobs)."""
@@ -208,7 +228,20 @@ class Shape(ABC):
             "model": result.final.tier,
             "choices": choices,
             "usage": usage(result),
-            "tierroute": extension(rid, result),
+            "tierroute": extension(rid, result, cache),
+        }
+
+    def cached(self, rid: str, hit: CachedAnswer) -> dict[str, Any]:
+        """A cache hit whole: the stored answer's choices and usage as first served, under this
+        request's id and time (`replay` streams it like any whole answer)."""
+        return {
+            "id": rid,
+            "object": self.object,
+            "created": int(time.time()),
+            "model": hit.model,
+            "choices": hit.choices,
+            "usage": dict(hit.usage),
+            "tierroute": cached_extension(rid, hit),
         }
 
     def opening(self, rid: str, tier: str) -> dict[str, Any] | None:
@@ -223,12 +256,20 @@ class Shape(ABC):
     def _finish(self, rid: str, tier: str, reason: str, tail: dict[str, Any], *, choice: int = 0) -> dict[str, Any]: ...
 
     def final(
-        self, rid: str, tier: str, result: CascadeResult, found: ToolAnswer | None, *, include_usage: bool
+        self,
+        rid: str,
+        tier: str,
+        result: CascadeResult,
+        found: ToolAnswer | None,
+        *,
+        include_usage: bool,
+        cache: str | None = None,
     ) -> dict[str, Any]:
         """A stream's last chunk: its finish_reason (`tool_calls` when `found`, the streamed
         answer's tool answer, made calls), the `tierroute` object, and usage when it was asked for."""
         reason = finish_reason(found, result.generation.finish_reason)
-        return self._finish(rid, tier, reason, _tail(extension(rid, result), usage(result) if include_usage else None))
+        tail = _tail(extension(rid, result, cache), usage(result) if include_usage else None)
+        return self._finish(rid, tier, reason, tail)
 
     @abstractmethod
     def replay(self, payload: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:

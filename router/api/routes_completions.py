@@ -1,4 +1,10 @@
-"""POST /v1/chat/completions and /v1/completions, streaming and not."""
+"""POST /v1/chat/completions and /v1/completions, streaming and not.
+
+With the response cache on (router.cache), a cacheable request is looked up before admission
+(a hit is admitted by the key's rate limit alone, since it costs nothing) and, on a hit,
+answered whole from the stored answer, streamed as any whole answer when asked; an answer that
+was generated is offered to the cache once its ledger row is committed and its last byte sent.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
@@ -20,6 +26,8 @@ from router.api.errors import PermissionDenied, error_response
 from router.api.requests import BaseRequest, ChatCompletionRequest, CompletionRequest
 from router.api.responses import CHAT, COMPLETION, Shape, new_id, shown_tokens, tool_answer_chunks
 from router.api.schema_checks import verdicts
+from router.cache.answer import CachedAnswer
+from router.cache.service import Lookup
 from router.cascade import Answering, CascadeResult, Final, Tier
 from router.generation import Delta, GenerationRequest, TokenLogprob
 from router.structured import tools
@@ -29,8 +37,9 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1")
 
 
-def _headers(result_tier: str, escalated: bool) -> dict[str, str]:
-    return {"x-tierroute-tier": result_tier, "x-tierroute-escalated": "true" if escalated else "false"}
+def _headers(result_tier: str, escalated: bool, cache: Lookup | None = None) -> dict[str, str]:
+    headers = {"x-tierroute-tier": result_tier, "x-tierroute-escalated": "true" if escalated else "false"}
+    return headers if cache is None else {**headers, "x-tierroute-cache": cache.status}
 
 
 def _sse(payload: dict[str, Any] | str) -> bytes:
@@ -79,26 +88,34 @@ async def _respond(
     body: BaseRequest,
     rid: str,
     shape: Shape,
+    cache_control: str | None = None,
 ) -> Any:
     request, plan = await _prepare(services, body, principal)
     wanted = body.logprobs_wanted()  # checked by _prepare: None, or the alternatives to show
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    lookup = services.cache.plan(body, shape.object, principal, cache_control)
+    if lookup is not None:
+        hit = await services.cache.get(lookup)
+        if hit is not None:
+            return await _replayed(services, principal, body, rid, shape, request, plan, hit, include_usage)
+    cache = None if lookup is None else lookup.status
     # 429 before any work; the account is entered once and left on every way out
     # (router.admission.lifecycle: ready, written, record, spent work, release)
     account = services.accounting.open(
         principal, rid, request, plan, body.model, stream=bool(body.stream), user=body.user
     )
     cascade = services.engine.cascade
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
     # n > 1 is answered whole (the cascade judges the request once its n choices exist), so its
     # stream is the finished answer in OpenAI's chunks, choice by choice
     if not body.stream or request.n > 1:
         async with account:  # a failing ledger: 503 before any work
             result = await cascade.run(request, body.model, spent=account.spent)
             await account.record(result)  # committed before the client sees it
-        payload = shape.response(rid, request, result, wanted)
+        payload = shape.response(rid, request, result, wanted, cache)
+        services.cache.offer(lookup, payload, result)  # in the background: its row is committed
         # shadow escalation starts once the response is sent: never on the client's path
         after = BackgroundTask(services.shadow.offer, rid, request, result)
-        headers = _headers(result.final.tier, result.escalated)
+        headers = _headers(result.final.tier, result.escalated, lookup)
         if body.stream:
             return StreamingResponse(
                 _replay(shape, payload, include_usage),
@@ -160,7 +177,7 @@ async def _respond(
                         found = tools.answer(request, result.generation)
                         for extra in tool_answer_chunks(rid, tier, found, result.generation.text, sent):
                             yield _sse(extra)
-                    final = shape.final(rid, tier, result, found, include_usage=include_usage)
+                    final = shape.final(rid, tier, result, found, include_usage=include_usage, cache=cache)
                     # committed before its finish_reason and cost are sent: a failed write ends the
                     # stream with an error event instead, and no [DONE]
                     await account.record(result)
@@ -168,6 +185,7 @@ async def _respond(
             yield _sse("[DONE]")
             if result is not None:  # resumed after [DONE] was sent: the client has it all
                 services.shadow.offer(rid, request, result)
+                services.cache.offer(lookup, shape.response(rid, request, result, wanted, cache), result)
         except Exception as exc:  # output has begun: report in-band, the status is already sent
             log.warning("stream %s failed mid-way: %s", rid, exc)
             yield _sse(json.loads(bytes(error_response(exc).body)))
@@ -178,8 +196,38 @@ async def _respond(
         sse(),
         settle,
         media_type="text/event-stream",
-        headers={**_headers(first.tier, first.escalated), "cache-control": "no-cache"},
+        headers={**_headers(first.tier, first.escalated, lookup), "cache-control": "no-cache"},
     )
+
+
+async def _replayed(
+    services: Services,
+    principal: Principal,
+    body: BaseRequest,
+    rid: str,
+    shape: Shape,
+    request: GenerationRequest,
+    plan: list[Tier],
+    hit: CachedAnswer,
+    include_usage: bool,
+) -> Any:
+    """A cache hit: admitted by the rate limit alone, its zero-cost row committed, then the stored
+    answer sent whole (a stream: in OpenAI's chunks, as any whole answer)."""
+    # not a stream to the accounting: the answer is settled before its first byte
+    account = services.accounting.open(
+        principal, rid, request, plan, body.model, stream=False, user=body.user, cached=True
+    )
+    async with account:
+        await account.record_replayed(hit)
+    payload = shape.cached(rid, hit)
+    headers = {**_headers(hit.tier, False), "x-tierroute-cache": "hit"}
+    if body.stream:
+        return StreamingResponse(
+            _replay(shape, payload, include_usage),
+            media_type="text/event-stream",
+            headers={**headers, "cache-control": "no-cache"},
+        )
+    return JSONResponse(payload, headers=headers)
 
 
 async def _replay(shape: Shape, payload: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes]:
@@ -189,10 +237,12 @@ async def _replay(shape: Shape, payload: dict[str, Any], include_usage: bool) ->
 
 
 @router.post("/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, services: ServicesDep, principal: PrincipalDep) -> Any:
-    return await _respond(services, principal, body, new_id("chatcmpl"), CHAT)
+async def chat_completions(
+    body: ChatCompletionRequest, services: ServicesDep, principal: PrincipalDep, http: Request
+) -> Any:
+    return await _respond(services, principal, body, new_id("chatcmpl"), CHAT, http.headers.get("cache-control"))
 
 
 @router.post("/completions")
-async def completions(body: CompletionRequest, services: ServicesDep, principal: PrincipalDep) -> Any:
-    return await _respond(services, principal, body, new_id("cmpl"), COMPLETION)
+async def completions(body: CompletionRequest, services: ServicesDep, principal: PrincipalDep, http: Request) -> Any:
+    return await _respond(services, principal, body, new_id("cmpl"), COMPLETION, http.headers.get("cache-control"))

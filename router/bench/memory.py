@@ -1,4 +1,4 @@
-"""A server's resident memory, read from /proc: now, its peak since start, and its peak over a stretch.
+"""A server's resident memory (now, its peak since start, its peak over a stretch) and CPU time, read from /proc.
 
 Read from /proc rather than asked of the server, so any process on this machine can be watched
 (ours, llama-cpp-python's, vLLM's) without its cooperation; with no pid there is simply no figure.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from pathlib import Path
 
 
@@ -69,3 +70,17 @@ class MemoryWatch:
             "rss_end_mib": self.end["rss_mib"] if self.end else None,
             "hwm_mib": self.end.get("hwm_mib") if self.end else None,
         }
+
+
+def read_cpu_s(pid: int | None) -> float | None:
+    """The CPU time (user + system, every thread) a process has used so far, from /proc; None when
+    it cannot be read. On a machine busy with other work, a server's CPU time per request is the
+    figure that contention does not inflate, where its wall-clock latency is."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # after the command name: state is field 3, utime and stime are fields 14 and 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -32,6 +32,7 @@ class Outcome:
     error: str | None = None
     server_ms: float | None = None  # overhead mode: the app's own time, from Server-Timing
     tier: str | None = None  # overhead mode: the tier that answered
+    cache: str | None = None  # overhead mode: what the response cache did (x-tierroute-cache), if it is on
 
     @property
     def ok(self) -> bool:
@@ -51,6 +52,8 @@ class Outcome:
             row["server_ms"] = rounded(self.server_ms)
         if self.tier is not None:
             row["tier"] = self.tier
+        if self.cache is not None:
+            row["cache"] = self.cache
         return row
 
 

@@ -186,7 +186,9 @@ def print_overhead(result: dict[str, Any], *, title: str) -> None:
     memory = result["memory"] or {}
     console.print(
         f"ok {result['ok']}/{result['requests']}, errors {result['errors'] or 0}, answered by {result['tiers']}, "
-        f"verifiers {result['verifiers']}, peak RSS {fmt(memory.get('peak_rss_mib'))} MiB"
+        f"verifiers {result['verifiers']}, peak RSS {fmt(memory.get('peak_rss_mib'))} MiB, "
+        f"server CPU {fmt(result.get('server_cpu_ms_per_request'), 2)} ms/request"
+        + (f", cache {result['cache']}" if result.get("cache") else "")
     )
 
 

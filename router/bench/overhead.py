@@ -2,7 +2,8 @@
 
 Two figures per request: the client's latency, and the app's own time from `Server-Timing`. A
 second pass of the same schedule against /healthz (the floor) gives what HTTP, uvicorn and this
-client cost with no router work at all.
+client cost with no router work at all. With the config's response cache on, the warm-up stores
+every prompt's answer, so the timed requests are cache hits (counted under `cache`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from router.bench.instant_server import instant_service
 from router.bench.load import Send, arrivals, open_loop, schedule_lag, warm_up
-from router.bench.memory import MemoryWatch
+from router.bench.memory import MemoryWatch, read_cpu_s
 from router.bench.outcome import Outcome
 from router.bench.stats import distribution_ms, rounded
 from router.bench.workload import PROMPTS
@@ -72,6 +73,7 @@ async def drive_overhead(
                         out.finish_reason = answer["choices"][0].get("finish_reason")
                     out.server_ms = _server_timing(response.headers.get("server-timing"))
                     out.tier = response.headers.get("x-tierroute-tier")
+                    out.cache = response.headers.get("x-tierroute-cache")
                 out.latency_s = out.ttft_s = time.perf_counter() - t0
                 return out
 
@@ -80,8 +82,10 @@ async def drive_overhead(
         schedule = arrivals(rate, max(1, round(rate * seconds)), kind=kind, seed=seed)
         send = sender(chat=True)
         await warm_up(send, warmup)
+        cpu_before = read_cpu_s(pid)
         async with MemoryWatch(pid) as memory:
             outcomes, wall = await open_loop(send, schedule)
+        cpu_after = read_cpu_s(pid)
         floor_outcomes: list[Outcome] = []
         if floor:
             await warm_up(sender(chat=False), warmup)
@@ -106,6 +110,11 @@ async def drive_overhead(
         "client_ms": distribution_ms([o.latency_s for o in ok]),
         "server_ms": distribution_ms([o.server_ms / 1000.0 for o in ok if o.server_ms is not None]),
         "schedule_lag_ms": schedule_lag(outcomes, schedule),
+        # the server process's CPU time per timed request (every thread: HTTP, the cascade, the
+        # ledger's writer): the figure a busy machine does not inflate
+        "server_cpu_ms_per_request": None
+        if cpu_before is None or cpu_after is None or not outcomes
+        else rounded((cpu_after - cpu_before) * 1000 / len(outcomes)),
         "floor": None
         if not floor
         else {
@@ -116,6 +125,7 @@ async def drive_overhead(
             "server_ms": distribution_ms([o.server_ms / 1000.0 for o in floor_ok if o.server_ms is not None]),
         },
         "tiers": dict(sorted(Counter(o.tier or "?" for o in ok).items())),
+        "cache": dict(sorted(Counter(o.cache for o in ok if o.cache is not None).items())),
         "finish_reasons": dict(sorted(Counter(o.finish_reason or "none" for o in ok).items())),
         "memory": memory.result(),
         "per_request": [o.to_dict() for o in outcomes],

@@ -212,6 +212,25 @@ class Feedback:
     comment: str | None = None
 
 
+@dataclass(frozen=True)
+class CacheRow:
+    """One stored answer of the response cache (`router.cache`), as its `cache_entries` row holds
+    it (see that table in `router.ledger.schema`, column for column). The store only keeps it:
+    what `body` holds is checked by the cache on every read."""
+
+    cache_key: str
+    scope: str
+    policy: str
+    shape: str
+    tier: str
+    request_id: str
+    created: float
+    expires_at: float
+    size: int
+    body: str
+    digest: str
+
+
 class DuplicateEntry(Exception):
     """The store already holds a row with this request id: writing it again would fail again
     (SQLite's own `sqlite3.IntegrityError` says the same for the SQLite store)."""
@@ -257,6 +276,16 @@ class LedgerStore(Protocol):
         self, since: float | None = None, until: float | None = None, request_id: str | None = None
     ) -> Iterator[Feedback]:
         """Labels with since <= ts < until (of one request, given `request_id`), oldest first."""
+
+    def cache_get(self, cache_key: str, scope: str, now: float) -> CacheRow | None:
+        """The unexpired cached answer stored under this key for this scope, if any."""
+
+    def cache_put(self, row: CacheRow, max_entries: int | None) -> None:
+        """Store the answer (replacing one under the same key) and drop expired entries; with
+        `max_entries`, also evict the oldest past it; in one transaction."""
+
+    def cache_drop(self, cache_key: str) -> None:
+        """Forget one entry (it failed its checks on reading)."""
 
     def close(self) -> None:
         """Commit nothing further and release the connection."""

@@ -54,7 +54,15 @@ from router.admission.limits import WINDOW_S, KeyWindow, Reservation, day_start,
 from router.admission.quota import Quota
 from router.errors import ConfigError
 from router.ledger import rows, schema
-from router.ledger.entries import AttemptEntry, DuplicateEntry, Feedback, LedgerEntry, PendingEntry, ShadowPair
+from router.ledger.entries import (
+    AttemptEntry,
+    CacheRow,
+    DuplicateEntry,
+    Feedback,
+    LedgerEntry,
+    PendingEntry,
+    ShadowPair,
+)
 from router.ledger.store import spend_subjects
 
 log = logging.getLogger(__name__)
@@ -159,8 +167,8 @@ CREATE INDEX rate_events_key_ts ON rate_events (key_id, ts);
 )
 MIGRATIONS = RELEASED + tuple(
     (version, schema.postgres_why(version), schema.postgres_migration(version))
-    for version in range(len(RELEASED) + 1, schema.latest("postgres") + 1)
-    if schema.postgres_why(version)  # a number another branch holds until a merge renumbers: skipped
+    for version in schema.versions("postgres")
+    if version > RELEASED[-1][0]
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -174,6 +182,12 @@ _INSERT_PAIR = (
     + ", ".join(f"{c.quoted} = EXCLUDED.{c.quoted}" for c in schema.columns("shadow_pairs", "postgres")[1:])
 )
 _INSERT_FEEDBACK = rows.insert("feedback", "postgres")
+
+_INSERT_CACHE = (
+    rows.insert("cache_entries", "postgres")
+    + " ON CONFLICT (cache_key) DO UPDATE SET "
+    + ", ".join(f"{c.quoted} = EXCLUDED.{c.quoted}" for c in schema.columns("cache_entries", "postgres")[1:])
+)
 
 
 class PostgresStore:
@@ -366,6 +380,36 @@ class PostgresStore:
             )
         for row in found:
             yield rows.feedback_from_row(row)
+
+    def cache_get(self, cache_key: str, scope: str, now: float) -> CacheRow | None:
+        with self.pool.connection() as conn:
+            found = (
+                conn.cursor(row_factory=dict_row)
+                .execute(
+                    f"SELECT {schema.column_list('cache_entries', 'postgres')} FROM cache_entries "
+                    "WHERE cache_key = %s AND scope = %s AND expires_at > %s",
+                    (cache_key, scope, now),
+                )
+                .fetchone()
+            )
+        return None if found is None else rows.cache_from_row(found)
+
+    def cache_put(self, row: CacheRow, max_entries: int | None) -> None:
+        with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
+            conn.execute(_INSERT_CACHE, rows.cache_values(row))
+            conn.execute("DELETE FROM cache_entries WHERE expires_at <= %s", (row.created,))
+            if max_entries is None:
+                return
+            # the newest max_entries stay, whichever replica stored them
+            conn.execute(
+                "DELETE FROM cache_entries WHERE cache_key IN (SELECT cache_key FROM cache_entries "
+                "ORDER BY created DESC, cache_key OFFSET %s)",
+                (max_entries,),
+            )
+
+    def cache_drop(self, cache_key: str) -> None:
+        with self.pool.connection() as conn:
+            conn.execute("DELETE FROM cache_entries WHERE cache_key = %s", (cache_key,))
 
     def close(self) -> None:
         if self._pool is not None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from router.ledger import schema
-from router.ledger.entries import AttemptEntry, Feedback, LedgerEntry, PendingEntry, ShadowPair
+from router.ledger.entries import AttemptEntry, CacheRow, Feedback, LedgerEntry, PendingEntry, ShadowPair
 
 # named-parameter placeholders of each store's driver
 _PLACEHOLDER: dict[schema.Store, str] = {"sqlite": ":{}", "postgres": "%({})s"}
@@ -112,3 +112,12 @@ def feedback_values(feedback: Feedback) -> dict[str, Any]:
 
 def feedback_from_row(row: Row) -> Feedback:
     return Feedback(**_read(Feedback, row))
+
+
+def cache_values(row: CacheRow) -> dict[str, Any]:
+    """The cached answer's `cache_entries` row: its fields by name."""
+    return _fields(row)
+
+
+def cache_from_row(row: Row) -> CacheRow:
+    return CacheRow(**_read(CacheRow, row))

@@ -384,6 +384,28 @@ TABLES: tuple[Table, ...] = (
         postgres=CONTROL_POSTGRES,
         indexes=(Index("token_events_subject_ts", ("subject", "ts")), Index("token_events_request", ("request_id",))),
     ),
+    # the exact-match response cache (router.cache): in the ledger's database, so replicas share it
+    Table(
+        "cache_entries",
+        "one cached answer per cache key: what a repeated deterministic request is answered with (router.cache)",
+        (
+            Column("cache_key", "text", "SHA-256 of the canonical request, its scope and the tier policy version"),
+            Column("scope", "text", "whose entry it is (the API key's name under scope 'key'); read back only by it"),
+            Column("policy", "text", "the tier policy version it was answered under (router.cache.keys)"),
+            Column("shape", "text", "chat.completion | text_completion: the endpoint that answered"),
+            Column("tier", "text", "the tier that answered"),
+            Column("request_id", "text", "the request whose answer it is"),
+            Column("created", "real", "unix seconds (UTC) when it was stored: the oldest are evicted first"),
+            Column("expires_at", "real", "unix seconds (UTC) past which it is never served"),
+            Column("size", "integer", "bytes of `body`"),
+            Column("body", "text", "the answer as JSON: model, choices, usage, task (checked whole on every read)"),
+            Column("digest", "text", "SHA-256 of cache_key, scope and body: a row altered or moved is refused"),
+        ),
+        ("cache_key",),
+        sqlite=7,
+        postgres=4,
+        indexes=(Index("cache_entries_created", ("created",)), Index("cache_entries_expires", ("expires_at",))),
+    ),
 )
 
 
@@ -406,6 +428,15 @@ def latest(store: Store, tables: Sequence[Table] = TABLES) -> int:
     for t in tables:
         found += [_version(c, store, t) for c in t.columns] + [_version(i, store, t) for i in t.indexes]
     return max(v for v in found if v is not None)
+
+
+def versions(store: Store, tables: Sequence[Table] = TABLES) -> list[int]:
+    """Every version of `store` the description names, in order. Branches number their changes
+    ahead of a merge, so a version may be missing (its migration comes with its branch)."""
+    found = {_version(t, store) for t in tables}
+    for t in tables:
+        found |= {_version(c, store, t) for c in t.columns} | {_version(i, store, t) for i in t.indexes}
+    return sorted(v for v in found if v is not None and v != WITH_TABLE)
 
 
 def table(name: str, tables: Sequence[Table] = TABLES) -> Table:

@@ -20,13 +20,13 @@ from pathlib import Path
 
 from router.errors import ConfigError
 from router.ledger import rows, schema
-from router.ledger.entries import AttemptEntry, Feedback, LedgerEntry, PendingEntry, ShadowPair
+from router.ledger.entries import AttemptEntry, CacheRow, Feedback, LedgerEntry, PendingEntry, ShadowPair
 
 log = logging.getLogger(__name__)
 
 # the SQLite schema version recorded in `meta`: the latest the description names (2: the pending
 # table; 3: requests.task and task_why; 4: shadow_pairs; 5: requests.user; then the control plane's
-# keys, teams, user limits and audit, with requests.team: router.control; then feedback)
+# keys, teams, user limits and audit, with requests.team: router.control; feedback; cache_entries)
 SCHEMA_VERSION = schema.latest("sqlite")
 
 _INSERT_REQUEST = rows.insert("requests", "sqlite")
@@ -34,6 +34,7 @@ _INSERT_ATTEMPT = rows.insert("attempts", "sqlite")
 _INSERT_PENDING = rows.insert("pending", "sqlite", "INSERT OR REPLACE INTO")
 _INSERT_PAIR = rows.insert("shadow_pairs", "sqlite", "INSERT OR REPLACE INTO")
 _INSERT_FEEDBACK = rows.insert("feedback", "sqlite")
+_INSERT_CACHE = rows.insert("cache_entries", "sqlite", "INSERT OR REPLACE INTO")
 
 
 class SQLiteStore:
@@ -211,6 +212,33 @@ class SQLiteStore:
             params,
         ).fetchall():
             yield rows.pair_from_row(row)
+
+    def cache_get(self, cache_key: str, scope: str, now: float) -> CacheRow | None:
+        found = self.conn.execute(
+            f"SELECT {schema.column_list('cache_entries', 'sqlite')} FROM cache_entries "
+            "WHERE cache_key = ? AND scope = ? AND expires_at > ?",
+            (cache_key, scope, now),
+        ).fetchone()
+        return None if found is None else rows.cache_from_row(found)
+
+    def cache_put(self, row: CacheRow, max_entries: int | None) -> None:
+        def put() -> None:
+            conn = self.conn
+            conn.execute(_INSERT_CACHE, rows.cache_values(row))
+            conn.execute("DELETE FROM cache_entries WHERE expires_at <= ?", (row.created,))
+            if max_entries is None:
+                return
+            # the newest max_entries stay (LIMIT -1: no limit, from that offset on)
+            conn.execute(
+                "DELETE FROM cache_entries WHERE cache_key IN (SELECT cache_key FROM cache_entries "
+                "ORDER BY created DESC, cache_key LIMIT -1 OFFSET ?)",
+                (max_entries,),
+            )
+
+        self._transaction(put)
+
+    def cache_drop(self, cache_key: str) -> None:
+        self.conn.execute("DELETE FROM cache_entries WHERE cache_key = ?", (cache_key,))
 
     def close(self) -> None:
         if self._conn is not None:

@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, TypeVar
 
-from router.ledger.entries import DuplicateEntry, Feedback, LedgerEntry, LedgerStore, PendingEntry, ShadowPair
+from router.ledger.entries import CacheRow, DuplicateEntry, Feedback, LedgerEntry, LedgerStore, PendingEntry, ShadowPair
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -120,6 +120,18 @@ class Ledger:
         self, since: float | None = None, until: float | None = None, request_id: str | None = None
     ) -> list[Feedback]:
         return await self._call(lambda: list(self.store.feedback(since, until, request_id)))
+
+    async def cache_get(self, cache_key: str, scope: str, now: float) -> CacheRow | None:
+        """The response cache's read (router.cache): on the ledger's thread, as every store call."""
+        return await self._call(self.store.cache_get, cache_key, scope, now)
+
+    async def cache_put(self, row: CacheRow, max_entries: int | None) -> None:
+        """Best effort, as shadow pairs: a lost entry costs a later generation, not a record, so it
+        is never retried nor marks the ledger unhealthy."""
+        await self._call(self.store.cache_put, row, max_entries)
+
+    async def cache_drop(self, cache_key: str) -> None:
+        await self._call(self.store.cache_drop, cache_key)
 
     async def close(self) -> None:
         """Finish every queued write (and retry the unsettled ones once), then close the store."""

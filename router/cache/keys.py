@@ -1,0 +1,102 @@
+"""What a cached answer is keyed by, and who may read it back.
+
+The key is SHA-256 over canonical JSON (sorted keys, no spaces, integral floats written as
+integers) of everything that determines the answer: the request as the API validated it (model
+or `auto`, messages or prompt, tools, tool_choice, response_format, every sampling parameter,
+seed, n, logprobs, stop, our `tierroute` extension), the endpoint's shape, the tier policy
+version, and the reader's scope. Left out are only fields that change how an answer is delivered,
+never what it says: `stream`, `stream_options` and `user`. A field a client adds that tierroute
+does not know is ignored by the API, so it cannot change the answer either.
+
+The tier policy version is a hash of the resolved tier config that decides answers (each tier's
+backend and model, its verifiers, thresholds, task policies, limits and deadlines) and of the
+cascade's settings, so a config change that alters a tier's policy keys every later request
+differently: earlier entries are never served again, and age out. Prices and shadow sampling
+change what an answer costs or what is learnt from it, not the answer, so they are left out.
+
+The scope is part of the key and is also stored beside the entry and matched on reading, so even
+two equal hashes could not cross tenants. `scope_of` is the one place a scope is chosen: per API
+key by default, or per team (a key without a team keeps its own).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from router.admission.auth import Principal
+from router.config import Settings
+
+FORMAT = 1  # bumped when what is keyed or stored changes: earlier entries are then never read
+_NOT_IN_KEY = frozenset({"stream", "stream_options", "user"})  # how the answer is delivered, not what it is
+_NOT_POLICY = frozenset({"price", "shadow"})  # what an answer costs, or what is learnt from it
+
+
+def canonical(value: Any) -> str:
+    """Canonical JSON: sorted keys, no spaces, integral floats as integers (0.0 and 0 are one key)."""
+    return json.dumps(_normal(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _normal(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _normal(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_normal(v) for v in value]
+    return value
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def policy_version(settings: Settings) -> str:
+    """A hash of the config that decides what a request is answered with."""
+    return sha256(
+        canonical(
+            {
+                "tiers": [t.model_dump(mode="json", exclude=set(_NOT_POLICY)) for t in settings.tiers],
+                "cascade": settings.cascade.model_dump(mode="json"),
+                "namespace": settings.cache.namespace,
+            }
+        )
+    )
+
+
+def deterministic(body: BaseModel) -> bool:
+    """Whether a repeat asks for the same answer: greedy sampling (temperature 0) or a seed."""
+    return getattr(body, "temperature", None) == 0 or getattr(body, "seed", None) is not None
+
+
+def scope_of(principal: Principal, scope: Literal["key", "team", "global"]) -> str:
+    """Whose entries a caller reads and writes. 'key': the API key's name (without keys, every
+    caller is 'anonymous', one tenant); 'team': the key's team, shared by its keys (a key without
+    a team is its own tenant); 'global': everyone's."""
+    if scope == "global":
+        return "*"
+    if scope == "team" and principal.team is not None:
+        return f"team:{principal.team}"
+    return f"key:{principal.key_id}"
+
+
+def cache_key(body: BaseModel, *, shape: str, policy: str, scope: str) -> str:
+    """The entry's key: the request as validated, less how it is delivered, with its endpoint's
+    shape, the policy version and the scope."""
+    request = body.model_dump(mode="json", exclude=set(_NOT_IN_KEY))
+    return sha256(canonical({"v": FORMAT, "shape": shape, "policy": policy, "scope": scope, "request": request}))
+
+
+def directives(cache_control: str | None) -> tuple[bool, bool]:
+    """(read, store) from the client's Cache-Control: `no-cache` skips the lookup and still stores
+    the fresh answer (HTTP's meaning: do not answer from storage without revalidating); `no-store`
+    does neither."""
+    if not cache_control:
+        return True, True
+    said = {part.strip().lower().split("=", 1)[0] for part in cache_control.split(",")}
+    if "no-store" in said:
+        return False, False
+    return "no-cache" not in said, True

@@ -1,0 +1,157 @@
+"""What a cache key is made of, what the policy version follows, and the checks on a stored answer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.admission.auth import Principal
+from router.api.requests import ChatCompletionRequest
+from router.cache import answer, keys
+from router.cache.answer import InvalidEntry
+from router.config import load_settings
+from router.ledger.entries import CacheRow
+from tests.support.cache import cache_config
+
+BASE: dict[str, Any] = {"model": "auto", "messages": [{"role": "user", "content": "Hi"}], "temperature": 0}
+
+
+def key(scope: str = "key:ana", policy: str = "p", shape: str = "chat.completion", **fields: Any) -> str:
+    return keys.cache_key(ChatCompletionRequest(**{**BASE, **fields}), shape=shape, policy=policy, scope=scope)
+
+
+def test_the_key_is_canonical_and_leaves_out_only_how_the_answer_is_delivered() -> None:
+    assert key() == key(temperature=0.0)  # 0 and 0.0 are one value
+    assert key() == key(stream=True, stream_options={"include_usage": True}, user="u-1")
+    assert key() == key(some_future_parameter=3)  # ignored by the API: it cannot change the answer
+    differ = [
+        key(messages=[{"role": "user", "content": "Hi!"}]),
+        key(model="small"),
+        key(seed=1),
+        key(n=2),
+        key(max_tokens=5),
+        key(top_p=0.5),
+        key(stop=["x"]),
+        key(logprobs=True, top_logprobs=2),
+        key(response_format={"type": "json_object"}),
+        key(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
+        key(tool_choice="none"),
+        key(scope="key:ben"),
+        key(policy="q"),
+        key(shape="text_completion"),
+    ]
+    assert len({key(), *differ}) == len(differ) + 1
+
+
+def test_only_greedy_or_seeded_requests_are_deterministic() -> None:
+    assert keys.deterministic(ChatCompletionRequest(**BASE))
+    assert keys.deterministic(ChatCompletionRequest(**{**BASE, "temperature": 1.0, "seed": 3}))
+    assert not keys.deterministic(ChatCompletionRequest(**{**BASE, "temperature": None}))  # OpenAI's default is 1
+    assert not keys.deterministic(ChatCompletionRequest(**{**BASE, "temperature": 0.2}))
+
+
+def test_scopes_and_cache_control() -> None:
+    assert keys.scope_of(Principal("ana", None), "key") == "key:ana"
+    assert keys.scope_of(Principal("ana", None), "global") == "*"
+    # a team scope: the team's keys share it; a key without a team is its own tenant
+    assert keys.scope_of(Principal("ana", None, team="red"), "team") == "team:red"
+    assert keys.scope_of(Principal("bob", None, team="red"), "team") == "team:red"
+    assert keys.scope_of(Principal("cy", None, team="blue"), "team") == "team:blue"
+    assert keys.scope_of(Principal("dee", None), "team") == "key:dee"
+    assert keys.scope_of(Principal("ana", None, team="red"), "key") == "key:ana"
+    assert keys.directives(None) == (True, True)
+    assert keys.directives("no-cache") == (False, True)
+    assert keys.directives("max-age=0, No-Store") == (False, False)
+    assert keys.directives("max-age=60") == (True, True)
+
+
+def test_the_policy_version_follows_what_decides_answers_and_not_prices(tmp_path: Path) -> None:
+    cfg, _ = cache_config(tmp_path, {})
+    text = cfg.read_text()
+
+    def version(replace: tuple[str, str] = ("", "")) -> str:
+        cfg.write_text(text.replace(*replace))
+        return keys.policy_version(load_settings(cfg))
+
+    same = version()
+    assert version(("usd_per_1m_output_tokens = 2.40", "usd_per_1m_output_tokens = 9.0")) == same
+    assert version(("threshold = 0.5", "threshold = 0.7")) != same
+    assert version(("max_tokens = 64", "max_tokens = 65")) != same
+    assert version(("enabled = true", 'enabled = true\nnamespace = "v2"')) != same
+
+
+def stored(body: Any, *, k: str = "k", scope: str = "key:ana", shape: str = "chat.completion") -> CacheRow:
+    text = body if isinstance(body, str) else json.dumps(body)
+    return CacheRow(k, scope, "p", shape, "small", "r", 0.0, 1.0, len(text), text, answer.digest(k, scope, text))
+
+
+GOOD = {
+    "v": 1,
+    "shape": "chat.completion",
+    "request_id": "chatcmpl-1",
+    "tier": "small",
+    "model": "small",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi", "extra": 1}, "finish_reason": "stop",
+                 "logprobs": None, "injected": "x"}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    "task": None,
+    "task_why": None,
+}  # fmt: skip
+
+
+def decode(row: CacheRow, **where: Any) -> answer.CachedAnswer:
+    return answer.decode(
+        row, **{"cache_key": "k", "scope": "key:ana", "shape": "chat.completion", "max_bytes": 4096, **where}
+    )
+
+
+def test_a_good_entry_is_served_from_its_checked_fields_only() -> None:
+    found = decode(stored(GOOD))
+    assert found.choices == [
+        {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop", "logprobs": None}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"choices": []}, "choices"),
+        ({"choices": [{**GOOD["choices"][0], "finish_reason": "length"}]}, "did not end on its own"),
+        ({"choices": [{**GOOD["choices"][0], "index": 3}]}, "index"),
+        ({"choices": [{**GOOD["choices"][0], "message": {"role": "user", "content": "x"}}]}, "assistant"),
+        ({"choices": [{**GOOD["choices"][0], "message": {"role": "assistant", "content": None}}]}, "neither"),
+        (
+            {
+                "choices": [
+                    {**GOOD["choices"][0], "message": {"role": "assistant", "content": None, "tool_calls": [{}]}}
+                ]
+            },
+            "function call",
+        ),
+        ({"usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 5}}, "sum"),
+        ({"usage": {"prompt_tokens": True, "completion_tokens": 1, "total_tokens": 2}}, "count"),
+        ({"model": "\x1b[31m"}, "printable"),
+        ({"shape": "text_completion"}, "format and endpoint"),
+        ({"v": 99}, "format"),
+    ],
+)
+def test_a_malformed_entry_is_refused(change: dict[str, Any], why: str) -> None:
+    with pytest.raises(InvalidEntry, match=why):
+        decode(stored({**GOOD, **change}))
+
+
+def test_an_entry_moved_altered_or_oversized_is_refused() -> None:
+    row = stored(GOOD)
+    with pytest.raises(InvalidEntry, match="digest"):
+        decode(row, scope="key:ben")
+    with pytest.raises(InvalidEntry, match="digest"):
+        decode(row, cache_key="other")
+    with pytest.raises(InvalidEntry, match="digest"):
+        decode(CacheRow(**{**row.__dict__, "body": row.body.replace("hi", "ho")}))
+    with pytest.raises(InvalidEntry, match="max_entry_bytes"):
+        decode(row, max_bytes=10)
+    with pytest.raises(InvalidEntry, match="not JSON"):
+        decode(stored("[" * 5000), max_bytes=10_000)
