@@ -300,8 +300,8 @@ class OpenAIBackend(Backend):
                 assert prompt is not None
                 scored = read_echo(choice, prompt + continuation, continuation)
             else:
-                where = data if request.messages is not None else choice
-                scored = read_vllm(where.get("prompt_logprobs"), call.prompt_limit, continuation)
+                found = data if request.messages is not None else choice
+                scored = read_vllm(found.get("prompt_logprobs"), call.prompt_limit, continuation)
             # the usage, when sane, counts the continuation too; else the tokens the server read
             limit = call.prompt_limit + len(continuation.encode("utf-8", "replace"))
             usage = data.get("usage")
