@@ -104,6 +104,7 @@ class LedgerEntry:
     task: str | None = None  # the request's task (router.tasks); None in rows written before tasks existed
     task_why: str | None = None  # why it was given that task
     user: str | None = None  # OpenAI's `user` request field: the client's own end-user id, unchecked
+    deployment: str | None = None  # which deployment of the answering tier answered; None: a local tier
 
     @property
     def prompt_tokens(self) -> int:
@@ -143,6 +144,7 @@ class LedgerEntry:
             task=result.task.task if result.task else None,
             task_why=result.task.why if result.task else None,
             user=user,
+            deployment=result.final.generation.deployment if result.final.generation else None,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -113,6 +113,15 @@ TABLES: tuple[Table, ...] = (
                 sqlite=5,
                 postgres=2,
             ),
+            Column(
+                "deployment",
+                "text",
+                "which deployment of the answering tier answered (router.backends.openai.deployments); NULL: "
+                "a local tier, or a row written before deployments",
+                null=True,
+                sqlite=6,
+                postgres=3,
+            ),
         ),
         ("request_id",),
         sqlite=1,

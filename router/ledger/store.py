@@ -25,7 +25,7 @@ from router.ledger.entries import AttemptEntry, LedgerEntry, PendingEntry, Shado
 log = logging.getLogger(__name__)
 
 # the SQLite schema version recorded in `meta`: the latest the description names (2: the pending
-# table; 3: requests.task and task_why; 4: shadow_pairs; 5: requests.user)
+# table; 3: requests.task and task_why; 4: shadow_pairs; 5: requests.user; 6: requests.deployment)
 SCHEMA_VERSION = schema.latest("sqlite")
 
 _INSERT_REQUEST = rows.insert("requests", "sqlite")

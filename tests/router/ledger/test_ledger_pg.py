@@ -97,13 +97,13 @@ def test_migrations_are_versioned_applied_once_and_by_one_replica_at_a_time(db: 
             r[0]
             for r in conn.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'requests'")
         }
-    assert versions == [1, 2] and "user" in columns
+    assert versions == list(range(1, schema.latest("postgres") + 1)) and "user" in columns
     for s in stores:
         s.close()
     out = subprocess.run(
         [TIERROUTE, "ledger", "migrate", "--ledger", db], capture_output=True, text=True, timeout=120, check=True
     ).stdout
-    assert "none (up to date)" in out and "schema version 2" in out
+    assert "none (up to date)" in out and f"schema version {schema.latest('postgres')}" in out
 
 
 @pytest.mark.slow
@@ -120,7 +120,7 @@ def test_a_sqlite_ledger_of_schema_4_gains_the_user_column(tmp_path: Path) -> No
     assert [e.user for e in ro.entries()] == [None]
     ro.close()
     out = subprocess.run([TIERROUTE, "ledger", "migrate", "--ledger", f"sqlite:{path}"], capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
-    assert "schema version 5" in out
+    assert f"schema version {schema.latest('sqlite')}" in out
     with sqlite3.connect(path) as conn:
         assert "user" in {r[1] for r in conn.execute("PRAGMA table_info(requests)")}
 
