@@ -208,7 +208,9 @@ class OpenAIBackendSettings(_Strict):
         "least_outstanding", description="How a request picks among the deployments that are available."
     )
     probe_interval_s: float | None = Field(
-        None, gt=0, description="Ask each deployment's GET /models this often; a failing one takes no traffic. Unset: off."
+        None,
+        gt=0,
+        description="Ask each deployment's GET /models this often; a failing one takes no traffic. Unset: off.",
     )
     attempt_timeout_s: float | None = Field(
         None,
