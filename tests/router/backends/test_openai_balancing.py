@@ -28,8 +28,8 @@ def test_weighted_random_follows_its_weights_within_a_few_percent(seed: int) -> 
 
 
 def test_weighted_random_ignores_load() -> None:
-    deps = [Dep(outstanding=50), Dep(outstanding=0)]
-    picks = Counter(WeightedRandom().pick(deps, random.Random(7)) for _ in range(1000))
+    deps, rng = [Dep(outstanding=50), Dep(outstanding=0)], random.Random(7)
+    picks = Counter(WeightedRandom().pick(deps, rng) for _ in range(1000))
     assert abs(picks[0] - picks[1]) < 100
 
 

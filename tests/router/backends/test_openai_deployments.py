@@ -29,7 +29,6 @@ from tests.support.fault_upstream import (
     reset,
     status,
 )
-from tests.support.openai_backend import collect
 
 TEXT = "".join(TOKENS)
 CHAT = GenerationRequest(messages=(Message("user", "Say hello."),))
