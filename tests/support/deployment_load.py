@@ -6,18 +6,21 @@ same code at full size for the committed figures."""
 from __future__ import annotations
 
 import asyncio
+import re
 import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import openai
 
 from router.backends.openai import OpenAIBackend
 from router.config import DeploymentSettings, OpenAIBackendSettings
 from router.generation import GenerationRequest, Message
 from tests.support.config import TOKEN_PRICE, keyless, small_tier, tier, write_config
+from tests.support.fault_process import fault_process
 from tests.support.fault_upstream import TOKENS
 
 TEXT = "".join(TOKENS)
@@ -99,6 +102,14 @@ async def http_run(url: str, n: int, concurrency: int, *, model: str = "large") 
     return out
 
 
+def heal(url: str, port: int, *, cooldown_s: float = 1.0) -> list[Outcome]:
+    """Bring deployment `a` (at `port`) back before the next fault: once its breaker's cool-down has
+    passed, requests with it healthy close the breaker, so each fault meets a deployment in use."""
+    time.sleep(cooldown_s + 0.2)
+    with fault_process("ok", port=port):
+        return asyncio.run(http_run(url, 16, 8))
+
+
 def two_deployments(fast: str, slow: str, strategy: str = "least_outstanding") -> OpenAIBackend:
     settings = OpenAIBackendSettings(
         model="fake-large",
@@ -124,6 +135,15 @@ async def closed_loops(
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return out
+
+
+def failed_attempts(url: str, deployment: str, tier: str = "large") -> float:
+    """A served router's count of failed tries at one deployment, read from its /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    found = re.search(
+        rf'^tierroute_deployment_failed_attempts_total{{deployment="{deployment}",tier="{tier}"}} (\S+)$', text, re.M
+    )
+    return float(found.group(1)) if found else 0.0
 
 
 def p50(values: list[float]) -> float:

@@ -22,7 +22,17 @@ import httpx
 import openai
 import pytest
 
-from tests.support.deployment_load import FAULTS, TEXT, closed_loops, http_run, matrix_config, p50, two_deployments
+from tests.support.deployment_load import (
+    FAULTS,
+    TEXT,
+    closed_loops,
+    failed_attempts,
+    heal,
+    http_run,
+    matrix_config,
+    p50,
+    two_deployments,
+)
 from tests.support.fault_process import fault_process
 from tests.support.servers import TIERROUTE, free_port, serve_process
 
@@ -46,21 +56,17 @@ def served(tmp_path_factory: pytest.TempPathFactory, smol_path: Path) -> Iterato
         yield url, a, b, ledger
 
 
-def failed_at(url: str, deployment: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    found = re.search(
-        rf'^tierroute_deployment_failed_attempts_total{{deployment="{deployment}",tier="large"}} (\S+)$', text, re.M
-    )
-    return float(found.group(1)) if found else 0.0
-
-
 @pytest.mark.parametrize("fault", FAULTS)
 def test_one_faulty_deployment_is_invisible_to_clients(served: tuple[str, int, int, Path], fault: str) -> None:
     url, a, b, _ = served
-    with fault_process("ok", port=b), fault_process(fault, port=a):
-        before = failed_at(url, "a")
-        outcomes = asyncio.run(http_run(url, PER_FAULT, 8))
-        after = failed_at(url, "a")
+    with fault_process("ok", port=b):
+        healthy = heal(url, a)
+        with fault_process(fault, port=a):
+            before = failed_attempts(url, "a")
+            outcomes = asyncio.run(http_run(url, PER_FAULT, 8))
+            after = failed_attempts(url, "a")
+    assert [o.status for o in healthy] == [200] * len(healthy)
+    assert {o.deployment for o in healthy} == {"a", "b"}  # both take traffic while both are up
     assert [o.status for o in outcomes] == [200] * PER_FAULT
     assert all(o.text == TEXT for o in outcomes)
     assert max(o.seconds for o in outcomes) < DEADLINE_S + SLACK_S
@@ -109,12 +115,15 @@ def test_least_outstanding_sends_most_of_a_run_to_the_fast_deployment() -> None:
 
     async def run(fast: str, slow: str) -> tuple[list[tuple[float, str | None]], list[tuple[float, str | None]]]:
         both, alone = two_deployments(fast, slow), two_deployments(fast, slow, strategy="ordered_failover")
+        balanced: list[tuple[float, str | None]] = []
+        fast_only: list[tuple[float, str | None]] = []  # ordered failover: always the fast one
         for backend in (both, alone):
             await backend.start()
         try:
             await closed_loops(alone.generate, 16, 8)  # connections made, code warm
-            balanced = await closed_loops(both.generate, 200, 8)
-            fast_only = await closed_loops(alone.generate, 200, 8)  # ordered: always the fast one
+            for _ in range(4):  # in turns, so the machine's load falls on both alike
+                balanced += await closed_loops(both.generate, 50, 8)
+                fast_only += await closed_loops(alone.generate, 50, 8)
         finally:
             for backend in (both, alone):
                 await backend.close()
