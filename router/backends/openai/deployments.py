@@ -38,7 +38,7 @@ from router.backends.breaker import CircuitBreaker
 from router.backends.openai.balancing import STRATEGIES
 from router.backends.openai.client import new_client
 from router.backends.openai.failures import Failures
-from router.errors import CircuitOpenError, OverloadedError, UnavailableError
+from router.errors import CircuitOpenError, OverloadedError
 
 if TYPE_CHECKING:
     from router.config import DeploymentSettings, OpenAIBackendSettings
@@ -220,13 +220,6 @@ class Pool:
         soonest = min(left, key=lambda d: d.breaker.retry_after())
         soonest.breaker.acquire()  # raises CircuitOpenError: held open, or a probe is out
         raise CircuitOpenError(f"tier {self.tier}: no deployment admits a request", retry_after=1.0)  # pragma: no cover
-
-    def unavailable(self) -> UnavailableError | None:
-        """None while some deployment would admit a call."""
-        if any(d.admits for d in self.deployments):
-            return None
-        wait = min(d.breaker.retry_after() for d in self.deployments)
-        return CircuitOpenError(f"tier {self.tier}: every deployment's circuit is open", retry_after=wait)
 
     def stats(self) -> dict[str, dict[str, float]]:
         return {d.name: d.stats() for d in self.deployments}
