@@ -211,17 +211,24 @@ async def test_least_outstanding_keeps_a_slow_deployment_to_its_share(
     assert len(second.requests) > 3 * len(upstream.requests)
 
 
-async def test_a_deployment_failing_its_probe_takes_no_requests(upstream: FaultUpstream, second: FaultUpstream) -> None:
+async def test_a_deployment_failing_its_probe_takes_no_requests(
+    upstream: FaultUpstream, second: FaultUpstream
+) -> None:
     models = raw(200, b'{"object": "list", "data": [{"id": "fake-large", "object": "model"}]}')
-    upstream.default = status(503)
-    second.default = models
+    answer = ok()
+
+    async def healthy(conn: Any, req: Any) -> bool:  # GET /models for the probe, POST for requests
+        return await (models if req.method == "GET" else answer)(conn, req)
+
+    upstream.default, second.default = status(503), healthy
     async with two(upstream, second, probe_interval_s=0.2) as backend:
-        await asyncio.sleep(0.5)  # a probe has run
-        assert backend.deployment_stats()["a"]["probe_ok"] == 0.0
-        assert backend.deployment_stats()["b"]["probe_ok"] == 1.0
-        upstream.default, second.default = models, ok()
-        second.script(ok())  # the request, whichever answer the prober takes first
-        assert (await backend.generate(CHAT)).deployment == "b"
+        for _ in range(100):  # the first probes, however loaded the machine
+            stats = backend.deployment_stats()
+            if stats["a"]["probe_ok"] == 0.0 and any(r.method == "GET" for r in second.requests):
+                break
+            await asyncio.sleep(0.05)
+        assert (stats["a"]["probe_ok"], stats["b"]["probe_ok"]) == (0.0, 1.0)
+        assert (await backend.generate(CHAT)).deployment == "b"  # ordered failover would pick a first
     assert [r.path for r in upstream.requests if r.method == "POST"] == []
 
 
