@@ -5,7 +5,8 @@ for every request it gets: what the deployment fault matrix and the balancing te
 
 Modes: `ok` (a correct answer, after `--delay` seconds), `slow` (the same, 1 s by default), `500`,
 `hang` (accept and say nothing), `reset` (a TCP reset), `429` (with `Retry-After: 1`), and `cut`
-(a stream closed before its first token; a plain answer cut mid-JSON). A process, not a thread,
+(a stream closed before its first token; a plain answer cut mid-JSON), `late` (a stream closed after
+two tokens; a plain answer whole). A process, not a thread,
 so that the router under test and the upstream do not share an interpreter, as in production.
 """
 
@@ -37,11 +38,11 @@ from tests.support.fault_upstream import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-MODES = ("ok", "slow", "500", "hang", "reset", "429", "cut")
+MODES = ("ok", "slow", "500", "hang", "reset", "429", "cut", "late")
 
 
-def _cut() -> Action:
-    stream, plain = broken_stream(0, "cut"), malformed()
+def _cut(after: int = 0) -> Action:
+    stream, plain = broken_stream(after, "cut"), malformed() if after == 0 else ok()
 
     async def act(conn: _Conn, req: Received) -> bool:
         return await (stream if req.streaming else plain)(conn, req)
@@ -58,6 +59,7 @@ def action(mode: str, delay: float) -> Action:
         "reset": reset(),
         "429": status(429, "slow down", headers={"Retry-After": "1"}),
         "cut": _cut(),
+        "late": _cut(after=2),
     }
     return made[mode]
 

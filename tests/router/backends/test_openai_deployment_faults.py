@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import json
 import re
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +36,7 @@ from tests.support.deployment_load import (
     two_deployments,
 )
 from tests.support.fault_process import fault_process
+from tests.support.fault_upstream import TOKENS
 from tests.support.servers import TIERROUTE, free_port, serve_process
 
 pytestmark = pytest.mark.slow
@@ -92,6 +95,25 @@ def test_both_deployments_down_is_on_unavailable_as_before(served: tuple[str, in
         ext = (r.model_extra or {})["tierroute"]
         assert ext["tier"] == "small" and ext["unverified"] is True and ext["deployment"] is None
         assert ext["attempts"][1]["tier"] == "large" and ext["attempts"][1]["error"]
+
+
+def test_a_stream_cut_after_its_first_token_ends_with_an_error_and_is_recorded(
+    served: tuple[str, int, int, Path],
+) -> None:
+    url, a, b, ledger = served
+    body = {"model": "large", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 8, "stream": True}
+    with fault_process("late", port=a), fault_process("late", port=b):
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200 and "[DONE]" not in r.text
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    sent = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+    assert sent == "".join(TOKENS[:2]) and "error" in events[-1]  # no second deployment's text after it
+    rid = events[0]["id"]
+    with sqlite3.connect(ledger) as db:
+        row = db.execute("SELECT deployment, tier FROM requests WHERE request_id = ?", (rid,)).fetchone()
+        attempt = db.execute("SELECT decision, completion_tokens FROM attempts WHERE request_id = ?", (rid,)).fetchone()
+    assert row[0] in ("a", "b") and row[1] == "large"
+    assert attempt[0] == "error" and attempt[1] == 2  # what was sent is what was recorded
 
 
 def test_metrics_and_the_ledger_say_which_deployment_answered(served: tuple[str, int, int, Path]) -> None:

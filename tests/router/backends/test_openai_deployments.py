@@ -211,9 +211,7 @@ async def test_least_outstanding_keeps_a_slow_deployment_to_its_share(
     assert len(second.requests) > 3 * len(upstream.requests)
 
 
-async def test_a_deployment_failing_its_probe_takes_no_requests(
-    upstream: FaultUpstream, second: FaultUpstream
-) -> None:
+async def test_a_deployment_failing_its_probe_takes_no_requests(upstream: FaultUpstream, second: FaultUpstream) -> None:
     models = raw(200, b'{"object": "list", "data": [{"id": "fake-large", "object": "model"}]}')
     answer = ok()
 
