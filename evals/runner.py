@@ -105,7 +105,8 @@ def model_identity(tier: TierSettings) -> str:
         entry = CATALOG.get(spec)
         return f"llamacpp:{spec}" + (f"@{entry.sha256}" if entry else "")
     assert tier.openai is not None
-    return f"openai:{tier.openai.base_url.rstrip('/')}:{tier.openai.model}"
+    urls = ",".join(d.base_url.rstrip("/") for d in tier.openai.resolved_deployments())
+    return f"openai:{urls}:{tier.openai.model}"
 
 
 def effective_max_tokens(suite: Suite, tier: TierSettings) -> int:

@@ -168,8 +168,56 @@ class LlamaCppSettings(_Strict):
         return self
 
 
+class DeploymentSettings(_Strict):
+    """One deployment of an `openai` tier (`[[tiers.openai.deployments]]`): a server, region or
+    provider serving the tier's model, in the operator's judgement (router.backends.openai.deployments)."""
+
+    base_url: str = Field(description="OpenAI-compatible base URL of this deployment.")
+    name: str | None = Field(
+        None,
+        description="Shown in /metrics, the `tierroute` object and the ledger; unset: the base_url's host "
+        "(and port, when it names one).",
+    )
+    api_key_env: str | None = Field(
+        None, description="Environment variable holding this deployment's key; unset: the tier's api_key_env."
+    )
+    weight: float = Field(1.0, gt=0, description="Share of traffic under weighted_random; a tie-break elsewhere.")
+    model: str | None = Field(None, description="Model name sent to this deployment; unset: the tier's model.")
+    max_concurrent: int | None = Field(
+        None, ge=1, description="Most requests in flight at this deployment; unset: no limit."
+    )
+
+    @property
+    def label(self) -> str:
+        parts = urlsplit(self.base_url)
+        host = f"{parts.hostname}:{parts.port}" if parts.hostname and parts.port else parts.hostname
+        return self.name or host or self.base_url
+
+
 class OpenAIBackendSettings(_Strict):
-    base_url: str = Field(description="OpenAI-compatible base URL, e.g. http://127.0.0.1:8001/v1.")
+    base_url: str | None = Field(
+        None,
+        description="OpenAI-compatible base URL, e.g. http://127.0.0.1:8001/v1 (or list `deployments` instead).",
+    )
+    deployments: list[DeploymentSettings] = Field(
+        default_factory=list,
+        description="Several deployments of the tier's model, instead of one base_url: failover and balancing "
+        "(docs/deployments.md).",
+    )
+    strategy: Literal["least_outstanding", "weighted_random", "ordered_failover"] = Field(
+        "least_outstanding", description="How a request picks among the deployments that are available."
+    )
+    probe_interval_s: float | None = Field(
+        None,
+        gt=0,
+        description="Ask each deployment's GET /models this often; a failing one takes no traffic. Unset: off.",
+    )
+    attempt_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="Most seconds one attempt may take while other deployments are still untried; unset: the "
+        "time left split evenly among them (the last try always has all the time left).",
+    )
     model: str = Field(description="Model name sent upstream.")
     api_key_env: str | None = Field(
         None, description="Name of the environment variable holding the upstream key (never the key)."
@@ -211,6 +259,23 @@ class OpenAIBackendSettings(_Strict):
         description="Most server-sent events read from one upstream stream; an answer may also "
         "arrive in at most twice as many network reads.",
     )
+
+    @model_validator(mode="after")
+    def _one_way_to_the_upstream(self) -> OpenAIBackendSettings:
+        if (self.base_url is None) == (not self.deployments):
+            raise ValueError("set either base_url or [[tiers.openai.deployments]], not both and not neither")
+        labels = [d.label for d in self.deployments]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"deployment names must differ (set `name`): {', '.join(labels)}")
+        return self
+
+    def resolved_deployments(self) -> list[DeploymentSettings]:
+        """The tier's deployments: those listed, or the one its `base_url` names."""
+        if self.deployments:
+            inherit = {"api_key_env": self.api_key_env}
+            return [d if d.api_key_env else d.model_copy(update=inherit) for d in self.deployments]
+        assert self.base_url is not None
+        return [DeploymentSettings(base_url=self.base_url, api_key_env=self.api_key_env)]
 
 
 class ShadowSettings(_Strict):

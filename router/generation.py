@@ -204,6 +204,8 @@ class Generation:
     # choices 2..n of a request with n > 1; this Generation's own text is choice 1, and its counts
     # and compute cover all n (the prompt once), so the cascade prices and the ledger records them all
     others: tuple[Generation, ...] = ()
+    # which of the tier's deployments answered (an `openai` tier's; None for a local tier)
+    deployment: str | None = None
 
     @property
     def choices(self) -> tuple[Generation, ...]:
@@ -247,3 +249,4 @@ class Delta:
     completion_tokens: int | None = None  # generated so far, this piece included
     busy_s: float | None = None  # compute so far
     top_logprobs: tuple[TokenLogprob, ...] | None = None  # this piece's tokens, when asked for
+    deployment: str | None = None  # which of the tier's deployments is streaming it

@@ -2,7 +2,8 @@
 side in tests or in one process do not share counters).
 
 Served requests are observed from their ledger entry, so /metrics and the ledger count the same
-numbers. Queue depth and sequences in flight are read from the backends at scrape time; resident
+numbers. Queue depth and sequences in flight (and, for a tier with deployments, each deployment's
+breaker, requests in flight, Retry-After mark and probe) are read from the backends at scrape time; resident
 memory comes from prometheus-client's process collector. Every HTTP response is counted by route
 and status, which covers what never reaches the cascade (401, 429, 503, 4xx).
 
@@ -49,6 +50,29 @@ class _BackendCollector(Collector):
         yield from families.values()
 
 
+class _DeploymentCollector(Collector):
+    """Each deployment's own gauges (`Backend.deployment_stats()`: its breaker, requests in flight,
+    Retry-After mark, probe, attempts), read when Prometheus scrapes."""
+
+    def __init__(self, backends: Callable[[], Mapping[str, Backend]]) -> None:
+        self.backends = backends
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families: dict[str, GaugeMetricFamily] = {}
+        for tier, backend in self.backends().items():
+            for deployment, stats in backend.deployment_stats().items():
+                for stat, value in stats.items():
+                    family = families.get(stat)
+                    if family is None:
+                        family = families[stat] = GaugeMetricFamily(
+                            f"tierroute_deployment_{stat}",
+                            f"Deployment gauge '{stat}' per tier and deployment.",
+                            labels=["tier", "deployment"],
+                        )
+                    family.add_metric([tier, deployment], value)
+        yield from families.values()
+
+
 class _DraftCollector(Collector):
     """Each backend's speculative decoding totals (`Backend.draft_counts()`), read when scraped."""
 
@@ -83,6 +107,7 @@ class Metrics:
         ProcessCollector(registry=r)  # process_resident_memory_bytes, cpu seconds, open fds
         r.register(_BackendCollector(backends))
         r.register(_DraftCollector(backends))
+        r.register(_DeploymentCollector(backends))
         self.requests = Counter(
             "tierroute_requests",
             "Requests by final tier, outcome"
@@ -140,6 +165,12 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.deployment_requests = Counter(
+            "tierroute_deployment_requests",
+            "Requests answered, by tier and the deployment that answered (tiers with deployments only).",
+            ["tier", "deployment"],
+            registry=r,
+        )
         self.in_flight = Gauge("tierroute_requests_in_flight", "Admitted requests not yet settled.", registry=r)
         self.http = Counter(
             "tierroute_http_responses", "HTTP responses by route and status.", ["path", "status"], registry=r
@@ -160,6 +191,8 @@ class Metrics:
         self.key_cost.labels(entry.key_id).inc(entry.cost_usd)
         self.counterfactual.inc(entry.counterfactual_usd)
         self.request_latency.labels(entry.tier).observe(entry.latency_ms / 1000)
+        if entry.deployment is not None:
+            self.deployment_requests.labels(entry.tier, entry.deployment).inc()
         for a, nxt in zip(entry.attempts, [*entry.attempts[1:], None], strict=False):
             self.attempts.labels(a.tier, a.decision).inc()
             if nxt is not None:

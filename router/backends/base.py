@@ -87,6 +87,11 @@ class Backend(abc.ABC):
         """Gauges for /metrics (queue depth and the like)."""
         return {}
 
+    def deployment_stats(self) -> dict[str, dict[str, float]]:
+        """Gauges for /metrics per deployment of the tier (an `openai` tier's servers); empty for
+        a backend that has none."""
+        return {}
+
     def draft_counts(self) -> dict[str, tuple[int, int]]:
         """Speculative decoding so far, per draft source ("model", "rejected", "scored"): (tokens
         drafted, tokens accepted). Counters for /metrics; empty for a backend that never drafts."""

@@ -11,6 +11,11 @@ None (absent, not a number or an HTTP date, NaN) or a finite number of seconds c
 [0, limit]. Negative values and past dates read as 0, `inf` and `1e9` as `limit`. The caller picks
 the limit: the backend uses its tier's timeout, so no value it forwards to a client can be larger,
 and the policy below never sleeps past the request's deadline whatever it is given.
+
+The `openai` backend's own loop (`router.backends.openai.failover`) uses this policy's attempt
+budget and `backoff`, with the same rules (at least `Retry-After`, never into the deadline),
+because it also moves a request between a tier's deployments; `retrying` is the same policy as a
+tenacity controller, for a caller that retries one callable in one place.
 """
 
 from __future__ import annotations

@@ -109,6 +109,7 @@ class LedgerEntry:
     task_why: str | None = None  # why it was given that task
     user: str | None = None  # OpenAI's `user` request field: the client's own end-user id, unchecked
     team: str | None = None  # the key's team at admission (router.control); its spend is the team's
+    deployment: str | None = None  # which deployment of the answering tier answered; None: a local tier
 
     @property
     def prompt_tokens(self) -> int:
@@ -150,6 +151,7 @@ class LedgerEntry:
             task_why=result.task.why if result.task else None,
             user=user,
             team=team,
+            deployment=result.final.generation.deployment if result.final.generation else None,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -118,6 +118,15 @@ TABLES: tuple[Table, ...] = (
                 postgres=2,
             ),
             Column(
+                "deployment",
+                "text",
+                "which deployment of the answering tier answered (router.backends.openai.deployments); NULL: "
+                "a local tier, or a row written before deployments",
+                null=True,
+                sqlite=6,
+                postgres=3,
+            ),
+            Column(
                 "team",
                 "text",
                 "the key's team when the request was admitted (router.control); NULL: no team",

@@ -25,8 +25,9 @@ from router.ledger.entries import AttemptEntry, CacheRow, Feedback, LedgerEntry,
 log = logging.getLogger(__name__)
 
 # the SQLite schema version recorded in `meta`: the latest the description names (2: the pending
-# table; 3: requests.task and task_why; 4: shadow_pairs; 5: requests.user; then the control plane's
-# keys, teams, user limits and audit, with requests.team: router.control; feedback; cache_entries)
+# table; 3: requests.task and task_why; 4: shadow_pairs; 5: requests.user; 6: requests.deployment;
+# then the response cache's cache_entries; the control plane's keys, teams, user limits and audit,
+# with requests.team (router.control); feedback)
 SCHEMA_VERSION = schema.latest("sqlite")
 
 _INSERT_REQUEST = rows.insert("requests", "sqlite")

@@ -3,7 +3,8 @@
 Every figure is computed from ledger entries, which hold the same cost floats the clients
 received; nothing is re-priced here. Groupings:
 
-- `key`, `day` (UTC), `model` (what the client asked for): per request. `escalation` is the share
+- `key`, `day` (UTC), `model` (what the client asked for), `deployment` (`<tier>/<deployment>` that
+  answered, or the tier alone for a tier without deployments): per request. `escalation` is the share
   of requests that went past their first tier; latency is admission to answer.
 - `tier`: per tier *attempt*, because one request can spend money at several tiers. `cost` and
   tokens are what was spent at that tier, `escalation` is the share of its attempts rejected (sent
@@ -36,8 +37,8 @@ from typing import Literal
 
 from router.ledger.entries import SHADOW_KEY, AttemptEntry, LedgerEntry
 
-GroupBy = Literal["tier", "key", "day", "model"]
-GROUPINGS: tuple[GroupBy, ...] = ("tier", "key", "day", "model")
+GroupBy = Literal["tier", "key", "day", "model", "deployment"]
+GROUPINGS: tuple[GroupBy, ...] = ("tier", "key", "day", "model", "deployment")
 TOTAL = "TOTAL"
 
 
@@ -130,6 +131,12 @@ def tier_group(entry: LedgerEntry, tier: str) -> str:
     return f"{tier} (shadow)" if entry.key_id == SHADOW_KEY else tier
 
 
+def deployment_group(entry: LedgerEntry) -> str:
+    """The row a request belongs to by deployment: `<tier>/<deployment>` that answered it, or the
+    tier alone when it has none (a local tier, or a row from before deployments)."""
+    return f"{entry.tier}/{entry.deployment}" if entry.deployment else entry.tier
+
+
 def aggregate(entries: Iterable[LedgerEntry], by: GroupBy) -> tuple[list[Row], Row]:
     """Rows per group, sorted by group, and the total row."""
     rows: dict[str, Row] = {}
@@ -156,7 +163,7 @@ def aggregate(entries: Iterable[LedgerEntry], by: GroupBy) -> tuple[list[Row], R
             answering.counterfactuals.append(e.counterfactual_usd)
             answering.savings.append(e.counterfactual_usd - e.cost_usd)
         else:
-            name = {"key": e.key_id, "day": utc_day(e.ts), "model": e.model}[by]
+            name = {"key": e.key_id, "day": utc_day(e.ts), "model": e.model, "deployment": deployment_group(e)}[by]
             _add_request(row(name), e)
     return [rows[k] for k in sorted(rows)], total
 

@@ -464,6 +464,7 @@ def broken_stream(
 class FaultUpstream:
     default: Action = field(default_factory=ok)
     requests: list[Received] = field(default_factory=list)
+    bind_port: int = 0  # 0: any free port (a child process given its port binds that one)
 
     def __post_init__(self) -> None:
         self._script: collections.deque[Action] = collections.deque()
@@ -502,7 +503,7 @@ class FaultUpstream:
         self._loop.close()
 
     async def _serve(self) -> None:
-        self._server = await asyncio.start_server(self._handle, host="127.0.0.1", port=0)
+        self._server = await asyncio.start_server(self._handle, host="127.0.0.1", port=self.bind_port)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _shutdown(self) -> None:

@@ -2,22 +2,26 @@
 
 One logical request gives one `Generation` or one exception, never both and never two:
 
-- The SDK's own retries are off. `router.backends.retry.RetryPolicy` (tenacity) retries what is the
-  upstream's passing trouble (`router.backends.openai.failures` says which): connection errors,
-  timeouts, HTTP 408/409/429/5xx, and a 200 whose body is not a well-formed completion. It backs
-  off with jitter, honours `Retry-After`, and never runs past the deadline: `request.deadline` or
-  now + the tier's `timeout_s`, whichever is sooner. Each attempt may use only the time that
-  remains.
+- The SDK's own retries are off. What is the upstream's passing trouble
+  (`router.backends.openai.failures` says which: connection errors, timeouts, HTTP
+  408/409/429/5xx, and a 200 whose body is not a well-formed completion) is tried again by
+  `router.backends.openai.failover`: at once on another deployment of the tier when it has several
+  (`router.backends.openai.deployments`), else after a backoff with jitter that honours
+  `Retry-After` (`router.backends.retry.RetryPolicy`), never past the deadline:
+  `request.deadline` or now + the tier's `timeout_s`, whichever is sooner. Each attempt may use
+  only the time that remains.
 - `generate` makes one non-streaming call per attempt: cheaper, and retryable as a whole.
 - `stream` retries only until the first piece of text has been yielded. After that a failure
   raises, because retrying would repeat text the caller already has, and returning what arrived as
   if it were complete would pass off a truncated answer.
-- Each attempt passes through the tier's `CircuitBreaker` (see `router.backends.breaker`): every
-  failed attempt counts as a failure; a deliberate answer, including a 4xx rejecting our request,
-  counts as the upstream being alive.
+- Each attempt passes through its deployment's `CircuitBreaker` (see `router.backends.breaker`):
+  every failed attempt counts as a failure; a deliberate answer, including a 4xx rejecting our
+  request, counts as the upstream being alive.
+- The answer says which deployment gave it (`Generation.deployment`, and `Delta.deployment` on
+  each piece of a stream), for the `tierroute` object, the ledger and /metrics.
 
-When the server refuses `logprobs` or `stream_options` with a 400 naming them, the call is
-repeated once without that parameter, and the tier stops sending it.
+When a server refuses `logprobs` or `stream_options` with a 400 naming them, the call is
+repeated once without that parameter, and that deployment stops sending it.
 
 `score_continuation` (for the `cross_tier` verifier) makes one non-streaming call per attempt
 under the same retries, breaker, deadline and size caps, in the way `tiers[].openai.prompt_logprobs`
@@ -31,6 +35,7 @@ checked and clamped), `failures` (what a failed attempt means and what the clien
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -42,8 +47,10 @@ import openai
 
 from router.backends.base import Backend, ContinuationScore, ScoringUnsupportedError
 from router.backends.breaker import CircuitBreaker, Permit
+from router.backends.openai import failover
 from router.backends.openai.call import Call, completion_limit, prompt_limit, request_params
-from router.backends.openai.client import close_quietly, json_body, new_client
+from router.backends.openai.client import close_quietly, json_body
+from router.backends.openai.deployments import Deployment, Pool
 from router.backends.openai.failures import DEADLINE_RETRY_AFTER_S, Failures, Retryable, refused_param
 from router.backends.openai.reading import read_response
 from router.backends.openai.streams import Accumulator, next_piece
@@ -70,6 +77,7 @@ class _OpenStream:
     acc: Accumulator
     permit: Permit
     first: str | None
+    deployment: Deployment
 
 
 class OpenAIBackend(Backend):
@@ -94,13 +102,9 @@ class OpenAIBackend(Backend):
             backoff_initial_s=config.backoff_initial_s,
             backoff_max_s=max(config.backoff_max_s, config.backoff_initial_s),
         )
-        self.breaker = breaker or CircuitBreaker(
-            name, failures=config.breaker_failures, cooldown_s=config.breaker_cooldown_s
-        )
-        self.failures = Failures(name, timeout_s=timeout_s, breaker=self.breaker, retry_after_s=retry_after_s)
-        self._client: openai.AsyncOpenAI | None = None
+        self.pool = Pool(name, config, timeout_s=timeout_s, retry_after_s=retry_after_s, breaker=breaker)
+        self._started = False
         self._closed = False
-        self._refused: set[str] = set() if config.logprobs else {"logprobs"}
         self._attempts_total = 0
         self._retries_total = 0
         self._failed_total = 0
@@ -127,39 +131,58 @@ class OpenAIBackend(Backend):
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._ensure_client()
+        if self._closed:
+            raise UnavailableError(f"tier {self.name}: backend is closed")
+        self.pool.start()
+        self._started = True
 
     async def close(self) -> None:
         self._closed = True
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
+        await self.pool.close()
+
+    @property
+    def breaker(self) -> CircuitBreaker:
+        """The first deployment's breaker: the tier's own when it has one `base_url`."""
+        return self.pool.deployments[0].breaker
+
+    @property
+    def failures(self) -> Failures:
+        return self.pool.deployments[0].failures
 
     @property
     def gives_logprobs(self) -> bool:
         """Whether answers carry the sampled tokens' logprobs (off by config, or refused upstream)."""
-        return "logprobs" not in self._refused
+        return all("logprobs" not in d.refused for d in self.pool.deployments)
 
     @property
     def ready(self) -> bool:
         # An open breaker does not make the tier unready: every replica shares the upstream, so
         # taking this one out of a load balancer would help nobody. The breaker shows in stats().
-        return self._client is not None and not self._closed
+        return self._started and not self._closed
 
     def stats(self) -> dict[str, float]:
+        # the tier's breaker gauges: its one deployment's, or with several, open only when all are
+        breakers = [d.breaker.stats() for d in self.pool.deployments]
+        tier = {
+            key: (min if key in ("breaker_open", "breaker_half_open", "consecutive_failures") else sum)(
+                b[key] for b in breakers
+            )
+            for key in breakers[0]
+        }
         return {
-            **self.breaker.stats(),
+            **tier,
             "upstream_attempts_total": float(self._attempts_total),
             "upstream_retries_total": float(self._retries_total),
             "upstream_failed_requests_total": float(self._failed_total),
         }
 
-    def _ensure_client(self) -> openai.AsyncOpenAI:
+    def deployment_stats(self) -> dict[str, dict[str, float]]:
+        return self.pool.stats()
+
+    def _ensure_client(self, deployment: Deployment) -> openai.AsyncOpenAI:
         if self._closed:
             raise UnavailableError(f"tier {self.name}: backend is closed")
-        if self._client is None:
-            self._client = new_client(self.config, tier=self.name, timeout_s=self.timeout_s)
-        return self._client
+        return deployment.ensure_client()
 
     # -- the two ways to generate ------------------------------------------------------------------
 
@@ -170,24 +193,25 @@ class OpenAIBackend(Backend):
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta | Generation]:
         call = self._new_call(request)
         opened = await self._with_retries(call, self._attempt_open_stream)
-        events, acc, permit = opened.events, opened.acc, opened.permit
+        events, acc, permit, where = opened.events, opened.acc, opened.permit, opened.deployment
         ttft: float | None = None
         try:
             piece = opened.first
             while piece is not None:
                 if ttft is None:
                     ttft = time.monotonic() - call.started
-                yield Delta(piece, *acc.so_far(call), top_logprobs=acc.take_tops())
+                yield Delta(piece, *acc.so_far(call), top_logprobs=acc.take_tops(), deployment=where.name)
                 try:
                     piece = await next_piece(events, acc, call)
                 except Exception as exc:
-                    mapped = self._stream_cut(permit, exc, call, acc)
+                    mapped = self._stream_cut(permit, exc, call, acc, where)
                     if mapped is exc:
                         raise
                     raise mapped from exc
             if not acc.complete(events.done):
                 permit.failure()
                 self._failed_total += 1
+                where.failed_attempts_total += 1
                 log.warning(
                     "tier %s: the upstream stream ended without finish_reason or [DONE] after %d characters",
                     self.name,
@@ -196,13 +220,15 @@ class OpenAIBackend(Backend):
                 raise UpstreamError(
                     f"tier {self.name}: the upstream stream ended without finishing the answer "
                     f"({len(acc.text)} characters received)",
-                    retry_after=self.failures.client_retry_after(None),
+                    retry_after=where.failures.client_retry_after(None),
                 )
             permit.success()
+            where.answered_total += 1
         finally:
             permit.release()  # no-op when an outcome was reported; covers an abandoned stream
+            where.outstanding -= 1
             await close_quietly(opened.response)
-        yield acc.generation(call, self.model, ttft_s=ttft)
+        yield dataclasses.replace(acc.generation(call, where.model, ttft_s=ttft), deployment=where.name)
 
     # -- scoring a given answer (cross_tier) --------------------------------------------------------
 
@@ -237,12 +263,14 @@ class OpenAIBackend(Backend):
             seconds=time.monotonic() - call.started,
         )
 
-    async def _attempt_score(self, call: Call, *, continuation: str, prompt: str | None) -> tuple[ScoredTokens, int]:
-        client = self._ensure_client()
-        permit = self._begin_attempt(call)
+    async def _attempt_score(
+        self, call: Call, where: Deployment, *, continuation: str, prompt: str | None
+    ) -> tuple[ScoredTokens, int]:
+        client = self._ensure_client(where)
+        permit = self._begin_attempt(call, where)
         request = call.request
         endpoint: Any
-        params: dict[str, Any] = {"model": self.model, "max_tokens": 1, "temperature": 0.0}
+        params: dict[str, Any] = {"model": where.model, "max_tokens": 1, "temperature": 0.0}
         if self.config.prompt_logprobs == "echo":
             assert prompt is not None
             endpoint = client.completions
@@ -272,103 +300,114 @@ class OpenAIBackend(Backend):
                 assert prompt is not None
                 scored = read_echo(choice, prompt + continuation, continuation)
             else:
-                where = data if request.messages is not None else choice
-                scored = read_vllm(where.get("prompt_logprobs"), call.prompt_limit, continuation)
+                found = data if request.messages is not None else choice
+                scored = read_vllm(found.get("prompt_logprobs"), call.prompt_limit, continuation)
             # the usage, when sane, counts the continuation too; else the tokens the server read
             limit = call.prompt_limit + len(continuation.encode("utf-8", "replace"))
             usage = data.get("usage")
             counted = token_count(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
             prompt_tokens = counted if counted is not None and counted <= limit else min(scored.echoed_tokens, limit)
         except BaseException as exc:
-            mapped = self._settle(permit, exc, call)
+            mapped = self._settle(permit, exc, call, where)
             if mapped is exc:
                 raise
             raise mapped from exc
+        finally:
+            where.outstanding -= 1
         permit.success()
+        where.answered_total += 1
         return scored, prompt_tokens
 
     # -- attempts --------------------------------------------------------------------------------
 
-    async def _with_retries(self, call: Call, attempt_fn: Callable[[Call], Awaitable[_T]]) -> _T:
-        retrying = self.policy.retrying(
-            deadline=call.deadline,
-            is_retryable=lambda exc: isinstance(exc, Retryable),
-            retry_after=lambda exc: exc.retry_after if isinstance(exc, Retryable) else None,
-        )
+    async def _with_retries(self, call: Call, attempt_fn: Callable[[Call, Deployment], Awaitable[_T]]) -> _T:
         try:
-            async for attempt in retrying:
-                with attempt:
-                    return await attempt_fn(call)
-        except Retryable as exc:
+            return await failover.attempts(
+                call, self.pool, self.policy, attempt_fn, attempt_timeout_s=self.config.attempt_timeout_s
+            )
+        except failover.GaveUp as gave_up:
             self._failed_total += 1
+            exc = gave_up.last
             # Chain to what the upstream did, not to the internal marker that carried it here.
-            raise self.failures.give_up(exc, call) from (exc.__cause__ or exc)
+            raise gave_up.deployment.failures.give_up(exc, call) from (exc.__cause__ or exc)
         finally:
             self._retries_total += max(0, call.attempts - 1)
-        raise AssertionError("tenacity ended without a result")  # pragma: no cover
 
-    def _begin_attempt(self, call: Call) -> Permit:
+    def _begin_attempt(self, call: Call, where: Deployment) -> Permit:
+        """Admit one attempt at `where`; the caller takes one off its `outstanding` when it ends."""
         if call.remaining() <= 0:
             # Checked before the breaker: an attempt we never make says nothing about the upstream.
             raise DeadlineError(
                 f"tier {self.name}: deadline passed before attempt {call.attempts + 1}",
                 retry_after=DEADLINE_RETRY_AFTER_S,
             )
-        permit = self.breaker.acquire()
+        permit = where.breaker.acquire()
         call.attempts += 1
         self._attempts_total += 1
+        where.attempts_total += 1
+        where.outstanding += 1
         return permit
 
-    async def _attempt_generate(self, call: Call) -> Generation:
-        client = self._ensure_client()
-        permit = self._begin_attempt(call)
+    async def _attempt_generate(self, call: Call, where: Deployment) -> Generation:
+        client = self._ensure_client(where)
+        permit = self._begin_attempt(call, where)
         try:
-            response = await self._open(client, call, stream=False)
+            response = await self._open(client, call, where, stream=False)
             generation = read_response(
-                await json_body(response, call), call, tier=self.name, model=self.model, logprobs=self.gives_logprobs
+                await json_body(response, call),
+                call,
+                tier=self.name,
+                model=where.model,
+                logprobs="logprobs" not in where.refused,
             )
         except BaseException as exc:
-            mapped = self._settle(permit, exc, call)
+            mapped = self._settle(permit, exc, call, where)
             if mapped is exc:
                 raise
             raise mapped from exc
+        finally:
+            where.outstanding -= 1
         permit.success()
-        return generation
+        where.answered_total += 1
+        return dataclasses.replace(generation, deployment=where.name)
 
-    async def _attempt_open_stream(self, call: Call) -> _OpenStream:
-        """Open the stream and read up to the first piece of text: the part that may be retried."""
-        client = self._ensure_client()
-        permit = self._begin_attempt(call)
+    async def _attempt_open_stream(self, call: Call, where: Deployment) -> _OpenStream:
+        """Open the stream and read up to the first piece of text: the part that may be retried
+        (here or at another deployment). Once it returns, `stream` owns the attempt's outcome and
+        its place in `where.outstanding`."""
+        client = self._ensure_client(where)
+        permit = self._begin_attempt(call, where)
         response: Any = None
         try:
-            response = await self._open(client, call, stream=True)
+            response = await self._open(client, call, where, stream=True)
             events = SSEReader(response.http_response.aiter_raw(), max_events=self.config.max_stream_events)
             acc = Accumulator(
                 chat=call.request.is_chat,
-                logprobs="logprobs" not in self._refused,
+                logprobs="logprobs" not in where.refused,
                 tier=self.name,
-                top_k=call.request.top_logprobs if "logprobs" not in self._refused else 0,
+                top_k=call.request.top_logprobs if "logprobs" not in where.refused else 0,
                 calls={} if call.request.offers_tools else None,
             )
             first = await next_piece(events, acc, call)
             if first is None and not acc.complete(events.done):
                 raise Malformed("the stream ended before any output or finish_reason")
         except BaseException as exc:
+            where.outstanding -= 1
             if response is not None:
                 await close_quietly(response)
-            mapped = self._settle(permit, exc, call)
+            mapped = self._settle(permit, exc, call, where)
             if mapped is exc:
                 raise
             raise mapped from exc
-        return _OpenStream(response, events, acc, permit, first)
+        return _OpenStream(response, events, acc, permit, first, where)
 
-    async def _open(self, client: openai.AsyncOpenAI, call: Call, *, stream: bool) -> Any:
+    async def _open(self, client: openai.AsyncOpenAI, call: Call, where: Deployment, *, stream: bool) -> Any:
         """Send one call and return the response with its body unread, repeating the call once per
         optional parameter the server refuses. The body is read by the caller, through the capped
         transport, and parsed here rather than by the SDK."""
         endpoint = client.chat.completions if call.request.is_chat else client.completions
         while True:
-            params = request_params(call, model=self.model, refused=self._refused, stream=stream)
+            params = request_params(call, model=where.model, refused=where.refused, stream=stream)
             remaining = call.remaining()
             try:
                 async with asyncio.timeout(remaining):
@@ -379,8 +418,8 @@ class OpenAIBackend(Backend):
                 refused = refused_param(exc, params)
                 if refused is None:
                     raise
-                log.info("tier %s: the upstream refuses %s; no longer sent", self.name, refused)
-                self._refused.add(refused)
+                log.info("tier %s: deployment %s refuses %s; no longer sent", self.name, where.name, refused)
+                where.refused.add(refused)
 
     # -- failures --------------------------------------------------------------------------------
 
@@ -400,9 +439,10 @@ class OpenAIBackend(Backend):
             hosted_prompt_tokens=self.config.hosted_prompt_tokens,
         )
 
-    def _settle(self, permit: Permit, exc: BaseException, call: Call) -> BaseException:
-        """Report an attempt's failure to the breaker and the log; return what it should raise."""
-        verdict = self.failures.classify(exc)
+    def _settle(self, permit: Permit, exc: BaseException, call: Call, where: Deployment) -> BaseException:
+        """Report an attempt's failure to its deployment's breaker and the log; return what it
+        should raise. A `Retry-After` on a retryable failure marks that deployment only."""
+        verdict = where.failures.classify(exc)
         if verdict is None:  # cancelled, or not the upstream's doing
             permit.release()
             return exc
@@ -410,11 +450,23 @@ class OpenAIBackend(Backend):
             permit.success()
         else:
             permit.failure()
-        log.warning("tier %s: upstream attempt %d failed: %s", self.name, call.attempts, verdict.detail)
-        return verdict.error()  # built after the breaker heard of it: its cool-down is current
+            where.failed_attempts_total += 1
+        log.warning(
+            "tier %s: upstream attempt %d (deployment %s) failed: %s",
+            self.name,
+            call.attempts,
+            where.name,
+            verdict.detail,
+        )
+        mapped = verdict.error()  # built after the breaker heard of it: its cool-down is current
+        if isinstance(mapped, Retryable) and mapped.retry_after:
+            where.mark(mapped.retry_after)
+        return mapped
 
-    def _stream_cut(self, permit: Permit, exc: Exception, call: Call, acc: Accumulator) -> BaseException:
-        mapped = self._settle(permit, exc, call)
+    def _stream_cut(
+        self, permit: Permit, exc: Exception, call: Call, acc: Accumulator, where: Deployment
+    ) -> BaseException:
+        mapped = self._settle(permit, exc, call, where)
         if isinstance(mapped, (UnavailableError, Retryable)):  # refused whole, or broken: it failed
             self._failed_total += 1
-        return self.failures.mid_stream(mapped, call, len(acc.text))
+        return where.failures.mid_stream(mapped, call, len(acc.text))

@@ -49,9 +49,14 @@ class Call:
     max_tokens: int  # what the upstream is asked for
     hosted_prompt_tokens: int  # what the server may add to the prompt (the tier's setting)
     attempts: int = 0
+    # the current attempt's own end, sooner than the deadline when other deployments remain to be
+    # tried (router.backends.openai.failover); None between attempts and once a stream has begun
+    attempt_until: float | None = None
 
     def remaining(self) -> float:
-        return self.deadline - time.monotonic()
+        """Seconds left to the current attempt (the deadline, or sooner: see `attempt_until`)."""
+        until = self.deadline if self.attempt_until is None else min(self.deadline, self.attempt_until)
+        return until - time.monotonic()
 
     @functools.cached_property
     def prompt_limit(self) -> int:

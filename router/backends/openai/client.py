@@ -30,14 +30,16 @@ from router.backends.upstream_io import CappedTransport, environment_proxy, json
 from router.errors import ConfigError
 
 if TYPE_CHECKING:
-    from router.config import OpenAIBackendSettings
+    from router.config import DeploymentSettings, OpenAIBackendSettings
 
 
-def new_client(config: OpenAIBackendSettings, *, tier: str, timeout_s: float) -> openai.AsyncOpenAI:
-    """The SDK's client for one tier, every response read through the capped transport."""
+def new_client(
+    config: OpenAIBackendSettings, deployment: DeploymentSettings, *, tier: str, timeout_s: float
+) -> openai.AsyncOpenAI:
+    """The SDK's client for one deployment of a tier, every response read through the capped transport."""
     inner = httpx2.AsyncHTTPTransport(
         limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=100),
-        proxy=environment_proxy(config.base_url),
+        proxy=environment_proxy(deployment.base_url),
     )
     transport = CappedTransport(
         inner,
@@ -46,16 +48,16 @@ def new_client(config: OpenAIBackendSettings, *, tier: str, timeout_s: float) ->
         max_reads=2 * config.max_stream_events + 64,
     )
     return openai.AsyncOpenAI(
-        base_url=config.base_url,
-        api_key=api_key(config, tier=tier),
+        base_url=deployment.base_url,
+        api_key=api_key(deployment, tier=tier),
         max_retries=0,  # tenacity decides, within the deadline
         timeout=timeout_s,
         http_client=openai.DefaultAsyncHttpxClient(transport=transport, follow_redirects=False),
     )
 
 
-def api_key(config: OpenAIBackendSettings, *, tier: str) -> str:
-    env = config.api_key_env
+def api_key(deployment: DeploymentSettings, *, tier: str) -> str:
+    env = deployment.api_key_env
     if env is None:
         return "not-needed"  # the SDK insists on a key; local servers ignore it
     key = os.environ.get(env)

@@ -113,7 +113,7 @@ def test_migrations_are_versioned_applied_once_and_by_one_replica_at_a_time(db: 
             r[0]
             for r in conn.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'requests'")
         }
-    assert versions == [v for v, _, _ in MIGRATIONS] and versions[:2] == [1, 2] and "user" in columns
+    assert versions == list(range(1, schema.latest("postgres") + 1)) and "user" in columns
     for s in stores:
         s.close()
     out = subprocess.run(

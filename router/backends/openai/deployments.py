@@ -1,0 +1,230 @@
+"""The deployments of an `openai` tier: each with its own client, breaker and health, and the pool a
+request picks one from.
+
+A tier lists one deployment (its `base_url`) or several (`[[tiers.openai.deployments]]`): replicas,
+regions or providers serving the same model in the operator's judgement. Each `Deployment` keeps
+what is true of that one server and of no other:
+
+- its SDK client (its own base URL and key), and the optional parameters it has refused;
+- its `CircuitBreaker` (`router.backends.breaker`): an open breaker takes no traffic until its
+  cool-down ends, when one request probes it (half-open);
+- a `Retry-After` mark: a 429 or 503 that says how long to wait marks this deployment until then,
+  and no other (the tier's other deployments go on answering);
+- passive health from results (the breaker hears every attempt) and, with `probe_interval_s`, an
+  active probe of `GET /models`: a deployment whose probe fails takes no new requests until it
+  passes again;
+- its requests in flight from this replica (`outstanding`), against its `max_concurrent`.
+
+`Pool.pick` offers a request the deployments that may take it now and lets the tier's strategy
+(`router.backends.openai.balancing`) choose. Breakers and `max_concurrent` are hard limits; a
+`Retry-After` mark and a failed probe only steer: when every deployment a request may still try is
+marked or failing its probe, it goes to one anyway rather than failing unasked (with one
+deployment, this is exactly how a tier with a single `base_url` always behaved).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import openai
+
+from router.backends.breaker import CircuitBreaker
+from router.backends.openai.balancing import STRATEGIES
+from router.backends.openai.client import new_client
+from router.backends.openai.failures import Failures
+from router.errors import CircuitOpenError, OverloadedError
+
+if TYPE_CHECKING:
+    from router.config import DeploymentSettings, OpenAIBackendSettings
+
+log = logging.getLogger(__name__)
+
+_FULL_RETRY_AFTER_S = 1.0  # every deployment at its max_concurrent: a slot frees soon
+
+
+class Deployment:
+    """One server of a tier (see the module docstring)."""
+
+    def __init__(
+        self,
+        tier: str,
+        config: OpenAIBackendSettings,
+        settings: DeploymentSettings,
+        *,
+        label: str,
+        timeout_s: float,
+        retry_after_s: float,
+        breaker: CircuitBreaker | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = settings.label
+        self.tier = tier
+        self.settings = settings
+        self.config = config
+        self.model = settings.model or config.model
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self.breaker = breaker or CircuitBreaker(
+            label, failures=config.breaker_failures, cooldown_s=config.breaker_cooldown_s, clock=clock
+        )
+        self.failures = Failures(label, timeout_s=timeout_s, breaker=self.breaker, retry_after_s=retry_after_s)
+        self.refused: set[str] = set() if config.logprobs else {"logprobs"}
+        self.outstanding = 0
+        self.marked_until = 0.0
+        self.probe_ok = True
+        self.client: openai.AsyncOpenAI | None = None
+        self.attempts_total = 0
+        self.failed_attempts_total = 0
+        self.answered_total = 0
+
+    @property
+    def weight(self) -> float:
+        return self.settings.weight
+
+    @property
+    def full(self) -> bool:
+        limit = self.settings.max_concurrent
+        return limit is not None and self.outstanding >= limit
+
+    @property
+    def marked(self) -> bool:
+        return self._clock() < self.marked_until
+
+    @property
+    def admits(self) -> bool:
+        """Its breaker would let a call through now (closed, or half-open with no probe out)."""
+        return self.breaker.retry_after() <= 0
+
+    @property
+    def available(self) -> bool:
+        return self.admits and not self.full and not self.marked and self.probe_ok
+
+    def mark(self, seconds: float) -> None:
+        """A `Retry-After` from this deployment: steer requests elsewhere for that long."""
+        self.marked_until = max(self.marked_until, self._clock() + seconds)
+
+    def ensure_client(self) -> openai.AsyncOpenAI:
+        if self.client is None:
+            self.client = new_client(self.config, self.settings, tier=self.tier, timeout_s=self.timeout_s)
+        return self.client
+
+    async def close(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            await client.close()
+
+    def stats(self) -> dict[str, float]:
+        return {
+            **self.breaker.stats(),
+            "outstanding": float(self.outstanding),
+            "marked": 1.0 if self.marked else 0.0,
+            "probe_ok": 1.0 if self.probe_ok else 0.0,
+            "attempts_total": float(self.attempts_total),
+            "failed_attempts_total": float(self.failed_attempts_total),
+            "answered_total": float(self.answered_total),
+        }
+
+    async def probe(self) -> None:
+        """One active health check: `GET /models` answered within the tier's timeout (at most 10 s)."""
+        try:
+            async with asyncio.timeout(min(self.timeout_s, 10.0)):
+                await self.ensure_client().models.list()
+            ok = True
+        except Exception as exc:  # any failure to answer is a failed probe
+            ok = False
+            if self.probe_ok:
+                log.warning("tier %s: deployment %s fails its probe: %s", self.tier, self.name, type(exc).__name__)
+        if ok and not self.probe_ok:
+            log.info("tier %s: deployment %s passes its probe again", self.tier, self.name)
+        self.probe_ok = ok
+
+
+class Pool:
+    """A tier's deployments and its strategy; the active probe, when configured, runs as one task."""
+
+    def __init__(
+        self,
+        tier: str,
+        config: OpenAIBackendSettings,
+        *,
+        timeout_s: float,
+        retry_after_s: float,
+        breaker: CircuitBreaker | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        found = config.resolved_deployments()
+        single = len(found) == 1
+        self.tier = tier
+        self.deployments = [
+            Deployment(
+                tier,
+                config,
+                settings,
+                # one deployment speaks as the tier always did; several name themselves
+                label=tier if single else f"{tier}/{settings.label}",
+                timeout_s=timeout_s,
+                retry_after_s=retry_after_s,
+                breaker=breaker if i == 0 else None,
+            )
+            for i, settings in enumerate(found)
+        ]
+        self.strategy = STRATEGIES[config.strategy]
+        self.probe_interval_s = config.probe_interval_s
+        self._rng = rng or random.Random()
+        self._prober: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        for d in self.deployments:
+            d.ensure_client()
+        if self.probe_interval_s is not None and self._prober is None:
+            self._prober = asyncio.create_task(self._probe_forever(self.probe_interval_s))
+
+    async def close(self) -> None:
+        prober, self._prober = self._prober, None
+        if prober is not None:
+            prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await prober
+        for d in self.deployments:
+            await d.close()
+
+    def pick(self, candidates: Sequence[Deployment]) -> Deployment:
+        return candidates[self.strategy.pick(candidates, self._rng)]
+
+    def fresh(self, left: Sequence[Deployment], failed: set[str]) -> Deployment | None:
+        """A deployment the request may go to at once: available, and not one it failed on."""
+        ready = [d for d in left if d.available and d.name not in failed]
+        return self.pick(ready) if ready else None
+
+    def after_pause(self, left: Sequence[Deployment]) -> Deployment:
+        """After a pause, where a retry goes: an available deployment (the one that failed
+        included), else one that is only marked or failing its probe (they steer, they do not
+        refuse); when every one is held by its breaker or is full, the typed error that says so."""
+        ready = [d for d in left if d.available]
+        if ready:
+            return self.pick(ready)
+        soft = [d for d in left if d.admits and not d.full]
+        if soft:
+            return min(soft, key=lambda d: d.marked_until)
+        full = [d for d in left if d.full and d.admits]
+        if full:
+            raise OverloadedError(
+                f"tier {self.tier}: every deployment is at its max_concurrent", retry_after=_FULL_RETRY_AFTER_S
+            )
+        soonest = min(left, key=lambda d: d.breaker.retry_after())
+        soonest.breaker.acquire()  # raises CircuitOpenError: held open, or a probe is out
+        raise CircuitOpenError(f"tier {self.tier}: no deployment admits a request", retry_after=1.0)  # pragma: no cover
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        return {d.name: d.stats() for d in self.deployments}
+
+    async def _probe_forever(self, interval_s: float) -> None:
+        while True:
+            await asyncio.gather(*(d.probe() for d in self.deployments))
+            await asyncio.sleep(interval_s)
