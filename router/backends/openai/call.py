@@ -49,6 +49,7 @@ class Call:
     max_tokens: int  # what the upstream is asked for
     hosted_prompt_tokens: int  # what the server may add to the prompt (the tier's setting)
     attempts: int = 0
+    headers: dict[str, str] | None = None  # sent with every attempt: the W3C traceparent when tracing
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
