@@ -18,17 +18,26 @@ RECEIVER = Path(__file__).with_name("otlp_receiver.py")
 PROMPT_MARK = "zebra-quartz-prompt-7731"  # a prompt text no span or log line may carry
 
 
-def remote_tiers(base_url: str, *, small_verifiers: str) -> str:
-    """`small` and `large`, both OpenAI-compatible tiers on `base_url`; `small` judged by its verifiers."""
+def remote_tiers(base_url: str, *, small_verifiers: str, threshold: float = 0.5, shadow: bool = False) -> str:
+    """`small` and `large`, both OpenAI-compatible tiers on `base_url`; `small` judged by its
+    verifiers, and with `shadow` each of its accepted answers also sent to `large`."""
     engine = {"base_url": base_url, "model": "fake", "max_attempts": 2, "backoff_initial_s": 0.05}
     price = {"usd_per_1m_input_tokens": Toml("0.10"), "usd_per_1m_output_tokens": Toml("0.40")}
-    small = tier("small", backend="openai", threshold=0.5, max_tokens=32, engine=engine, price=price, extra=small_verifiers)
-    return small + tier("large", backend="openai", max_tokens=32, engine=engine, price=TOKEN_PRICE)
+    tables = {"shadow": {"rate": Toml("1.0"), "usd_per_day": Toml("10.0")}} if shadow else None
+    small = tier(
+        "small", backend="openai", threshold=threshold, max_tokens=32, engine=engine, price=price, tables=tables
+    )
+    return (
+        small
+        + small_verifiers
+        + "\n"
+        + tier("large", backend="openai", max_tokens=32, engine=engine, price=TOKEN_PRICE)
+    )
 
 
-def config(tmp: Path, base_url: str, *, server: str, small_verifiers: str, extra: str = "") -> Path:
+def config(tmp: Path, base_url: str, *, server: str, small_verifiers: str, extra: str = "", **tiers: Any) -> Path:
     body = f'[server]\n{server}\n[ledger]\npath = "{tmp / "ledger.sqlite3"}"\n{extra}\n'
-    return write_config(tmp / "config.toml", body + remote_tiers(base_url, small_verifiers=small_verifiers))
+    return write_config(tmp / "config.toml", body + remote_tiers(base_url, small_verifiers=small_verifiers, **tiers))
 
 
 @contextlib.contextmanager
