@@ -286,16 +286,16 @@ async def _traced(verifier: Verifier, request: GenerationRequest, candidate: Gen
         raise
     else:
         cost = score.cost
-        attributes: dict[str, Any] = {
-            "tierroute.verifier.abstained": score.abstained,
-            "tierroute.verifier.unavailable": score.is_unavailable,
-            "tierroute.verifier.tokens": cost.tokens,  # every part, on whichever tier did it
-            "tierroute.verifier.seconds": math.fsum(p.seconds for p in cost.parts()),
-        }
+        attributes: dict[str, Any] = {"tierroute.verifier.abstained": score.abstained}
         if score.value is not None:
             attributes["gen_ai.evaluation.score.value"] = score.value
-        if cost.tier is not None:
-            attributes["tierroute.verifier.tier"] = cost.tier
+        if score.is_unavailable:
+            attributes["tierroute.verifier.unavailable"] = True
+        if not cost.is_zero() or cost.others:  # what its work cost, on whichever tiers did it
+            attributes["tierroute.verifier.tokens"] = cost.tokens
+            attributes["tierroute.verifier.seconds"] = math.fsum(p.seconds for p in cost.parts())
+            if cost.tier is not None:
+                attributes["tierroute.verifier.tier"] = cost.tier
         span.set_attributes(attributes)
         return score
     finally:

@@ -116,7 +116,6 @@ class CascadeSpans:
                 "gen_ai.request.model": attempt.tier,
                 "gen_ai.provider.name": backend,
                 "gen_ai.request.max_tokens": max_tokens,
-                "tierroute.tier": attempt.tier,
                 "tierroute.threshold": attempt.threshold,
             },
         )
@@ -124,7 +123,6 @@ class CascadeSpans:
 
     def decided(self, attempt: AttemptView, task: str | None) -> None:
         attributes: dict[str, Any] = {
-            "tierroute.tier": attempt.tier,
             "tierroute.decision": "accepted" if attempt.accepted else "escalated",
             "tierroute.threshold": attempt.threshold,
             "tierroute.reason": _short(attempt.reason),
@@ -171,16 +169,21 @@ def cascade_spans(parent: Span | None, chat: bool) -> CascadeSpans:
 
 
 def attempt_attributes(attempt: AttemptView) -> dict[str, Any]:
+    """An ended attempt's attributes. Each costs the SDK a check on every span, so what is usually
+    false or zero is left out then (skipped, abandoned, verifier tokens: absent reads as none)."""
     out: dict[str, Any] = {
         "tierroute.accepted": attempt.accepted,
-        "tierroute.skipped": attempt.skipped,
-        "tierroute.abandoned": attempt.abandoned,
         "tierroute.reason": _short(attempt.reason),
         "tierroute.cost_usd": attempt.cost_usd,
         "tierroute.verifier_cost_usd": attempt.verifier_cost_usd,
-        "tierroute.verifier_tokens": attempt.verifier_cost.tokens,
-        "tierroute.verify_s": attempt.verify_s,
     }
+    if attempt.skipped:
+        out["tierroute.skipped"] = True
+    if attempt.abandoned:
+        out["tierroute.abandoned"] = True
+    tokens = attempt.verifier_cost.tokens
+    if tokens:
+        out["tierroute.verifier_tokens"] = tokens
     if attempt.score is not None:
         out["tierroute.score"] = attempt.score
     gen = attempt.generation

@@ -44,7 +44,7 @@ class RequestTelemetry:
         span = spans.server(
             f"{method} {path}",
             scope.get("headers", ()),
-            {"http.request.method": method, "url.path": path, "url.scheme": scope.get("scheme", "http")},
+            {"http.request.method": method, "url.path": path},
         )
         record = RequestRecord(span)
         token = context.enter(record)
