@@ -18,7 +18,7 @@ from router.config import TelemetrySettings
 from router.telemetry import setup, spans
 from router.telemetry.setup import Tracing
 from tests.support.accounting import ESCALATE_ON_MARK, MARK, chat, read_ledger, running, tierroute_of
-from tests.support.fault_upstream import FaultUpstream
+from tests.support.fault_upstream import FaultUpstream, ok, status
 from tests.support.telemetry import config
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -145,6 +145,24 @@ async def test_a_stream_is_traced_and_a_bad_traceparent_starts_a_new_trace(cfg: 
     (small,) = named["chat small"]
     assert small.attributes is not None and small.attributes["tierroute.accepted"] is True
     assert "chat large" not in named
+
+
+async def test_the_upstream_span_counts_the_retries_and_each_attempt_sends_its_traceparent(
+    cfg: Path, upstream: FaultUpstream
+) -> None:
+    exporter = InMemorySpanExporter()
+    sent_before = len(upstream.requests)
+    upstream.script(status(503), ok())
+    async with running(cfg, tracing=Tracing.to(exporter)) as client:
+        r = await client.post("/v1/chat/completions", json=chat("hello", model="large"))
+        assert r.status_code == 200, r.text
+    (call,) = [s for s in exporter.get_finished_spans() if s.name.startswith("POST 127.0.0.1")]
+    assert call.attributes is not None
+    assert call.attributes["tierroute.upstream.attempts"] == 2 and call.attributes["tierroute.upstream.retries"] == 1
+    assert call.attributes["tierroute.breaker.state_after"] == "closed"
+    sent = [req.headers.get("traceparent") for req in upstream.requests[sent_before:]]
+    trace_id, span_id = hexid(call)
+    assert [h[:-3] if h else h for h in sent] == [f"00-{trace_id}-{span_id}"] * 2  # the flags: sampled
 
 
 async def test_off_the_app_installs_no_tracer_and_no_middleware(cfg: Path) -> None:
