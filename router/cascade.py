@@ -24,6 +24,9 @@ from router.errors import UnavailableError, UnknownModelError
 from router.generation import Delta, Generation, GenerationRequest
 from router.pricing import Usage
 from router.tasks import TaskClassifier, TaskLabel, detect_task
+from router.telemetry import context as telemetry
+from router.telemetry.attempts import cascade_spans
+from router.telemetry.spans import NOOP, Span
 from router.verification import Score, VerifierCost, VerifierSet
 
 
@@ -270,15 +273,18 @@ class Cascade:
         started = time.monotonic()
         rejected: tuple[Backend, str] | None = None  # the last rejected answer, a draft for the next tier
         finished = False  # a Final was handed out: the consumer owns the accounting from there
+        # a span per tier attempt under the request's (router.telemetry; one shared no-op when off)
+        traced = cascade_spans(request.trace or telemetry.request_span(), request.is_chat)
         try:
             for i, tier in enumerate(plan):
                 last = i == len(plan) - 1
                 judge = tier.judge(label.task)
                 attempt = Attempt(tier=tier.name, threshold=judge.threshold)
                 attempts.append(attempt)
+                span = traced.begin(attempt, tier.settings.backend, min(request.max_tokens, tier.settings.max_tokens))
                 if tier.prerouter is not None and not last and self._skip(tier.prerouter, request, attempt):
                     continue
-                tier_request = self._bound(request, tier)
+                tier_request = self._bound(request, tier, span)
                 announced = False  # has this tier's text started reaching the client?
                 pieces, started = [], time.monotonic()
                 reuse = rejected is not None and tier.backend.reuses(rejected[0])
@@ -330,7 +336,9 @@ class Cascade:
                 else:
                     attempt.reason = self._why_rejected(attempt)
                     rejected = (tier.backend, gen.text)
+                    traced.decided(attempt, label.task)
                     continue
+                traced.decided(attempt, label.task)
                 if not (last and live):
                     yield Answering(tier.name, escalated=i > 0)
                     yield Delta(gen.text, top_logprobs=gen.top_logprobs)
@@ -341,6 +349,8 @@ class Cascade:
             if not finished and attempt is not None and tier is not None:
                 self._spent(spent, model, attempts, attempt, tier, pieces, started, exc, label)
             raise
+        finally:
+            traced.end()
 
     @staticmethod
     def _skip(prerouter: PreRouter, request: GenerationRequest, attempt: Attempt) -> bool:
@@ -395,7 +405,7 @@ class Cascade:
             spent.result = self._result(model, attempts, attempt, label)
 
     @staticmethod
-    def _bound(request: GenerationRequest, tier: Tier) -> GenerationRequest:
+    def _bound(request: GenerationRequest, tier: Tier, span: Span = NOOP) -> GenerationRequest:
         deadline = time.monotonic() + tier.settings.timeout_s
         if request.deadline is not None:
             deadline = min(deadline, request.deadline)
@@ -404,6 +414,7 @@ class Cascade:
             deadline=deadline,
             # the client's own wish, or more where this tier's verifiers read the alternatives
             top_logprobs=max(request.top_logprobs, tier.verifiers.top_logprobs),
+            trace=span if span.is_recording() else request.trace,
         )
 
     async def _verify(

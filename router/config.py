@@ -573,6 +573,36 @@ class CacheSettings(_Strict):
     )
 
 
+class TelemetrySettings(_Strict):
+    """OpenTelemetry traces (`router.telemetry`): off unless an endpoint is set here or the standard
+    OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_SERVICE_NAME is set."""
+
+    endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP (protobuf) traces endpoint, e.g. http://collector:4318/v1/traces. Unset: "
+        "the OTEL_EXPORTER_OTLP_* environment variables decide, and with none of them set tracing is off.",
+    )
+    service_name: str | None = Field(
+        None, description="service.name of the exported spans; unset: OTEL_SERVICE_NAME, else 'tierroute'."
+    )
+    export_timeout_s: float = Field(10.0, gt=0, le=120, description="How long one OTLP export may take.")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_endpoint(cls, v: str | None) -> str | None:
+        if v is not None and urlsplit(v).scheme not in ("http", "https"):
+            raise ValueError(f"an OTLP/HTTP endpoint is an http(s) URL, not {v!r}")
+        return v
+
+
+class LoggingSettings(_Strict):
+    format: Literal["text", "json"] = Field(
+        "text",
+        description="'json': one JSON object per line for the service's, uvicorn's and the per-request "
+        "log lines (request id, key name, task, tiers, tokens, cost, latency, status).",
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TIERROUTE_", env_nested_delimiter="__", extra="forbid", toml_file=None
@@ -585,6 +615,8 @@ class Settings(BaseSettings):
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     tiers: list[TierSettings] = Field(min_length=1)
     cache: CacheSettings = Field(default_factory=CacheSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @classmethod
     def settings_customise_sources(

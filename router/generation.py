@@ -6,7 +6,10 @@ import functools
 import json
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from router.telemetry.spans import Span
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,9 @@ class GenerationRequest:
     frequency_penalty: float = 0.0  # subtracted per earlier occurrence of the token
     n: int = 1  # samples of the same prompt; a backend returns them as one Generation (`others`)
     metadata: dict[str, Any] = field(default_factory=dict, compare=False)
+    # the span this work reports under (a tier attempt's; router.telemetry.spans): a backend's
+    # upstream call and the verifiers hang theirs under it; None while tracing is off
+    trace: Span | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from router import policy
 from router.admission.slots import Slots
 from router.generation import Generation, GenerationRequest
+from router.telemetry import spans
 
 if TYPE_CHECKING:
     from router.backends.base import Backend
@@ -256,8 +257,14 @@ class VerifierSet:
         if not self.members:
             return Verdict(policy.combine([], self.combine), {})
         token = _ROUND.set({})  # the members' tasks (and theirs) share this candidate's scores
+        traced = request.trace is not None and request.trace.is_recording()
         try:
-            results = await asyncio.gather(*(m.verifier.score(request, candidate) for m in self.members))
+            results = await asyncio.gather(
+                *(
+                    _traced(m.verifier, request, candidate) if traced else m.verifier.score(request, candidate)
+                    for m in self.members
+                )
+            )
         finally:
             _ROUND.reset(token)
         scores = {m.verifier.name: s for m, s in zip(self.members, results, strict=True)}
@@ -265,3 +272,31 @@ class VerifierSet:
             [(s.value, m.weight) for m, s in zip(self.members, results, strict=True)], self.combine
         )
         return Verdict(combined, scores)
+
+
+async def _traced(verifier: Verifier, request: GenerationRequest, candidate: Generation) -> Score:
+    """A member's score under a span of its own (`verify {name}`), a child of the tier attempt's:
+    its score, whether it abstained, and what its work cost (`router.telemetry.attempts`)."""
+    name = verifier.name
+    span = spans.start(f"verify {name}", request.trace, attributes={"gen_ai.evaluation.name": name})
+    try:
+        score = await verifier.score(request, candidate)
+    except BaseException as exc:
+        spans.fail(span, exc)
+        raise
+    else:
+        cost = score.cost
+        attributes: dict[str, Any] = {"tierroute.verifier.abstained": score.abstained}
+        if score.value is not None:
+            attributes["gen_ai.evaluation.score.value"] = score.value
+        if score.is_unavailable:
+            attributes["tierroute.verifier.unavailable"] = True
+        if not cost.is_zero() or cost.others:  # what its work cost, on whichever tiers did it
+            attributes["tierroute.verifier.tokens"] = cost.tokens
+            attributes["tierroute.verifier.seconds"] = math.fsum(p.seconds for p in cost.parts())
+            if cost.tier is not None:
+                attributes["tierroute.verifier.tier"] = cost.tier
+        span.set_attributes(attributes)
+        return score
+    finally:
+        span.end()

@@ -24,6 +24,8 @@ from router.admission.limits import Hold
 from router.admission.quota import Quota
 from router.cascade import CascadeResult, Spent
 from router.ledger.entries import LedgerEntry, PendingEntry
+from router.telemetry import context as telemetry
+from router.telemetry.attempts import result_facts
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,13 @@ class RequestAccount:
         self.spent = Spent()  # what a request that ends without an answer has cost: recorded all the same
         self._recorded = False
         self._closed = False
+        # its span and log line (router.telemetry), when tracing or JSON logs are on: the same id
+        # as the response's and the ledger's, and the key's name (never the key)
+        self.telemetry = telemetry.current()
+        if self.telemetry is not None:
+            self.telemetry.request_id = ticket.request_id
+            self.telemetry.key = principal.key_id
+            self.telemetry.model = ticket.pending.model
 
     @property
     def request_id(self) -> str:
@@ -107,6 +116,8 @@ class RequestAccount:
 
     async def record(self, result: CascadeResult) -> None:
         """The settled row, committed before the client sees the answer (503 if it cannot be)."""
+        if self.telemetry is not None:
+            self.telemetry.facts = result_facts(result)
         await self.accounting.record(self.principal, self.ticket, result)
         self._recorded = True
 
@@ -124,6 +135,8 @@ class RequestAccount:
         try:
             result, self.spent.result = self.spent.result, None
             if result is not None and not self._recorded:
+                if self.telemetry is not None:
+                    self.telemetry.facts = result_facts(result)
                 try:
                     await self.accounting.record(self.principal, self.ticket, result)
                 except Exception as exc:  # noqa: BLE001 - the request is already failing; keep its own error

@@ -28,6 +28,8 @@ from router.config import Settings
 from router.engine import Engine
 from router.errors import RequestError
 from router.metrics import ResponseCounter
+from router.telemetry import setup as telemetry
+from router.telemetry.middleware import RequestTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -169,11 +171,17 @@ def _replay(messages: list[Message], then: Receive | None = None) -> Receive:
     return receive
 
 
-def create_app(settings: Settings, *, engine: Engine | None = None, **engine_kwargs: Any) -> FastAPI:
+def create_app(
+    settings: Settings, *, engine: Engine | None = None, tracing: telemetry.Tracing | None = None, **engine_kwargs: Any
+) -> FastAPI:
     """Build the app. Pass `engine` to serve an engine built elsewhere (its lifecycle stays the
-    caller's); otherwise one is built from settings and started and closed with the app."""
+    caller's); otherwise one is built from settings and started and closed with the app. Traces
+    go to `tracing` when given, else over OTLP when `[telemetry]` or OTEL_* ask for it
+    (`router.telemetry.setup`), else nowhere; the tracer is installed for the app's lifespan."""
     owned = engine is None
     eng = engine if engine is not None else Engine.from_settings(settings, **engine_kwargs)
+    if tracing is None and telemetry.wanted(settings.telemetry):
+        tracing = telemetry.Tracing.otlp(settings.telemetry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -182,6 +190,8 @@ def create_app(settings: Settings, *, engine: Engine | None = None, **engine_kwa
         accounting = app.state.services.accounting
         shadow = app.state.services.shadow
         keys = app.state.services.keys
+        if tracing is not None:
+            tracing.install()
         try:
             await keys.start()  # the ledger database's keys (the config's imported once), then polled
             await accounting.start()
@@ -194,6 +204,8 @@ def create_app(settings: Settings, *, engine: Engine | None = None, **engine_kwa
             await keys.close()
             if owned:
                 await eng.close()
+            if tracing is not None:
+                await asyncio.to_thread(tracing.close)  # the last spans exported, off the loop
 
     # FastAPI's own /docs, /redoc and /openapi.json answer anyone: ours go through the keys
     app = FastAPI(
@@ -220,6 +232,9 @@ def create_app(settings: Settings, *, engine: Engine | None = None, **engine_kwa
         metrics=app.state.services.accounting.metrics,
         routes=lambda: [*app.openapi()["paths"], *extra_routes],
     )
+    json_logs = settings.logging.format == "json"
+    if tracing is not None or json_logs:  # outermost: refused requests get their span and line too
+        app.add_middleware(RequestTelemetry, log_requests=json_logs)
     return app
 
 

@@ -221,8 +221,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     check_bind(settings.server, stored_keys=_stored_keys(settings))
     _return_large_blocks()
+    log_config: dict[str, Any] = uvicorn.config.LOGGING_CONFIG
+    if settings.logging.format == "json":  # the service's, uvicorn's and each request's lines as JSON
+        import logging.config
+
+        from router.telemetry.logs import log_config as json_log_config
+
+        log_config = json_log_config(args.log_level)
+        logging.config.dictConfig(log_config)  # before the app is built: its start-up logs too
     app = create_app(settings)
-    uvicorn.run(app, host=settings.server.host, port=settings.server.port, log_level=args.log_level)
+    uvicorn.run(
+        app, host=settings.server.host, port=settings.server.port, log_level=args.log_level, log_config=log_config
+    )
     return 0
 
 

@@ -41,6 +41,7 @@ from dataclasses import asdict
 from typing import Any, TypeVar
 
 from router.ledger.entries import CacheRow, DuplicateEntry, Feedback, LedgerEntry, LedgerStore, PendingEntry, ShadowPair
+from router.telemetry import context, spans
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -83,7 +84,17 @@ class Ledger:
 
     async def record(self, entry: LedgerEntry) -> None:
         """Return once the entry is committed; on failure it is kept for a later write."""
-        await self._call(self._write, entry)
+        # a span under the request's own (router.telemetry; a no-op when tracing is off)
+        span = spans.start(
+            "tierroute.ledger.write", context.request_span(), attributes={"tierroute.request_id": entry.request_id}
+        )
+        try:
+            await self._call(self._write, entry)
+        except BaseException as exc:
+            spans.fail(span, exc)
+            raise
+        finally:
+            span.end()
 
     @property
     def unsettled(self) -> int:

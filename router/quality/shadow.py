@@ -60,6 +60,8 @@ from router.metrics import Metrics
 from router.quality.agreement import AgreementRegistry
 from router.quality.drift import Alarm, DriftMonitor, Signal
 from router.quality.live import Tally, threshold_label
+from router.telemetry import context, spans
+from router.telemetry.spans import NOOP, Span
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ class _Job:
     request_id: str
     request: GenerationRequest
     result: CascadeResult
+    link: Span = NOOP  # the request's span: the shadow's own trace links to it (router.telemetry)
 
 
 @dataclass
@@ -215,7 +218,7 @@ class ShadowService:
         if lane.queue.qsize() >= lane.settings.max_queue + lane.idle:
             self.metrics.shadow.dropped.labels(lane.tier, "queue_full").inc()
             return
-        lane.queue.put_nowait(_Job(request_id, request, result))
+        lane.queue.put_nowait(_Job(request_id, request, result, context.request_span()))
         self.metrics.shadow.queue.labels(lane.tier).set(max(0, lane.queue.qsize() - lane.idle))
 
     # -- the workers ------------------------------------------------------------------------------
@@ -228,19 +231,33 @@ class ShadowService:
             finally:
                 lane.idle -= 1
             self.metrics.shadow.queue.labels(lane.tier).set(lane.queue.qsize())
+            # shadow work is a trace of its own, linked to the request it shadows
+            span = spans.start(
+                f"tierroute.shadow {lane.target}",
+                links=(job.link,),
+                attributes={
+                    "tierroute.request_id": job.request_id,
+                    "tierroute.tier": lane.tier,
+                    "tierroute.shadow.target": lane.target,
+                },
+            )
             try:
-                await self._shadow(lane, job)
+                await self._shadow(lane, job, span)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - one failed comparison must not stop the lane
+            except Exception as exc:  # noqa: BLE001 - one failed comparison must not stop the lane
+                spans.fail(span, exc)
                 log.exception("shadow: %s to %s failed", job.request_id, lane.target)
                 self.metrics.shadow.dropped.labels(lane.tier, "failed").inc()
+            finally:
+                span.end()
 
-    async def _shadow(self, lane: _Lane, job: _Job) -> None:
+    async def _shadow(self, lane: _Lane, job: _Job, span: Span = NOOP) -> None:
         target = self.cascade.by_name[lane.target]
         request = job.request.with_(
             max_tokens=min(job.request.max_tokens, target.settings.max_tokens),
             deadline=time.monotonic() + target.settings.timeout_s,
+            trace=span if span.is_recording() else None,  # the target's upstream call hangs under it
         )
         estimate = worst_case_usd([target], request, tiers=self.cascade.by_name, verify=False)
         lane.roll(self.clock())
@@ -267,6 +284,14 @@ class ShadowService:
             lane.reserved -= estimate
         cost = target.cost_of(gen)
         lane.spent += cost
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "gen_ai.usage.input_tokens": gen.prompt_tokens,
+                    "gen_ai.usage.output_tokens": gen.completion_tokens,
+                    "tierroute.cost_usd": cost,
+                }
+            )
         self.metrics.shadow.spend.labels(lane.tier).set(lane.spent)
         attempt = Attempt(tier=lane.target, threshold=0.0, generation=gen, accepted=True, cost_usd=cost)
         attempt.reason = f"shadow of {job.request_id} (tier {lane.tier})"

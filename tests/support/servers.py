@@ -89,16 +89,16 @@ TIERROUTE = str(Path(sys.executable).parent / "tierroute")
 
 @contextlib.contextmanager
 def serve_process(
-    cfg: Path, *, log_path: Path | None = None, log_level: str = "info"
+    cfg: Path, *, log_path: Path | None = None, log_level: str = "info", env: dict[str, str] | None = None
 ) -> Iterator[tuple[subprocess.Popen[bytes], str, Callable[[], str]]]:
     """`tierroute serve` in a child process on a free loopback port, ready when it is yielded with
     its URL and a function that returns its output so far; stopped gracefully (SIGTERM: drain, close
     the ledger), killed after 60 s. The output goes to `log_path`, or, without one, through a pipe
-    (for tests that fail the disk, where a log file would fail too)."""
+    (for tests that fail the disk, where a log file would fail too). `env` adds to its environment."""
     FastLoop.check("starts `tierroute serve`")
     port = free_port()
     command = [TIERROUTE, "--config", str(cfg), "serve", "--port", str(port), "--log-level", log_level]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     lines: list[str] = []
     reader: threading.Thread | None = None
     if log_path is not None:

@@ -35,13 +35,15 @@ checked and clamped), `failures` (what a failed attempt means and what the clien
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 import openai
 
@@ -59,6 +61,8 @@ from router.backends.retry import RetryPolicy
 from router.backends.upstream_io import Malformed, SSEReader, first_choice, token_count
 from router.errors import ConfigError, DeadlineError, RequestError, UnavailableError, UpstreamError
 from router.generation import Delta, Generation, GenerationRequest
+from router.telemetry import spans
+from router.telemetry.attempts import upstream_done, upstream_span
 
 if TYPE_CHECKING:
     from router.config import OpenAIBackendSettings, Settings, TierSettings
@@ -188,47 +192,79 @@ class OpenAIBackend(Backend):
 
     async def generate(self, request: GenerationRequest) -> Generation:
         call = self._new_call(request)
-        return await self._with_retries(call, self._attempt_generate)
+        with self._traced(call):
+            return await self._with_retries(call, self._attempt_generate)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta | Generation]:
         call = self._new_call(request)
-        opened = await self._with_retries(call, self._attempt_open_stream)
-        events, acc, permit, where = opened.events, opened.acc, opened.permit, opened.deployment
-        ttft: float | None = None
-        try:
-            piece = opened.first
-            while piece is not None:
-                if ttft is None:
-                    ttft = time.monotonic() - call.started
-                yield Delta(piece, *acc.so_far(call), top_logprobs=acc.take_tops(), deployment=where.name)
-                try:
-                    piece = await next_piece(events, acc, call)
-                except Exception as exc:
-                    mapped = self._stream_cut(permit, exc, call, acc, where)
-                    if mapped is exc:
-                        raise
-                    raise mapped from exc
-            if not acc.complete(events.done):
-                permit.failure()
-                self._failed_total += 1
-                where.failed_attempts_total += 1
-                log.warning(
-                    "tier %s: the upstream stream ended without finish_reason or [DONE] after %d characters",
-                    self.name,
-                    len(acc.text),
-                )
-                raise UpstreamError(
-                    f"tier {self.name}: the upstream stream ended without finishing the answer "
-                    f"({len(acc.text)} characters received)",
-                    retry_after=where.failures.client_retry_after(None),
-                )
-            permit.success()
-            where.answered_total += 1
-        finally:
-            permit.release()  # no-op when an outcome was reported; covers an abandoned stream
-            where.outstanding -= 1
-            await close_quietly(opened.response)
+        with self._traced(call):
+            opened = await self._with_retries(call, self._attempt_open_stream)
+            events, acc, permit, where = opened.events, opened.acc, opened.permit, opened.deployment
+            ttft: float | None = None
+            try:
+                piece = opened.first
+                while piece is not None:
+                    if ttft is None:
+                        ttft = time.monotonic() - call.started
+                    yield Delta(piece, *acc.so_far(call), top_logprobs=acc.take_tops(), deployment=where.name)
+                    try:
+                        piece = await next_piece(events, acc, call)
+                    except Exception as exc:
+                        mapped = self._stream_cut(permit, exc, call, acc, where)
+                        if mapped is exc:
+                            raise
+                        raise mapped from exc
+                if not acc.complete(events.done):
+                    permit.failure()
+                    self._failed_total += 1
+                    where.failed_attempts_total += 1
+                    log.warning(
+                        "tier %s: the upstream stream ended without finish_reason or [DONE] after %d characters",
+                        self.name,
+                        len(acc.text),
+                    )
+                    raise UpstreamError(
+                        f"tier {self.name}: the upstream stream ended without finishing the answer "
+                        f"({len(acc.text)} characters received)",
+                        retry_after=where.failures.client_retry_after(None),
+                    )
+                permit.success()
+                where.answered_total += 1
+            finally:
+                permit.release()  # no-op when an outcome was reported; covers an abandoned stream
+                where.outstanding -= 1
+                await close_quietly(opened.response)
         yield dataclasses.replace(acc.generation(call, where.model, ttft_s=ttft), deployment=where.name)
+
+    @contextlib.contextmanager
+    def _traced(self, call: Call) -> Iterator[None]:
+        """The upstream call's span (`router.telemetry.attempts`), under the tier attempt's, its
+        `traceparent` sent with every attempt; it ends with the attempts made and the breaker's
+        state. A no-op while tracing is off."""
+        if not spans.active():
+            yield
+            return
+        only = self.pool.deployments[0].settings.base_url if len(self.pool.deployments) == 1 else None
+        url = urlsplit(only) if only is not None else None
+        host, port = (url.hostname, url.port) if url is not None else (None, None)
+        span = upstream_span(call.request.trace, self.name, host, port, self._breaker_states())
+        parent = spans.traceparent(span)
+        if parent is not None:
+            call.headers = {"traceparent": parent}
+        try:
+            yield
+        except BaseException as exc:
+            spans.fail(span, exc)
+            raise
+        finally:
+            upstream_done(span, call.attempts, self._breaker_states())
+
+    def _breaker_states(self) -> str:
+        """The breaker's state; with several deployments, each one's as `name=state,...`."""
+        found = self.pool.deployments
+        if len(found) == 1:
+            return found[0].breaker.state
+        return ",".join(f"{d.name}={d.breaker.state}" for d in found)
 
     # -- scoring a given answer (cross_tier) --------------------------------------------------------
 
@@ -254,7 +290,8 @@ class OpenAIBackend(Backend):
             prompt = render_chat(self.config.chat_template, request.messages)
         call = self._new_call(request.with_(max_tokens=1, temperature=0.0, top_p=1.0, stop=()))
         attempt = functools.partial(self._attempt_score, continuation=continuation, prompt=prompt)
-        scored, prompt_tokens = await self._with_retries(call, attempt)
+        with self._traced(call):
+            scored, prompt_tokens = await self._with_retries(call, attempt)
         return ContinuationScore(
             token_logprobs=scored.logprobs,
             top1=scored.top1,
@@ -291,7 +328,7 @@ class OpenAIBackend(Backend):
         try:
             async with asyncio.timeout(call.remaining()):
                 response = await endpoint.with_streaming_response.create(
-                    **params, timeout=call.remaining()
+                    **params, timeout=call.remaining(), extra_headers=call.headers
                 ).__aenter__()
             data = await json_body(response, call)
             choice = first_choice(data.get("choices"), required=True)
@@ -413,7 +450,9 @@ class OpenAIBackend(Backend):
                 async with asyncio.timeout(remaining):
                     # Entered by hand: the response outlives this call (a stream is read by the
                     # caller's loop), and the caller closes it, which is all the exit would do.
-                    return await endpoint.with_streaming_response.create(**params, timeout=remaining).__aenter__()
+                    return await endpoint.with_streaming_response.create(
+                        **params, timeout=remaining, extra_headers=call.headers
+                    ).__aenter__()
             except openai.APIStatusError as exc:
                 refused = refused_param(exc, params)
                 if refused is None:

@@ -52,6 +52,7 @@ class Call:
     # the current attempt's own end, sooner than the deadline when other deployments remain to be
     # tried (router.backends.openai.failover); None between attempts and once a stream has begun
     attempt_until: float | None = None
+    headers: dict[str, str] | None = None  # sent with every attempt: the W3C traceparent when tracing
 
     def remaining(self) -> float:
         """Seconds left to the current attempt (the deadline, or sooner: see `attempt_until`)."""

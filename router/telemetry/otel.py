@@ -1,0 +1,59 @@
+"""The installed tracer: OpenTelemetry's SDK behind the facade of `router.telemetry.spans`.
+
+Imported only when tracing is configured (`router.telemetry.setup`), so an unconfigured service
+never loads the SDK. The tracer provider is this object's own, not OpenTelemetry's global one: a
+library in the same process that traces through the global API is not exported by accident, and
+tests can run an app with an in-memory exporter beside another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from router.telemetry.spans import Kind, Span
+
+_KINDS = {"internal": SpanKind.INTERNAL, "server": SpanKind.SERVER, "client": SpanKind.CLIENT}
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+class OtelTracer:
+    """Spans from `provider`, parented explicitly; W3C trace context in and out."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.provider = provider
+        self.tracer = provider.get_tracer("tierroute")
+
+    def start(
+        self, name: str, parent: Span | None, kind: Kind, attributes: Mapping[str, Any] | None, links: Sequence[Span]
+    ) -> Span:
+        context = trace.set_span_in_context(parent) if isinstance(parent, trace.Span) else None
+        found = [Link(s.get_span_context()) for s in links if isinstance(s, trace.Span)]
+        span: Span = self.tracer.start_span(
+            name, context=context, kind=_KINDS[kind], attributes=attributes, links=found or None
+        )
+        return span
+
+    def server(self, name: str, headers: Iterable[tuple[bytes, bytes]], attributes: Mapping[str, Any]) -> Span:
+        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers if k in (b"traceparent", b"tracestate")}
+        # an absent or malformed traceparent gives an empty context: a new trace, as the spec says
+        context = _PROPAGATOR.extract(carrier) if carrier else None
+        span: Span = self.tracer.start_span(name, context=context, kind=SpanKind.SERVER, attributes=attributes)
+        return span
+
+    def fail(self, span: Span, exc: BaseException) -> None:
+        if isinstance(span, trace.Span):
+            span.set_attribute("error.type", type(exc).__name__)
+            span.set_status(Status(StatusCode.ERROR))
+
+    def traceparent(self, span: Span) -> str | None:
+        if not isinstance(span, trace.Span):
+            return None
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+        return carrier.get("traceparent")
