@@ -1,0 +1,65 @@
+"""The response cache attacked from outside, through the HTTP API on a real SQLite ledger: what a
+client's headers, another key of its team, or a refused request can make of it.
+
+Keys, teams and permissions are made through the admin API, as an operator makes them; the tier
+is `Counting` (tests/support/cache.py), so an answer generated again cannot pass for a hit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.accounting import auth, chat, running
+from tests.support.cache import Counting, cache_config
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, dict[str, str]]]:
+    """The app with a team cache scope, an admin key, team 'red' and its keys: ana (may send
+    tests), ben (may not), and cy (two requests a minute)."""
+    cfg, raw = cache_config(tmp_path, {"root": {}}, cache='enabled = true\nscope = "team"\n')
+    cfg.write_text(cfg.read_text().replace('name = "root"', 'name = "root"\nroles = ["admin", "client"]'))
+    async with running(cfg, backends={"small": Counting("small")}) as client:
+        admin = auth(raw["root"])
+        assert (await client.post("/admin/teams", json={"name": "red"}, headers=admin)).status_code == 201
+        for name, fields in (
+            ("ana", {"team": "red", "allow_tests": True}),
+            ("ben", {"team": "red"}),
+            ("cy", {"requests_per_minute": 2}),
+        ):
+            r = await client.post("/admin/keys", json={"name": name, **fields}, headers=admin)
+            assert r.status_code == 201, r.text
+            raw[name] = r.json()["key"]
+        yield client, raw
+
+
+async def ask(
+    client: httpx.AsyncClient, key: str, body: dict[str, Any], headers: list[tuple[str, str]] | None = None
+) -> httpx.Response:
+    """POST a chat request, then wait for its answer's store to land."""
+    r = await client.post("/v1/chat/completions", json=body, headers=[*auth(key).items(), *(headers or [])])
+    await client.app.state.services.cache.close()  # type: ignore[attr-defined]
+    return r
+
+
+def cache_state(r: httpx.Response) -> str:
+    assert r.status_code == 200, r.text
+    return str(r.json()["tierroute"]["cache"])
+
+
+async def test_a_no_store_in_a_repeated_cache_control_header_is_honoured(
+    api: tuple[httpx.AsyncClient, dict[str, str]],
+) -> None:
+    # HTTP reads repeated header lines as one comma-separated list (RFC 9110, 5.3); a proxy may
+    # split them so. Reading only the first line stored an answer its client said not to store.
+    client, raw = api
+    split = [("cache-control", "max-age=60"), ("cache-control", "no-store")]
+    first = await ask(client, raw["ben"], chat("Private?"), split)
+    again = await ask(client, raw["ben"], chat("Private?"))
+    assert cache_state(first) == "bypass"
+    assert cache_state(again) == "miss"  # nothing was stored
