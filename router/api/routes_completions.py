@@ -219,6 +219,7 @@ async def _replayed(
     )
     async with account:
         await account.record_replayed(hit)
+    services.cache.served()
     payload = shape.cached(rid, hit)
     headers = {**_headers(hit.tier, False), "x-tierroute-cache": "hit"}
     if body.stream:

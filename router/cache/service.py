@@ -11,8 +11,8 @@ all replicas' together (so the table holds at most `max_entries` plus `evict_eve
 replica, `evict_every` being 1% of `max_entries`).
 
 Counted in /metrics: `tierroute_cache_lookups_total{result}` (hit, miss, invalid, error, bypass,
-skip) and `tierroute_cache_stores_total{result}` (stored, truncated, unverified, too_large,
-error).
+skip; a hit once it is served, so one refused by a rate limit is none) and
+`tierroute_cache_stores_total{result}` (stored, truncated, unverified, too_large, error).
 """
 
 from __future__ import annotations
@@ -131,8 +131,11 @@ class ResponseCache:
             log.warning("cache: entry %s refused (%s); dropped, answering by generating", lookup.key[:16], exc)
             self._background(self.ledger.cache_drop(lookup.key), "drop")
             return None
+        return found  # counted as a hit once it is served (`served`): admission may still refuse it
+
+    def served(self) -> None:
+        """Count a hit that was admitted and answered (a 429 after the lookup is not a hit)."""
         self.lookups.labels("hit").inc()
-        return found
 
     def offer(self, lookup: Lookup | None, payload: Mapping[str, Any], result: CascadeResult) -> None:
         """Store a settled answer in the background, unless it must not be stored."""

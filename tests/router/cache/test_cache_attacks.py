@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.accounting import auth, chat, running
 from tests.support.cache import Counting, cache_config
+from tests.support.metrics import samples, value
 
 
 @pytest.fixture
@@ -63,3 +64,17 @@ async def test_a_no_store_in_a_repeated_cache_control_header_is_honoured(
     again = await ask(client, raw["ben"], chat("Private?"))
     assert cache_state(first) == "bypass"
     assert cache_state(again) == "miss"  # nothing was stored
+
+
+async def test_a_hit_refused_by_the_rate_limit_is_not_counted_as_a_hit(
+    api: tuple[httpx.AsyncClient, dict[str, str]],
+) -> None:
+    # the lookup runs before admission: counting a hit there made every 429 of a paced key a
+    # "hit", so the hit rate an operator reads grew with the refusals
+    client, raw = api
+    got = [await ask(client, raw["cy"], chat("Paced.")) for _ in range(5)]
+    assert [r.status_code for r in got] == [200, 200, 429, 429, 429]
+    assert [cache_state(r) for r in got[:2]] == ["miss", "hit"]
+    metrics = samples((await client.get("/metrics", headers=auth(raw["ana"]))).text)
+    assert value(metrics, "tierroute_cache_lookups_total", result="hit") == 1
+    assert value(metrics, "tierroute_requests_total", outcome="cached") == 1
