@@ -100,7 +100,7 @@ class ResponseCache:
             self.lookups.labels("skip").inc()
             return Lookup("skip", None, scope, shape, read=False, store=False)
         read, store = keys.directives(cache_control)
-        key = keys.cache_key(body, shape=shape, policy=self.policy, scope=scope)
+        key = keys.cache_key(body, shape=shape, policy=self.policy, scope=scope, client_code=principal.may_send_tests)
         if not read:
             self.lookups.labels("bypass").inc()
         return Lookup("miss" if read else "bypass", key, scope, shape, read=read, store=store)

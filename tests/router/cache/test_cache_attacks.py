@@ -78,3 +78,18 @@ async def test_a_hit_refused_by_the_rate_limit_is_not_counted_as_a_hit(
     metrics = samples((await client.get("/metrics", headers=auth(raw["ana"]))).text)
     assert value(metrics, "tierroute_cache_lookups_total", result="hit") == 1
     assert value(metrics, "tierroute_requests_total", outcome="cached") == 1
+
+
+async def test_a_team_key_without_the_tests_permission_does_not_get_answers_checked_with_it(
+    api: tuple[httpx.AsyncClient, dict[str, str]],
+) -> None:
+    # the verifiers are told whether the caller may have code run (`client_code`): code_tests then
+    # runs the prompt's own helpers and examples, so the permission decides the answer too
+    client, raw = api
+    code = chat('def add(a, b):\n    """\n    >>> add(1, 2)\n    3\n    """\n')
+    ana = [await ask(client, raw["ana"], code) for _ in range(2)]
+    ben = [await ask(client, raw["ben"], code) for _ in range(2)]
+    assert [cache_state(r) for r in ana] == ["miss", "hit"]
+    assert [cache_state(r) for r in ben] == ["miss", "hit"]  # ben's own entry, not ana's
+    plain = [await ask(client, raw[k], chat("Team answer?")) for k in ("ana", "ben")]
+    assert [cache_state(r) for r in plain] == ["miss", "miss"]

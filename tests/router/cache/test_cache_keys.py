@@ -19,8 +19,11 @@ from tests.support.cache import cache_config
 BASE: dict[str, Any] = {"model": "auto", "messages": [{"role": "user", "content": "Hi"}], "temperature": 0}
 
 
-def key(scope: str = "key:ana", policy: str = "p", shape: str = "chat.completion", **fields: Any) -> str:
-    return keys.cache_key(ChatCompletionRequest(**{**BASE, **fields}), shape=shape, policy=policy, scope=scope)
+def key(
+    scope: str = "key:ana", policy: str = "p", shape: str = "chat.completion", client_code: bool = False, **fields: Any
+) -> str:
+    request = ChatCompletionRequest(**{**BASE, **fields})
+    return keys.cache_key(request, shape=shape, policy=policy, scope=scope, client_code=client_code)
 
 
 def test_the_key_is_canonical_and_leaves_out_only_how_the_answer_is_delivered() -> None:
@@ -42,6 +45,7 @@ def test_the_key_is_canonical_and_leaves_out_only_how_the_answer_is_delivered() 
         key(scope="key:ben"),
         key(policy="q"),
         key(shape="text_completion"),
+        key(client_code=True),  # the verifiers run the prompt's code for such a caller
     ]
     assert len({key(), *differ}) == len(differ) + 1
 
