@@ -66,6 +66,7 @@ class ResponseCache:
         self.settings = settings.cache
         self.ledger = ledger if settings.cache.enabled else None
         self.policy = keys.policy_version(settings)
+        self.tiers = frozenset(t.name for t in settings.tiers)
         self.clock = clock
         # eviction walks the newest max_entries of the created index, so it runs once per 1% of
         # max_entries stores (every store below 100): a store costs O(100) index entries, not
@@ -125,6 +126,7 @@ class ResponseCache:
                 scope=lookup.scope,
                 shape=lookup.shape,
                 max_bytes=self.settings.max_entry_bytes,
+                tiers=self.tiers,
             )
         except InvalidEntry as exc:
             self.lookups.labels("invalid").inc()

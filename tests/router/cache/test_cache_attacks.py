@@ -7,6 +7,8 @@ is `Counting` (tests/support/cache.py), so an answer generated again cannot pass
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from router.cache import answer
 from tests.support.accounting import auth, chat, running
 from tests.support.cache import Counting, cache_config
 from tests.support.metrics import samples, value
@@ -93,3 +96,23 @@ async def test_a_team_key_without_the_tests_permission_does_not_get_answers_chec
     assert [cache_state(r) for r in ben] == ["miss", "hit"]  # ben's own entry, not ana's
     plain = [await ask(client, raw[k], chat("Team answer?")) for k in ("ana", "ben")]
     assert [cache_state(r) for r in plain] == ["miss", "miss"]
+
+
+async def test_a_forged_row_cannot_name_a_tier_the_config_does_not_have(
+    api: tuple[httpx.AsyncClient, dict[str, str]], tmp_path: Path
+) -> None:
+    # the digest is no secret: whoever can write the database can make a row pass it. A hit's tier
+    # becomes the response's header, a ledger row's tier and a metrics label, so a forged name
+    # would grow new series and ledger tiers with every row; a real entry names a configured tier
+    # (the tiers are in the policy version)
+    client, raw = api
+    assert cache_state(await ask(client, raw["ben"], chat("Forged?"))) == "miss"
+    with sqlite3.connect(tmp_path / "ledger.sqlite3") as conn:
+        key, scope, body = conn.execute("SELECT cache_key, scope, body FROM cache_entries").fetchone()
+        forged = json.dumps({**json.loads(body), "tier": "forged-tier", "task": "t" * 200})
+        conn.execute("UPDATE cache_entries SET body = ?, digest = ?", (forged, answer.digest(key, scope, forged)))
+    r = await ask(client, raw["ben"], chat("Forged?"))
+    assert cache_state(r) == "miss" and r.headers["x-tierroute-tier"] == "small"
+    metrics = (await client.get("/metrics", headers=auth(raw["ana"]))).text
+    assert "forged-tier" not in metrics
+    assert value(samples(metrics), "tierroute_cache_lookups_total", result="invalid") == 1

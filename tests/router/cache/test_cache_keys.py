@@ -108,7 +108,15 @@ GOOD = {
 
 def decode(row: CacheRow, **where: Any) -> answer.CachedAnswer:
     return answer.decode(
-        row, **{"cache_key": "k", "scope": "key:ana", "shape": "chat.completion", "max_bytes": 4096, **where}
+        row,
+        **{
+            "cache_key": "k",
+            "scope": "key:ana",
+            "shape": "chat.completion",
+            "max_bytes": 4096,
+            "tiers": frozenset({"small"}),
+            **where,
+        },
     )
 
 
@@ -138,6 +146,8 @@ def test_a_good_entry_is_served_from_its_checked_fields_only() -> None:
         ({"usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 5}}, "sum"),
         ({"usage": {"prompt_tokens": True, "completion_tokens": 1, "total_tokens": 2}}, "count"),
         ({"model": "\x1b[31m"}, "printable"),
+        ({"tier": "large"}, "configured"),
+        ({"task": "t" * 300}, "task"),
         ({"shape": "text_completion"}, "format and endpoint"),
         ({"v": 99}, "format"),
     ],
