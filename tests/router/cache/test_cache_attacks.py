@@ -116,3 +116,31 @@ async def test_a_forged_row_cannot_name_a_tier_the_config_does_not_have(
     metrics = (await client.get("/metrics", headers=auth(raw["ana"]))).text
     assert "forged-tier" not in metrics
     assert value(samples(metrics), "tierroute_cache_lookups_total", result="invalid") == 1
+
+
+async def test_bodies_equal_as_json_share_an_entry_and_bodies_a_model_reads_differently_do_not(
+    api: tuple[httpx.AsyncClient, dict[str, str]],
+) -> None:
+    # the key is the request as the API parsed it: JSON escapes, key order, 0 and 0.0, a null for a
+    # default and an unknown field read as one request; text the model would read differently
+    # (another Unicode normal form, a space) is another request
+    client, raw = api
+
+    async def raw_ask(text: bytes) -> str:
+        r = await client.post(
+            "/v1/chat/completions", content=text, headers=auth(raw["ben"]) | {"content-type": "application/json"}
+        )
+        await client.app.state.services.cache.close()  # type: ignore[attr-defined]
+        return cache_state(r)
+
+    first = b'{"model":"auto","messages":[{"role":"user","content":"caf\xc3\xa9"}],"temperature":0,"max_tokens":8}'
+    same = (
+        b'{"max_tokens":8,"temperature":0.0,"seed":null,"metadata":{"x":1},"store":true,'
+        b'"messages":[{"content":"caf\\u00e9","role":"user"}],"model":"auto"}'
+    )
+    other = (
+        b'{"model":"auto","messages":[{"role":"user","content":"cafe\xcc\x81"}],"temperature":0,"max_tokens":8}',
+        b'{"model":"auto","messages":[{"role":"user","content":"caf\xc3\xa9 "}],"temperature":0,"max_tokens":8}',
+    )
+    assert [await raw_ask(first), await raw_ask(same)] == ["miss", "hit"]
+    assert [await raw_ask(b) for b in other] == ["miss", "miss"]
