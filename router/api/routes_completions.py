@@ -219,6 +219,7 @@ async def _replayed(
     )
     async with account:
         await account.record_replayed(hit)
+    services.cache.served()
     payload = shape.cached(rid, hit)
     headers = {**_headers(hit.tier, False), "x-tierroute-cache": "hit"}
     if body.stream:
@@ -236,13 +237,19 @@ async def _replay(shape: Shape, payload: dict[str, Any], include_usage: bool) ->
     yield _sse("[DONE]")
 
 
+def _cache_control(http: Request) -> str | None:
+    """The client's Cache-Control, every line of it: HTTP reads repeated lines as one list (RFC
+    9110, 5.3), and a `no-store` on the second line must count as much as on the first."""
+    return ", ".join(http.headers.getlist("cache-control")) or None
+
+
 @router.post("/chat/completions")
 async def chat_completions(
     body: ChatCompletionRequest, services: ServicesDep, principal: PrincipalDep, http: Request
 ) -> Any:
-    return await _respond(services, principal, body, new_id("chatcmpl"), CHAT, http.headers.get("cache-control"))
+    return await _respond(services, principal, body, new_id("chatcmpl"), CHAT, _cache_control(http))
 
 
 @router.post("/completions")
 async def completions(body: CompletionRequest, services: ServicesDep, principal: PrincipalDep, http: Request) -> Any:
-    return await _respond(services, principal, body, new_id("cmpl"), COMPLETION, http.headers.get("cache-control"))
+    return await _respond(services, principal, body, new_id("cmpl"), COMPLETION, _cache_control(http))

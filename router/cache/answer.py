@@ -10,9 +10,9 @@ unverified answer given because the next tier was down.
 A row read back is untrusted input: anyone who can write to the database, or a disk that flips a
 bit, can put anything in it. So a row is served only when its size is within bounds, its digest
 (SHA-256 over its key, its scope and its body) matches, it is for this key, scope and endpoint,
-and its body has exactly the shape the endpoint serves; the answer served is rebuilt from the
-checked fields alone. Anything else is `InvalidEntry`: the request is answered as a miss and the
-row is dropped.
+and its body has exactly the shape the endpoint serves and names a configured tier; the answer
+served is rebuilt from the checked fields alone. Anything else is `InvalidEntry`: the request is
+answered as a miss and the row is dropped.
 """
 
 from __future__ import annotations
@@ -130,8 +130,12 @@ def digest(cache_key: str, scope: str, body: str) -> str:
     return sha256(f"{cache_key}\n{scope}\n{body}")
 
 
-def decode(row: CacheRow, *, cache_key: str, scope: str, shape: str, max_bytes: int) -> CachedAnswer:
-    """The stored answer, checked whole; InvalidEntry when any part of it is not what was stored."""
+def decode(
+    row: CacheRow, *, cache_key: str, scope: str, shape: str, max_bytes: int, tiers: frozenset[str]
+) -> CachedAnswer:
+    """The stored answer, checked whole; InvalidEntry when any part of it is not what was stored.
+    `tiers`: the configured tiers' names, the only ones an entry can name (they are in the policy
+    version), so a forged row cannot make a hit's header, ledger row and metrics name another."""
     if not isinstance(row.body, str) or len(row.body) > max_bytes or len(row.body.encode("utf-8")) > max_bytes:
         raise InvalidEntry("body missing or over max_entry_bytes")
     if not hmac.compare_digest(str(row.digest), digest(cache_key, scope, row.body)):
@@ -148,13 +152,17 @@ def decode(row: CacheRow, *, cache_key: str, scope: str, shape: str, max_bytes: 
     if not isinstance(choices, list) or not 1 <= len(choices) <= MAX_CHOICES:
         raise InvalidEntry("choices missing, empty or too many")
     check = _chat_choice if shape == "chat.completion" else _completion_choice
+    tier = _name(data.get("tier"), "tier")
+    if tier not in tiers:
+        raise InvalidEntry("tier is not a configured tier")
+    task = data.get("task")
     return CachedAnswer(
         request_id=_name(data.get("request_id"), "request_id"),
-        tier=_name(data.get("tier"), "tier"),
+        tier=tier,
         model=_name(data.get("model"), "model"),
         choices=[check(i, c) for i, c in enumerate(choices)],
         usage=_usage(data.get("usage")),
-        task=_optional_text(data.get("task"), "task"),
+        task=None if task is None else _name(task, "task"),
         task_why=_optional_text(data.get("task_why"), "task_why"),
     )
 

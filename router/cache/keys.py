@@ -4,9 +4,11 @@ The key is SHA-256 over canonical JSON (sorted keys, no spaces, integral floats 
 integers) of everything that determines the answer: the request as the API validated it (model
 or `auto`, messages or prompt, tools, tool_choice, response_format, every sampling parameter,
 seed, n, logprobs, stop, our `tierroute` extension), the endpoint's shape, the tier policy
-version, and the reader's scope. Left out are only fields that change how an answer is delivered,
-never what it says: `stream`, `stream_options` and `user`. A field a client adds that tierroute
-does not know is ignored by the API, so it cannot change the answer either.
+version, the reader's scope, and whether the caller may have its code run (the verifiers read
+it, so two keys of one team that differ in it never share an answer). Left out are only fields
+that change how an answer is delivered, never what it says: `stream`, `stream_options` and
+`user`. A field a client adds that tierroute does not know is ignored by the API, so it cannot
+change the answer either.
 
 The tier policy version is a hash of the resolved tier config that decides answers (each tier's
 backend and model, its verifiers, thresholds, task policies, limits and deadlines) and of the
@@ -83,11 +85,24 @@ def scope_of(principal: Principal, scope: Literal["key", "team", "global"]) -> s
     return f"key:{principal.key_id}"
 
 
-def cache_key(body: BaseModel, *, shape: str, policy: str, scope: str) -> str:
+def cache_key(body: BaseModel, *, shape: str, policy: str, scope: str, client_code: bool) -> str:
     """The entry's key: the request as validated, less how it is delivered, with its endpoint's
-    shape, the policy version and the scope."""
+    shape, the policy version, the scope, and whether the caller may have its code run
+    (`Principal.may_send_tests`): the verifiers are told so (`client_code`), and `code_tests`
+    then runs the prompt's own helpers and examples, so it decides the answer as the request does."""
     request = body.model_dump(mode="json", exclude=set(_NOT_IN_KEY))
-    return sha256(canonical({"v": FORMAT, "shape": shape, "policy": policy, "scope": scope, "request": request}))
+    return sha256(
+        canonical(
+            {
+                "v": FORMAT,
+                "shape": shape,
+                "policy": policy,
+                "scope": scope,
+                "client_code": client_code,
+                "request": request,
+            }
+        )
+    )
 
 
 def directives(cache_control: str | None) -> tuple[bool, bool]:

@@ -11,8 +11,8 @@ all replicas' together (so the table holds at most `max_entries` plus `evict_eve
 replica, `evict_every` being 1% of `max_entries`).
 
 Counted in /metrics: `tierroute_cache_lookups_total{result}` (hit, miss, invalid, error, bypass,
-skip) and `tierroute_cache_stores_total{result}` (stored, truncated, unverified, too_large,
-error).
+skip; a hit once it is served, so one refused by a rate limit is none) and
+`tierroute_cache_stores_total{result}` (stored, truncated, unverified, too_large, error).
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ class ResponseCache:
         self.settings = settings.cache
         self.ledger = ledger if settings.cache.enabled else None
         self.policy = keys.policy_version(settings)
+        self.tiers = frozenset(t.name for t in settings.tiers)
         self.clock = clock
         # eviction walks the newest max_entries of the created index, so it runs once per 1% of
         # max_entries stores (every store below 100): a store costs O(100) index entries, not
@@ -100,7 +101,7 @@ class ResponseCache:
             self.lookups.labels("skip").inc()
             return Lookup("skip", None, scope, shape, read=False, store=False)
         read, store = keys.directives(cache_control)
-        key = keys.cache_key(body, shape=shape, policy=self.policy, scope=scope)
+        key = keys.cache_key(body, shape=shape, policy=self.policy, scope=scope, client_code=principal.may_send_tests)
         if not read:
             self.lookups.labels("bypass").inc()
         return Lookup("miss" if read else "bypass", key, scope, shape, read=read, store=store)
@@ -125,14 +126,18 @@ class ResponseCache:
                 scope=lookup.scope,
                 shape=lookup.shape,
                 max_bytes=self.settings.max_entry_bytes,
+                tiers=self.tiers,
             )
         except InvalidEntry as exc:
             self.lookups.labels("invalid").inc()
             log.warning("cache: entry %s refused (%s); dropped, answering by generating", lookup.key[:16], exc)
             self._background(self.ledger.cache_drop(lookup.key), "drop")
             return None
+        return found  # counted as a hit once it is served (`served`): admission may still refuse it
+
+    def served(self) -> None:
+        """Count a hit that was admitted and answered (a 429 after the lookup is not a hit)."""
         self.lookups.labels("hit").inc()
-        return found
 
     def offer(self, lookup: Lookup | None, payload: Mapping[str, Any], result: CascadeResult) -> None:
         """Store a settled answer in the background, unless it must not be stored."""

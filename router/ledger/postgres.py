@@ -400,12 +400,13 @@ class PostgresStore:
             conn.execute("DELETE FROM cache_entries WHERE expires_at <= %s", (row.created,))
             if max_entries is None:
                 return
-            # the newest max_entries stay, whichever replica stored them
-            conn.execute(
-                "DELETE FROM cache_entries WHERE cache_key IN (SELECT cache_key FROM cache_entries "
-                "ORDER BY created DESC, cache_key OFFSET %s)",
-                (max_entries,),
-            )
+            # the newest max_entries stay, whichever replica stored them: the cutoff is read off the
+            # created index alone (ordering by more than `created` sorted the whole table)
+            cutoff = conn.execute(
+                "SELECT created FROM cache_entries ORDER BY created DESC LIMIT 1 OFFSET %s", (max_entries,)
+            ).fetchone()
+            if cutoff is not None:
+                conn.execute("DELETE FROM cache_entries WHERE created <= %s", (cutoff[0],))
 
     def cache_drop(self, cache_key: str) -> None:
         with self.pool.connection() as conn:

@@ -224,7 +224,11 @@ async def test_a_tampered_or_moved_row_is_a_miss_and_is_dropped(tmp_path: Path) 
         # ana's entry handed to ben: another scope's row is never read (and would fail its digest)
         assert (await ask()).json()["tierroute"]["cache"] == "hit"  # the last miss stored a good answer
         bens = keys.cache_key(
-            ChatCompletionRequest(**chat("Secret?")), shape="chat.completion", policy=cache.policy, scope="key:ben"
+            ChatCompletionRequest(**chat("Secret?")),
+            shape="chat.completion",
+            policy=cache.policy,
+            scope="key:ben",
+            client_code=False,
         )
         _tamper(db, "UPDATE cache_entries SET cache_key = ?, scope = 'key:ben'", bens)
         moved = await ask("ben")

@@ -19,8 +19,11 @@ from tests.support.cache import cache_config
 BASE: dict[str, Any] = {"model": "auto", "messages": [{"role": "user", "content": "Hi"}], "temperature": 0}
 
 
-def key(scope: str = "key:ana", policy: str = "p", shape: str = "chat.completion", **fields: Any) -> str:
-    return keys.cache_key(ChatCompletionRequest(**{**BASE, **fields}), shape=shape, policy=policy, scope=scope)
+def key(
+    scope: str = "key:ana", policy: str = "p", shape: str = "chat.completion", client_code: bool = False, **fields: Any
+) -> str:
+    request = ChatCompletionRequest(**{**BASE, **fields})
+    return keys.cache_key(request, shape=shape, policy=policy, scope=scope, client_code=client_code)
 
 
 def test_the_key_is_canonical_and_leaves_out_only_how_the_answer_is_delivered() -> None:
@@ -42,6 +45,7 @@ def test_the_key_is_canonical_and_leaves_out_only_how_the_answer_is_delivered() 
         key(scope="key:ben"),
         key(policy="q"),
         key(shape="text_completion"),
+        key(client_code=True),  # the verifiers run the prompt's code for such a caller
     ]
     assert len({key(), *differ}) == len(differ) + 1
 
@@ -104,7 +108,15 @@ GOOD = {
 
 def decode(row: CacheRow, **where: Any) -> answer.CachedAnswer:
     return answer.decode(
-        row, **{"cache_key": "k", "scope": "key:ana", "shape": "chat.completion", "max_bytes": 4096, **where}
+        row,
+        **{
+            "cache_key": "k",
+            "scope": "key:ana",
+            "shape": "chat.completion",
+            "max_bytes": 4096,
+            "tiers": frozenset({"small"}),
+            **where,
+        },
     )
 
 
@@ -134,6 +146,8 @@ def test_a_good_entry_is_served_from_its_checked_fields_only() -> None:
         ({"usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 5}}, "sum"),
         ({"usage": {"prompt_tokens": True, "completion_tokens": 1, "total_tokens": 2}}, "count"),
         ({"model": "\x1b[31m"}, "printable"),
+        ({"tier": "large"}, "configured"),
+        ({"task": "t" * 300}, "task"),
         ({"shape": "text_completion"}, "format and endpoint"),
         ({"v": 99}, "format"),
     ],
