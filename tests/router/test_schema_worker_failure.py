@@ -116,7 +116,8 @@ def _big_schema() -> dict[str, Any]:
         }
         for i in range(120)
     }
-    props["kind"] = {"enum": [f"value_{i}" for i in range(300)]}
+    # 300 values that part within two characters (sharing a longer beginning is over the grammar bound)
+    props["kind"] = {"enum": [f"{chr(97 + i % 26)}{chr(97 + i // 26)}_value_{i}" for i in range(300)]}
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
