@@ -314,11 +314,11 @@ class ApiKeyEntry(_Strict):
     hash: str = Field(description="'sha256$salt$digest' as printed by `tierroute keys create`.")
     usd_per_day: float | None = Field(None, ge=0)
     usd_per_month: float | None = Field(None, ge=0)
-    requests_per_minute: int | None = Field(None, ge=1)
+    requests_per_minute: int | None = Field(None, ge=1, le=2**31 - 1)  # PostgreSQL INTEGER
     allow_tests: bool = Field(
         False, description="May send `tierroute.tests`: code that runs on this host (in the sandbox)."
     )
-    tokens_per_minute: int | None = Field(None, ge=1, description="Input + output tokens per minute.")
+    tokens_per_minute: int | None = Field(None, ge=1, le=2**31 - 1, description="Input + output tokens per minute.")
     roles: list[Literal["client", "admin"]] = Field(
         default_factory=_client_only,
         min_length=1,

@@ -199,11 +199,19 @@ async def test_admin_input_is_checked_and_answers_in_openai_shape(
         ("PATCH", "/admin/keys/nobody", {"usd_per_day": 1}, 404),
         ("POST", "/admin/keys/nobody/revoke", None, 404),
         ("PUT", "/admin/teams/none/users/u", {}, 404),
+        # past PostgreSQL's INTEGER (and, at 10**20, SQLite's): a 400, not a 500 from the driver
+        ("POST", "/admin/keys", {"name": "k", "requests_per_minute": 10**20}, 400),
+        ("POST", "/admin/keys", {"name": "k", "tokens_per_minute": 2**31}, 400),
+        ("POST", "/admin/teams", {"name": "t", "requests_per_minute": 10**20}, 400),
+        ("PATCH", "/admin/keys/legacy", {"tokens_per_minute": 10**20}, 400),
     ]
     for method, path, payload, code in cases:
         r = await admin(client, raw, method, path, json=payload)
         assert r.status_code == code, (method, path, r.text)
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    # a whole-number limit up to PostgreSQL's INTEGER is taken, on either store
+    r = await admin(client, raw, "POST", "/admin/keys", json={"name": "k", "requests_per_minute": 2**31 - 1})
+    assert r.status_code == 201 and r.json()["requests_per_minute"] == 2**31 - 1
 
 
 def test_is_admin_is_the_role_check_other_routes_use() -> None:
