@@ -20,6 +20,10 @@ from router.control.records import KeyRecord, Snapshot, config_snapshot
 from router.errors import AuthError, ConfigError
 
 KEY_PREFIX = "trk-"
+# a key is 'trk-' and 43 characters; one an operator hashed by hand is allowed up to this. A
+# longer one is refused before any stored hash is compared with it: every request compares the
+# presented key with every stored hash, so a 1 MB header was 1 MB hashed per stored key
+MAX_KEY_CHARS = 256
 
 
 def new_key() -> str:
@@ -109,6 +113,8 @@ class Authenticator:
         if scheme.lower() != "bearer" or not key.strip():
             raise AuthError("Malformed Authorization header; expected 'Bearer KEY'.")
         key = key.strip()
+        if len(key) > MAX_KEY_CHARS:
+            raise AuthError("Incorrect API key provided.")
         found: KeyRecord | None = None
         for record in snapshot.keys.values():  # check every entry: timing does not reveal which one matched
             if _matches(key, record.hash) and found is None:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from router.admission.auth import Authenticator
+from router.admission import auth as auth_module
+from router.admission.auth import Authenticator, hash_key, new_key
 from router.cli import main
-from router.config import ServerSettings, load_settings
+from router.config import ApiKeyEntry, ServerSettings, load_settings
 from router.errors import AuthError
 from tests.support.accounting import auth, chat, config_with_keys, running
 from tests.support.config import smol_config
@@ -144,3 +145,29 @@ async def test_401s_and_keys_never_reach_logs_ledger_or_metrics(
         assert secret.encode() not in ledger
         # nor any long piece of one
         assert secret[4:20] not in logged and secret[4:20].encode() not in ledger
+
+
+def test_a_key_longer_than_any_key_is_refused_before_a_stored_hash_is_compared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # every stored hash is compared with the presented key (timing says nothing of which matched):
+    # a 1 MB bearer token against 10,000 stored keys was 10 GB of SHA-256, 47 s of one served
+    # process's CPU per unauthenticated request (measured from outside, docs/keys.md)
+    secret = "s" * auth_module.MAX_KEY_CHARS  # the longest key an operator may hash
+    entries = [ApiKeyEntry(name=f"k{i}", hash=hash_key(new_key())) for i in range(20)]
+    entries.append(ApiKeyEntry(name="long", hash=hash_key(secret)))
+    authenticator = Authenticator(ServerSettings(api_keys=entries))
+    compared: list[int] = []
+    real = auth_module._matches
+
+    def counting(key: str, stored: str) -> bool:
+        compared.append(len(key))
+        return real(key, stored)
+
+    monkeypatch.setattr(auth_module, "_matches", counting)
+    for oversized in ("x" * 1_000_000, secret + "s"):
+        with pytest.raises(AuthError, match="Incorrect API key provided"):
+            authenticator.authenticate(f"Bearer {oversized}")
+    assert compared == []
+    assert authenticator.authenticate(f"Bearer {secret}").key_id == "long"
+    assert len(compared) == len(entries)
