@@ -17,10 +17,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from router.admission.quota import Quota
-from router.config import ApiKeyEntry
+from router.config import KEY_NAME_PATTERN, ApiKeyEntry
 from router.errors import RequestError
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+NAME = re.compile(KEY_NAME_PATTERN)  # fullmatch: a "$" alone also matches before a final newline
 USER_MAX_CHARS = 256  # OpenAI's `user` field is free text: longer ones are refused at the admin API
 ROLES = ("admin", "client")
 DEFAULT_USER = "*"  # a team's user-limit row that covers every user without a row of their own
@@ -46,7 +46,7 @@ class Conflict(ControlError):
 
 
 def check_name(kind: str, name: str) -> str:
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise ControlError(f"a {kind} name is 1-64 characters of letters, digits and _.@- (got {str(name)[:80]!r})")
     return name
 

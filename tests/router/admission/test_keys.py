@@ -13,7 +13,7 @@ from router.admission import auth as auth_module
 from router.admission.auth import Authenticator, hash_key, new_key
 from router.cli import main
 from router.config import ApiKeyEntry, ServerSettings, load_settings
-from router.errors import AuthError
+from router.errors import AuthError, ConfigError
 from tests.support.accounting import auth, chat, config_with_keys, running
 from tests.support.config import smol_config
 
@@ -171,3 +171,14 @@ def test_a_key_longer_than_any_key_is_refused_before_a_stored_hash_is_compared(
     assert compared == []
     assert authenticator.authenticate(f"Bearer {secret}").key_id == "long"
     assert len(compared) == len(entries)
+
+
+@pytest.mark.parametrize("name", ["team:lab", "user:lab:bob", "a/b", "", "café"])
+def test_a_config_key_name_follows_the_admin_apis_rule(tmp_path: Path, name: str) -> None:
+    # a key's counters are kept under its bare name, a team's under 'team:NAME' and an end user's
+    # under 'user:TEAM:USER': a config key named 'team:lab' (outside the team) used up team lab's
+    # requests_per_minute against a served process; a name with '/' cannot be addressed by
+    # /admin/keys/{name} to revoke it
+    block = f'[[server.api_keys]]\nname = "{name}"\nhash = "{hash_key(new_key())}"\n'
+    with pytest.raises(ConfigError, match="name"):
+        load_settings(smol_config(tmp_path, server=block))

@@ -191,6 +191,8 @@ async def test_admin_input_is_checked_and_answers_in_openai_shape(
     client, raw, _ = app
     cases = [
         ("POST", "/admin/keys", {"name": "bad name"}, 400),
+        ("POST", "/admin/keys", {"name": "k\n"}, 400),  # a bare '$' matches before a final newline
+        ("POST", "/admin/teams", {"name": "lab:x"}, 400),
         ("POST", "/admin/keys", {"name": "k", "team": "nope"}, 404),
         ("POST", "/admin/keys", {"name": "legacy"}, 409),
         ("POST", "/admin/keys", {"name": "k", "models": ["huge"]}, 400),
