@@ -239,3 +239,22 @@ async def test_a_config_key_edited_after_its_import_is_named_in_a_warning(
     (warning,) = [r.getMessage() for r in caplog.records if "key 'legacy' differs" in r.getMessage()]
     assert "'legacy'" in warning and "its secret" in warning and "its limits" in warning
     assert first["legacy"] not in warning and second["legacy"] not in warning
+
+
+async def test_a_user_with_a_control_character_is_refused_before_any_work(
+    app: tuple[httpx.AsyncClient, dict[str, str], Path], upstream: FaultUpstream
+) -> None:
+    # PostgreSQL's TEXT takes no NUL: against `tierroute serve` on PostgreSQL, a plain key's
+    # request with user "a\0b" was generated upstream, then answered 503 when its row could not be
+    # written, and that row stayed first in the writer's retry queue for good: every later write
+    # retried it first (one failing statement and a warning each), and no entry behind it (one a
+    # real outage left) could be written again. A team key's got 503 from the limits store.
+    client, raw, _ = app
+    before = len(upstream.requests)
+    for user in ("a\x00b", "tab\there", "bell\x07", "del\x7f"):
+        r = await client.post("/v1/chat/completions", json=body(user=user), headers=bearer(raw["legacy"]))
+        assert r.status_code == 400, (user, r.text)
+        assert r.json()["error"]["param"] == "user"
+    assert len(upstream.requests) == before  # refused before any generation
+    ok = await client.post("/v1/chat/completions", json=body(user="ana@example.com ü"), headers=bearer(raw["legacy"]))
+    assert ok.status_code == 200
