@@ -374,16 +374,21 @@ def _client_only() -> list[Literal["client", "admin"]]:
     return ["client"]
 
 
+# a key's or team's name (the admin API's rule, here so a config key follows it too): its counters
+# are kept under its bare name, a team's under 'team:NAME', an end user's under 'user:TEAM:USER'
+KEY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
+
+
 class ApiKeyEntry(_Strict):
-    name: str
+    name: str = Field(pattern=KEY_NAME_PATTERN, description="1-64 letters, digits and _.@- (no ':').")
     hash: str = Field(description="'sha256$salt$digest' as printed by `tierroute keys create`.")
     usd_per_day: float | None = Field(None, ge=0)
     usd_per_month: float | None = Field(None, ge=0)
-    requests_per_minute: int | None = Field(None, ge=1)
+    requests_per_minute: int | None = Field(None, ge=1, le=2**31 - 1)  # PostgreSQL INTEGER
     allow_tests: bool = Field(
         False, description="May send `tierroute.tests`: code that runs on this host (in the sandbox)."
     )
-    tokens_per_minute: int | None = Field(None, ge=1, description="Input + output tokens per minute.")
+    tokens_per_minute: int | None = Field(None, ge=1, le=2**31 - 1, description="Input + output tokens per minute.")
     roles: list[Literal["client", "admin"]] = Field(
         default_factory=_client_only,
         min_length=1,

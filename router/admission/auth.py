@@ -20,6 +20,11 @@ from router.control.records import KeyRecord, Snapshot, config_snapshot
 from router.errors import AuthError, ConfigError
 
 KEY_PREFIX = "trk-"
+# a key is 'trk-' and 43 characters; one an operator hashed by hand is allowed up to this. A
+# longer one is refused before any stored hash is compared with it: every request compares the
+# presented key with every stored hash, so a 1 MB header was 1 MB hashed per stored key
+MAX_KEY_CHARS = 256
+SEEN_MAX = 65_536  # keys remembered per snapshot (valid or not), about 10 MB at most
 
 
 def new_key() -> str:
@@ -94,6 +99,10 @@ class Authenticator:
         self.keys: Callable[[], Snapshot] = keys if keys is not None else (lambda: config)
         self.allow_unauthenticated = server.allow_unauthenticated
         self.anonymous = Principal("anonymous", None, may_send_tests=server.allow_client_tests_without_keys)
+        # what the scan over every stored hash found for a presented key, by the key's SHA-256,
+        # for the snapshot it scanned (a new snapshot starts afresh): a key's name, or None for
+        # no key. Bounded: past SEEN_MAX entries it starts afresh too.
+        self._seen: tuple[Snapshot | None, dict[bytes, str | None]] = (None, {})
 
     @property
     def open(self) -> bool:
@@ -109,10 +118,9 @@ class Authenticator:
         if scheme.lower() != "bearer" or not key.strip():
             raise AuthError("Malformed Authorization header; expected 'Bearer KEY'.")
         key = key.strip()
-        found: KeyRecord | None = None
-        for record in snapshot.keys.values():  # check every entry: timing does not reveal which one matched
-            if _matches(key, record.hash) and found is None:
-                found = record
+        if len(key) > MAX_KEY_CHARS:
+            raise AuthError("Incorrect API key provided.")
+        found = self._lookup(snapshot, key)
         if found is None:
             raise AuthError("Incorrect API key provided.")
         at = time.time() if now is None else now
@@ -133,6 +141,26 @@ class Authenticator:
             models=None if found.models is None else frozenset(found.models),
             key_quotas=tuple(quotas),
         )
+
+    def _lookup(self, snapshot: Snapshot, key: str) -> KeyRecord | None:
+        """The stored key `key` is, or None. A key presented before under this snapshot costs one
+        hash (its record's, checked again); any other is compared with every stored hash, so the
+        time taken does not reveal which one matched (only that this caller sent it before)."""
+        scanned, seen = self._seen
+        if scanned is not snapshot or len(seen) >= SEEN_MAX:
+            seen = {}
+            self._seen = (snapshot, seen)
+        digest = hashlib.sha256(key.encode()).digest()
+        if digest in seen:
+            name = seen[digest]
+            record = None if name is None else snapshot.keys.get(name)
+            return record if record is not None and _matches(key, record.hash) else None
+        found: KeyRecord | None = None
+        for record in snapshot.keys.values():  # check every entry: timing does not reveal which one matched
+            if _matches(key, record.hash) and found is None:
+                found = record
+        seen[digest] = None if found is None else found.name
+        return found
 
 
 def is_loopback(host: str) -> bool:

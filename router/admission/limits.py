@@ -55,6 +55,9 @@ from router.errors import QuotaError, RateLimitError, UnavailableError
 log = logging.getLogger(__name__)
 
 WINDOW_S = 60.0
+# subjects kept before the next sweep drops the idle ones (an empty window, a spend of nothing this
+# month): a client names a new end user with every request (`user`), and each is a subject
+SWEEP_AT = 1024
 
 
 def day_start(ts: float) -> float:
@@ -153,6 +156,7 @@ class RateLimiter:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._seen: dict[str, deque[float]] = {}
+        self._sweep_at = SWEEP_AT
 
     def _window(self, subject: str) -> deque[float]:
         now = self.clock()
@@ -161,11 +165,20 @@ class RateLimiter:
             seen.popleft()
         return seen
 
+    def _sweep(self) -> None:
+        # amortised O(1): the next sweep waits until the subjects kept have doubled
+        if len(self._seen) < self._sweep_at:
+            return
+        for subject in [s for s in self._seen if not self._window(s)]:
+            del self._seen[subject]
+        self._sweep_at = max(SWEEP_AT, 2 * len(self._seen))
+
     def check(self, quota: Quota) -> None:
         seen = self._window(quota.subject)
         check_rate(quota, len(seen), self.clock() - seen[0] if seen else None)
 
     def add(self, subject: str) -> None:
+        self._sweep()
         self._window(subject).append(self.clock())
 
     def acquire(self, key_id: str, per_minute: int) -> None:
@@ -182,6 +195,7 @@ class TokenWindow:
         self.clock = clock
         self._seen: dict[str, deque[list[float]]] = {}  # [admitted at, tokens]
         self._of: dict[str, list[list[float]]] = {}  # a request's entries, until it settles or ends
+        self._sweep_at = SWEEP_AT
 
     def _window(self, subject: str) -> deque[list[float]]:
         now = self.clock()
@@ -190,12 +204,20 @@ class TokenWindow:
             seen.popleft()
         return seen
 
+    def _sweep(self) -> None:
+        if len(self._seen) < self._sweep_at:
+            return
+        for subject in [s for s in self._seen if not self._window(s)]:
+            del self._seen[subject]
+        self._sweep_at = max(SWEEP_AT, 2 * len(self._seen))
+
     def check(self, quota: Quota, reserve_tokens: int) -> None:
         seen = self._window(quota.subject)
         used = int(sum(e[1] for e in seen))
         check_tokens(quota, used, reserve_tokens, self.clock() - seen[0][0] if seen else None)
 
     def add(self, subject: str, request_id: str, tokens: int) -> None:
+        self._sweep()
         item = [self.clock(), float(tokens)]
         self._window(subject).append(item)
         self._of.setdefault(request_id, []).append(item)
@@ -271,6 +293,7 @@ class Limits:
         self._holds: dict[str, Hold] = {}
         self._reserved: dict[str, float] = {}  # per key, the sum of its holds' reservations
         self._held: dict[str, int] = {}  # per key, how many holds
+        self._sweep_at = SWEEP_AT  # see _sweep
 
     @property
     def has_budgets(self) -> bool:
@@ -311,6 +334,7 @@ class Limits:
         found = tuple(principal.quotas if quotas is None else quotas)
         now = self.monotonic()
         self._expire()
+        self._sweep()
         if not self.shared:
             # every quota is checked before any counts the request: a refusal leaves no trace
             for q in found:
@@ -361,6 +385,18 @@ class Limits:
             return
         day_usd, month_usd = self.spent(q.subject)
         check_budget(q, day_usd, month_usd, self._reserved.get(q.subject, 0.0), reserve_usd, self.clock())
+
+    def _sweep(self) -> None:
+        """Drop the spend of subjects that spent nothing this month and hold nothing (an end user
+        seen last month, or never charged): `spent` reads zero for them as before."""
+        if len(self._spend) < self._sweep_at:
+            return
+        now = self.clock()
+        for subject in [k for k in self._spend if k not in self._held]:
+            s = self._spend_of(subject, now)
+            if s.day_usd == 0.0 and s.month_usd == 0.0:
+                del self._spend[subject]
+        self._sweep_at = max(SWEEP_AT, 2 * len(self._spend))
 
     def _spend_of(self, key_id: str, now: float) -> _Spend:
         s = self._spend.get(key_id)

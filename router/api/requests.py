@@ -113,6 +113,15 @@ class BaseRequest(Lenient):
             raise ValueError("a model name is printable characters without spaces")
         return v
 
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        # written to the ledger, and a limit subject on PostgreSQL, whose TEXT takes no NUL: a row
+        # that cannot be written would come back first in the writer's retry queue for good
+        if v is not None and any(ord(c) < 32 or ord(c) == 127 for c in v):
+            raise ValueError("user must not contain control characters")
+        return v
+
     @field_validator("logit_bias")
     @classmethod
     def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from router.api.deps import AdminDep, Services, ServicesDep
 from router.control.admin import ControlPlane
-from router.control.records import Limits
+from router.control.records import MAX_WHOLE_LIMIT, Limits
 from router.errors import RequestError
 
 router = APIRouter(prefix="/admin", tags=["admin"])
@@ -36,9 +36,14 @@ class _Body(BaseModel):
 class LimitFields(_Body):
     usd_per_day: float | None = Field(None, ge=0, description="Budget per UTC day, in USD; null: none.")
     usd_per_month: float | None = Field(None, ge=0, description="Budget per UTC month, in USD; null: none.")
-    requests_per_minute: int | None = Field(None, ge=1, description="Requests in any 60 s; null: none.")
+    requests_per_minute: int | None = Field(
+        None, ge=1, le=MAX_WHOLE_LIMIT, description="Requests in any 60 s; null: none."
+    )
     tokens_per_minute: int | None = Field(
-        None, ge=1, description="Input + output tokens in any 60 s (reserved at admission); null: none."
+        None,
+        ge=1,
+        le=MAX_WHOLE_LIMIT,
+        description="Input + output tokens in any 60 s (reserved at admission); null: none.",
     )
 
     def limits(self) -> Limits:

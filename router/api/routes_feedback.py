@@ -121,14 +121,15 @@ async def post_feedback(body: FeedbackRequest, services: ServicesDep, principal:
         comment=body.comment,
     )
     try:
-        earlier = len(await ledger.feedback(request_id=entry.request_id))
+        # counted and written in one transaction: a burst of labels cannot all see room under the
+        # cap, nor several of them be the request's first (the one drift counts)
+        earlier = await ledger.record_feedback(fb, limit=MAX_LABELS_PER_REQUEST)
         if earlier >= MAX_LABELS_PER_REQUEST:
             raise RequestError(
                 f"Request '{entry.request_id}' already has {MAX_LABELS_PER_REQUEST} labels; it takes no more.",
                 param="request_id",
                 code="too_many_labels",
             )
-        await ledger.record_feedback(fb)
     except TierrouteError:
         raise
     except Exception as exc:

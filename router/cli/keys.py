@@ -123,7 +123,7 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    if not _NAME.match(args.name):
+    if not _NAME.fullmatch(args.name):
         print("error: a key name is 1-64 characters of letters, digits and _.@-", file=sys.stderr)
         return 1
     existing = _configured_names(args)

@@ -13,6 +13,7 @@ to what (`target`) and the fields set (`detail`): never a key, and never its has
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -254,6 +255,10 @@ class ControlPlane:
         return found
 
     def _expiry(self, expires_at: float | None) -> float | None:
+        # NaN compares false with everything (SQLite stores it as NULL: never expires), and an
+        # infinite one is 'never' in words no JSON answer can carry: both are refused
+        if expires_at is not None and (isinstance(expires_at, bool) or not math.isfinite(expires_at)):
+            raise ControlError(f"expires_at must be a finite unix time (got {expires_at!r}); leave it unset for never")
         if expires_at is not None and expires_at <= self.clock():
             raise ControlError("expires_at is in the past")
         return expires_at

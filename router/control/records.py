@@ -17,13 +17,16 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from router.admission.quota import Quota
-from router.config import ApiKeyEntry
+from router.config import KEY_NAME_PATTERN, ApiKeyEntry
 from router.errors import RequestError
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+NAME = re.compile(KEY_NAME_PATTERN)  # fullmatch: a "$" alone also matches before a final newline
 USER_MAX_CHARS = 256  # OpenAI's `user` field is free text: longer ones are refused at the admin API
 ROLES = ("admin", "client")
 DEFAULT_USER = "*"  # a team's user-limit row that covers every user without a row of their own
+# the largest whole-number limit: PostgreSQL's INTEGER column, and the same on SQLite so that a
+# limit one store takes the other takes too (past it the driver fails with a 500, not a 400)
+MAX_WHOLE_LIMIT = 2**31 - 1
 
 
 class ControlError(RequestError):
@@ -43,7 +46,7 @@ class Conflict(ControlError):
 
 
 def check_name(kind: str, name: str) -> str:
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise ControlError(f"a {kind} name is 1-64 characters of letters, digits and _.@- (got {str(name)[:80]!r})")
     return name
 
@@ -79,8 +82,8 @@ class Limits:
                 raise ControlError(f"{f.name} must be a finite number (got {value!r})")
             if f.name.startswith("usd") and value < 0:
                 raise ControlError(f"{f.name} must be >= 0 (got {value!r})")
-            if not f.name.startswith("usd") and (int(value) != value or value < 1):
-                raise ControlError(f"{f.name} must be a whole number >= 1 (got {value!r})")
+            if not f.name.startswith("usd") and (int(value) != value or not 1 <= value <= MAX_WHOLE_LIMIT):
+                raise ControlError(f"{f.name} must be a whole number from 1 to {MAX_WHOLE_LIMIT} (got {value!r})")
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

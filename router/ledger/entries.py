@@ -271,8 +271,9 @@ class LedgerStore(Protocol):
     def entry(self, request_id: str) -> LedgerEntry | None:
         """The settled request with this id and its attempts; None when there is none."""
 
-    def write_feedback(self, feedback: Feedback) -> None:
-        """Store one label (its request's row must exist)."""
+    def write_feedback(self, feedback: Feedback, limit: int | None = None) -> int:
+        """Store one label (its request's row must exist) unless its request has `limit` labels
+        already; return how many it had before, counted in the insert's own transaction."""
 
     def feedback(
         self, since: float | None = None, until: float | None = None, request_id: str | None = None

@@ -353,12 +353,21 @@ class PostgresStore:
             ).fetchall()
         return None if row is None else rows.entry_from_row(row, [rows.attempt_from_row(a) for a in found])
 
-    def write_feedback(self, feedback: Feedback) -> None:
+    def write_feedback(self, feedback: Feedback, limit: int | None = None) -> int:
         try:
             with self.pool.connection() as conn:
-                conn.execute(_INSERT_FEEDBACK, rows.feedback_values(feedback))
+                # the request's row locked for the count and the insert: labels raced at once, on
+                # any replica, are counted one after another
+                conn.execute("SELECT 1 FROM requests WHERE request_id = %s FOR NO KEY UPDATE", (feedback.request_id,))
+                row = conn.execute(
+                    "SELECT count(*) FROM feedback WHERE request_id = %s", (feedback.request_id,)
+                ).fetchone()
+                earlier = int(row[0]) if row is not None else 0
+                if limit is None or earlier < limit:
+                    conn.execute(_INSERT_FEEDBACK, rows.feedback_values(feedback))
         except psycopg.errors.UniqueViolation as exc:
             raise DuplicateEntry(f"{feedback.feedback_id}: {exc}") from exc
+        return earlier
 
     def feedback(
         self, since: float | None = None, until: float | None = None, request_id: str | None = None

@@ -152,9 +152,19 @@ class SQLiteStore:
             conn.execute("COMMIT")
         return None if row is None else rows.entry_from_row(row, [rows.attempt_from_row(a) for a in found])
 
-    def write_feedback(self, feedback: Feedback) -> None:
-        # one statement: its own transaction in autocommit mode; the request's row must exist
-        self.conn.execute(_INSERT_FEEDBACK, rows.feedback_values(feedback))
+    def write_feedback(self, feedback: Feedback, limit: int | None = None) -> int:
+        # the count and the insert in one write transaction: labels raced at once see each other
+        earlier = 0
+
+        def work() -> None:
+            nonlocal earlier
+            sql = "SELECT count(*) FROM feedback WHERE request_id = ?"
+            earlier = int(self.conn.execute(sql, (feedback.request_id,)).fetchone()[0])
+            if limit is None or earlier < limit:
+                self.conn.execute(_INSERT_FEEDBACK, rows.feedback_values(feedback))
+
+        self._transaction(work)
+        return earlier
 
     def feedback(
         self, since: float | None = None, until: float | None = None, request_id: str | None = None

@@ -123,9 +123,10 @@ class Ledger:
     async def entry(self, request_id: str) -> LedgerEntry | None:
         return await self._call(self.store.entry, request_id)
 
-    async def record_feedback(self, feedback: Feedback) -> None:
-        """Write one label. Not kept for a retry: the client hears the failure (503) and may send it again."""
-        await self._call(self.store.write_feedback, feedback)
+    async def record_feedback(self, feedback: Feedback, limit: int | None = None) -> int:
+        """Write one label unless its request has `limit` already; how many it had before. Not
+        kept for a retry: the client hears the failure (503) and may send it again."""
+        return await self._call(self.store.write_feedback, feedback, limit)
 
     async def feedback(
         self, since: float | None = None, until: float | None = None, request_id: str | None = None

@@ -91,3 +91,38 @@ def test_a_monthly_budget_says_when_the_month_ends() -> None:
         check_budget(Quota("key", "k", usd_per_month=1.0), 0.0, 1.0, 0.0, 0.0, T0)
     assert err.value.limit == "key.usd_per_month" and err.value.retry_after == pytest.approx(3600.0)
     assert "resets on the 1st at 00:00 UTC, in 3600 s" in str(err.value)
+
+
+def test_a_new_end_user_per_request_leaves_nothing_once_idle() -> None:
+    # a client names a new `user` with every request, under a team whose default ('*') limits
+    # each one: every user was a rate window, a token window and a spend kept forever (about 4 KB
+    # each in a served process: 4,000 users of 512 characters grew it by 18 MB). Idle ones go.
+    wall, mono = Clock(T0), Clock(0.0)
+    lim = Limits([], clock=wall, monotonic=mono, hold_ttl_s=300)
+    team = Quota("team", "lab")
+    key = member("k", team)
+    users = 5000
+
+    def one(i: int, usd: float) -> None:
+        user = Quota("user", f"u{i}", team="lab", usd_per_month=1.0, requests_per_minute=5, tokens_per_minute=100)
+        hold = lim.admit(key, f"r{i}", 0.01, quotas=(*key.quotas, user), reserve_tokens=10)
+        lim.settle(hold, usd, 5, wall.t)
+        hold.release()
+
+    for i in range(users):  # half of them spend something this month
+        one(i, 0.001 if i % 2 else 0.0)
+    mono.t += 61.0  # every window idle
+    for i in range(users, 2 * users):
+        one(i, 0.0)
+    # without a sweep each would hold 10,000 subjects; idle ones go, so at most twice the live ones
+    assert max(len(lim.rate._seen), len(lim.tokens._seen)) < 1.5 * users
+    assert len(lim._spend) < 1.5 * users
+    assert lim.spent("user:lab:u1") == (pytest.approx(0.001), pytest.approx(0.001))  # kept: it spent
+    wall.t += 2 * 3600.0  # into April: last month's spend is nothing now
+    mono.t += 61.0
+    for i in range(2 * users, 3 * users):
+        one(i, 0.0)
+    assert len(lim._spend) < 1.5 * users and lim.spent("user:lab:u1") == (0.0, 0.0)
+    with pytest.raises(RateLimitError):  # a live window still counts
+        for _ in range(6):
+            one(3 * users, 0.0)

@@ -191,6 +191,8 @@ async def test_admin_input_is_checked_and_answers_in_openai_shape(
     client, raw, _ = app
     cases = [
         ("POST", "/admin/keys", {"name": "bad name"}, 400),
+        ("POST", "/admin/keys", {"name": "k\n"}, 400),  # a bare '$' matches before a final newline
+        ("POST", "/admin/teams", {"name": "lab:x"}, 400),
         ("POST", "/admin/keys", {"name": "k", "team": "nope"}, 404),
         ("POST", "/admin/keys", {"name": "legacy"}, 409),
         ("POST", "/admin/keys", {"name": "k", "models": ["huge"]}, 400),
@@ -199,11 +201,19 @@ async def test_admin_input_is_checked_and_answers_in_openai_shape(
         ("PATCH", "/admin/keys/nobody", {"usd_per_day": 1}, 404),
         ("POST", "/admin/keys/nobody/revoke", None, 404),
         ("PUT", "/admin/teams/none/users/u", {}, 404),
+        # past PostgreSQL's INTEGER (and, at 10**20, SQLite's): a 400, not a 500 from the driver
+        ("POST", "/admin/keys", {"name": "k", "requests_per_minute": 10**20}, 400),
+        ("POST", "/admin/keys", {"name": "k", "tokens_per_minute": 2**31}, 400),
+        ("POST", "/admin/teams", {"name": "t", "requests_per_minute": 10**20}, 400),
+        ("PATCH", "/admin/keys/legacy", {"tokens_per_minute": 10**20}, 400),
     ]
     for method, path, payload, code in cases:
         r = await admin(client, raw, method, path, json=payload)
         assert r.status_code == code, (method, path, r.text)
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    # a whole-number limit up to PostgreSQL's INTEGER is taken, on either store
+    r = await admin(client, raw, "POST", "/admin/keys", json={"name": "k", "requests_per_minute": 2**31 - 1})
+    assert r.status_code == 201 and r.json()["requests_per_minute"] == 2**31 - 1
 
 
 def test_is_admin_is_the_role_check_other_routes_use() -> None:
@@ -229,3 +239,22 @@ async def test_a_config_key_edited_after_its_import_is_named_in_a_warning(
     (warning,) = [r.getMessage() for r in caplog.records if "key 'legacy' differs" in r.getMessage()]
     assert "'legacy'" in warning and "its secret" in warning and "its limits" in warning
     assert first["legacy"] not in warning and second["legacy"] not in warning
+
+
+async def test_a_user_with_a_control_character_is_refused_before_any_work(
+    app: tuple[httpx.AsyncClient, dict[str, str], Path], upstream: FaultUpstream
+) -> None:
+    # PostgreSQL's TEXT takes no NUL: against `tierroute serve` on PostgreSQL, a plain key's
+    # request with user "a\0b" was generated upstream, then answered 503 when its row could not be
+    # written, and that row stayed first in the writer's retry queue for good: every later write
+    # retried it first (one failing statement and a warning each), and no entry behind it (one a
+    # real outage left) could be written again. A team key's got 503 from the limits store.
+    client, raw, _ = app
+    before = len(upstream.requests)
+    for user in ("a\x00b", "tab\there", "bell\x07", "del\x7f"):
+        r = await client.post("/v1/chat/completions", json=body(user=user), headers=bearer(raw["legacy"]))
+        assert r.status_code == 400, (user, r.text)
+        assert r.json()["error"]["param"] == "user"
+    assert len(upstream.requests) == before  # refused before any generation
+    ok = await client.post("/v1/chat/completions", json=body(user="ana@example.com ü"), headers=bearer(raw["legacy"]))
+    assert ok.status_code == 200

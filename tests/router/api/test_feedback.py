@@ -4,6 +4,7 @@ the order it arrived, in the ledger file, tied to its request."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from router.api.routes_feedback import MAX_LABELS_PER_REQUEST
 from router.backends.instant import InstantBackend
 from router.ledger.store import SQLiteStore
 from tests.support.accounting import MARK, auth, chat, config_with_keys, running, tierroute_of
@@ -170,3 +172,20 @@ async def test_the_drift_detector_watches_labels_once_enough_have_arrived(tmp_pa
         assert (
             'tierroute_shadow_drift_alarm{direction="down",signal="feedback",task="maths",tier="small"} 1.0' in metrics
         )
+
+
+async def test_labels_raced_at_once_stop_at_the_cap_and_reach_drift_once(
+    served: tuple[Any, dict[str, str], Path],
+) -> None:
+    # an attacker fires 150 labels for one request at once: counting and writing in two ledger
+    # turns let every one of them see fewer than the cap (147 stored, 60 'first' labels fed to
+    # drift, measured against `tierroute serve`); the cap and 'first' must hold under a burst
+    client, keys, ledger = served
+    rid = await ask(client, keys["alice"])
+    sent = await asyncio.gather(*(label(client, keys["alice"], request_id=rid, score=0) for _ in range(150)))
+    codes = sorted(r.status_code for r in sent)
+    assert codes == [200] * MAX_LABELS_PER_REQUEST + [400] * (150 - MAX_LABELS_PER_REQUEST)
+    assert len(stored(ledger)) == MAX_LABELS_PER_REQUEST
+    assert sorted(r.json()["labels"] for r in sent if r.status_code == 200) == list(range(1, 101))
+    drift = client.app.state.services.shadow.drift
+    assert sum(s.n for key, s in drift.streams.items() if key[2] == "feedback") == 1

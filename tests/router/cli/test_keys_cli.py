@@ -112,3 +112,20 @@ def test_serve_accepts_keys_that_live_only_in_the_database(capsys: pytest.Captur
     rc, out, _ = run(capsys, bare, "create", "ops", "--admin")
     assert rc == 0 and "roles admin" in out
     check_bind(settings.server, stored_keys=_stored_keys(settings))  # no refusal now
+
+
+def test_an_expiry_or_a_limit_the_database_cannot_hold_is_refused_in_words(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # `--expires-in-days nan` was stored as NULL (a key that never expires, the opposite of what
+    # was asked) and `inf` as an expiry no JSON can carry; `--rpm 1e20` ended in a traceback
+    cfg, _ = control_config(tmp_path, UPSTREAM, ledger=str(tmp_path / "l.sqlite3"))
+    for args, said in (
+        (("--expires-in-days", "nan"), "expires_at"),
+        (("--expires-in-days", "inf"), "expires_at"),
+        (("--rpm", str(10**20)), "requests_per_minute"),
+        (("--tpm", str(2**31)), "tokens_per_minute"),
+    ):
+        rc, _, err = run(capsys, cfg, "create", "k", *args)
+        assert rc == 1 and err.startswith("error: ") and said in err and "Traceback" not in err, (args, err)
+    assert run(capsys, cfg, "create", "k", "--expires-in-days", "1", "--rpm", str(2**31 - 1))[0] == 0

@@ -99,6 +99,30 @@ def test_records_read_back_exactly_as_the_sqlite_store_reads_them(store: Postgre
     lite.close()
 
 
+def test_labels_raced_from_two_replicas_stop_at_the_cap(store: PostgresStore, db: str) -> None:
+    # the count and the insert share one transaction holding the request's row: 40 labels sent
+    # at once through two stores (two replicas) leave exactly the cap, and each saw a distinct count
+    other = PostgresStore(db)
+    other.open()
+    store.write(entry("raced", 1.0))
+    seen: list[int] = []
+    barrier = threading.Barrier(40)
+
+    def send(i: int) -> None:
+        barrier.wait()
+        s = store if i % 2 else other
+        seen.append(s.write_feedback(Feedback(f"fb-race-{i}", "raced", 2.0 + i, "alice", 1.0), limit=10))
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    other.close()
+    assert len(list(store.feedback(request_id="raced"))) == 10
+    assert sorted(seen)[:10] == list(range(10)) and all(n == 10 for n in sorted(seen)[10:])
+
+
 def test_migrations_are_versioned_applied_once_and_by_one_replica_at_a_time(db: str) -> None:
     stores = [PostgresStore(db) for _ in range(4)]
     threads = [threading.Thread(target=s.open) for s in stores]  # replicas starting together
