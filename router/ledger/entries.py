@@ -233,6 +233,12 @@ class CacheRow:
     digest: str
 
 
+class RejectedEntry(Exception):
+    """The store refuses this row's values for good (a NUL in PostgreSQL text, a number past its
+    column, a constraint): writing it again would fail again, so it is never kept for a retry, where
+    it would stand before every later write and none could be written (found by the outside review)."""
+
+
 class DuplicateEntry(Exception):
     """The store already holds a row with this request id: writing it again would fail again
     (SQLite's own `sqlite3.IntegrityError` says the same for the SQLite store)."""

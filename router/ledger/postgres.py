@@ -61,6 +61,7 @@ from router.ledger.entries import (
     Feedback,
     LedgerEntry,
     PendingEntry,
+    RejectedEntry,
     ShadowPair,
 )
 from router.ledger.store import spend_subjects
@@ -275,6 +276,8 @@ class PostgresStore:
                 _insert(conn, entry)
         except psycopg.errors.UniqueViolation as exc:
             raise DuplicateEntry(f"{entry.request_id}: {exc}") from exc
+        except (psycopg.DataError, psycopg.IntegrityError) as exc:
+            raise RejectedEntry(f"{entry.request_id}: {exc}") from exc
 
     def spend_by_key(self, since: float) -> dict[str, float]:
         with self.pool.connection() as conn:

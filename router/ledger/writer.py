@@ -40,7 +40,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, TypeVar
 
-from router.ledger.entries import CacheRow, DuplicateEntry, Feedback, LedgerEntry, LedgerStore, PendingEntry, ShadowPair
+from router.ledger.entries import (
+    CacheRow,
+    DuplicateEntry,
+    Feedback,
+    LedgerEntry,
+    LedgerStore,
+    PendingEntry,
+    RejectedEntry,
+    ShadowPair,
+)
 from router.telemetry import context, spans
 
 log = logging.getLogger(__name__)
@@ -171,6 +180,9 @@ class Ledger:
             self._guarded(self.store.write, entry)
         except (sqlite3.IntegrityError, DuplicateEntry):
             raise  # not the disk: writing it again would fail again
+        except RejectedEntry:
+            log.error("ledger: the store refuses this entry for good, not retried: %s", json.dumps(asdict(entry)))
+            raise
         except Exception:
             with self._unsettled_lock:
                 self._unsettled.append(entry)
@@ -189,6 +201,9 @@ class Ledger:
                 self._guarded(self.store.write, entry)
             except (sqlite3.IntegrityError, DuplicateEntry):
                 continue  # already there
+            except RejectedEntry:  # only a store that changed its mind since: never again
+                log.error("ledger: the store refuses this entry for good, dropped: %s", json.dumps(asdict(entry)))
+                continue
             except Exception as exc:  # noqa: BLE001 - still failing: keep them for the next write
                 with self._unsettled_lock:
                     self._unsettled.appendleft(entry)

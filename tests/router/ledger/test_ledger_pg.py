@@ -450,3 +450,26 @@ async def test_feedback_through_the_app_on_postgresql(db: str, tmp_path: Path) -
         ]
     finally:
         store.close()
+
+
+async def test_a_row_the_database_refuses_for_good_is_not_kept_before_every_later_write(store: PostgresStore) -> None:
+    # a NUL in text (here `user`) is refused by PostgreSQL for ever; kept for a retry, that row
+    # stood before every later write and nothing behind it could ever be written
+    from router.ledger.entries import LedgerEntry, RejectedEntry
+    from router.ledger.writer import Ledger
+
+    bad = entry("nul", 1.0)
+    bad = LedgerEntry(**{**bad.to_dict(), "attempts": bad.attempts, "user": "a\x00b"})
+    with pytest.raises(RejectedEntry):
+        store.write(bad)
+    ledger = Ledger(store)
+    await ledger.open()
+    try:
+        with pytest.raises(RejectedEntry):
+            await ledger.record(bad)
+        await ledger.record(entry("after", 2.0))  # written, with nothing retried before it
+        assert [e.request_id for e in store.entries()] == ["after"]
+        assert ledger.healthy  # the last write succeeded
+        assert not ledger._unsettled
+    finally:
+        await ledger.close()
