@@ -40,9 +40,15 @@ class OtelTracer:
         return span
 
     def server(self, name: str, headers: Iterable[tuple[bytes, bytes]], attributes: Mapping[str, Any]) -> Span:
-        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers if k in (b"traceparent", b"tracestate")}
-        # an absent or malformed traceparent gives an empty context: a new trace, as the spec says
-        context = _PROPAGATOR.extract(carrier) if carrier else None
+        found: dict[str, list[str]] = {"traceparent": [], "tracestate": []}
+        for k, v in headers:
+            if k in (b"traceparent", b"tracestate"):
+                found[k.decode("latin-1")].append(v.decode("latin-1"))
+        # an absent, malformed or repeated traceparent gives an empty context: a new trace, as the
+        # spec says (two of them name two parents, and neither may be chosen); repeated tracestate
+        # headers are one list, their entries combined in order (RFC 9110, section 5.3)
+        carrier = {k: v for k, v in found.items() if v}
+        context = _PROPAGATOR.extract(carrier) if len(found["traceparent"]) == 1 else None
         span: Span = self.tracer.start_span(name, context=context, kind=SpanKind.SERVER, attributes=attributes)
         return span
 
