@@ -99,3 +99,17 @@ async def test_tracestate_headers_are_one_list_and_neither_it_nor_baggage_goes_u
         assert q.headers["traceparent"].startswith(f"00-{TRACE}-")
         assert "tracestate" not in q.headers and "baggage" not in q.headers
 
+
+async def test_an_unsampled_client_trace_reaches_the_upstream_as_itself(cfg: Path, upstream: FaultUpstream) -> None:
+    """The client asked not to record (flags 00): nothing is exported, and the upstream is told
+    the client's trace, unsampled; not a new sampled trace of the router's own."""
+    exporter = InMemorySpanExporter()
+    async with running(cfg, tracing=Tracing.to(exporter)) as client:
+        before = len(upstream.requests)
+        r = await client.post(
+            "/v1/chat/completions", json=chat("hello"), headers={"traceparent": f"00-{TRACE}-{SPAN}-00"}
+        )
+    assert r.status_code == 200
+    sent = [q.headers.get("traceparent") for q in upstream.requests[before:]]
+    assert sent and all(tp is not None and tp.startswith(f"00-{TRACE}-") and tp.endswith("-00") for tp in sent), sent
+    assert [s.name for s in exporter.get_finished_spans()] == []
