@@ -47,7 +47,9 @@ def cfg(tmp_path: Path, upstream: FaultUpstream) -> Path:
 
 def server_span(found: tuple[ReadableSpan, ...], request_id: str) -> ReadableSpan:
     (span,) = [
-        s for s in found if s.kind is SpanKind.SERVER and s.attributes and s.attributes["tierroute.request_id"] == request_id
+        s
+        for s in found
+        if s.kind is SpanKind.SERVER and s.attributes and s.attributes["tierroute.request_id"] == request_id
     ]
     return span
 

@@ -1,0 +1,86 @@
+"""From outside, text a client or an upstream chooses, on its way into the JSON logs and the spans:
+a verifier's own words quote the answer (a schema error names the value; `arithmetic` names the
+prompt's sum), so the log line's escalation reason and the spans' reasons carry the verifiers'
+names and scores but not their words (the ledger keeps those); and characters a line-splitting
+reader takes for a line break cannot split a JSON line."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from router.telemetry.logs import JsonFormatter
+from router.telemetry.setup import Tracing
+from tests.support.accounting import chat, running
+from tests.support.fault_upstream import FaultUpstream, ok
+from tests.support.telemetry import config, leaks
+from verifiers.base import Registry
+from verifiers.builtins import register_verifiers
+
+ANSWER_MARK = "ANSWER-MARK-5519"  # in the small tier's answer, which its schema check rejects
+SUM = "73919 * 4"  # the prompt's arithmetic, which the `arithmetic` verifier names in its reason
+VERIFIERS = """
+[[tiers.verifiers]]
+name = "format"
+params = { json_schema = { type = "object", properties = { n = { type = "integer" } } } }
+
+[[tiers.verifiers]]
+name = "arithmetic"
+"""
+
+
+@pytest.fixture
+def captured() -> Iterator[io.StringIO]:
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    old = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield out
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old)
+
+
+def span_text(exporter: InMemorySpanExporter) -> str:
+    found = exporter.get_finished_spans()
+    return json.dumps([[s.name, dict(s.attributes or {})] for s in found], default=str)
+
+
+async def test_the_verifiers_words_stay_out_of_the_log_line_and_the_spans(
+    tmp_path: Path, captured: io.StringIO
+) -> None:
+    exporter = InMemorySpanExporter()
+    with FaultUpstream() as upstream:
+        cfg = config(
+            tmp_path, upstream.base_url, server="allow_unauthenticated = true", small_verifiers=VERIFIERS,
+            extra='[logging]\nformat = "json"',
+        )  # fmt: skip
+        upstream.script(ok(tokens=('{"n": "', ANSWER_MARK, '"}')), ok())
+        registry = Registry()
+        register_verifiers(registry.register)
+        async with running(cfg, tracing=Tracing.to(exporter), registry=registry) as client:
+            r = await client.post("/v1/chat/completions", json=chat(f"What is {SUM}?"))
+    assert r.status_code == 200, r.text
+    rid = r.json()["id"]
+    (line,) = [json.loads(x) for x in captured.getvalue().splitlines() if '"tierroute.request"' in x]
+    assert line["request_id"] == rid and line["tiers_tried"] == ["small", "large"]
+    # the reason still says what the verifiers found, by name and score
+    assert line["escalation_reason"].startswith("score 0.000 < threshold 0.50: ")
+    assert "format=0.000" in line["escalation_reason"] and "arithmetic=0.000" in line["escalation_reason"]
+    assert leaks(captured.getvalue(), ANSWER_MARK, SUM) == []
+    assert leaks(span_text(exporter), ANSWER_MARK, SUM) == []
+    # the ledger, the place of record, keeps the verifiers' words
+    with sqlite3.connect(tmp_path / "ledger.sqlite3") as db:
+        (kept,) = db.execute("SELECT reason FROM attempts WHERE request_id = ? AND idx = 0", (rid,)).fetchone()
+    assert ANSWER_MARK in kept and SUM in kept
