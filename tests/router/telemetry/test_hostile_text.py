@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from router.telemetry.logs import JsonFormatter
 from router.telemetry.setup import Tracing
 from tests.support.accounting import chat, running
-from tests.support.fault_upstream import FaultUpstream, ok
+from tests.support.fault_upstream import Action, FaultUpstream, ok, raw, sse, status
 from tests.support.telemetry import config, leaks
 from verifiers.base import Registry
 from verifiers.builtins import register_verifiers
@@ -84,3 +84,38 @@ async def test_the_verifiers_words_stay_out_of_the_log_line_and_the_spans(
     with sqlite3.connect(tmp_path / "ledger.sqlite3") as db:
         (kept,) = db.execute("SELECT reason FROM attempts WHERE request_id = ? AND idx = 0", (rid,)).fetchone()
     assert ANSWER_MARK in kept and SUM in kept
+
+
+FORGED = 'INFO:uvicorn.access:10.0.0.9 - "POST /admin/keys HTTP/1.1" 200'
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        status(400, f"bad request\n{FORGED}\x1b[2J"),
+        raw(400, f"bad request\r\n{FORGED}\x1b[2J".encode(), content_type="text/plain"),
+        sse({"error": {"message": f"cut\n{FORGED}\x1b[2J"}}),
+    ],
+    ids=["error message", "plain-text body", "stream error event"],
+)
+async def test_an_upstreams_words_cannot_forge_a_text_log_line(tmp_path: Path, reply: Action) -> None:
+    """Text logs (the default) quote a failed upstream's words: a line break or a terminal escape
+    in them is written escaped, so a hostile upstream (or one echoing the prompt) adds no line."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("%(levelname)s:%(name)s:%(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        with FaultUpstream() as upstream:
+            cfg = config(tmp_path, upstream.base_url, server="allow_unauthenticated = true", small_verifiers="")
+            upstream.script(reply, reply)
+            async with running(cfg) as client:
+                r = await client.post("/v1/chat/completions", json=chat("hello", model="large", stream=True))
+    finally:
+        root.removeHandler(handler)
+    text = out.getvalue()
+    assert "bad request" in text or "cut" in text, text  # the upstream's words are logged
+    assert not [line for line in text.splitlines() if line.startswith(FORGED)], text
+    assert "\x1b" not in text
+    assert r.status_code in (200, 400, 502, 503)
