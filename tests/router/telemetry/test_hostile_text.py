@@ -119,3 +119,24 @@ async def test_an_upstreams_words_cannot_forge_a_text_log_line(tmp_path: Path, r
     assert not [line for line in text.splitlines() if line.startswith(FORGED)], text
     assert "\x1b" not in text
     assert r.status_code in (200, 400, 502, 503)
+
+
+async def test_a_json_line_stays_one_line_whatever_the_client_puts_in_the_path(
+    tmp_path: Path, captured: io.StringIO
+) -> None:
+    """JSON escapes the C0 controls; U+2028, U+2029 and NEL are line breaks to Python's
+    `splitlines` (and to editors and some log shippers), and C1 controls (8-bit CSI) to some
+    terminals: a path that carries them still leaves one JSON object per line."""
+    cfg = config(
+        tmp_path, "http://127.0.0.1:9/v1", server="allow_unauthenticated = true", small_verifiers="",
+        extra='[logging]\nformat = "json"',
+    )  # fmt: skip
+    path = "/v1/x%E2%80%A8%7B%22level%22%3A%22error%22%7D%C2%85y%E2%80%A9z%C2%9B2J"
+    async with running(cfg) as client:
+        r = await client.get(path)
+    assert r.status_code == 404
+    lines = captured.getvalue().splitlines()
+    parsed = [json.loads(line) for line in lines]  # each line is a whole object
+    (line,) = [p for p in parsed if p["logger"] == "tierroute.request"]
+    assert line["path"] == '/v1/x\u2028{"level":"error"}\x85y\u2029z\x9b2J'  # the value, unchanged
+    assert not {"\u2028", "\u2029", "\x85", "\x9b"} & set(captured.getvalue())
