@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from router.telemetry.logs import JsonFormatter
 from router.telemetry.setup import Tracing
@@ -140,3 +141,25 @@ async def test_a_json_line_stays_one_line_whatever_the_client_puts_in_the_path(
     (line,) = [p for p in parsed if p["logger"] == "tierroute.request"]
     assert line["path"] == '/v1/x\u2028{"level":"error"}\x85y\u2029z\x9b2J'  # the value, unchanged
     assert not {"\u2028", "\u2029", "\x85", "\x9b"} & set(captured.getvalue())
+
+
+async def test_a_server_span_is_named_by_route_not_by_the_clients_path(tmp_path: Path) -> None:
+    """Span names are meant to be few (OpenTelemetry: `{method} {route}`, else the method alone):
+    a scanner's paths or a model name in the path must not each make a new name, nor put 4 KB
+    of the client's text in one. The path itself stays in `url.path`."""
+    exporter = InMemorySpanExporter()
+    cfg = config(tmp_path, "http://127.0.0.1:9/v1", server="allow_unauthenticated = true", small_verifiers="")
+    scanned = "/v1/" + "A" * 4000
+    async with running(cfg, tracing=Tracing.to(exporter)) as client:
+        assert (await client.get("/v1/models/small")).status_code == 200
+        assert (await client.get(scanned)).status_code == 404
+        assert (await client.get("/wp-login.php")).status_code == 404
+        assert (await client.request("FROBNICATE", "/v1/models")).status_code == 405
+    found = exporter.get_finished_spans()
+    names = {(s.attributes or {})["url.path"]: s.name for s in found if s.kind is SpanKind.SERVER}
+    assert names == {
+        "/v1/models/small": "GET /v1/models/{model}",
+        scanned: "GET",
+        "/wp-login.php": "GET",
+        "/v1/models": "HTTP",
+    }
