@@ -271,4 +271,22 @@ def result_facts(result: ResultView) -> dict[str, Any]:
         "prompt_tokens": sum(a.generation.prompt_tokens for a in tried if a.generation is not None),
         "completion_tokens": sum(a.generation.completion_tokens for a in tried if a.generation is not None),
         "cost_usd": result.cost_usd,
+        "cache_hit": False,
+    }
+
+
+def replayed_facts(tier: str, task: str | None) -> dict[str, Any]:
+    """A cache hit's facts, as its ledger row has them (`router.cache.answer`): the tier whose
+    answer it replays, nothing tried, generated or charged."""
+    return {
+        "task": task,
+        "tiers_tried": [],
+        "final_tier": tier,
+        "escalated": False,
+        "escalation_reason": None,
+        "unverified": False,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "cost_usd": 0.0,
+        "cache_hit": True,
     }

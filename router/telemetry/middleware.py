@@ -25,7 +25,16 @@ from router.telemetry.logs import REQUEST_LOGGER
 log = logging.getLogger(REQUEST_LOGGER)
 # the line of a request that ended without a settled answer (refused, failed, or not a completion)
 _UNSETTLED: dict[str, Any] = dict.fromkeys(
-    ("task", "final_tier", "escalated", "escalation_reason", "prompt_tokens", "completion_tokens", "cost_usd")
+    (
+        "task",
+        "final_tier",
+        "escalated",
+        "escalation_reason",
+        "prompt_tokens",
+        "completion_tokens",
+        "cost_usd",
+        "cache_hit",
+    )
 ) | {"tiers_tried": []}
 # a span's name is one of few (OpenTelemetry's HTTP conventions): `{method} {route}`, else the
 # method alone, an unknown method `HTTP`; the client's own path stays in `url.path`
