@@ -8,6 +8,7 @@ tests can run an app with an in-memory exporter beside another.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,10 @@ from router.telemetry.spans import Kind, Span
 
 _KINDS = {"internal": SpanKind.INTERNAL, "server": SpanKind.SERVER, "client": SpanKind.CLIENT}
 _PROPAGATOR = TraceContextTextMapPropagator()
+# OpenTelemetry warns of every malformed traceparent or tracestate a client sends, quoting the
+# tracestate member as sent: a log line per request, in words and bytes of the client's choosing.
+# These two loggers speak only of that input, which the spec says to ignore, so they are quieted.
+_CLIENT_INPUT_LOGGERS = ("opentelemetry.trace.propagation.tracecontext", "opentelemetry.trace.span")
 
 
 class OtelTracer:
@@ -28,6 +33,8 @@ class OtelTracer:
     def __init__(self, provider: TracerProvider) -> None:
         self.provider = provider
         self.tracer = provider.get_tracer("tierroute")
+        for name in _CLIENT_INPUT_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
 
     def start(
         self, name: str, parent: Span | None, kind: Kind, attributes: Mapping[str, Any] | None, links: Sequence[Span]

@@ -6,6 +6,7 @@ new sampled one. Neither tracestate nor baggage is passed upstream."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -115,3 +116,25 @@ async def test_an_unsampled_client_trace_reaches_the_upstream_as_itself(cfg: Pat
     sent = [q.headers.get("traceparent") for q in upstream.requests[before:]]
     assert sent and all(tp is not None and tp.startswith(f"00-{TRACE}-") and tp.endswith("-00") for tp in sent), sent
     assert [s.name for s in exporter.get_finished_spans()] == []
+
+
+async def test_a_malformed_trace_context_writes_no_log_line(cfg: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """OpenTelemetry warns of each malformed header, quoting a tracestate member as sent: a
+    client could write a line per request into the service's log, in words (and bytes) of its
+    choosing. The header is refused silently, as the spec asks."""
+    exporter = InMemorySpanExporter()
+    parent = (b"traceparent", f"00-{TRACE}-{SPAN}-01".encode())
+    sent: list[list[tuple[bytes, bytes]]] = [
+        [(b"traceparent", parent[1] + b" " * 600)],
+        [parent, (b"tracestate", b"forged log line \x85\x9b[2J")],  # obs-text bytes, as HTTP allows
+        [parent, (b"tracestate", b"k=" + b"v" * 600)],
+        [parent, (b"tracestate", b",".join(b"k%d=v" % i for i in range(40)))],
+    ]
+    with caplog.at_level(logging.INFO):
+        async with running(cfg, tracing=Tracing.to(exporter)) as client:
+            for headers in sent:
+                r = await client.post("/v1/chat/completions", json=chat("hello"), headers=headers)
+                assert r.status_code == 200
+    # (other OpenTelemetry loggers, the exporter's, speak of the collector, not of the client)
+    propagation = ("opentelemetry.trace.propagation.tracecontext", "opentelemetry.trace.span")
+    assert [(r.name, r.getMessage()) for r in caplog.records if r.name in propagation] == []
