@@ -414,7 +414,8 @@ class Cascade:
             deadline=deadline,
             # the client's own wish, or more where this tier's verifiers read the alternatives
             top_logprobs=max(request.top_logprobs, tier.verifiers.top_logprobs),
-            trace=span if span.is_recording() else request.trace,
+            # an attempt's span even when unsampled: its upstream call then stays in the client's trace
+            trace=span if span is not NOOP else request.trace,
         )
 
     async def _verify(

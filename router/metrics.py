@@ -289,6 +289,23 @@ def _template_regex(template: str) -> re.Pattern[str]:
     return re.compile("^" + "[^/]+".join(re.escape(p) for p in parts) + "$")
 
 
+class RouteTemplates:
+    """The route template a path matches, or None: what names a request where a name must stay
+    one of few (a metric's label, a span's name), whatever paths a scanner sends."""
+
+    def __init__(self, routes: Callable[[], Iterable[str]]) -> None:
+        self.routes = routes  # route templates, read on the first request (all routes exist by then)
+        self._patterns: list[tuple[re.Pattern[str], str]] | None = None
+
+    def match(self, path: str) -> str | None:
+        if self._patterns is None:
+            self._patterns = [(_template_regex(t), t) for t in self.routes()]
+        for pattern, template in self._patterns:
+            if pattern.match(path):
+                return template
+        return None
+
+
 class ResponseCounter:
     """ASGI middleware: count every HTTP response by route template and status. Paths that match
     no route are folded into one label, so a scanner cannot blow up the series count."""
@@ -296,16 +313,10 @@ class ResponseCounter:
     def __init__(self, app: ASGIApp, metrics: Metrics, routes: Callable[[], Iterable[str]]) -> None:
         self.app = app
         self.metrics = metrics
-        self.routes = routes  # route templates, read on the first request (all routes exist by then)
-        self._patterns: list[tuple[re.Pattern[str], str]] | None = None
+        self.templates = RouteTemplates(routes)
 
     def label(self, path: str) -> str:
-        if self._patterns is None:
-            self._patterns = [(_template_regex(t), t) for t in self.routes()]
-        for pattern, template in self._patterns:
-            if pattern.match(path):
-                return template
-        return "other"
+        return self.templates.match(path) or "other"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -25,7 +25,7 @@ from router.admission.quota import Quota
 from router.cascade import CascadeResult, Spent
 from router.ledger.entries import LedgerEntry, PendingEntry
 from router.telemetry import context as telemetry
-from router.telemetry.attempts import result_facts
+from router.telemetry.attempts import replayed_facts, result_facts
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,11 @@ class Ticket:
 class Replayed(Protocol):
     """An answer served without generating (a cache hit, `router.cache.answer.CachedAnswer`):
     what its ledger row says."""
+
+    @property
+    def tier(self) -> str: ...
+    @property
+    def task(self) -> str | None: ...
 
     def entry(
         self, request_id: str, key_id: str, model: str, *, latency_s: float, user: str | None, team: str | None = None
@@ -123,6 +128,8 @@ class RequestAccount:
 
     async def record_replayed(self, replayed: Replayed) -> None:
         """A cache hit's row (nothing generated, nothing charged), committed before the client sees it."""
+        if self.telemetry is not None:
+            self.telemetry.facts = replayed_facts(replayed.tier, replayed.task)
         await self.accounting.record_replayed(self.principal, self.ticket, replayed)
         self._recorded = True
 

@@ -27,7 +27,7 @@ from router.api.deps import AnyPrincipalDep, Services, ServicesDep
 from router.config import Settings
 from router.engine import Engine
 from router.errors import RequestError
-from router.metrics import ResponseCounter
+from router.metrics import ResponseCounter, RouteTemplates
 from router.telemetry import setup as telemetry
 from router.telemetry.middleware import RequestTelemetry
 
@@ -234,7 +234,8 @@ def create_app(
     )
     json_logs = settings.logging.format == "json"
     if tracing is not None or json_logs:  # outermost: refused requests get their span and line too
-        app.add_middleware(RequestTelemetry, log_requests=json_logs)
+        route_of = RouteTemplates(lambda: [*app.openapi()["paths"], *extra_routes]).match
+        app.add_middleware(RequestTelemetry, log_requests=json_logs, route_of=route_of)
     return app
 
 

@@ -14,12 +14,14 @@ puts on its span, in the OpenTelemetry GenAI names where they exist (`gen_ai.*`)
   request's span: `router.quality.shadow`).
 
 Nothing here carries a prompt, an answer's text, an error's message (an upstream may echo the
-prompt in it) or a key: counts, names, scores and the reasons the cascade gives.
+prompt in it) or a key: counts, names, scores and the reasons the cascade gives, less each
+verifier's own words (a schema error names the answer's values, `arithmetic` the prompt's sum,
+`math_answer` the answer's number: the ledger keeps them, with the rest of the request).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from router.generation import Generation
@@ -33,6 +35,13 @@ _REASON_CHARS = 300  # a reason is the cascade's own words, cut so a long one ca
 class _Tokens(Protocol):
     @property
     def tokens(self) -> int: ...
+
+
+class _ScoreView(Protocol):
+    @property
+    def value(self) -> float | None: ...
+    @property
+    def reason(self) -> str: ...
 
 
 class AttemptView(Protocol):
@@ -50,6 +59,8 @@ class AttemptView(Protocol):
     def accepted(self) -> bool: ...
     @property
     def reason(self) -> str: ...
+    @property
+    def scores(self) -> Mapping[str, _ScoreView]: ...
     @property
     def error(self) -> str | None: ...
     @property
@@ -85,6 +96,16 @@ class ResultView(Protocol):
 
 def _short(reason: str) -> str:
     return reason if len(reason) <= _REASON_CHARS else reason[: _REASON_CHARS - 1] + "…"
+
+
+def reason_of(attempt: AttemptView) -> str:
+    """The attempt's reason as a span or a log line tells it: each verifier the cascade names
+    there (`name=score (its words)`, `router.cascade`) by its name and score only."""
+    reason = attempt.reason
+    for name, score in attempt.scores.items():
+        if score.value is not None and score.reason:
+            reason = reason.replace(f"{name}={score.value:.3f} ({score.reason})", f"{name}={score.value:.3f}")
+    return _short(reason)
 
 
 def _error_type(error: str | None) -> str | None:
@@ -125,7 +146,7 @@ class CascadeSpans:
         attributes: dict[str, Any] = {
             "tierroute.decision": "accepted" if attempt.accepted else "escalated",
             "tierroute.threshold": attempt.threshold,
-            "tierroute.reason": _short(attempt.reason),
+            "tierroute.reason": reason_of(attempt),
         }
         if attempt.score is not None:
             attributes["tierroute.score"] = attempt.score
@@ -173,7 +194,7 @@ def attempt_attributes(attempt: AttemptView) -> dict[str, Any]:
     false or zero is left out then (skipped, abandoned, verifier tokens: absent reads as none)."""
     out: dict[str, Any] = {
         "tierroute.accepted": attempt.accepted,
-        "tierroute.reason": _short(attempt.reason),
+        "tierroute.reason": reason_of(attempt),
         "tierroute.cost_usd": attempt.cost_usd,
         "tierroute.verifier_cost_usd": attempt.verifier_cost_usd,
     }
@@ -245,9 +266,27 @@ def result_facts(result: ResultView) -> dict[str, Any]:
         "tiers_tried": [a.tier for a in tried],
         "final_tier": result.final.tier,
         "escalated": result.escalated,
-        "escalation_reason": _short(rejected[-1].reason) if rejected else None,
+        "escalation_reason": reason_of(rejected[-1]) if rejected else None,
         "unverified": result.unverified,
         "prompt_tokens": sum(a.generation.prompt_tokens for a in tried if a.generation is not None),
         "completion_tokens": sum(a.generation.completion_tokens for a in tried if a.generation is not None),
         "cost_usd": result.cost_usd,
+        "cache_hit": False,
+    }
+
+
+def replayed_facts(tier: str, task: str | None) -> dict[str, Any]:
+    """A cache hit's facts, as its ledger row has them (`router.cache.answer`): the tier whose
+    answer it replays, nothing tried, generated or charged."""
+    return {
+        "task": task,
+        "tiers_tried": [],
+        "final_tier": tier,
+        "escalated": False,
+        "escalation_reason": None,
+        "unverified": False,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "cost_usd": 0.0,
+        "cache_hit": True,
     }

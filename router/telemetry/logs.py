@@ -15,6 +15,11 @@ import time
 from typing import Any
 
 REQUEST_LOGGER = "tierroute.request"
+# JSON escapes the C0 controls but, with non-ASCII kept, writes these as they are: C1 controls
+# (8-bit CSI to some terminals), NEL and U+2028/U+2029 (line breaks to Python's `splitlines`, to
+# editors and to some log shippers). Escaped, a client's path or an upstream's words cannot split a
+# line; they occur only inside a JSON string, so the line decodes to the same values.
+_LINE_BREAKERS = {c: f"\\u{c:04x}" for c in (*range(0x7F, 0xA0), 0x2028, 0x2029)}
 
 
 class JsonFormatter(logging.Formatter):
@@ -35,7 +40,7 @@ class JsonFormatter(logging.Formatter):
             out |= {"client": client, "method": method, "path": path, "status": status}
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str, ensure_ascii=False)
+        return json.dumps(out, default=str, ensure_ascii=False).translate(_LINE_BREAKERS)
 
 
 def log_config(level: str = "info") -> dict[str, Any]:

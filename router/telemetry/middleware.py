@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -24,16 +25,29 @@ from router.telemetry.logs import REQUEST_LOGGER
 log = logging.getLogger(REQUEST_LOGGER)
 # the line of a request that ended without a settled answer (refused, failed, or not a completion)
 _UNSETTLED: dict[str, Any] = dict.fromkeys(
-    ("task", "final_tier", "escalated", "escalation_reason", "prompt_tokens", "completion_tokens", "cost_usd")
+    (
+        "task",
+        "final_tier",
+        "escalated",
+        "escalation_reason",
+        "prompt_tokens",
+        "completion_tokens",
+        "cost_usd",
+        "cache_hit",
+    )
 ) | {"tiers_tried": []}
+# a span's name is one of few (OpenTelemetry's HTTP conventions): `{method} {route}`, else the
+# method alone, an unknown method `HTTP`; the client's own path stays in `url.path`
+_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"))
 
 
 class RequestTelemetry:
     """A server span per HTTP request (when tracing), and one log line per API request (`log_requests`)."""
 
-    def __init__(self, app: ASGIApp, *, log_requests: bool) -> None:
+    def __init__(self, app: ASGIApp, *, log_requests: bool, route_of: Callable[[str], str | None]) -> None:
         self.app = app
         self.log_requests = log_requests
+        self.route_of = route_of  # a path's route template, None for no route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -42,7 +56,7 @@ class RequestTelemetry:
         t0 = time.perf_counter()
         method, path = scope.get("method", ""), scope.get("path", "")
         span = spans.server(
-            f"{method} {path}",
+            self._span_name(method, path) if spans.active() else "",
             scope.get("headers", ()),
             {"http.request.method": method, "url.path": path},
         )
@@ -71,6 +85,12 @@ class RequestTelemetry:
             span.end()
             if self.log_requests and path.startswith("/v1/"):
                 _log_line(record, method, path, status, latency_s)
+
+    def _span_name(self, method: str, path: str) -> str:
+        if method not in _METHODS:
+            return "HTTP"
+        route = self.route_of(path)
+        return method if route is None else f"{method} {route}"
 
 
 def _span_attributes(record: RequestRecord, status: int) -> dict[str, Any]:

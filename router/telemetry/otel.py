@@ -8,6 +8,7 @@ tests can run an app with an in-memory exporter beside another.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,10 @@ from router.telemetry.spans import Kind, Span
 
 _KINDS = {"internal": SpanKind.INTERNAL, "server": SpanKind.SERVER, "client": SpanKind.CLIENT}
 _PROPAGATOR = TraceContextTextMapPropagator()
+# OpenTelemetry warns of every malformed traceparent or tracestate a client sends, quoting the
+# tracestate member as sent: a log line per request, in words and bytes of the client's choosing.
+# These two loggers speak only of that input, which the spec says to ignore, so they are quieted.
+_CLIENT_INPUT_LOGGERS = ("opentelemetry.trace.propagation.tracecontext", "opentelemetry.trace.span")
 
 
 class OtelTracer:
@@ -28,6 +33,8 @@ class OtelTracer:
     def __init__(self, provider: TracerProvider) -> None:
         self.provider = provider
         self.tracer = provider.get_tracer("tierroute")
+        for name in _CLIENT_INPUT_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
 
     def start(
         self, name: str, parent: Span | None, kind: Kind, attributes: Mapping[str, Any] | None, links: Sequence[Span]
@@ -40,9 +47,15 @@ class OtelTracer:
         return span
 
     def server(self, name: str, headers: Iterable[tuple[bytes, bytes]], attributes: Mapping[str, Any]) -> Span:
-        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers if k in (b"traceparent", b"tracestate")}
-        # an absent or malformed traceparent gives an empty context: a new trace, as the spec says
-        context = _PROPAGATOR.extract(carrier) if carrier else None
+        found: dict[str, list[str]] = {"traceparent": [], "tracestate": []}
+        for k, v in headers:
+            if k in (b"traceparent", b"tracestate"):
+                found[k.decode("latin-1")].append(v.decode("latin-1"))
+        # an absent, malformed or repeated traceparent gives an empty context: a new trace, as the
+        # spec says (two of them name two parents, and neither may be chosen); repeated tracestate
+        # headers are one list, their entries combined in order (RFC 9110, section 5.3)
+        carrier = {k: v for k, v in found.items() if v}
+        context = _PROPAGATOR.extract(carrier) if len(found["traceparent"]) == 1 else None
         span: Span = self.tracer.start_span(name, context=context, kind=SpanKind.SERVER, attributes=attributes)
         return span
 

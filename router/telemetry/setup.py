@@ -11,6 +11,7 @@ else is set. Off, this module imports nothing of OpenTelemetry and the app insta
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -47,8 +48,10 @@ class Tracing:
     `Tracing.otlp(settings)` exports in batches over OTLP/HTTP (protobuf); `Tracing.to(exporter)`
     hands each span to `exporter` as it ends (tests: the SDK's in-memory exporter)."""
 
-    def __init__(self, tracer: OtelTracer) -> None:
+    def __init__(self, tracer: OtelTracer, close_timeout_s: float, exporter: Any) -> None:
         self.tracer = tracer
+        self.close_timeout_s = close_timeout_s
+        self.exporter = exporter
 
     @classmethod
     def otlp(cls, settings: TelemetrySettings) -> Tracing:
@@ -57,16 +60,16 @@ class Tracing:
 
         # None leaves the endpoint to OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, as the exporter reads them
         exporter = OTLPSpanExporter(endpoint=traces_url(settings.endpoint), timeout=settings.export_timeout_s)
-        return cls._with(settings, BatchSpanProcessor(exporter))
+        return cls._with(settings, exporter, BatchSpanProcessor(exporter))
 
     @classmethod
     def to(cls, exporter: Any, settings: TelemetrySettings | None = None) -> Tracing:
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-        return cls._with(settings or TelemetrySettings(), SimpleSpanProcessor(exporter))
+        return cls._with(settings or TelemetrySettings(), exporter, SimpleSpanProcessor(exporter))
 
     @classmethod
-    def _with(cls, settings: TelemetrySettings, processor: Any) -> Tracing:
+    def _with(cls, settings: TelemetrySettings, exporter: Any, processor: Any) -> Tracing:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
 
@@ -75,12 +78,20 @@ class Tracing:
         name = settings.service_name or os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
         provider = TracerProvider(resource=Resource.create({"service.name": name}))
         provider.add_span_processor(processor)
-        return cls(OtelTracer(provider))
+        return cls(OtelTracer(provider), settings.export_timeout_s, exporter)
 
     def install(self) -> None:
         spans.install(self.tracer)
 
     def close(self) -> None:
-        """Stop tracing through this pipeline and send what it holds."""
+        """Stop tracing through this pipeline and send what it holds, for at most
+        `export_timeout_s`: the SDK's shutdown waits up to 30 s on a collector that is down or
+        hung (a timeout per queued batch), past a container's stop timeout; what is not sent by
+        then is dropped, the flush left to finish (or not) on a daemon thread."""
         spans.uninstall(self.tracer)
-        self.tracer.provider.shutdown()  # flushes the batch processor, then closes the exporter
+        # flushes the batch processor, then closes the exporter
+        flush = threading.Thread(target=self.tracer.provider.shutdown, name="tierroute-trace-flush", daemon=True)
+        flush.start()
+        flush.join(self.close_timeout_s)
+        if flush.is_alive():  # the rest is dropped: no export is begun or retried after this
+            self.exporter.shutdown()

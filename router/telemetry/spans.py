@@ -117,8 +117,9 @@ def fail(span: Span, exc: BaseException) -> None:
 
 
 def traceparent(span: Span) -> str | None:
-    """The W3C `traceparent` header naming `span`, for an upstream call; None when off."""
+    """The W3C `traceparent` header naming `span`, for an upstream call; None when off. A span the
+    sampler dropped (the client's trace, sent unsampled) still names its trace, flagged unsampled."""
     tracer = _tracer
-    if tracer is None or not span.is_recording():
+    if tracer is None or span is NOOP:
         return None
     return tracer.traceparent(span)

@@ -87,6 +87,19 @@ class Verdict:
     healthy: bool
     detail: str
 
+    def __post_init__(self) -> None:
+        # the upstream's words go to the log as one line: a line break or a terminal escape in
+        # them (a hostile upstream's, or the prompt echoed back) is written escaped, forging none
+        self.detail = loggable(self.detail)
+
+
+def loggable(text: str) -> str:
+    """`text` with each character a terminal or a line reader acts on (line breaks, escapes, the
+    other controls, U+2028) written as its Python escape."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
 
 @dataclass(frozen=True)
 class Failures:
