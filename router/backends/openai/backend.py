@@ -445,13 +445,17 @@ class OpenAIBackend(Backend):
         endpoint = client.chat.completions if call.request.is_chat else client.completions
         while True:
             params = request_params(call, model=where.model, refused=where.refused, stream=stream)
-            remaining = call.remaining()
+            # The try's share of the time (`call.remaining()`) bounds the open here and each read
+            # before the first piece (`next_piece`, `json_body`). The HTTP client's own timeout,
+            # which also bounds every later read of a stream, is the whole deadline: once text
+            # has reached the client the stream has all the time left, not the first try's share.
+            to_deadline = call.deadline - time.monotonic()
             try:
-                async with asyncio.timeout(remaining):
+                async with asyncio.timeout(call.remaining()):
                     # Entered by hand: the response outlives this call (a stream is read by the
                     # caller's loop), and the caller closes it, which is all the exit would do.
                     return await endpoint.with_streaming_response.create(
-                        **params, timeout=remaining, extra_headers=call.headers
+                        **params, timeout=to_deadline, extra_headers=call.headers
                     ).__aenter__()
             except openai.APIStatusError as exc:
                 refused = refused_param(exc, params)
