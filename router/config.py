@@ -181,7 +181,10 @@ class DeploymentSettings(_Strict):
     api_key_env: str | None = Field(
         None, description="Environment variable holding this deployment's key; unset: the tier's api_key_env."
     )
-    weight: float = Field(1.0, gt=0, description="Share of traffic under weighted_random; a tie-break elsewhere.")
+    # bounded so the weights' sum stays finite: random.choices refuses an infinite total
+    weight: float = Field(
+        1.0, gt=0, le=1_000_000, description="Share of traffic under weighted_random; a tie-break elsewhere."
+    )
     model: str | None = Field(None, description="Model name sent to this deployment; unset: the tier's model.")
     max_concurrent: int | None = Field(
         None, ge=1, description="Most requests in flight at this deployment; unset: no limit."

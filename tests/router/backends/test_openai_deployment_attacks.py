@@ -77,3 +77,22 @@ async def test_a_pause_between_tokens_is_not_cut_at_the_first_tries_share(
     assert text == TEXT and final.deployment == "d0"
     assert time.monotonic() - started < 4.0
     assert len(second.requests) == 0
+
+
+# -- the config a tier is read from ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weight", [float("inf"), 1e308])
+def test_a_weight_whose_sum_is_not_finite_is_refused_when_the_config_is_read(weight: float) -> None:
+    # Found: `weight = inf` (TOML's inf) or two of 1e308 passed validation, and then every request
+    # to the tier raised ValueError("Total of weights must be finite") from random.choices, under
+    # weighted_random and least_outstanding's tie-break alike: a 500 for every request, not a
+    # config error at start.
+    with pytest.raises(ValueError, match="weight"):
+        OpenAIBackendSettings(
+            model="m",
+            deployments=[
+                DeploymentSettings(base_url="http://127.0.0.1:1/v1", name="a", weight=weight),
+                DeploymentSettings(base_url="http://127.0.0.1:2/v1", name="b", weight=weight),
+            ],
+        )
