@@ -168,6 +168,15 @@ class LlamaCppSettings(_Strict):
         return self
 
 
+def http_base_url(url: str) -> str:
+    """An OpenAI-compatible base URL as the HTTP client can use it: http(s), with a host. Anything
+    else (file://, unix://, no host) would fail only at the first request, as a connection error."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"a base_url is an http(s) URL with a host, not {url!r}")
+    return url
+
+
 class DeploymentSettings(_Strict):
     """One deployment of an `openai` tier (`[[tiers.openai.deployments]]`): a server, region or
     provider serving the tier's model, in the operator's judgement (router.backends.openai.deployments)."""
@@ -189,6 +198,11 @@ class DeploymentSettings(_Strict):
     max_concurrent: int | None = Field(
         None, ge=1, description="Most requests in flight at this deployment; unset: no limit."
     )
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_base_url(cls, url: str) -> str:
+        return http_base_url(url)
 
     @property
     def label(self) -> str:
@@ -262,6 +276,11 @@ class OpenAIBackendSettings(_Strict):
         description="Most server-sent events read from one upstream stream; an answer may also "
         "arrive in at most twice as many network reads.",
     )
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_base_url(cls, url: str | None) -> str | None:
+        return None if url is None else http_base_url(url)
 
     @model_validator(mode="after")
     def _one_way_to_the_upstream(self) -> OpenAIBackendSettings:

@@ -96,3 +96,16 @@ def test_a_weight_whose_sum_is_not_finite_is_refused_when_the_config_is_read(wei
                 DeploymentSettings(base_url="http://127.0.0.1:2/v1", name="b", weight=weight),
             ],
         )
+
+
+@pytest.mark.parametrize(
+    "url", ["file:///etc/passwd", "unix:///run/vllm.sock", "ftp://h/v1", "http:///v1", "127.0.0.1:8000/v1", ""]
+)
+def test_a_base_url_that_http_cannot_reach_is_refused_when_the_config_is_read(url: str) -> None:
+    # Found: any string was a base_url. httpx refuses file:// and unix:// (and a URL with no host)
+    # only when the first request is sent, so the tier started, failed every try as a "connection
+    # failed", opened its breaker and answered 503s, rather than the config saying what was wrong.
+    with pytest.raises(ValueError, match="http"):
+        DeploymentSettings(base_url=url)
+    with pytest.raises(ValueError, match="http"):
+        OpenAIBackendSettings(model="m", base_url=url)
