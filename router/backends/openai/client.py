@@ -7,7 +7,7 @@
   byte passes: a body, a stream, and the error bodies the SDK reads on its own before we see them.
   An httpx event hook sees a response before its body is read and cannot bound the read; reading
   the raw response at our call sites would leave the SDK's own reads of error bodies unbounded. Too
-  much is an upstream failure, not retried.
+  much is an upstream failure, tried again only at another deployment of the tier.
 - Retries. The SDK's own are off: the backend's `RetryPolicy` decides, within the deadline.
 - Redirects are not followed: an API that redirects a POST is misconfigured, and following it
   would send the request where the operator did not point the tier.

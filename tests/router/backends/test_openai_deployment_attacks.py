@@ -13,8 +13,9 @@ import pytest
 
 from router.backends.openai import OpenAIBackend
 from router.config import DeploymentSettings, OpenAIBackendSettings
+from router.errors import UpstreamError
 from router.generation import Delta, Generation, GenerationRequest, Message
-from tests.support.fault_upstream import TOKENS, FaultUpstream, paused_stream
+from tests.support.fault_upstream import TOKENS, Endless, FaultUpstream, oversized, paused_stream, sse
 
 TEXT = "".join(TOKENS)
 CHAT = GenerationRequest(messages=(Message("user", "Say hello."),))
@@ -77,6 +78,57 @@ async def test_a_pause_between_tokens_is_not_cut_at_the_first_tries_share(
     assert text == TEXT and final.deployment == "d0"
     assert time.monotonic() - started < 4.0
     assert len(second.requests) == 0
+
+
+# -- an answer over the size limits at one deployment ---------------------------------------------
+
+LIMIT = 64 * 1024
+
+
+@pytest.mark.parametrize("way", ["plain", "stream"])
+@pytest.mark.parametrize("declare", [True, False], ids=["declared", "chunked"])
+async def test_an_oversized_answer_at_one_deployment_is_answered_by_the_other(
+    upstream: FaultUpstream, second: FaultUpstream, way: str, declare: bool
+) -> None:
+    # Found: a deployment answering 200 with a body over max_response_bytes failed the request at
+    # once ("not retried": the same server would send it again), though the tier's other
+    # deployment was healthy and never asked. Another deployment is not the same server: the
+    # request moves there, and the oversized one is not tried again for this request.
+    upstream.default = oversized(LIMIT * 4, declare=declare)
+    async with tier(upstream, second, max_response_bytes=LIMIT) as backend:
+        if way == "plain":
+            answer = await backend.generate(CHAT)
+            text, where = answer.text, answer.deployment
+        else:
+            text, final = await streamed(backend)
+            where = final.deployment
+        assert backend.pool.deployments[0].breaker.consecutive_failures == 1
+    assert text == TEXT and where == "d1"
+    assert (len(upstream.requests), len(second.requests)) == (1, 1)
+
+
+async def test_a_stream_of_empty_events_past_the_event_limit_moves_before_its_first_token(
+    upstream: FaultUpstream, second: FaultUpstream
+) -> None:
+    # The same for a stream that floods events with no text before its first token: nothing has
+    # reached the client, so the other deployment answers.
+    upstream.default = sse(*[{"id": "x", "choices": []}] * 64, done=False)
+    async with tier(upstream, second, max_stream_events=16) as backend:
+        text, final = await streamed(backend)
+    assert text == TEXT and final.deployment == "d1"
+    assert (len(upstream.requests), len(second.requests)) == (1, 1)
+
+
+async def test_an_endless_stream_after_its_first_token_still_ends_there(
+    upstream: FaultUpstream, second: FaultUpstream
+) -> None:
+    # Text had reached the client: the limit ends the stream, no other deployment is asked.
+    upstream.script(Endless())
+    async with tier(upstream, second, max_response_bytes=LIMIT, max_stream_events=10**6) as backend:
+        with pytest.raises(UpstreamError, match="refused"):
+            async for _ in backend.stream(CHAT.with_(max_tokens=10**6)):
+                pass
+    assert (len(upstream.requests), len(second.requests)) == (1, 0)
 
 
 # -- the config a tier is read from ----------------------------------------------------------------
