@@ -4,6 +4,7 @@ test counts what each upstream received or what the client was told."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -15,7 +16,17 @@ from router.backends.openai import OpenAIBackend
 from router.config import DeploymentSettings, OpenAIBackendSettings
 from router.errors import UpstreamError
 from router.generation import Delta, Generation, GenerationRequest, Message
-from tests.support.fault_upstream import TOKENS, Endless, FaultUpstream, oversized, paused_stream, sse
+from tests.support.fault_upstream import (
+    TOKENS,
+    Endless,
+    FaultUpstream,
+    Received,
+    ok,
+    oversized,
+    paused_stream,
+    sse,
+    status,
+)
 
 TEXT = "".join(TOKENS)
 CHAT = GenerationRequest(messages=(Message("user", "Say hello."),))
@@ -129,6 +140,56 @@ async def test_an_endless_stream_after_its_first_token_still_ends_there(
             async for _ in backend.stream(CHAT.with_(max_tokens=10**6)):
                 pass
     assert (len(upstream.requests), len(second.requests)) == (1, 0)
+
+
+# -- what each deployment is sent ---------------------------------------------------------------
+
+
+async def test_each_deployment_gets_its_own_key_and_nothing_from_the_sdks_environment(
+    upstream: FaultUpstream, second: FaultUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found: the SDK reads OPENAI_CUSTOM_HEADERS, OPENAI_ORG_ID and OPENAI_PROJECT_ID from the
+    # router's environment and sends them to every deployment. An `Authorization:` line there
+    # replaced each deployment's own key: both hosts were sent the same ambient secret (and
+    # neither its configured key), in requests, after failover, and in probes. Each deployment
+    # must receive its own key and only what the tier says.
+    monkeypatch.setenv("KEY_A", "key-for-a")
+    monkeypatch.setenv("KEY_B", "key-for-b")
+    monkeypatch.setenv("OPENAI_CUSTOM_HEADERS", "Authorization: Bearer ambient\nX-Gateway-Token: gw-secret")
+    monkeypatch.setenv("OPENAI_ORG_ID", "org-ambient")
+    monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-ambient")
+    failed = []
+
+    async def first_post_fails(conn: Any, req: Received) -> bool:  # probes (GET) are answered
+        if req.method == "POST" and not failed:
+            failed.append(req)
+            return await status(500)(conn, req)
+        return await ok()(conn, req)
+
+    upstream.default = first_post_fails  # the first request fails over to the second deployment
+    settings = OpenAIBackendSettings(
+        model="fake-large",
+        strategy="ordered_failover",
+        probe_interval_s=0.05,
+        deployments=[
+            DeploymentSettings(base_url=upstream.base_url, name="a", api_key_env="KEY_A"),
+            DeploymentSettings(base_url=second.base_url, name="b", api_key_env="KEY_B"),
+        ],
+    )
+    backend = OpenAIBackend("large", settings, timeout_s=4.0)
+    await backend.start()
+    try:
+        assert (await backend.generate(CHAT)).deployment == "b"
+        assert (await backend.generate(CHAT)).deployment == "a"
+        await asyncio.sleep(0.2)  # a few probes each
+    finally:
+        await backend.close()
+    for server, key in ((upstream, "key-for-a"), (second, "key-for-b")):
+        assert {r.method for r in server.requests} == {"GET", "POST"}
+        sent = [{k.lower(): v for k, v in r.headers.items()} for r in server.requests]
+        assert {h.get("authorization") for h in sent} == {f"Bearer {key}"}
+        for ambient in ("x-gateway-token", "openai-organization", "openai-project"):
+            assert not any(ambient in h for h in sent), ambient
 
 
 # -- the config a tier is read from ----------------------------------------------------------------
