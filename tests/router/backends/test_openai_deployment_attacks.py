@@ -21,6 +21,7 @@ from tests.support.fault_upstream import (
     Endless,
     FaultUpstream,
     Received,
+    hang,
     ok,
     oversized,
     paused_stream,
@@ -190,6 +191,21 @@ async def test_each_deployment_gets_its_own_key_and_nothing_from_the_sdks_enviro
         assert {h.get("authorization") for h in sent} == {f"Bearer {key}"}
         for ambient in ("x-gateway-token", "openai-organization", "openai-project"):
             assert not any(ambient in h for h in sent), ambient
+
+
+async def test_a_deployment_whose_probe_hangs_does_not_stop_the_others_being_probed(
+    upstream: FaultUpstream, second: FaultUpstream
+) -> None:
+    # Found: the probes of a tier's deployments ran together (one gather per round), so one whose
+    # GET /models hung held every other deployment's next probe for as long as the hang was
+    # allowed (the tier's timeout, at most 10 s): a second deployment going down went unnoticed
+    # that long. Measured: 1 probe of the healthy one in a second at probe_interval_s = 0.1.
+    upstream.default = hang(30.0)
+    async with tier(upstream, second, timeout_s=3.0, probe_interval_s=0.1):
+        await asyncio.sleep(1.0)
+        probes = len(second.requests)
+    assert len(upstream.requests) == 1  # still waiting on its first
+    assert probes >= 4
 
 
 # -- the config a tier is read from ----------------------------------------------------------------
