@@ -8,7 +8,7 @@ Modes: `ok` (a correct answer, after `--delay` seconds), `slow` (the same, 1 s b
 (a stream closed before its first token; a plain answer cut mid-JSON), `late` (a stream closed after
 two tokens; a plain answer whole), `stall` (a stream that sends one token and then nothing; a plain
 answer's headers and a few bytes, then nothing), `huge` (a 200 whose body is 64 MiB of spaces), and
-`garbage` (a 200 of HTML, as a proxy's error page). A process, not a thread,
+`garbage` (a 200 of HTML, as a proxy's error page), `endless` (a stream of tokens that never ends). A process, not a thread,
 so that the router under test and the upstream do not share an interpreter, as in production.
 """
 
@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tests.support.fault_upstream import (
     Action,
+    Endless,
     FaultUpstream,
     Received,
     _Conn,
@@ -43,7 +44,7 @@ from tests.support.fault_upstream import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-MODES = ("ok", "slow", "500", "hang", "reset", "429", "cut", "late", "stall", "huge", "garbage")
+MODES = ("ok", "slow", "500", "hang", "reset", "429", "cut", "late", "stall", "huge", "garbage", "endless")
 
 
 def _cut(after: int = 0) -> Action:
@@ -77,6 +78,7 @@ def action(mode: str, delay: float) -> Action:
         "stall": _stall(),
         "huge": oversized(64 * 1024 * 1024, declare=False),
         "garbage": raw(200, b"<html><body>502 Bad Gateway</body></html>", content_type="text/html"),
+        "endless": Endless(),
     }
     return made[mode]
 
