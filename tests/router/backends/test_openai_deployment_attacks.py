@@ -159,7 +159,7 @@ async def test_each_deployment_gets_its_own_key_and_nothing_from_the_sdks_enviro
     monkeypatch.setenv("OPENAI_CUSTOM_HEADERS", "Authorization: Bearer ambient\nX-Gateway-Token: gw-secret")
     monkeypatch.setenv("OPENAI_ORG_ID", "org-ambient")
     monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-ambient")
-    failed = []
+    failed: list[Received] = []
 
     async def first_post_fails(conn: Any, req: Received) -> bool:  # probes (GET) are answered
         if req.method == "POST" and not failed:
