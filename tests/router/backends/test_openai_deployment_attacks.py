@@ -14,7 +14,7 @@ import pytest
 
 from router.backends.openai import OpenAIBackend
 from router.config import DeploymentSettings, OpenAIBackendSettings
-from router.errors import UpstreamError
+from router.errors import DeadlineError, OverloadedError, UpstreamError
 from router.generation import Delta, Generation, GenerationRequest, Message
 from tests.support.fault_upstream import (
     TOKENS,
@@ -90,6 +90,40 @@ async def test_a_pause_between_tokens_is_not_cut_at_the_first_tries_share(
     assert text == TEXT and final.deployment == "d0"
     assert time.monotonic() - started < 4.0
     assert len(second.requests) == 0
+
+
+async def test_a_client_that_stops_reading_holds_no_slot_past_the_deadline(upstream: FaultUpstream) -> None:
+    # Found (served router, two deployments of max_concurrent = 1, 6 s deadline): two clients that
+    # opened streams and never read held both slots for as long as they stayed connected (20 s
+    # measured), and every other request was refused 503 "every deployment is at its
+    # max_concurrent": the stream waits at a `yield`, where no timeout runs. Now the slot and the
+    # upstream connection are let go at the deadline (and a grace), and the stalled stream ends
+    # with DeadlineError when it is read again.
+    endless = Endless()
+    upstream.script(endless)
+    settings = OpenAIBackendSettings(
+        model="fake-large",
+        deployments=[DeploymentSettings(base_url=upstream.base_url, name="only", max_concurrent=1)],
+    )
+    backend = OpenAIBackend("large", settings, timeout_s=1.0)
+    await backend.start()
+    try:
+        stalled = backend.stream(CHAT.with_(max_tokens=10**6))
+        assert isinstance(await anext(stalled), Delta)  # then the client reads no more
+        with pytest.raises(OverloadedError):
+            await backend.generate(CHAT)  # the slot is taken while the deadline runs
+        await asyncio.sleep(1.0 + 1.5)  # the deadline, the grace, and a margin for a loaded machine
+        assert backend.pool.deployments[0].outstanding == 0
+        sent = endless.sent
+        assert (await backend.generate(CHAT)).text == TEXT
+        await asyncio.sleep(0.2)
+        assert endless.sent == sent  # its upstream connection was closed
+        with pytest.raises(DeadlineError):
+            async for _ in stalled:
+                pass
+        assert backend.pool.deployments[0].outstanding == 0
+    finally:
+        await backend.close()
 
 
 # -- an answer over the size limits at one deployment ---------------------------------------------
