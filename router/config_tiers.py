@@ -162,6 +162,15 @@ class LlamaCppSettings(_Strict):
         return self
 
 
+def http_base_url(url: str) -> str:
+    """An OpenAI-compatible base URL as the HTTP client can use it: http(s), with a host. Anything
+    else (file://, unix://, no host) would fail only at the first request, as a connection error."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"a base_url is an http(s) URL with a host, not {url!r}")
+    return url
+
+
 class DeploymentSettings(_Strict):
     """One deployment of an `openai` tier (`[[tiers.openai.deployments]]`): a server, region or
     provider serving the tier's model, in the operator's judgement (router.backends.openai.deployments)."""
@@ -175,11 +184,19 @@ class DeploymentSettings(_Strict):
     api_key_env: str | None = Field(
         None, description="Environment variable holding this deployment's key; unset: the tier's api_key_env."
     )
-    weight: float = Field(1.0, gt=0, description="Share of traffic under weighted_random; a tie-break elsewhere.")
+    # bounded so the weights' sum stays finite: random.choices refuses an infinite total
+    weight: float = Field(
+        1.0, gt=0, le=1_000_000, description="Share of traffic under weighted_random; a tie-break elsewhere."
+    )
     model: str | None = Field(None, description="Model name sent to this deployment; unset: the tier's model.")
     max_concurrent: int | None = Field(
         None, ge=1, description="Most requests in flight at this deployment; unset: no limit."
     )
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_base_url(cls, url: str) -> str:
+        return http_base_url(url)
 
     @property
     def label(self) -> str:
@@ -253,6 +270,11 @@ class OpenAIBackendSettings(_Strict):
         description="Most server-sent events read from one upstream stream; an answer may also "
         "arrive in at most twice as many network reads.",
     )
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_base_url(cls, url: str | None) -> str | None:
+        return None if url is None else http_base_url(url)
 
     @model_validator(mode="after")
     def _one_way_to_the_upstream(self) -> OpenAIBackendSettings:

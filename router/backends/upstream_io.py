@@ -9,7 +9,7 @@
   type through: a wrong type is `Malformed` (retried like a 5xx), text is made valid Unicode, only
   choice 0 is read, logprobs must be finite and at most 0.
 
-Refusals are typed: `Unacceptable` (over a limit: an upstream failure, not retried), `Malformed`
+Refusals are typed: `Unacceptable` (over a limit: an upstream failure, not retried at that server), `Malformed`
 (not a well-formed answer), `ErrorEvent` (the stream carried an error object).
 """
 

@@ -6,7 +6,9 @@ for every request it gets: what the deployment fault matrix and the balancing te
 Modes: `ok` (a correct answer, after `--delay` seconds), `slow` (the same, 1 s by default), `500`,
 `hang` (accept and say nothing), `reset` (a TCP reset), `429` (with `Retry-After: 1`), and `cut`
 (a stream closed before its first token; a plain answer cut mid-JSON), `late` (a stream closed after
-two tokens; a plain answer whole). A process, not a thread,
+two tokens; a plain answer whole), `stall` (a stream that sends one token and then nothing; a plain
+answer's headers and a few bytes, then nothing), `huge` (a 200 whose body is 64 MiB of spaces), and
+`garbage` (a 200 of HTML, as a proxy's error page), `endless` (a stream of tokens that never ends). A process, not a thread,
 so that the router under test and the upstream do not share an interpreter, as in production.
 """
 
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from tests.support.fault_upstream import (
     Action,
+    Endless,
     FaultUpstream,
     Received,
     _Conn,
@@ -33,16 +36,28 @@ from tests.support.fault_upstream import (
     hang,
     malformed,
     ok,
+    oversized,
+    raw,
     reset,
+    stalled_body,
     status,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-MODES = ("ok", "slow", "500", "hang", "reset", "429", "cut", "late")
+MODES = ("ok", "slow", "500", "hang", "reset", "429", "cut", "late", "stall", "huge", "garbage", "endless")
 
 
 def _cut(after: int = 0) -> Action:
     stream, plain = broken_stream(after, "cut"), malformed() if after == 0 else ok()
+
+    async def act(conn: _Conn, req: Received) -> bool:
+        return await (stream if req.streaming else plain)(conn, req)
+
+    return act
+
+
+def _stall() -> Action:
+    stream, plain = broken_stream(1, "hang"), stalled_body(600.0)
 
     async def act(conn: _Conn, req: Received) -> bool:
         return await (stream if req.streaming else plain)(conn, req)
@@ -60,6 +75,10 @@ def action(mode: str, delay: float) -> Action:
         "429": status(429, "slow down", headers={"Retry-After": "1"}),
         "cut": _cut(),
         "late": _cut(after=2),
+        "stall": _stall(),
+        "huge": oversized(64 * 1024 * 1024, declare=False),
+        "garbage": raw(200, b"<html><body>502 Bad Gateway</body></html>", content_type="text/html"),
+        "endless": Endless(),
     }
     return made[mode]
 

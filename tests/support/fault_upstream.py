@@ -457,6 +457,24 @@ def broken_stream(
     return act
 
 
+def paused_stream(after: int, seconds: float, *, tokens: tuple[str, ...] = TOKENS) -> Action:
+    """A correct stream that stops for `seconds` after `after` tokens, then goes on to its end: a
+    slow decode, or a reasoning model thinking, between two pieces of one answer."""
+
+    async def act(conn: _Conn, req: Received) -> bool:
+        await conn.head(200, {**_SSE_HEADERS, "Transfer-Encoding": "chunked"})
+        chunks = _chunks(req, tokens, logprobs=True, usage=True, finish="stop", model="fake-large")
+        for i, chunk in enumerate(chunks):
+            if i == after:
+                await asyncio.sleep(seconds)
+            await _send_chunked(conn, _event(chunk))
+        await _send_chunked(conn, _event("[DONE]"))
+        await conn.send(b"0\r\n\r\n")
+        return True
+
+    return act
+
+
 # -- the server ----------------------------------------------------------------------------------
 
 

@@ -71,6 +71,9 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
+# After a stream's deadline, how long its slot and connection wait for a reader that has stopped.
+_HELD_GRACE_S = 1.0
+
 
 @dataclass
 class _OpenStream:
@@ -82,6 +85,7 @@ class _OpenStream:
     permit: Permit
     first: str | None
     deployment: Deployment
+    let_go: bool = False  # its slot and connection were given up (the stream ended, or its deadline passed)
 
 
 class OpenAIBackend(Backend):
@@ -112,6 +116,7 @@ class OpenAIBackend(Backend):
         self._attempts_total = 0
         self._retries_total = 0
         self._failed_total = 0
+        self._closing: set[asyncio.Future[None]] = set()  # upstream streams being closed at their deadline
 
     @classmethod
     def from_settings(cls, tier: TierSettings, settings: Settings) -> OpenAIBackend:
@@ -201,6 +206,7 @@ class OpenAIBackend(Backend):
             opened = await self._with_retries(call, self._attempt_open_stream)
             events, acc, permit, where = opened.events, opened.acc, opened.permit, opened.deployment
             ttft: float | None = None
+            held = self._hold_until_deadline(call, opened)
             try:
                 piece = opened.first
                 while piece is not None:
@@ -231,10 +237,34 @@ class OpenAIBackend(Backend):
                 permit.success()
                 where.answered_total += 1
             finally:
-                permit.release()  # no-op when an outcome was reported; covers an abandoned stream
-                where.outstanding -= 1
+                held.cancel()
+                if not opened.let_go:
+                    opened.let_go = True
+                    permit.release()  # no-op when an outcome was reported; covers an abandoned stream
+                    where.outstanding -= 1
                 await close_quietly(opened.response)
         yield dataclasses.replace(acc.generation(call, where.model, ttft_s=ttft), deployment=where.name)
+
+    def _hold_until_deadline(self, call: Call, opened: _OpenStream) -> asyncio.TimerHandle:
+        """Let go of a stream's deployment slot and upstream connection once its deadline (and a
+        grace) has passed, whatever the caller is doing. A client that stops reading leaves the
+        stream suspended at a `yield`, where no timeout runs: without this the slot
+        (`max_concurrent`) and the connection were held as long as that client liked, and two
+        such clients refused every other request to a tier of two deployments of
+        `max_concurrent = 1`. When it reads again, the stream ends with DeadlineError."""
+
+        def let_go() -> None:
+            if opened.let_go:
+                return
+            opened.let_go = True
+            opened.permit.release()  # the client was slow, not the upstream
+            opened.deployment.outstanding -= 1
+            closing = asyncio.ensure_future(close_quietly(opened.response))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+
+        delay = max(0.0, call.deadline - time.monotonic()) + _HELD_GRACE_S
+        return asyncio.get_running_loop().call_later(delay, let_go)
 
     @contextlib.contextmanager
     def _traced(self, call: Call) -> Iterator[None]:
@@ -445,13 +475,17 @@ class OpenAIBackend(Backend):
         endpoint = client.chat.completions if call.request.is_chat else client.completions
         while True:
             params = request_params(call, model=where.model, refused=where.refused, stream=stream)
-            remaining = call.remaining()
+            # The try's share of the time (`call.remaining()`) bounds the open here and each read
+            # before the first piece (`next_piece`, `json_body`). The HTTP client's own timeout,
+            # which also bounds every later read of a stream, is the whole deadline: once text
+            # has reached the client the stream has all the time left, not the first try's share.
+            to_deadline = call.deadline - time.monotonic()
             try:
-                async with asyncio.timeout(remaining):
+                async with asyncio.timeout(call.remaining()):
                     # Entered by hand: the response outlives this call (a stream is read by the
                     # caller's loop), and the caller closes it, which is all the exit would do.
                     return await endpoint.with_streaming_response.create(
-                        **params, timeout=remaining, extra_headers=call.headers
+                        **params, timeout=to_deadline, extra_headers=call.headers
                     ).__aenter__()
             except openai.APIStatusError as exc:
                 refused = refused_param(exc, params)

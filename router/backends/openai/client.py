@@ -7,12 +7,15 @@
   byte passes: a body, a stream, and the error bodies the SDK reads on its own before we see them.
   An httpx event hook sees a response before its body is read and cannot bound the read; reading
   the raw response at our call sites would leave the SDK's own reads of error bodies unbounded. Too
-  much is an upstream failure, not retried.
+  much is an upstream failure, tried again only at another deployment of the tier.
 - Retries. The SDK's own are off: the backend's `RetryPolicy` decides, within the deadline.
 - Redirects are not followed: an API that redirects a POST is misconfigured, and following it
   would send the request where the operator did not point the tier.
 - A client given a transport neither sizes its pool nor reads proxy settings from the environment:
   both are said here, as the SDK's own client would have them.
+- Headers. Each deployment is sent its own key and nothing the SDK would read from the process's
+  environment (OPENAI_CUSTOM_HEADERS, OPENAI_ORG_ID, OPENAI_PROJECT_ID): those would go to every
+  host of every tier, and an `Authorization` among them would replace each deployment's key.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import httpx2
@@ -47,13 +51,34 @@ def new_client(
         # a stream's events each arrive in a piece or two; a plain body in a few
         max_reads=2 * config.max_stream_events + 64,
     )
+    key = api_key(deployment, tier=tier)
     return openai.AsyncOpenAI(
         base_url=deployment.base_url,
-        api_key=api_key(deployment, tier=tier),
+        api_key=key,
         max_retries=0,  # tenacity decides, within the deadline
         timeout=timeout_s,
         http_client=openai.DefaultAsyncHttpxClient(transport=transport, follow_redirects=False),
+        default_headers=_only_ours(key),
     )
+
+
+# Headers the SDK would take from the process's environment and send to every server: its
+# organization and project, and whatever OPENAI_CUSTOM_HEADERS lists, an `Authorization` included.
+_AMBIENT_ENV = {"OPENAI_ORG_ID": "OpenAI-Organization", "OPENAI_PROJECT_ID": "OpenAI-Project"}
+
+
+def _only_ours(key: str) -> Mapping[str, str]:
+    """The client's own headers: this deployment's key, and the SDK's environment headers left out
+    (`openai.Omit` removes a header). Without this an `Authorization:` in OPENAI_CUSTOM_HEADERS
+    replaced every deployment's key with one ambient secret sent to every host, and the operator's
+    organization went to hosts that are not OpenAI's."""
+    headers: dict[str, Any] = {name: openai.Omit() for name in _AMBIENT_ENV.values()}
+    for line in os.environ.get("OPENAI_CUSTOM_HEADERS", "").split("\n"):
+        name, colon, _ = line.partition(":")
+        if colon and name.strip():
+            headers[name.strip()] = openai.Omit()
+    headers["Authorization"] = f"Bearer {key}"
+    return headers
 
 
 def api_key(deployment: DeploymentSettings, *, tier: str) -> str:

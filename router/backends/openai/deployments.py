@@ -146,7 +146,8 @@ class Deployment:
 
 
 class Pool:
-    """A tier's deployments and its strategy; the active probe, when configured, runs as one task."""
+    """A tier's deployments and its strategy; the active probe, when configured, runs as one task
+    per deployment."""
 
     def __init__(
         self,
@@ -177,17 +178,19 @@ class Pool:
         self.strategy = STRATEGIES[config.strategy]
         self.probe_interval_s = config.probe_interval_s
         self._rng = rng or random.Random()
-        self._prober: asyncio.Task[None] | None = None
+        self._probers: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
         for d in self.deployments:
             d.ensure_client()
-        if self.probe_interval_s is not None and self._prober is None:
-            self._prober = asyncio.create_task(self._probe_forever(self.probe_interval_s))
+        if self.probe_interval_s is not None and not self._probers:
+            # one loop per deployment: a probe that hangs must not hold the others' probes
+            interval_s = self.probe_interval_s
+            self._probers = [asyncio.create_task(_probe_forever(d, interval_s)) for d in self.deployments]
 
     async def close(self) -> None:
-        prober, self._prober = self._prober, None
-        if prober is not None:
+        probers, self._probers = self._probers, []
+        for prober in probers:
             prober.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await prober
@@ -224,7 +227,8 @@ class Pool:
     def stats(self) -> dict[str, dict[str, float]]:
         return {d.name: d.stats() for d in self.deployments}
 
-    async def _probe_forever(self, interval_s: float) -> None:
-        while True:
-            await asyncio.gather(*(d.probe() for d in self.deployments))
-            await asyncio.sleep(interval_s)
+
+async def _probe_forever(deployment: Deployment, interval_s: float) -> None:
+    while True:
+        await deployment.probe()
+        await asyncio.sleep(interval_s)

@@ -14,8 +14,9 @@ deployment is the same server: exactly the retries a tier with one `base_url` al
   evenly among the untried), so a deployment that hangs leaves the others time to answer.
 - Streams are retried this way only until their first piece of text (`OpenAIBackend.stream`).
 
-Errors that another attempt cannot cure (a 4xx rejecting the request, an answer over the size
-limits, the deadline, every breaker open) are raised at once, as they always were. The loop is
+An answer over the size limits is tried again only at another deployment (`Retryable.repeat`):
+the same server would send as much again. Errors that another attempt cannot cure (a 4xx
+rejecting the request, the deadline, every breaker open) are raised at once, as they always were. The loop is
 written here rather than in tenacity, which retries one callable at one place: here the place
 changes with each attempt, and a move to another deployment must not wait.
 """
@@ -89,5 +90,7 @@ async def attempts(
         except Retryable as exc:
             last = (exc, chosen)
             failed.add(chosen.name)
+            if not exc.repeat:  # an answer over the limits: that deployment would send it again
+                tries[chosen.name] = 0
         finally:
             call.attempt_until = None

@@ -12,13 +12,15 @@ from `router.errors`::
     3xx/401/403/404/other 4xx     -> UpstreamError at once (not retried: tier misconfigured)
     retryable, attempts spent     -> UpstreamError (retry_after as below)
     Retry-After beyond deadline   -> UpstreamError at once, carrying that Retry-After
-    answer over the size limits   -> UpstreamError at once (not retried)
+    answer over the size limits   -> retryable at another deployment only; none left: UpstreamError
     deadline passed               -> DeadlineError
     breaker open or probing       -> CircuitOpenError (retry_after: remaining cool-down)
     stream cut after text began   -> UpstreamError (DeadlineError if the deadline cut it)
 
 Retryable: connection errors, timeouts, HTTP 408/409/429/5xx, a 200 whose body is not a
-well-formed completion, and an error event in a stream.
+well-formed completion, and an error event in a stream; and an answer over the size limits, but
+only at another deployment of the tier (`Retryable.repeat`): the same server would send as much
+again, another one may answer.
 
 - `Retry-After` is clamped by `router.backends.retry.parse_retry_after` to [0, the tier's timeout],
   and retries never sleep past the deadline whatever it says. A client whose request failed at
@@ -69,13 +71,20 @@ class Retryable(Exception):
     (the upstream's own words) goes only to the log."""
 
     def __init__(
-        self, summary: str, detail: str = "", *, retry_after: float | None = None, timed_out: bool = False
+        self,
+        summary: str,
+        detail: str = "",
+        *,
+        retry_after: float | None = None,
+        timed_out: bool = False,
+        repeat: bool = True,
     ) -> None:
         super().__init__(summary)
         self.summary = summary
         self.detail = detail or summary
         self.retry_after = retry_after
         self.timed_out = timed_out
+        self.repeat = repeat  # False: try another deployment, never this one again for this request
 
 
 @dataclass
@@ -115,11 +124,11 @@ class Failures:
         and the full story for the log. None: cancelled, or not the upstream's doing."""
         unacceptable = _cause(exc, Unacceptable)
         if unacceptable is not None:
+            # Not retried at this deployment (it would send as much again), but another one of
+            # the tier may answer: a hostile or broken deployment must not fail the request.
+            summary = f"the upstream's answer was refused: {unacceptable}"
             return Verdict(
-                lambda: UpstreamError(
-                    f"tier {self.tier}: the upstream's answer was refused: {unacceptable}",
-                    retry_after=self.client_retry_after(None),
-                ),
+                lambda: Retryable(summary, str(unacceptable), repeat=False),
                 healthy=False,
                 detail=str(unacceptable),
             )
@@ -178,6 +187,8 @@ class Failures:
     def give_up(self, exc: Retryable, call: Call) -> UnavailableError:
         """What the client hears when the retries end on a retryable failure."""
         attempts = f"{call.attempts} attempt{'s' if call.attempts != 1 else ''}"
+        if not exc.repeat:  # an answer over the limits, and no other deployment left to ask
+            return UpstreamError(f"tier {self.tier}: {exc.summary}", retry_after=self.client_retry_after(None))
         if exc.timed_out or call.remaining() <= 0:
             return DeadlineError(
                 f"tier {self.tier}: deadline passed after {attempts}; last: {exc.summary}",

@@ -5,7 +5,7 @@ valid Unicode, logprobs and top-k clamped, usage held to what the request could 
 stream as a whole is bounded: `router.backends.upstream_io.SSEReader` caps its events at
 `max_stream_events`, and pieces of text and tool-call fragments are capped at `Call.piece_limit`
 (twice `max_tokens`, plus a slack), so an upstream that ignores `max_tokens` is stopped there. Too
-much is `Unacceptable`: an upstream failure, not retried.
+much is `Unacceptable`: an upstream failure, tried again only at another deployment.
 
 A stream is complete when the upstream sent a `finish_reason` or `data: [DONE]`. A `[DONE]`
 without a `finish_reason` is the server saying the answer is whole without saying why it stopped:
