@@ -17,6 +17,7 @@ NAMES = {
     "choice",
     "execution",
     "tool_call",
+    "arithmetic",
 }
 MINIMAL = {"format": {"json": True}, "judge": {"tier": "big"}, "cross_tier": {"tier": "big"}}
 
