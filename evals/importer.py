@@ -475,7 +475,9 @@ def _tier_settings(name: str, records: Sequence[Record], settings: Settings, ver
     tier = TierSettings(
         name=name,
         backend="openai",
-        openai=OpenAIBackendSettings(base_url=f"import:{version}", model=model),
+        # never called: `import:` marks the answers' source in the run's manifest, not a server, so
+        # it is built past the http(s) check a served tier's base_url must pass
+        openai=OpenAIBackendSettings.model_construct(base_url=f"import:{version}", model=model),
         price=price,
         **policy,
     )

@@ -291,7 +291,9 @@ class OpenAIBackendSettings(_Strict):
             inherit = {"api_key_env": self.api_key_env}
             return [d if d.api_key_env else d.model_copy(update=inherit) for d in self.deployments]
         assert self.base_url is not None
-        return [DeploymentSettings(base_url=self.base_url, api_key_env=self.api_key_env)]
+        # checked once already, as this tier's base_url (an eval import's `import:` marker is built
+        # past that check, and is never called)
+        return [DeploymentSettings.model_construct(base_url=self.base_url, api_key_env=self.api_key_env)]
 
 
 class ShadowSettings(_Strict):

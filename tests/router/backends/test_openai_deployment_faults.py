@@ -17,6 +17,7 @@ import json
 import re
 import sqlite3
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,6 +103,7 @@ def test_a_stream_cut_after_its_first_token_ends_with_an_error_and_is_recorded(
 ) -> None:
     url, a, b, ledger = served
     body = {"model": "large", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 8, "stream": True}
+    time.sleep(1.2)  # past the breakers' 1 s cool-down, whatever an earlier test left them in
     with fault_process("late", port=a), fault_process("late", port=b):
         r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 200 and "[DONE]" not in r.text
