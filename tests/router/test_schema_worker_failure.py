@@ -121,6 +121,7 @@ def _big_schema() -> dict[str, Any]:
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
+@pytest.mark.slow  # starts a schema worker process
 def test_the_worker_caps_its_own_address_space() -> None:
     # read from outside, in /proc: the cap is on the worker process itself, and a large schema's
     # check stays well inside it (so the cap refuses no real schema)
