@@ -60,7 +60,7 @@ lint: setup
 # PostgreSQL or a sandbox, or takes seconds of CPU); one that is not marked and loads a model or
 # starts a server process fails here and says so (tests/support/markers.py)
 check: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" -n $(TEST_WORKERS) --dist loadgroup
 
 # The suite on parallel workers (pytest-xdist). --dist loadgroup keeps each slow module's tests on
 # one worker (its server or model loaded once; tests/support/markers.py) and spreads the rest.

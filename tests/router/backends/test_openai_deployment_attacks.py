@@ -75,6 +75,7 @@ async def streamed(backend: OpenAIBackend) -> tuple[str, Generation]:
 # -- a stream, once begun, has the whole deadline ------------------------------------------------
 
 
+@pytest.mark.slow  # waits out real timeouts: seconds of wall time
 async def test_a_pause_between_tokens_is_not_cut_at_the_first_tries_share(
     upstream: FaultUpstream, second: FaultUpstream
 ) -> None:
@@ -92,6 +93,7 @@ async def test_a_pause_between_tokens_is_not_cut_at_the_first_tries_share(
     assert len(second.requests) == 0
 
 
+@pytest.mark.slow  # waits out real timeouts: seconds of wall time
 async def test_a_client_that_stops_reading_holds_no_slot_past_the_deadline(upstream: FaultUpstream) -> None:
     # Found (served router, two deployments of max_concurrent = 1, 6 s deadline): two clients that
     # opened streams and never read held both slots for as long as they stayed connected (20 s

@@ -155,6 +155,7 @@ async def test_every_breaker_open_is_refused_without_a_request(upstream: FaultUp
     assert (len(upstream.requests), len(second.requests)) == (1, 1)
 
 
+@pytest.mark.slow  # waits out real timeouts: seconds of wall time
 async def test_a_hanging_deployment_leaves_the_other_time_to_answer(
     upstream: FaultUpstream, second: FaultUpstream
 ) -> None:
@@ -167,6 +168,7 @@ async def test_a_hanging_deployment_leaves_the_other_time_to_answer(
     assert 1.5 < took < 3.5  # half the deadline at the first, then the answer
 
 
+@pytest.mark.slow  # waits out real timeouts: seconds of wall time
 async def test_a_set_attempt_timeout_is_used_while_others_are_untried(
     upstream: FaultUpstream, second: FaultUpstream
 ) -> None:
@@ -195,6 +197,7 @@ async def test_every_deployment_full_is_overloaded(upstream: FaultUpstream, seco
     assert (len(upstream.requests), len(second.requests)) == (1, 1)
 
 
+@pytest.mark.slow  # waits out real timeouts: seconds of wall time
 async def test_least_outstanding_keeps_a_slow_deployment_to_its_share(
     upstream: FaultUpstream, second: FaultUpstream
 ) -> None:

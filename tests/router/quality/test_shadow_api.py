@@ -136,6 +136,7 @@ async def timed(client: openai.AsyncOpenAI, i: int, *, stream: bool) -> float:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow  # waits out real timeouts: seconds of wall time
 def test_shadow_never_slows_the_client_and_its_queue_is_bounded(tmp_path: Path) -> None:
     # the shadow target never answers while the test runs: a client that waited on it would hang
     large = ScriptedBackend("large", lambda r: "42", delay_s=60.0)
