@@ -195,8 +195,9 @@ async def test_a_huge_integer_from_the_box_does_not_hold_the_event_loop() -> Non
         score = await CodeTestsVerifier(timeout_s=20).score(request, gen(answer))
     finally:
         tick.cancel()
-    assert max(lags) < 2.0, f"the event loop stalled {max(lags):.1f} s"
-    assert score.details["failures"] == {"too_large": 1}, score
+    assert score.details["failures"] == {"too_large": 1}, score  # first: it says what the box did
+    # no tick at all: the score came back within one 50 ms tick, the loop never held
+    assert max(lags, default=0.0) < 2.0, f"the event loop stalled {max(lags):.1f} s"
 
 
 def test_leaves_are_asked_in_order_and_only_when_python_would() -> None:
