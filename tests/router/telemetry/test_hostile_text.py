@@ -10,14 +10,12 @@ import io
 import json
 import logging
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from router.telemetry.logs import JsonFormatter
 from router.telemetry.setup import Tracing
 from tests.support.accounting import chat, running
 from tests.support.fault_upstream import Action, FaultUpstream, ok, raw, sse, status
@@ -35,22 +33,6 @@ params = { json_schema = { type = "object", properties = { n = { type = "integer
 [[tiers.verifiers]]
 name = "arithmetic"
 """
-
-
-@pytest.fixture
-def captured() -> Iterator[io.StringIO]:
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    old = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
-        yield out
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(old)
 
 
 def span_text(exporter: InMemorySpanExporter) -> str:

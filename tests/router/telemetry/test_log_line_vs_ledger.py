@@ -6,32 +6,11 @@ from __future__ import annotations
 
 import io
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from router.telemetry.logs import JsonFormatter
 from tests.support.accounting import ESCALATE_ON_MARK, MARK, chat, read_ledger, running
 from tests.support.fault_upstream import FaultUpstream
 from tests.support.telemetry import config
-
-
-@pytest.fixture
-def captured() -> Iterator[io.StringIO]:
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    old = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
-        yield out
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(old)
 
 
 async def test_a_cache_hits_line_says_what_its_ledger_row_says(tmp_path: Path, captured: io.StringIO) -> None:

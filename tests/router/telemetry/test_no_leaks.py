@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,28 +13,10 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from router.config import load_settings
-from router.telemetry.logs import JsonFormatter
 from router.telemetry.setup import Tracing
 from tests.support.accounting import ESCALATE_ON_MARK, MARK, auth, chat, keys_section, read_ledger, running
 from tests.support.fault_upstream import FaultUpstream, status
 from tests.support.telemetry import PROMPT_MARK, config, leaks
-
-
-@pytest.fixture
-def captured() -> Iterator[io.StringIO]:
-    """Every log record of the process at the service's default level, as its JSON formatter writes it."""
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    old = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
-        yield out
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(old)
 
 
 def span_text(exporter: InMemorySpanExporter) -> str:
