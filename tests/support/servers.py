@@ -120,7 +120,7 @@ def serve_process(
 
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_up(proc, f"{url}/readyz", timeout=180, why_exited=lambda: output()[-3000:])
+        wait_until_up(proc, f"{url}/readyz", timeout=180, why_exited=lambda: _ends(output()))
         yield proc, url, output
     finally:
         if proc.poll() is None:
@@ -179,3 +179,11 @@ def llama_cpp_server(model: Path, *, n_threads: int = 1) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _ends(text: str, each: int = 2000) -> str:
+    """A dead server's output for the failure message: its head too, where the first error of a
+    chained traceback is (a lifespan failure's tail is only the chain's re-raises)."""
+    if len(text) <= 2 * each:
+        return text
+    return f"{text[:each]}\n[... {len(text) - 2 * each} characters ...]\n{text[-each:]}"
