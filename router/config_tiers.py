@@ -218,16 +218,18 @@ class OpenAIBackendSettings(_Strict):
     strategy: Literal["least_outstanding", "weighted_random", "ordered_failover"] = Field(
         "least_outstanding", description="How a request picks among the deployments that are available."
     )
+    # lower bounds: 1e-9 was accepted, and probed back to back or timed every try but the last out at once
     probe_interval_s: float | None = Field(
         None,
-        gt=0,
-        description="Ask each deployment's GET /models this often; a failing one takes no traffic. Unset: off.",
+        ge=0.05,
+        description="Ask each deployment's GET /models this often (at least 0.05 s); a failing one takes no "
+        "traffic. Unset: off.",
     )
     attempt_timeout_s: float | None = Field(
         None,
-        gt=0,
-        description="Most seconds one attempt may take while other deployments are still untried; unset: the "
-        "time left split evenly among them (the last try always has all the time left).",
+        ge=0.5,
+        description="Most seconds one attempt may take while other deployments are still untried (at least "
+        "0.5 s); unset: the time left split evenly among them (the last try always has all the time left).",
     )
     model: str = Field(description="Model name sent upstream.")
     api_key_env: str | None = Field(

@@ -267,3 +267,15 @@ def test_a_tier_lists_base_url_or_deployments_and_names_them_apart() -> None:
         ("127.0.0.1:8001", "TIER_KEY", None),
         ("own", "OWN", "m2"),
     ]
+
+
+@pytest.mark.parametrize("field", ["probe_interval_s", "attempt_timeout_s"])
+def test_the_deployment_timings_have_a_floor(field: str) -> None:
+    # 1e-9 was accepted: probes back to back, or every try but the last timed out at once
+    from pydantic import ValidationError
+
+    from router.config import OpenAIBackendSettings
+
+    with pytest.raises(ValidationError, match=field):
+        OpenAIBackendSettings(base_url="http://127.0.0.1:9/v1", model="m", **{field: 1e-9})
+    OpenAIBackendSettings(base_url="http://127.0.0.1:9/v1", model="m", **{field: 0.5})
