@@ -13,3 +13,10 @@ from tests.support.fault_upstream import FaultUpstream
 def upstream() -> Iterator[FaultUpstream]:
     with FaultUpstream() as server:
         yield server
+
+
+@pytest.fixture
+def second() -> Iterator[FaultUpstream]:
+    """A second fault upstream: the other deployment of a two-deployment tier."""
+    with FaultUpstream() as server:
+        yield server

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -31,12 +31,6 @@ from tests.support.fault_upstream import (
 
 TEXT = "".join(TOKENS)
 CHAT = GenerationRequest(messages=(Message("user", "Say hello."),))
-
-
-@pytest.fixture
-def second() -> Iterator[FaultUpstream]:
-    with FaultUpstream() as server:
-        yield server
 
 
 @contextlib.asynccontextmanager

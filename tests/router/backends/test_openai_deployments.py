@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -32,12 +32,6 @@ from tests.support.fault_upstream import (
 
 TEXT = "".join(TOKENS)
 CHAT = GenerationRequest(messages=(Message("user", "Say hello."),))
-
-
-@pytest.fixture
-def second() -> Iterator[FaultUpstream]:
-    with FaultUpstream() as server:
-        yield server
 
 
 @contextlib.asynccontextmanager
