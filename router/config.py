@@ -9,6 +9,7 @@ typo is refused at start-up with the key's path in the message instead of silent
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -66,7 +67,10 @@ KEY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
 
 class ApiKeyEntry(_Strict):
     name: str = Field(pattern=KEY_NAME_PATTERN, description="1-64 letters, digits and _.@- (no ':').")
-    hash: str = Field(description="'sha256$salt$digest' as printed by `tierroute keys create`.")
+    hash: str = Field(
+        description="'sha256$digest' as printed by `tierroute keys create` (the older salted "
+        "'sha256$salt$digest' is accepted)."
+    )
     usd_per_day: float | None = Field(None, ge=0)
     usd_per_month: float | None = Field(None, ge=0)
     requests_per_minute: int | None = Field(None, ge=1, le=2**31 - 1)  # PostgreSQL INTEGER
@@ -81,6 +85,14 @@ class ApiKeyEntry(_Strict):
         "key sends completions only if it is also a client. With a ledger, config keys are imported "
         "into its database once (docs/keys.md).",
     )
+
+    @field_validator("hash")
+    @classmethod
+    def _hash_form(cls, value: str) -> str:
+        # a mistyped hash would match no key, silently: the key it was meant for gets 401s
+        if not re.fullmatch(r"sha256\$(?:[^$\s]{1,128}\$)?[0-9a-f]{64}", value):
+            raise ValueError("a key's hash is 'sha256$' and 64 hex digits, as `tierroute keys create` prints it")
+        return value
 
 
 class ServerSettings(_Strict):

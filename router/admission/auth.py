@@ -1,7 +1,12 @@
-"""API keys: stored only as salted hashes, compared in constant time.
+"""API keys: stored only as SHA-256 digests, found by one dictionary lookup.
 
-Keys are 32 random bytes, so a salted SHA-256 is enough: there is no dictionary to attack, and a
-slow KDF would cost every request tens of milliseconds for nothing.
+Keys are 32 random bytes (`new_key`), so a plain SHA-256 of the key is enough: there is no
+dictionary to attack, a salt would protect nothing, and a slow KDF would cost every request tens
+of milliseconds for nothing. Unsalted, the digest of the presented key names its record directly,
+so a request costs one hash however many keys are stored, and a guessed key costs the same as a
+valid one. (Salted digests, `sha256$salt$digest`, were written before and are still accepted:
+each has to be tried in turn, so those alone are scanned; replacing such a key with a new one
+moves off them, and `tierroute serve` counts them at start.)
 """
 
 from __future__ import annotations
@@ -32,20 +37,55 @@ def new_key() -> str:
 
 
 def hash_key(key: str, salt: str | None = None) -> str:
-    salt = salt or secrets.token_hex(16)
+    """'sha256$DIGEST', what the database and the config store; with `salt`, the older salted
+    form 'sha256$SALT$DIGEST' (still accepted, see the module's docstring)."""
+    if salt is None:
+        return f"sha256${hashlib.sha256(key.encode()).hexdigest()}"
     digest = hashlib.sha256(f"{salt}:{key}".encode()).hexdigest()
     return f"sha256${salt}${digest}"
 
 
+def lookup_digest(stored: str) -> str | None:
+    """The digest an unsalted stored hash is found by, or None for a salted (or unknown) one."""
+    scheme, _, digest = stored.partition("$")
+    if scheme != "sha256" or "$" in digest or len(digest) != 64:
+        return None
+    return digest
+
+
+def salted_keys(snapshot: Snapshot) -> list[str]:
+    """The names of the keys stored with a salted hash, which every unknown key is checked
+    against (the older form, see the module's docstring)."""
+    return sorted(r.name for r in snapshot.keys.values() if lookup_digest(r.hash) is None)
+
+
 def _matches(key: str, stored: str) -> bool:
-    try:
-        scheme, salt, digest = stored.split("$")
-    except ValueError:
+    parts = stored.split("$")
+    if parts[0] != "sha256" or len(parts) not in (2, 3):
         return False
-    if scheme != "sha256":
-        return False
-    candidate = hashlib.sha256(f"{salt}:{key}".encode()).hexdigest()
-    return hmac.compare_digest(candidate, digest)
+    salted = f"{parts[1]}:{key}" if len(parts) == 3 else key
+    candidate = hashlib.sha256(salted.encode()).hexdigest()
+    return hmac.compare_digest(candidate, parts[-1])
+
+
+@dataclass(frozen=True)
+class _Index:
+    """A snapshot's keys arranged for lookup: unsalted ones by digest, salted ones to scan."""
+
+    by_digest: dict[str, KeyRecord]
+    salted: tuple[KeyRecord, ...]
+
+    @classmethod
+    def of(cls, snapshot: Snapshot) -> _Index:
+        by_digest: dict[str, KeyRecord] = {}
+        salted: list[KeyRecord] = []
+        for record in snapshot.keys.values():
+            digest = lookup_digest(record.hash)
+            if digest is None:
+                salted.append(record)
+            else:
+                by_digest.setdefault(digest, record)
+        return cls(by_digest, tuple(salted))
 
 
 @dataclass(frozen=True)
@@ -99,10 +139,11 @@ class Authenticator:
         self.keys: Callable[[], Snapshot] = keys if keys is not None else (lambda: config)
         self.allow_unauthenticated = server.allow_unauthenticated
         self.anonymous = Principal("anonymous", None, may_send_tests=server.allow_client_tests_without_keys)
-        # what the scan over every stored hash found for a presented key, by the key's SHA-256,
-        # for the snapshot it scanned (a new snapshot starts afresh): a key's name, or None for
-        # no key. Bounded: past SEEN_MAX entries it starts afresh too.
-        self._seen: tuple[Snapshot | None, dict[bytes, str | None]] = (None, {})
+        # the snapshot's keys by digest (built once per snapshot), and what the scan over its
+        # salted hashes found for a presented key, by the key's SHA-256: a key's name, or None
+        # for no key. Bounded: past SEEN_MAX entries it starts afresh.
+        self._index: tuple[Snapshot | None, _Index] = (None, _Index({}, ()))
+        self._seen: dict[str, str | None] = {}
 
     @property
     def open(self) -> bool:
@@ -143,22 +184,33 @@ class Authenticator:
         )
 
     def _lookup(self, snapshot: Snapshot, key: str) -> KeyRecord | None:
-        """The stored key `key` is, or None. A key presented before under this snapshot costs one
-        hash (its record's, checked again); any other is compared with every stored hash, so the
-        time taken does not reveal which one matched (only that this caller sent it before)."""
-        scanned, seen = self._seen
-        if scanned is not snapshot or len(seen) >= SEEN_MAX:
-            seen = {}
-            self._seen = (snapshot, seen)
-        digest = hashlib.sha256(key.encode()).digest()
+        """The stored key `key` is, or None. An unsalted stored key is found by the presented
+        key's digest in one lookup. Salted ones (written before) are each hashed with their own
+        salt: a key presented before under this snapshot costs one hash (its record's, checked
+        again); any other is compared with every salted hash, so the time taken does not reveal
+        which one matched. With no salted keys stored, a guess costs one hash like a valid key."""
+        indexed, index = self._index
+        if indexed is not snapshot:
+            index = _Index.of(snapshot)
+            self._index = (snapshot, index)
+            self._seen = {}
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        record = index.by_digest.get(digest)
+        if record is not None:
+            return record
+        if not index.salted:
+            return None
+        seen = self._seen
+        if len(seen) >= SEEN_MAX:
+            seen.clear()
         if digest in seen:
             name = seen[digest]
-            record = None if name is None else snapshot.keys.get(name)
-            return record if record is not None and _matches(key, record.hash) else None
+            known = None if name is None else snapshot.keys.get(name)
+            return known if known is not None and _matches(key, known.hash) else None
         found: KeyRecord | None = None
-        for record in snapshot.keys.values():  # check every entry: timing does not reveal which one matched
-            if _matches(key, record.hash) and found is None:
-                found = record
+        for candidate in index.salted:  # check every entry: timing does not reveal which one matched
+            if _matches(key, candidate.hash) and found is None:
+                found = candidate
         seen[digest] = None if found is None else found.name
         return found
 

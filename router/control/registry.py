@@ -23,6 +23,7 @@ import contextlib
 import logging
 from collections.abc import Iterable
 
+from router.admission.auth import salted_keys
 from router.admission.quota import Quota
 from router.config import Settings
 from router.control.admin import ControlPlane
@@ -46,6 +47,7 @@ class KeyRegistry:
     def open(self) -> None:
         """Blocking: open the tables, import the config's keys the database lacks, read them all."""
         if self.store is None or self.plane is None:
+            self._warn_salted()
             return
         self.store.open()
         imported = self.plane.import_config(self.config_keys)
@@ -53,6 +55,21 @@ class KeyRegistry:
             log.info("keys: imported %d config key(s) into the ledger's database: %s", len(imported), imported)
         self.refresh()
         self._warn_config_drift()
+        self._warn_salted()
+
+    def _warn_salted(self) -> None:
+        """Keys made before digests were unsalted are still served, but every request with a key
+        not seen before is checked against each of them in turn (router.admission.auth): name
+        them, so an operator with many replaces them."""
+        salted = salted_keys(self.snapshot)
+        if salted:
+            shown = ", ".join(salted[:10]) + (f" and {len(salted) - 10} more" if len(salted) > 10 else "")
+            log.warning(
+                "keys: %d key(s) are stored with an older salted hash, which every unknown key is checked "
+                "against (one SHA-256 each per request); replace them with new keys to serve in one lookup: %s",
+                len(salted),
+                shown,
+            )
 
     def _warn_config_drift(self) -> None:
         """A config key edited after its import changes nothing (docs/keys.md). An operator who

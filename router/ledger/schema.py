@@ -301,10 +301,10 @@ TABLES: tuple[Table, ...] = (
     # and changed by the admin API; `control_version` is the one row a replica polls for changes
     Table(
         "api_keys",
-        "one row per API key: its salted hash (never the key), roles, team, limits, models and expiry",
+        "one row per API key: its SHA-256 digest (never the key), roles, team, limits, models and expiry",
         (
             Column("name", "text", "the key's name: what the ledger, logs and metrics call it"),
-            Column("hash", "text", "'sha256$salt$digest' of the key"),
+            Column("hash", "text", "'sha256$digest' of the key ('sha256$salt$digest' for keys made before December 2026)"),
             Column("roles", "text", "'client', 'admin' or 'admin,client'"),
             Column("team", "text", "the team it belongs to (at most one); NULL: none", null=True),
             Column("usd_per_day", "real", "the key's daily budget (UTC days); NULL: none", null=True),

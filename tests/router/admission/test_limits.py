@@ -28,7 +28,7 @@ class Clock:
 
 
 def principal(**limits: float | int) -> Principal:
-    entry = ApiKeyEntry(name="k", hash="sha256$x$y", **limits)  # type: ignore[arg-type]
+    entry = ApiKeyEntry(name="k", hash="sha256$" + "0" * 64, **limits)  # type: ignore[arg-type]
     return Principal("k", entry)
 
 
