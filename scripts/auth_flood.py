@@ -77,7 +77,8 @@ async def phase(url: str, key: str, seconds: float, attackers: int, rate: float)
     refused: list[int] = []
     interval = attackers / rate if attackers else 0.0
     tasks = [attacker(url, interval, until, refused) for _ in range(attackers)]
-    took, *_ = await asyncio.gather(valid_loop(url, key, until), *tasks)
+    took = (await asyncio.gather(valid_loop(url, key, until), *tasks))[0]
+    assert took is not None
     return {
         "attackers": attackers,
         "valid_requests": len(took),

@@ -304,7 +304,9 @@ TABLES: tuple[Table, ...] = (
         "one row per API key: its SHA-256 digest (never the key), roles, team, limits, models and expiry",
         (
             Column("name", "text", "the key's name: what the ledger, logs and metrics call it"),
-            Column("hash", "text", "'sha256$digest' of the key ('sha256$salt$digest' for keys made before December 2026)"),
+            Column(
+                "hash", "text", "'sha256$digest' of the key ('sha256$salt$digest' for keys made before December 2026)"
+            ),
             Column("roles", "text", "'client', 'admin' or 'admin,client'"),
             Column("team", "text", "the team it belongs to (at most one); NULL: none", null=True),
             Column("usd_per_day", "real", "the key's daily budget (UTC days); NULL: none", null=True),

@@ -243,7 +243,12 @@ def test_a_guessed_key_costs_one_hash_however_many_keys_are_stored(monkeypatch: 
     authenticator = Authenticator(ServerSettings(api_keys=entries))
     compared: list[str] = []
     real = auth_module._matches
-    monkeypatch.setattr(auth_module, "_matches", lambda key, stored: compared.append(stored) or real(key, stored))
+
+    def counting(key: str, stored: str) -> bool:
+        compared.append(stored)
+        return real(key, stored)
+
+    monkeypatch.setattr(auth_module, "_matches", counting)
     for _ in range(200):
         with pytest.raises(AuthError, match="Incorrect API key"):
             authenticator.authenticate(f"Bearer {new_key()}")
