@@ -95,7 +95,7 @@ class FeedbackRequest(BaseModel):
 @router.post("/feedback")
 async def post_feedback(body: FeedbackRequest, services: ServicesDep, principal: AnyPrincipalDep) -> dict[str, Any]:
     if not caller_is_admin(principal):
-        get_principal(principal)  # neither admin nor client: the 403 every /v1 route gives
+        await get_principal(principal)  # neither admin nor client: the 403 every /v1 route gives
     ledger = services.accounting.ledger
     if ledger is None:
         raise RequestError(
