@@ -44,7 +44,7 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 
 
 def get_any_principal(request: Request, services: ServicesDep) -> Principal:
-    """Any valid key, whatever its roles (metrics, the OpenAPI schema)."""
+    """Any valid key, whatever its roles (the OpenAPI schema, the same for every caller)."""
     return services.auth.authenticate(request.headers.get("authorization"))
 
 
@@ -55,7 +55,7 @@ def get_principal(principal: AnyPrincipalDep) -> Principal:
     """A key with the client role: the /v1 API."""
     if not is_client(principal):
         raise PermissionDenied(
-            f"Key '{principal.key_id}' is an admin key: it may use the admin API (/admin/) only. "
+            f"Key '{principal.key_id}' has roles {sorted(principal.roles)}, not 'client': it may not use /v1. "
             "Give it the client role, or use a client key, to send requests to /v1.",
             code="not_a_client_key",
         )
@@ -75,3 +75,19 @@ def get_admin(principal: AnyPrincipalDep) -> Principal:
 
 
 AdminDep = Annotated[Principal, Depends(get_admin)]
+
+
+def get_metrics_reader(principal: AnyPrincipalDep, services: ServicesDep) -> Principal:
+    """A key with the admin or metrics role: /metrics names every key and what it spent, which one
+    team's client key must not learn of another's. A client key alone gets 403. A server without
+    keys (`server.allow_unauthenticated`) answers whoever reaches it, this page included."""
+    if not (is_admin(principal) or "metrics" in principal.roles or services.auth.open):
+        raise PermissionDenied(
+            f"Key '{principal.key_id}' may not read /metrics (it names every key and its spend): it needs the "
+            "metrics or admin role (`tierroute keys create NAME --metrics`).",
+            code="not_a_metrics_key",
+        )
+    return principal
+
+
+MetricsReaderDep = Annotated[Principal, Depends(get_metrics_reader)]
