@@ -55,7 +55,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
 SHADOW_KEY = "_shadow"  # the operator account shadow work is charged to (the ledger's key)
 
 
-def _client_only() -> list[Literal["client", "admin"]]:
+def _client_only() -> list[Literal["client", "admin", "metrics"]]:
     return ["client"]
 
 
