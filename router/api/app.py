@@ -201,6 +201,7 @@ def create_app(
             await shadow.close()  # before the ledger closes: running shadow work is still recorded
             await app.state.services.cache.close()  # its stores in flight, before the ledger closes
             await accounting.close()  # after the server has drained: every answered request is in
+            await asyncio.to_thread(app.state.services.refusals.flush)  # refused admin calls still counted
             await keys.close()
             if owned:
                 await eng.close()

@@ -15,8 +15,10 @@ from router.admission.auth import Authenticator, Principal, is_admin, is_client
 from router.api.errors import PermissionDenied
 from router.cache.service import ResponseCache
 from router.config import Settings
+from router.control.refusals import RefusalLog
 from router.control.registry import KeyRegistry
 from router.engine import Engine
+from router.errors import AuthError
 from router.quality.shadow import ShadowService
 
 
@@ -34,6 +36,7 @@ class Services:
             settings, engine.cascade, self.accounting.ledger, self.accounting.metrics, sandboxes=engine.sandboxes
         )
         self.cache = ResponseCache(settings, self.accounting.ledger, self.accounting.metrics.registry)
+        self.refusals = RefusalLog(self.keys.store, self.accounting.metrics.registry)
 
 
 def get_services(request: Request) -> Services:
@@ -65,9 +68,19 @@ def get_principal(principal: AnyPrincipalDep) -> Principal:
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
-def get_admin(principal: AnyPrincipalDep) -> Principal:
-    """A key with the admin role: the admin API. A client key gets 403 on every admin route."""
+def get_admin(request: Request, services: ServicesDep) -> Principal:
+    """A key with the admin role: the admin API. A client key gets 403 on every admin route, a
+    wrong, revoked or expired key 401; each refusal of a known key is audited at a bounded rate
+    (`router.control.refusals`)."""
+    route = getattr(request.scope.get("route"), "path", request.url.path[:200])
+    try:
+        principal = services.auth.authenticate(request.headers.get("authorization"))
+    except AuthError as exc:
+        services.refusals.note(exc.key_id, request.method, route, 401, exc.reason)
+        raise
     if not is_admin(principal):
+        known = None if services.auth.open else principal.key_id  # a keyless server's caller is no key
+        services.refusals.note(known, request.method, route, 403, "not_admin")
         raise PermissionDenied(
             f"Key '{principal.key_id}' may not use the admin API: it needs the admin role.", code="not_an_admin_key"
         )

@@ -7,7 +7,9 @@ The tiers are a scripted upstream on loopback, as in test_admin.py.
 
 from __future__ import annotations
 
+import json
 import re
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -88,3 +90,68 @@ async def test_metrics_name_keys_and_spend_only_to_admin_and_metrics_keys(
     assert as_admin.status_code == 403 and as_admin.json()["error"]["code"] == "not_an_admin_key"
     listed = {k["name"]: k["roles"] for k in (await admin(client, raw, "GET", "/admin/keys")).json()["data"]}
     assert listed["prom"] == ["metrics"] and listed["ana"] == ["client"]
+
+
+def admin_routes(client: httpx.AsyncClient) -> list[tuple[str, str]]:
+    schema = client.app.openapi()["paths"]  # type: ignore[attr-defined]
+    return sorted((m.upper(), p) for p, ops in schema.items() if p.startswith("/admin") for m in ops)
+
+
+def refusals(ledger: Path) -> list[tuple[str, str, dict[str, Any]]]:
+    with sqlite3.connect(ledger) as conn:
+        found = conn.execute("SELECT actor, target, detail FROM audit WHERE action = 'admin.refused' ORDER BY rowid")
+        return [(actor, target, json.loads(detail)) for actor, target, detail in found]
+
+
+async def test_refused_admin_attempts_of_known_keys_are_audited_at_a_bounded_rate(
+    tmp_path: Path, upstream: FaultUpstream
+) -> None:
+    ledger = tmp_path / "ledger.sqlite3"
+    cfg, raw = control_config(tmp_path, upstream.base_url, ledger=str(ledger), keys={"ana": {}, "ben": {}})
+    now = [1000.0]
+    async with running(cfg) as client:
+        client.app.state.services.refusals.clock = lambda: now[0]  # type: ignore[attr-defined]
+        routes = admin_routes(client)
+        # a client key tries every admin route three times within a minute: one row, the rest counted
+        for _ in range(3):
+            for method, path in routes:
+                url = re.sub(r"\{[^}]+\}", "x", path)
+                r = await client.request(method, url, headers=bearer(raw["ana"]), json={})
+                assert r.status_code == 403, (method, path)
+        (first,) = refusals(ledger)
+        assert first[0] == "ana" and first[1] == routes[0][1]  # the route's template, not the path sent
+        assert first[2] == {"method": routes[0][0], "status": 403, "reason": "not_admin"}
+        # a minute later its next attempt is written, carrying what the minute held back
+        now[0] += 61.0
+        assert (await client.get("/admin/teams/blue", headers=bearer(raw["ana"]))).status_code == 403
+        _, (actor, target, detail) = refusals(ledger)
+        assert (actor, target) == ("ana", "/admin/teams/{name}")
+        assert sum(detail["suppressed"].values()) == 3 * len(routes) - 1
+        assert detail["suppressed"][f"{routes[0][0]} {routes[0][1]} 403"] == 2
+
+        # a revoked key is known: audited with its 401
+        assert (await admin(client, raw, "POST", "/admin/keys/ben/revoke")).status_code == 200
+        for _ in range(2):
+            assert (await client.get("/admin/keys", headers=bearer(raw["ben"]))).status_code == 401
+        assert refusals(ledger)[-1] == ("ben", "/admin/keys", {"method": "GET", "status": 401, "reason": "revoked"})
+
+        # unknown keys and no key: never a row (anyone can send them), counted by reason
+        for _ in range(50):
+            assert (await client.get("/admin/keys", headers=bearer(f"trk-{'A' * 43}"))).status_code == 401
+        assert (await client.delete("/admin/teams/x/users/y")).status_code == 401
+        assert len(refusals(ledger)) == 3
+        assert (await client.get("/admin/keys", headers=bearer(raw["ana"]))).status_code == 403  # counted, held back
+        metrics = (await client.get("/metrics", headers=bearer(raw["root"]))).text
+    for reason, n in (("unknown_key", 50), ("no_key", 1), ("revoked", 2), ("not_admin", 3 * len(routes) + 2)):
+        assert f'tierroute_admin_refused_total{{reason="{reason}"}} {n}.0' in metrics, reason
+    # the replica's stop writes what it still counted (ana's last, ben's second): no attempt lost
+    rows = refusals(ledger)
+    assert [(a, t, d) for a, t, d in rows[3:]] == [
+        ("ana", "*", {"suppressed": {"GET /admin/keys 403": 1}}),
+        ("ben", "*", {"suppressed": {"GET /admin/keys 401": 1}}),
+    ]
+    # and no key, no hash in the audit table
+    with sqlite3.connect(ledger) as conn:
+        audit_text = " ".join(" ".join(map(str, row)) for row in conn.execute("SELECT * FROM audit"))
+        hashes = [h for (h,) in conn.execute("SELECT hash FROM api_keys")]
+    assert not any(s in audit_text for s in [*raw.values(), *hashes, "trk-"])
