@@ -214,6 +214,13 @@ class LedgerSettings(_Strict):
         le=120,
         description="How long a PostgreSQL connect or admission may wait before the request gets 503.",
     )
+    prune_every_s: float = Field(
+        60.0,
+        ge=0.05,
+        le=86400,
+        description="PostgreSQL: how often each replica deletes counter rows no admission reads again "
+        "(idle end users', events past the window, past days' spend); one replica at a time.",
+    )
     enabled: bool = True
     store_prompts: bool = Field(
         False,
