@@ -166,7 +166,9 @@ async def test_pruning_over_and_over_beside_admissions_loses_no_spend(db: str) -
             s.close()
     assert sum(p["limit_keys"] for p in prunes) > 0 and sum(p["key_spend"] for p in prunes) > 0  # it did prune
     with psycopg.connect(db) as conn:
-        spent = dict(conn.execute("SELECT key_id, usd FROM key_spend WHERE kind = 'month'").fetchall())
+        spent: dict[str, float] = dict(
+            conn.execute("SELECT key_id, usd FROM key_spend WHERE kind = 'month'").fetchall()
+        )
     for name, costs in zip(names, charged, strict=True):
         # every paid request is in the spend row, and the budget held: 6 paid ($0.858) and no 7th
         assert len([c for c in costs if c > 0]) == 6, (name, costs)
