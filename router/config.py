@@ -56,7 +56,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
 SHADOW_KEY = "_shadow"  # the operator account shadow work is charged to (the ledger's key)
 
 
-def _client_only() -> list[Literal["client", "admin"]]:
+def _client_only() -> list[Literal["client", "admin", "metrics"]]:
     return ["client"]
 
 
@@ -78,12 +78,12 @@ class ApiKeyEntry(_Strict):
         False, description="May send `tierroute.tests`: code that runs on this host (in the sandbox)."
     )
     tokens_per_minute: int | None = Field(None, ge=1, le=2**31 - 1, description="Input + output tokens per minute.")
-    roles: list[Literal["client", "admin"]] = Field(
+    roles: list[Literal["client", "admin", "metrics"]] = Field(
         default_factory=_client_only,
         min_length=1,
-        description="'client': /v1 (completions, models); 'admin': the admin API (/admin/). An admin "
-        "key sends completions only if it is also a client. With a ledger, config keys are imported "
-        "into its database once (docs/keys.md).",
+        description="'client': /v1 (completions, models); 'admin': the admin API (/admin/); 'metrics': "
+        "/metrics only (a scraper's key). An admin key sends completions only if it is also a client. "
+        "With a ledger, config keys are imported into its database once (docs/keys.md).",
     )
 
     @field_validator("hash")
@@ -109,7 +109,9 @@ class ServerSettings(_Strict):
     )
     api_keys: list[ApiKeyEntry] = Field(default_factory=list)
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger request bodies get 413.")
-    metrics_public: bool = Field(False, description="Serve /metrics without auth.")
+    metrics_public: bool = Field(
+        False, description="Serve /metrics to anyone (it names every key and its spend); else admin and metrics keys."
+    )
     docs: bool | None = Field(
         None,
         description="Serve /docs, /redoc and /openapi.json (behind the API keys when there are keys). "
@@ -223,6 +225,13 @@ class LedgerSettings(_Strict):
         gt=0,
         le=120,
         description="How long a PostgreSQL connect or admission may wait before the request gets 503.",
+    )
+    prune_every_s: float = Field(
+        60.0,
+        ge=0.05,
+        le=86400,
+        description="PostgreSQL: how often each replica deletes counter rows no admission reads again "
+        "(idle end users', events past the window, past days' spend); one replica at a time.",
     )
     enabled: bool = True
     store_prompts: bool = Field(

@@ -63,7 +63,14 @@ class NotFoundError(RequestError):
 
 
 class AuthError(TierrouteError):
-    pass
+    """401. `reason`: 'no_key', 'unknown_key', 'revoked' or 'expired'; `key_id`: the stored key's
+    name when the key presented is one (revoked or expired), for the audit of refused admin
+    attempts (`router.control.refusals`); never shown to the caller."""
+
+    def __init__(self, message: str, *, reason: str = "no_key", key_id: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.key_id = key_id
 
 
 class RateLimitError(TierrouteError):

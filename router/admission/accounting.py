@@ -175,6 +175,7 @@ class Accounting:
         # rest left to admissions
         writers = max(1, settings.ledger.pool_size // 2) if self.shared is not None else 1
         self.ledger = Ledger(store, writers=writers) if store is not None else None
+        self._pruning: asyncio.Task[None] | None = None  # shared limits' idle counters (SharedLimits.pruning)
         self.metrics = Metrics(lambda: engine.backends)
         self.tiers = engine.cascade.by_name  # where verifier work is priced
         unreserved = unreserved_verifiers(engine.cascade.tiers)
@@ -199,6 +200,10 @@ class Accounting:
                 log.warning("ledger.enabled = false: key budgets count only what this process has served")
             return
         await self.ledger.open()
+        if self.shared is not None:
+            self._pruning = asyncio.create_task(
+                self.shared.pruning(self.settings.ledger.prune_every_s), name="tierroute-limits-prune"
+            )
         now = time.time()
         if self.shared is None:  # shared limits read the database at each admission instead
             self.limits.seed(
@@ -215,6 +220,11 @@ class Accounting:
         log.info("ledger open at %s", self.settings.ledger.location)
 
     async def close(self) -> None:
+        if self._pruning is not None:
+            self._pruning.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pruning
+            self._pruning = None
         if self.shared is not None:
             await asyncio.to_thread(self.shared.close)
         if self.ledger is not None:

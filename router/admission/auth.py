@@ -160,15 +160,15 @@ class Authenticator:
             raise AuthError("Malformed Authorization header; expected 'Bearer KEY'.")
         key = key.strip()
         if len(key) > MAX_KEY_CHARS:
-            raise AuthError("Incorrect API key provided.")
+            raise AuthError("Incorrect API key provided.", reason="unknown_key")
         found = self._lookup(snapshot, key)
         if found is None:
-            raise AuthError("Incorrect API key provided.")
+            raise AuthError("Incorrect API key provided.", reason="unknown_key")
         at = time.time() if now is None else now
         if found.revoked_at is not None:
-            raise AuthError("This API key has been revoked.")
+            raise AuthError("This API key has been revoked.", reason="revoked", key_id=found.name)
         if found.expires_at is not None and at >= found.expires_at:
-            raise AuthError("This API key has expired.")
+            raise AuthError("This API key has expired.", reason="expired", key_id=found.name)
         team = snapshot.teams.get(found.team) if found.team is not None else None
         quotas = [found.limits.quota("key", found.name)]
         if team is not None:

@@ -40,6 +40,7 @@ import calendar
 import functools
 import logging
 import math
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -496,6 +497,11 @@ class SharedCounter(Protocol):
     def drop(self, request_id: str) -> None:
         """Release an unsettled reservation (the request ended without a record)."""
 
+    def prune(self, keep_day: float, keep_month: float) -> dict[str, int]:
+        """Delete the counters no admission reads again (events past the window, spend of days
+        before `keep_day` and months before `keep_month`, idle end users' rows), safely beside
+        admissions on every replica; what was deleted, per table."""
+
 
 class SharedLimits:
     """Budgets and rate limits decided through a store every replica shares."""
@@ -540,6 +546,25 @@ class SharedLimits:
             raise UnavailableError(
                 "The budget and rate-limit store cannot be reached; try again.", retry_after=5.0
             ) from None
+
+    async def pruning(self, every_s: float) -> None:
+        """Forever, every `every_s` (jittered, so replicas started together do not all try at
+        once; one prunes at a time anyway): drop the counters no admission reads again. An end
+        user is a subject of its own, and a client can name a new one with every request: without
+        this, each would keep its rows for good (with one process, `Limits._sweep` does this in
+        memory). Yesterday's and last month's spend rows are kept for requests settling late."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(every_s * random.uniform(0.5, 1.5))
+            now = time.time()
+            call = functools.partial(self.counter.prune, day_start(now - 86400.0), month_start(now - 86400.0))
+            try:
+                done = await loop.run_in_executor(self._pool, call)
+            except Exception as exc:  # noqa: BLE001 - the next round tries again; nothing depends on it
+                log.warning("shared limits: pruning idle counters failed (the next round retries): %s", exc)
+                continue
+            if any(done.values()):
+                log.info("shared limits: pruned %s", ", ".join(f"{n} {t}" for t, n in done.items() if n))
 
     def drop(self, request_id: str) -> None:
         """Release in the background; a release that fails leaves the reservation to expire."""

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.admission.auth import allowed_hosts, docs_enabled
 from router.api import errors, routes_admin, routes_completions, routes_feedback, routes_health, routes_models
-from router.api.deps import AnyPrincipalDep, Services, ServicesDep
+from router.api.deps import AnyPrincipalDep, MetricsReaderDep, Services, ServicesDep
 from router.config import Settings
 from router.engine import Engine
 from router.errors import RequestError
@@ -201,6 +201,7 @@ def create_app(
             await shadow.close()  # before the ledger closes: running shadow work is still recorded
             await app.state.services.cache.close()  # its stores in flight, before the ledger closes
             await accounting.close()  # after the server has drained: every answered request is in
+            await asyncio.to_thread(app.state.services.refusals.flush)  # refused admin calls still counted
             await keys.close()
             if owned:
                 await eng.close()
@@ -259,7 +260,8 @@ def _add_docs_routes(app: FastAPI) -> list[str]:
 
 
 def _add_metrics_route(app: FastAPI, settings: Settings) -> None:
-    """Prometheus metrics, behind the API keys unless server.metrics_public."""
+    """Prometheus metrics: for a key with the admin or metrics role (a client key alone gets 403:
+    the page names every key and its spend), or anyone when server.metrics_public."""
 
     def render(services: Services) -> Response:
         metrics = services.accounting.metrics
@@ -274,5 +276,5 @@ def _add_metrics_route(app: FastAPI, settings: Settings) -> None:
     else:
 
         @app.get("/metrics", include_in_schema=False)
-        async def metrics_private(services: ServicesDep, principal: AnyPrincipalDep) -> Response:
+        async def metrics_private(services: ServicesDep, principal: MetricsReaderDep) -> Response:
             return render(services)

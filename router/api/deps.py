@@ -15,8 +15,10 @@ from router.admission.auth import Authenticator, Principal, is_admin, is_client
 from router.api.errors import PermissionDenied
 from router.cache.service import ResponseCache
 from router.config import Settings
+from router.control.refusals import RefusalLog
 from router.control.registry import KeyRegistry
 from router.engine import Engine
+from router.errors import AuthError
 from router.quality.shadow import ShadowService
 
 
@@ -34,9 +36,10 @@ class Services:
             settings, engine.cascade, self.accounting.ledger, self.accounting.metrics, sandboxes=engine.sandboxes
         )
         self.cache = ResponseCache(settings, self.accounting.ledger, self.accounting.metrics.registry)
+        self.refusals = RefusalLog(self.keys.store, self.accounting.metrics.registry)
 
 
-# The dependencies are coroutines although none awaits: FastAPI runs a plain function dependency
+# The hot dependencies are coroutines although none awaits: FastAPI runs a plain function dependency
 # in its thread pool, a hand-off to a worker thread and back for each of them on every request
 # (three per completion, a third of the router's own time under load: py-spy, `tierroute bench
 # overhead`). Each is a few microseconds of work that never blocks (a key is one SHA-256 and one
@@ -51,7 +54,7 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 
 
 async def get_any_principal(request: Request, services: ServicesDep) -> Principal:
-    """Any valid key, whatever its roles (metrics, the OpenAPI schema)."""
+    """Any valid key, whatever its roles (the OpenAPI schema, the same for every caller)."""
     return services.auth.authenticate(request.headers.get("authorization"))
 
 
@@ -62,7 +65,7 @@ async def get_principal(principal: AnyPrincipalDep) -> Principal:
     """A key with the client role: the /v1 API."""
     if not is_client(principal):
         raise PermissionDenied(
-            f"Key '{principal.key_id}' is an admin key: it may use the admin API (/admin/) only. "
+            f"Key '{principal.key_id}' has roles {sorted(principal.roles)}, not 'client': it may not use /v1. "
             "Give it the client role, or use a client key, to send requests to /v1.",
             code="not_a_client_key",
         )
@@ -72,9 +75,21 @@ async def get_principal(principal: AnyPrincipalDep) -> Principal:
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
-async def get_admin(principal: AnyPrincipalDep) -> Principal:
-    """A key with the admin role: the admin API. A client key gets 403 on every admin route."""
+# a plain function, in the thread pool: an audited refusal writes to the database (admin
+# routes are not the hot path)
+def get_admin(request: Request, services: ServicesDep) -> Principal:
+    """A key with the admin role: the admin API. A client key gets 403 on every admin route, a
+    wrong, revoked or expired key 401; each refusal of a known key is audited at a bounded rate
+    (`router.control.refusals`)."""
+    route = getattr(request.scope.get("route"), "path", request.url.path[:200])
+    try:
+        principal = services.auth.authenticate(request.headers.get("authorization"))
+    except AuthError as exc:
+        services.refusals.note(exc.key_id, request.method, route, 401, exc.reason)
+        raise
     if not is_admin(principal):
+        known = None if services.auth.open else principal.key_id  # a keyless server's caller is no key
+        services.refusals.note(known, request.method, route, 403, "not_admin")
         raise PermissionDenied(
             f"Key '{principal.key_id}' may not use the admin API: it needs the admin role.", code="not_an_admin_key"
         )
@@ -82,3 +97,19 @@ async def get_admin(principal: AnyPrincipalDep) -> Principal:
 
 
 AdminDep = Annotated[Principal, Depends(get_admin)]
+
+
+def get_metrics_reader(principal: AnyPrincipalDep, services: ServicesDep) -> Principal:
+    """A key with the admin or metrics role: /metrics names every key and what it spent, which one
+    team's client key must not learn of another's. A client key alone gets 403. A server without
+    keys (`server.allow_unauthenticated`) answers whoever reaches it, this page included."""
+    if not (is_admin(principal) or "metrics" in principal.roles or services.auth.open):
+        raise PermissionDenied(
+            f"Key '{principal.key_id}' may not read /metrics (it names every key and its spend): it needs the "
+            "metrics or admin role (`tierroute keys create NAME --metrics`).",
+            code="not_a_metrics_key",
+        )
+    return principal
+
+
+MetricsReaderDep = Annotated[Principal, Depends(get_metrics_reader)]

@@ -22,7 +22,7 @@ from router.errors import RequestError
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 
-Role = Literal["client", "admin"]
+Role = Literal["client", "admin", "metrics"]
 
 
 def _client_only() -> list[Role]:
@@ -55,7 +55,8 @@ class KeyCreate(LimitFields):
     roles: list[Role] = Field(
         default_factory=_client_only,
         min_length=1,
-        description="'client': the /v1 API; 'admin': this API. An admin key sends completions only with 'client' too.",
+        description="'client': the /v1 API; 'admin': this API; 'metrics': /metrics only (a scraper's key). An "
+        "admin key sends completions only with 'client' too.",
     )
     team: str | None = Field(None, description="The team it belongs to (at most one); its limits apply too.")
     models: list[str] | None = Field(None, description="Models it may ask for ('auto', tier names); null: all.")

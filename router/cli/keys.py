@@ -94,7 +94,8 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
 
     plane = None if args.print_config else _plane(args)
     if plane is not None:
-        roles = [r for r, on in (("admin", args.admin), ("client", args.client or not args.admin)) if on]
+        client = args.client or not (args.admin or args.metrics)
+        roles = [r for r, on in (("admin", args.admin), ("client", client), ("metrics", args.metrics)) if on]
         models = args.models.split(",") if args.models else None
         expires = time.time() + args.expires_in_days * 86400 if args.expires_in_days else None
 
@@ -117,9 +118,10 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
             return _run(create)
         finally:
             plane.store.close()
-    if args.team or args.models or args.admin or args.tpm or args.expires_in_days:
+    if args.team or args.models or args.admin or args.metrics or args.tpm or args.expires_in_days:
         print(
-            "error: --team, --models, --admin, --tpm and --expires-in-days need a ledger database (--config)",
+            "error: --team, --models, --admin, --metrics, --tpm and --expires-in-days need a ledger database "
+            "(--config)",
             file=sys.stderr,
         )
         return 1
@@ -328,7 +330,10 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--team", default=None, help="the team it belongs to (its limits apply too)")
     p.add_argument("--models", default=None, help="comma-separated models it may use ('auto', tier names)")
     p.add_argument("--admin", action="store_true", help="an admin key: the admin API (not /v1 unless --client)")
-    p.add_argument("--client", action="store_true", help="with --admin: may send completions too")
+    p.add_argument("--client", action="store_true", help="with --admin or --metrics: may send completions too")
+    p.add_argument(
+        "--metrics", action="store_true", help="may read /metrics (every key's name and spend): a scraper's key"
+    )
     p.add_argument("--expires-in-days", type=float, default=None, help="refused after this many days")
     p.add_argument(
         "--print-config", action="store_true", help="print a [[server.api_keys]] block instead of storing the key"

@@ -185,6 +185,15 @@ class ControlStore:
             "usd_reserved_in_flight": float(reserved[0]),
         }
 
+    def note(self, actor: str, action: str, target: str, detail: dict[str, Any]) -> None:
+        """An audit row for something that changed nothing (a refused admin attempt): no version
+        bump, so no replica reloads its keys for it."""
+        with self.transaction() as sql:
+            sql.run(
+                "INSERT INTO audit (ts, actor, action, target, detail) VALUES (?, ?, ?, ?, ?)",
+                (time.time(), actor, action, target, json.dumps(detail, sort_keys=True)),
+            )
+
     def audit(self, since: float | None = None, limit: int = 1000) -> list[dict[str, Any]]:
         with self.transaction() as sql:
             found = sql.run(

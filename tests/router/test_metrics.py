@@ -19,7 +19,10 @@ def total(m: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str) -> 
 @pytest.mark.timeout(300)
 async def test_metrics_need_a_key_and_agree_with_the_ledger(tmp_path: Path, smol_path: Path) -> None:
     cfg, keys = config_with_keys(
-        tmp_path, {"gina": {"requests_per_minute": 5}}, threshold=0.5, verifiers=ESCALATE_ON_MARK
+        tmp_path,
+        {"gina": {"requests_per_minute": 5, "roles": ["client", "metrics"]}},
+        threshold=0.5,
+        verifiers=ESCALATE_ON_MARK,
     )
     async with running(cfg) as client:
         assert (await client.get("/metrics")).status_code == 401

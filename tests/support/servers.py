@@ -4,6 +4,7 @@ llama-cpp-python's server as child processes, each on a free port (so parallel w
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -87,6 +88,13 @@ def wait_until_up(proc: subprocess.Popen[bytes], url: str, *, timeout: float, wh
 TIERROUTE = str(Path(sys.executable).parent / "tierroute")
 
 
+# a child's port is chosen before it starts and taken only once its start-up is done (seconds; tens
+# on a loaded machine), and anything else on the machine that binds a free port meanwhile may take
+# it: uvicorn then exits 3, "address already in use". The child is started again on another port.
+PORT_TRIES = 3
+PORT_TAKEN = "address already in use"
+
+
 @contextlib.contextmanager
 def serve_process(
     cfg: Path, *, log_path: Path | None = None, log_level: str = "info", env: dict[str, str] | None = None
@@ -94,44 +102,56 @@ def serve_process(
     """`tierroute serve` in a child process on a free loopback port, ready when it is yielded with
     its URL and a function that returns its output so far; stopped gracefully (SIGTERM: drain, close
     the ledger), killed after 60 s. The output goes to `log_path`, or, without one, through a pipe
-    (for tests that fail the disk, where a log file would fail too). `env` adds to its environment."""
+    (for tests that fail the disk, where a log file would fail too). `env` adds to its environment.
+    A child whose port was taken while it started is started again on another (`PORT_TRIES`)."""
     FastLoop.check("starts `tierroute serve`")
-    port = free_port()
-    command = [TIERROUTE, "--config", str(cfg), "serve", "--port", str(port), "--log-level", log_level]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    lines: list[str] = []
-    reader: threading.Thread | None = None
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    for attempt in range(PORT_TRIES):
+        port = free_port()
+        command = [TIERROUTE, "--config", str(cfg), "serve", "--port", str(port), "--log-level", log_level]
+        proc, output, reader = _spawn(command, log_path, full_env)
+        taken_before = output().count(PORT_TAKEN)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_until_up(proc, f"{url}/readyz", timeout=180, why_exited=functools.partial(_ends_of, output))
+        except RuntimeError:
+            _stop(proc, reader)
+            if attempt + 1 < PORT_TRIES and proc.returncode == 3 and output().count(PORT_TAKEN) > taken_before:
+                continue
+            raise
+        break
+    try:
+        yield proc, url, output
+    finally:
+        _stop(proc, reader)
+
+
+def _spawn(
+    command: list[str], log_path: Path | None, env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], Callable[[], str], threading.Thread | None]:
     if log_path is not None:
         with log_path.open("ab") as log:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        return proc, lambda: log_path.read_text(errors="replace"), None
+    lines: list[str] = []
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    pipe = proc.stdout
+    assert pipe is not None
+    reader = threading.Thread(target=lambda: lines.extend(x.decode(errors="replace") for x in pipe), daemon=True)
+    reader.start()
+    return proc, lambda: "".join(lines), reader
 
-        def output() -> str:
-            return log_path.read_text(errors="replace")
 
-    else:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-        pipe = proc.stdout
-        assert pipe is not None
-        reader = threading.Thread(target=lambda: lines.extend(x.decode(errors="replace") for x in pipe), daemon=True)
-        reader.start()
-
-        def output() -> str:
-            return "".join(lines)
-
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_up(proc, f"{url}/readyz", timeout=180, why_exited=lambda: _ends(output()))
-        yield proc, url, output
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if reader is not None:
-            reader.join(5)
+def _stop(proc: subprocess.Popen[bytes], reader: threading.Thread | None) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if reader is not None:
+        reader.join(5)
 
 
 @contextlib.contextmanager
@@ -179,6 +199,10 @@ def llama_cpp_server(model: Path, *, n_threads: int = 1) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _ends_of(output: Callable[[], str]) -> str:
+    return _ends(output())
 
 
 def _ends(text: str, each: int = 2000) -> str:

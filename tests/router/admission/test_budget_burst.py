@@ -62,7 +62,7 @@ usd_per_1m_output_tokens = 2.40
 
 
 def config(tmp: Path) -> tuple[Path, dict[str, str]]:
-    keys, raw = keys_section({"k": {"usd_per_day": BUDGET}, "rich": {}})
+    keys, raw = keys_section({"k": {"usd_per_day": BUDGET}, "rich": {"roles": ["client", "metrics"]}})
     body = f'[server]\n{keys}\n[ledger]\npath = "{tmp / "ledger.sqlite3"}"\n{TIERS}'
     return write_config(tmp / "config.toml", body), raw
 
@@ -123,7 +123,7 @@ async def test_a_burst_cannot_pass_a_nearly_spent_budget(tmp_path: Path) -> None
         assert (await rich.chat.completions.create(model="large", messages=[{"role": "user", "content": "Hi"}])).choices
         gauge = [
             line
-            for line in httpx.get(f"{srv.url}/metrics", headers=auth(keys["k"])).text.splitlines()
+            for line in httpx.get(f"{srv.url}/metrics", headers=auth(keys["rich"])).text.splitlines()
             if line.startswith("tierroute_requests_in_flight ")
         ]
     served = [o for o in outcomes if o[0] == "ok"]

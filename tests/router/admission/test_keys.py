@@ -123,7 +123,9 @@ def test_authenticator_is_open_only_when_told() -> None:
 async def test_401s_and_keys_never_reach_logs_ledger_or_metrics(
     tmp_path: Path, smol_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    cfg, keys = config_with_keys(tmp_path, {"erin": {"requests_per_minute": 2}, "frank": {"usd_per_day": 0.0}})
+    cfg, keys = config_with_keys(
+        tmp_path, {"erin": {"requests_per_minute": 2, "roles": ["client", "metrics"]}, "frank": {"usd_per_day": 0.0}}
+    )
     wrong = "trk-" + "A" * 43
     caplog.set_level(logging.DEBUG)
     async with running(cfg) as client:

@@ -142,9 +142,11 @@ async def test_every_admin_route_refuses_a_client_key_and_no_key(
         assert as_client.json()["error"]["code"] == "not_an_admin_key"
         anonymous = await client.request(method, url, json={})
         assert anonymous.status_code == 401, (method, path)
-    # nothing a client key tried reached the control plane
+    # nothing a client key tried reached the control plane; its tries are audited as refused
+    # (test_admin_access.py: at a bounded rate), the anonymous ones not
     audit = (await admin(client, raw, "GET", "/admin/audit")).json()["data"]
-    assert {a["action"] for a in audit} == {"key.import"}
+    assert {a["action"] for a in audit} == {"key.import", "admin.refused"}
+    assert {a["actor"] for a in audit if a["action"] == "admin.refused"} == {"legacy"}
     # the admin key is not a client: no completions, unless it is also given the client role
     refused = await client.post("/v1/chat/completions", json=body(), headers=bearer(raw["root"]))
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "not_a_client_key"

@@ -25,7 +25,9 @@ BACKENDS = {"small": InstantBackend("small", "4"), "large": InstantBackend("larg
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[Any, dict[str, str], Path]]:
     cfg, keys = config_with_keys(
-        tmp_path, {"alice": {}, "bob": {}}, verifiers='[[tiers.verifiers]]\nname = "escalate_marked"\n'
+        tmp_path,
+        {"alice": {"roles": ["client", "metrics"]}, "bob": {}},
+        verifiers='[[tiers.verifiers]]\nname = "escalate_marked"\n',
     )
     async with running(cfg, backends=dict(BACKENDS)) as client:
         yield client, keys, tmp_path / "ledger.sqlite3"
@@ -152,7 +154,7 @@ async def test_without_a_ledger_feedback_says_why(tmp_path: Path) -> None:
 
 async def test_the_drift_detector_watches_labels_once_enough_have_arrived(tmp_path: Path) -> None:
     shadow = "[tiers.shadow]\nrate = 0.0\nusd_per_day = 0.0\nbaseline_n = 20\n"  # no shadow work: labels only
-    cfg, keys = config_with_keys(tmp_path, {"alice": {}}, verifiers=shadow)
+    cfg, keys = config_with_keys(tmp_path, {"alice": {"roles": ["client", "metrics"]}}, verifiers=shadow)
     async with running(cfg, backends=dict(BACKENDS)) as client:
         drift = client.app.state.services.shadow.drift
 

@@ -22,7 +22,7 @@ from tests.support.accounting import auth, chat, read_ledger, running
 from tests.support.cache import Counting, cache_config
 from tests.support.metrics import samples, value
 
-KEYS: dict[str, dict[str, Any]] = {"ana": {}, "ben": {}}
+KEYS: dict[str, dict[str, Any]] = {"ana": {"roles": ["client", "metrics"]}, "ben": {}}  # ana reads /metrics
 
 
 def content(r: httpx.Response) -> str:

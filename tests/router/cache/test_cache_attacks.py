@@ -81,7 +81,7 @@ async def test_a_hit_refused_by_the_rate_limit_is_not_counted_as_a_hit(
     got = [await ask(client, raw["cy"], chat("Paced.")) for _ in range(5)]
     assert [r.status_code for r in got] == [200, 200, 429, 429, 429]
     assert [cache_state(r) for r in got[:2]] == ["miss", "hit"]
-    metrics = samples((await client.get("/metrics", headers=auth(raw["ana"]))).text)
+    metrics = samples((await client.get("/metrics", headers=auth(raw["root"]))).text)
     assert value(metrics, "tierroute_cache_lookups_total", result="hit") == 1
     assert value(metrics, "tierroute_requests_total", outcome="cached") == 1
 
@@ -116,7 +116,7 @@ async def test_a_forged_row_cannot_name_a_tier_the_config_does_not_have(
         conn.execute("UPDATE cache_entries SET body = ?, digest = ?", (forged, answer.digest(key, scope, forged)))
     r = await ask(client, raw["ben"], chat("Forged?"))
     assert cache_state(r) == "miss" and r.headers["x-tierroute-tier"] == "small"
-    metrics = (await client.get("/metrics", headers=auth(raw["ana"]))).text
+    metrics = (await client.get("/metrics", headers=auth(raw["root"]))).text
     assert "forged-tier" not in metrics
     assert value(samples(metrics), "tierroute_cache_lookups_total", result="invalid") == 1
 
