@@ -15,6 +15,10 @@ what is true of that one server and of no other:
   passes again;
 - its requests in flight from this replica (`outstanding`), against its `max_concurrent`.
 
+What a client is told of a deployment's failure (its breaker's and `Failures`' messages) names the
+tier, and the deployment only by a name the operator gave it: never its address, which an
+unnamed deployment's default name is. The address goes to the log with the upstream's own words.
+
 `Pool.pick` offers a request the deployments that may take it now and lets the tier's strategy
 (`router.backends.openai.balancing`) choose. Breakers and `max_concurrent` are hard limits; a
 `Retry-After` mark and a failed probe only steer: when every deployment a request may still try is
@@ -31,6 +35,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import openai
 
@@ -64,6 +69,10 @@ class Deployment:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = settings.label
+        # for the log only: its name and where it is (host:port, never the URL's user or password)
+        parts = urlsplit(settings.base_url)
+        address = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+        self.logged = self.name if self.name == address else f"{self.name} ({address})"
         self.tier = tier
         self.settings = settings
         self.config = config
@@ -139,9 +148,9 @@ class Deployment:
         except Exception as exc:  # any failure to answer is a failed probe
             ok = False
             if self.probe_ok:
-                log.warning("tier %s: deployment %s fails its probe: %s", self.tier, self.name, type(exc).__name__)
+                log.warning("tier %s: deployment %s fails its probe: %s", self.tier, self.logged, type(exc).__name__)
         if ok and not self.probe_ok:
-            log.info("tier %s: deployment %s passes its probe again", self.tier, self.name)
+            log.info("tier %s: deployment %s passes its probe again", self.tier, self.logged)
         self.probe_ok = ok
 
 
@@ -167,8 +176,10 @@ class Pool:
                 tier,
                 config,
                 settings,
-                # one deployment speaks as the tier always did; several name themselves
-                label=tier if single else f"{tier}/{settings.label}",
+                # what clients hear it called: one deployment speaks as the tier always did; of
+                # several, one the operator named says its name, and never its address (an unnamed
+                # deployment's default name is its host:port, which stays in the log and /metrics)
+                label=f"{tier}/{settings.name}" if settings.name and not single else tier,
                 timeout_s=timeout_s,
                 retry_after_s=retry_after_s,
                 breaker=breaker if i == 0 else None,
