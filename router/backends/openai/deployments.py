@@ -15,6 +15,12 @@ what is true of that one server and of no other:
   passes again;
 - its requests in flight from this replica (`outstanding`), against its `max_concurrent`.
 
+A deployment whose key's environment variable (`api_key_env`) is not set when the tier starts
+is down until the router restarts with it set: it takes no requests, the log says so at ERROR
+naming it and the variable, and /metrics shows it (`tierroute_deployment_key_missing` 1), while
+the tier serves from its other deployments. A tier none of whose deployments has its key refuses
+to start, naming each deployment and variable: it could answer nothing.
+
 What a client is told of a deployment's failure (its breaker's and `Failures`' messages) names the
 tier, and the deployment only by a name the operator gave it: never its address, which an
 unnamed deployment's default name is. The address goes to the log with the upstream's own words.
@@ -41,9 +47,9 @@ import openai
 
 from router.backends.breaker import CircuitBreaker
 from router.backends.openai.balancing import STRATEGIES
-from router.backends.openai.client import new_client
+from router.backends.openai.client import missing_key, new_client
 from router.backends.openai.failures import Failures
-from router.errors import CircuitOpenError, OverloadedError
+from router.errors import CircuitOpenError, ConfigError, OverloadedError
 
 if TYPE_CHECKING:
     from router.config import DeploymentSettings, OpenAIBackendSettings
@@ -91,6 +97,7 @@ class Deployment:
         self.attempts_total = 0
         self.failed_attempts_total = 0
         self.answered_total = 0
+        self.key_missing: str | None = None  # its api_key_env, unset when the tier started: down
 
     @property
     def weight(self) -> float:
@@ -137,6 +144,7 @@ class Deployment:
             "attempts_total": float(self.attempts_total),
             "failed_attempts_total": float(self.failed_attempts_total),
             "answered_total": float(self.answered_total),
+            "key_missing": 1.0 if self.key_missing else 0.0,
         }
 
     async def probe(self) -> None:
@@ -186,18 +194,47 @@ class Pool:
             )
             for i, settings in enumerate(found)
         ]
+        self.down: list[Deployment] = []  # without their key: never offered a request
         self.strategy = STRATEGIES[config.strategy]
         self.probe_interval_s = config.probe_interval_s
         self._rng = rng or random.Random()
         self._probers: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
+        self._set_aside_keyless()
         for d in self.deployments:
             d.ensure_client()
         if self.probe_interval_s is not None and not self._probers:
             # one loop per deployment: a probe that hangs must not hold the others' probes
             interval_s = self.probe_interval_s
             self._probers = [asyncio.create_task(_probe_forever(d, interval_s)) for d in self.deployments]
+
+    def _set_aside_keyless(self) -> None:
+        """Deployments whose key's variable is not set are down (module docstring); a tier with
+        none left is a ConfigError naming every deployment and variable."""
+        for d in self.deployments:
+            d.key_missing = missing_key(d.settings)
+        keyless = [d for d in self.deployments if d.key_missing]
+        if not keyless:
+            return
+        if len(keyless) == len(self.deployments):
+            if len(keyless) == 1:
+                raise ConfigError(
+                    f"tier {self.tier}: tiers.openai.api_key_env names {keyless[0].key_missing}, which is not set"
+                )
+            said = "; ".join(f"deployment {d.logged}: api_key_env {d.key_missing} is not set" for d in keyless)
+            raise ConfigError(f"tier {self.tier}: no deployment has its key ({said})")
+        for d in keyless:
+            log.error(
+                "tier %s: deployment %s is DOWN: its api_key_env names %s, which is not set; it takes no "
+                "requests until the router restarts with it set (the tier serves from its other %d)",
+                self.tier,
+                d.logged,
+                d.key_missing,
+                len(self.deployments) - len(keyless),
+            )
+        self.down += keyless
+        self.deployments = [d for d in self.deployments if not d.key_missing]
 
     async def close(self) -> None:
         probers, self._probers = self._probers, []
@@ -236,7 +273,7 @@ class Pool:
         raise CircuitOpenError(f"tier {self.tier}: no deployment admits a request", retry_after=1.0)  # pragma: no cover
 
     def stats(self) -> dict[str, dict[str, float]]:
-        return {d.name: d.stats() for d in self.deployments}
+        return {d.name: d.stats() for d in [*self.deployments, *self.down]}
 
 
 async def _probe_forever(deployment: Deployment, interval_s: float) -> None:
