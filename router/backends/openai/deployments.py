@@ -12,7 +12,9 @@ what is true of that one server and of no other:
   and no other (the tier's other deployments go on answering);
 - passive health from results (the breaker hears every attempt) and, with `probe_interval_s`, an
   active probe of `GET /models`: a deployment whose probe fails takes no new requests until it
-  passes again;
+  passes again `probe_successes` times in a row (hysteresis: one that flaps between probes is
+  never re-admitted at each pass, and an open breaker closes only after `breaker_successes` good
+  probes in a row);
 - its requests in flight from this replica (`outstanding`), against its `max_concurrent`.
 
 A deployment whose key's environment variable (`api_key_env`) is not set when the tier starts
@@ -86,13 +88,18 @@ class Deployment:
         self.timeout_s = timeout_s
         self._clock = clock
         self.breaker = breaker or CircuitBreaker(
-            label, failures=config.breaker_failures, cooldown_s=config.breaker_cooldown_s, clock=clock
+            label,
+            failures=config.breaker_failures,
+            cooldown_s=config.breaker_cooldown_s,
+            successes=config.breaker_successes,
+            clock=clock,
         )
         self.failures = Failures(label, timeout_s=timeout_s, breaker=self.breaker, retry_after_s=retry_after_s)
         self.refused: set[str] = set() if config.logprobs else {"logprobs"}
         self.outstanding = 0
         self.marked_until = 0.0
         self.probe_ok = True
+        self._probes_passed = 0  # passing probes in a row: `probe_successes` of them after a failure
         self.client: openai.AsyncOpenAI | None = None
         self.attempts_total = 0
         self.failed_attempts_total = 0
@@ -157,9 +164,15 @@ class Deployment:
             ok = False
             if self.probe_ok:
                 log.warning("tier %s: deployment %s fails its probe: %s", self.tier, self.logged, type(exc).__name__)
-        if ok and not self.probe_ok:
+        if not ok:
+            self._probes_passed = 0
+            self.probe_ok = False
+            return
+        self._probes_passed += 1
+        # hysteresis: a deployment that flaps between probes is not sent traffic at each pass
+        if not self.probe_ok and self._probes_passed >= self.config.probe_successes:
             log.info("tier %s: deployment %s passes its probe again", self.tier, self.logged)
-        self.probe_ok = ok
+            self.probe_ok = True
 
 
 class Pool:
