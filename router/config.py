@@ -282,6 +282,30 @@ class CacheSettings(_Strict):
     namespace: str = Field(
         "", max_length=64, description="Mixed into every key: change it to stop serving every earlier entry."
     )
+    max_entries_per_scope: int | None = Field(
+        None,
+        ge=1,
+        le=10_000_000,
+        description="Entries one scope (a key, or a team) keeps; past it that scope's oldest are evicted, "
+        "so one tenant's many distinct requests push out only its own. Unset: a tenth of max_entries. "
+        "Not applied under scope 'global', nor to a keyless server's one tenant.",
+    )
+
+    @model_validator(mode="after")
+    def _scope_share(self) -> CacheSettings:
+        if self.max_entries_per_scope is not None and self.max_entries_per_scope > self.max_entries:
+            raise ValueError(
+                f"cache.max_entries_per_scope ({self.max_entries_per_scope}) is more than cache.max_entries "
+                f"({self.max_entries}): one tenant could still evict every other's entries"
+            )
+        return self
+
+    @property
+    def scope_share(self) -> int:
+        """Entries one scope keeps: `max_entries_per_scope`, or a tenth of `max_entries`."""
+        if self.max_entries_per_scope is not None:
+            return self.max_entries_per_scope
+        return max(1, self.max_entries // 10)
 
 
 class TelemetrySettings(_Strict):

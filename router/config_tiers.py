@@ -240,6 +240,20 @@ class OpenAIBackendSettings(_Strict):
     backoff_max_s: float = Field(8.0, gt=0)
     breaker_failures: int = Field(5, ge=1, description="Consecutive failures that open the breaker.")
     breaker_cooldown_s: float = Field(30.0, gt=0, description="Open time before a half-open probe.")
+    breaker_successes: int = Field(
+        2,
+        ge=1,
+        le=100,
+        description="Good half-open probes in a row that close an open breaker (one call at a time until "
+        "then; a failed one opens it again): a flapping upstream is not sent full traffic at each good call.",
+    )
+    probe_successes: int = Field(
+        2,
+        ge=1,
+        le=100,
+        description="With probe_interval_s: passing probes in a row a deployment that failed its probe needs "
+        "before it takes traffic again, so one that flaps between probes is not sent traffic at each pass.",
+    )
     logprobs: bool = Field(True, description="Ask upstream for the sampled tokens' logprobs.")
     prompt_logprobs: Literal["none", "echo", "vllm"] = Field(
         "none",

@@ -20,7 +20,10 @@ has its row before any work; a request that ends without a record drops it again
 
 A response-cache hit (`router.cache`) generates nothing: it is admitted with no reservation, by
 its key's rate limit alone (a key whose budget is spent still gets its hits), and recorded at
-zero cost through the same write, charge and metrics as any answer (`record_replayed`).
+zero cost through the same write, charge and metrics as any answer (`record_replayed`). A
+request whose rate is spent is refused before the cache is read (`refuse_spent_rate`), so a
+refused request costs no lookup; only a budget's refusal comes after one, since a hit would
+have been served.
 """
 
 from __future__ import annotations
@@ -35,7 +38,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from router import policy
 from router.admission.auth import Principal
 from router.admission.lifecycle import Replayed, RequestAccount, Ticket
-from router.admission.limits import Limits, Reservation, SharedCounter, SharedLimits, day_start, month_start
+from router.admission.limits import (
+    Limits,
+    RateRefusals,
+    Reservation,
+    SharedCounter,
+    SharedLimits,
+    day_start,
+    month_start,
+)
 from router.admission.quota import Quota
 from router.cascade import CascadeResult, Tier
 from router.config import Settings
@@ -187,6 +198,7 @@ class Accounting:
                 "reserved, so a key can pass its budget by that work of its requests in flight",
                 ", ".join(unreserved),
             )
+        self.refusals = RateRefusals()  # under shared limits: the database's last rate refusals
         self.limits = Limits(
             settings.server.api_keys,
             hold_ttl_s=ttl,
@@ -290,6 +302,17 @@ class Accounting:
             self._begin(ticket)
         return ticket
 
+    def refuse_spent_rate(self, principal: Principal, user: str | None) -> None:
+        """429 now, with nothing counted, when a rate would refuse the request even as a cache hit:
+        the route asks before it reads the cache. Exact in one process; under shared limits, from
+        the database's last refusal of the subject, until its Retry-After (`RateRefusals`)."""
+        quotas = self.quotas(principal, user)
+        with self._counting_refusals():
+            if self.shared is None:
+                self.limits.check_rates(quotas)
+            else:
+                self.refusals.check(quotas)
+
     def quotas(self, principal: Principal, user: str | None) -> tuple[Quota, ...]:
         """Every level's limits a request falls under: its key's, its team's, and (when the key has
         a team and the request names a `user`) that end user's within the team."""
@@ -335,7 +358,11 @@ class Accounting:
                     reserved_tokens=ticket.reserved_tokens,
                 )
                 with self._counting_refusals():
-                    await self.shared.admit(ticket.quotas, reservation, p.ts, budget=ticket.budget)
+                    try:
+                        await self.shared.admit(ticket.quotas, reservation, p.ts, budget=ticket.budget)
+                    except RateLimitError as refused:
+                        self.refusals.heard(ticket.quotas, refused)
+                        raise
                 ticket.reserved = True
             return
         if self.ledger is not None and not self.ledger.healthy:

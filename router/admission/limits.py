@@ -362,6 +362,17 @@ class Limits:
         self._changed()
         return hold
 
+    def check_rates(self, quotas: Sequence[Quota]) -> None:
+        """RateLimitError when a rate is spent even for a request that costs no tokens (a cache
+        hit): checked, never counted. Under shared limits the database decides (`RateRefusals`)."""
+        if self.shared:
+            return
+        for q in quotas:
+            if q.requests_per_minute is not None:
+                self.rate.check(q)
+            if q.tokens_per_minute is not None:
+                self.tokens.check(q, 0)
+
     def hold(self, request_id: str) -> Hold | None:
         return self._holds.get(request_id)
 
@@ -475,6 +486,36 @@ class Reservation:
     team: str | None = None
     user: str | None = None
     reserved_tokens: int = 0
+
+
+class RateRefusals:
+    """The request-rate refusals a replica last heard from the shared store, per subject, until
+    their `Retry-After`. A rate window only drains with time, so until then that subject would be
+    refused again: a request can be turned away before any work that needs no admission first
+    (a cache lookup), without asking the database. The first refusal of a window is the
+    database's own."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._until: dict[str, float] = {}
+
+    def heard(self, quotas: Sequence[Quota], refused: RateLimitError) -> None:
+        if refused.kind != "requests" or refused.limit is None:
+            return  # a token rate refuses by the request's size, which a hit does not have
+        now = self.clock()
+        if len(self._until) >= SWEEP_AT:
+            self._until = {s: t for s, t in self._until.items() if t > now}
+        level = refused.limit.split(".", 1)[0]
+        for q in quotas:
+            if q.level == level:
+                self._until[q.subject] = now + refused.retry_after
+
+    def check(self, quotas: Sequence[Quota]) -> None:
+        now = self.clock()
+        for q in quotas:
+            until = self._until.get(q.subject)
+            if until is not None and until > now and q.requests_per_minute is not None:
+                check_rate(q, q.requests_per_minute, WINDOW_S - (until - now))  # the same 429, its wait left
 
 
 @runtime_checkable

@@ -1,7 +1,8 @@
 """POST /v1/chat/completions and /v1/completions, streaming and not.
 
 With the response cache on (router.cache), a cacheable request is looked up before admission
-(a hit is admitted by the key's rate limit alone, since it costs nothing) and, on a hit,
+(a hit is admitted by the key's rate limit alone, since it costs nothing; a request whose rate
+is already spent is refused before the lookup, so it reads nothing) and, on a hit,
 answered whole from the stored answer, streamed as any whole answer when asked; an answer that
 was generated is offered to the cache once its ledger row is committed and its last byte sent.
 """
@@ -94,7 +95,10 @@ async def _respond(
     wanted = body.logprobs_wanted()  # checked by _prepare: None, or the alternatives to show
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     lookup = services.cache.plan(body, shape.object, principal, cache_control)
-    if lookup is not None:
+    if lookup is not None and lookup.read:
+        # a rate that would refuse even a hit refuses before the lookup: a refused request reads
+        # nothing (401, 403 and 400 are refused before this point; a budget only after a miss)
+        services.accounting.refuse_spent_rate(principal, body.user)
         hit = await services.cache.get(lookup)
         if hit is not None:
             return await _replayed(services, principal, body, rid, shape, request, plan, hit, include_usage)

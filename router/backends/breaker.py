@@ -4,8 +4,13 @@ States::
 
     closed ──(failures consecutive failed calls)──► open
     open ──(cooldown_s elapsed, next acquire)──► half_open (that caller holds the only probe)
-    half_open ── probe succeeds ──► closed
+    half_open ── probe succeeds, `successes` in a row ──► closed
+    half_open ── probe succeeds, fewer so far ──► half_open (the next acquire probes again at once)
     half_open ── probe fails ──► open (cool-down starts again)
+
+`successes` is hysteresis: an upstream that flaps (up for one call, down for the next) would
+otherwise be closed by its first good probe and sent full traffic, `failures` of which fail before
+it opens again, on every cool-down. While it is half-open it takes one call at a time.
 
 A *call* is one attempt against the upstream, not one logical request: a request that is retried
 three times and fails three times counts three failures. Attempts are what load the upstream, and
@@ -43,15 +48,20 @@ class CircuitBreaker:
         *,
         failures: int,
         cooldown_s: float,
+        successes: int = 1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if failures < 1:
             raise ValueError("failures must be >= 1")
         if cooldown_s <= 0:
             raise ValueError("cooldown_s must be > 0")
+        if successes < 1:
+            raise ValueError("successes must be >= 1")
         self.name = name
         self.failures = failures
         self.cooldown_s = cooldown_s
+        self.successes = successes
+        self._probes_passed = 0  # good probes in a row while half-open
         self._clock = clock
         self._state: BreakerState = "closed"
         self._consecutive = 0
@@ -118,8 +128,11 @@ class CircuitBreaker:
     def _on_success(self, permit: Permit) -> None:
         if permit.probe:
             self._probe = None
-            self._state = "closed"
-            self._consecutive = 0
+            self._probes_passed += 1
+            if self._probes_passed >= self.successes:
+                self._state = "closed"
+                self._consecutive = 0
+                self._probes_passed = 0
         elif self._state == "closed":
             self._consecutive = 0
 
@@ -140,6 +153,7 @@ class CircuitBreaker:
 
     def _open(self) -> None:
         self._state = "open"
+        self._probes_passed = 0
         self._opened_at = self._clock()
         self._opens_total += 1
 

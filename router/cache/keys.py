@@ -18,18 +18,21 @@ change what an answer costs or what is learnt from it, not the answer, so they a
 
 The scope is part of the key and is also stored beside the entry and matched on reading, so even
 two equal hashes could not cross tenants. `scope_of` is the one place a scope is chosen: per API
-key by default, or per team (a key without a team keeps its own).
+key by default, or per team (a key without a team keeps its own); `has_share` says whether that
+scope is held to its own share of the entries, so that one tenant's many distinct requests evict
+only its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from router.admission.auth import Principal
+from router.admission.auth import ANONYMOUS, Principal
 from router.config import Settings
 
 FORMAT = 1  # bumped when what is keyed or stored changes: earlier entries are then never read
@@ -83,6 +86,13 @@ def scope_of(principal: Principal, scope: Literal["key", "team", "global"]) -> s
     if scope == "team" and principal.team is not None:
         return f"team:{principal.team}"
     return f"key:{principal.key_id}"
+
+
+def has_share(principal: Principal, scope: Literal["key", "team", "global"]) -> bool:
+    """Whether the caller's scope is one tenant among others, held to its own share of the cache
+    (`cache.max_entries_per_scope`): not under 'global', nor on a keyless server, whose every
+    caller is the one tenant 'anonymous'."""
+    return scope != "global" and dataclasses.replace(principal, may_send_tests=False) != ANONYMOUS
 
 
 def cache_key(body: BaseModel, *, shape: str, policy: str, scope: str, client_code: bool) -> str:

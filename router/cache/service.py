@@ -10,6 +10,12 @@ drops expired entries and, every `evict_every` stores, evicts the oldest past `m
 all replicas' together (so the table holds at most `max_entries` plus `evict_every` - 1 per
 replica, `evict_every` being 1% of `max_entries`).
 
+The global bound alone let one tenant flush every other's entries by sending many distinct
+requests, so each tenant's scope also has its own share (`cache.max_entries_per_scope`): every
+`scope_every` stores of one scope (1% of its share) evict that scope's oldest past the share,
+and no one else's. So a tenant over its share evicts only itself; the global bound still evicts
+the oldest of all when many tenants together fill the table.
+
 Counted in /metrics: `tierroute_cache_lookups_total{result}` (hit, miss, invalid, error, bypass,
 skip; a hit once it is served, so one refused by a rate limit is none) and
 `tierroute_cache_stores_total{result}` (stored, truncated, unverified, too_large, error).
@@ -20,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +44,8 @@ from router.ledger.writer import Ledger
 
 log = logging.getLogger(__name__)
 
+SCOPES_COUNTED = 4096  # scopes whose stores a process counts (see `ResponseCache.scope_every`)
+
 
 @dataclass(frozen=True)
 class Lookup:
@@ -50,6 +59,7 @@ class Lookup:
     shape: str
     read: bool
     store: bool
+    share: bool = False  # its scope is held to its own share of the entries (`keys.has_share`)
 
 
 class ResponseCache:
@@ -73,6 +83,13 @@ class ResponseCache:
         # O(max_entries), and a replica adds at most that many entries past the bound between two
         self.evict_every = max(1, settings.cache.max_entries // 100)
         self._puts = 0
+        # the same per scope, against its share: each scope's stores counted in this process. A
+        # scope forgotten past SCOPES_COUNTED starts again at 0, and a scope's count of 0 evicts,
+        # so forgetting costs an extra walk, never a late one: a replica stores at most
+        # `scope_every` - 1 entries of a scope past its share between two of its evictions
+        self.scope_share = settings.cache.scope_share
+        self.scope_every = max(1, self.scope_share // 100)
+        self._scope_puts: OrderedDict[str, int] = OrderedDict()
         self._storing: set[asyncio.Task[None]] = set()
         self.lookups = Counter(
             "tierroute_cache_lookups",
@@ -104,7 +121,8 @@ class ResponseCache:
         key = keys.cache_key(body, shape=shape, policy=self.policy, scope=scope, client_code=principal.may_send_tests)
         if not read:
             self.lookups.labels("bypass").inc()
-        return Lookup("miss" if read else "bypass", key, scope, shape, read=read, store=store)
+        share = keys.has_share(principal, self.settings.scope)
+        return Lookup("miss" if read else "bypass", key, scope, shape, read=read, store=store, share=share)
 
     async def get(self, lookup: Lookup) -> CachedAnswer | None:
         """The checked entry for this lookup, or None (a miss, whatever the reason)."""
@@ -166,11 +184,22 @@ class ResponseCache:
         )
         self._puts += 1
         evict = self._puts % self.evict_every == 0
-        self._background(self._put(row, self.settings.max_entries if evict else None), "store")
+        own = self._scope_due(lookup.scope) if lookup.share else False
+        self._background(
+            self._put(row, self.settings.max_entries if evict else None, self.scope_share if own else None), "store"
+        )
 
-    async def _put(self, row: CacheRow, max_entries: int | None) -> None:
+    def _scope_due(self, scope: str) -> bool:
+        """Whether this store of `scope` evicts its oldest past its share (every `scope_every`)."""
+        count = self._scope_puts.pop(scope, 0)
+        self._scope_puts[scope] = count + 1  # the most recent last: the least recent is forgotten first
+        if len(self._scope_puts) > SCOPES_COUNTED:
+            self._scope_puts.popitem(last=False)
+        return count % self.scope_every == 0
+
+    async def _put(self, row: CacheRow, max_entries: int | None, max_per_scope: int | None) -> None:
         assert self.ledger is not None
-        await self.ledger.cache_put(row, max_entries)
+        await self.ledger.cache_put(row, max_entries, max_per_scope)
         self.stores.labels("stored").inc()
 
     def _background(self, work: Any, what: str) -> None:

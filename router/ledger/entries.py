@@ -289,9 +289,10 @@ class LedgerStore(Protocol):
     def cache_get(self, cache_key: str, scope: str, now: float) -> CacheRow | None:
         """The unexpired cached answer stored under this key for this scope, if any."""
 
-    def cache_put(self, row: CacheRow, max_entries: int | None) -> None:
+    def cache_put(self, row: CacheRow, max_entries: int | None, max_per_scope: int | None = None) -> None:
         """Store the answer (replacing one under the same key) and drop expired entries; with
-        `max_entries`, also evict the oldest past it; in one transaction."""
+        `max_per_scope`, also evict the oldest of the row's own scope past it, and with
+        `max_entries` the oldest of all past it; in one transaction."""
 
     def cache_drop(self, cache_key: str) -> None:
         """Forget one entry (it failed its checks on reading)."""

@@ -412,10 +412,17 @@ class PostgresStore:
             )
         return None if found is None else rows.cache_from_row(found)
 
-    def cache_put(self, row: CacheRow, max_entries: int | None) -> None:
+    def cache_put(self, row: CacheRow, max_entries: int | None, max_per_scope: int | None = None) -> None:
         with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
             conn.execute(_INSERT_CACHE, rows.cache_values(row))
             conn.execute("DELETE FROM cache_entries WHERE expires_at <= %s", (row.created,))
+            if max_per_scope is not None:  # the row's own scope's oldest past its share: no one else's
+                own = conn.execute(
+                    "SELECT created FROM cache_entries WHERE scope = %s ORDER BY created DESC LIMIT 1 OFFSET %s",
+                    (row.scope, max_per_scope),
+                ).fetchone()
+                if own is not None:
+                    conn.execute("DELETE FROM cache_entries WHERE scope = %s AND created <= %s", (row.scope, own[0]))
             if max_entries is None:
                 return
             # the newest max_entries stay, whichever replica stored them: the cutoff is read off the

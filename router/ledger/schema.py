@@ -415,7 +415,12 @@ TABLES: tuple[Table, ...] = (
         ("cache_key",),
         sqlite=7,
         postgres=4,
-        indexes=(Index("cache_entries_created", ("created",)), Index("cache_entries_expires", ("expires_at",))),
+        indexes=(
+            Index("cache_entries_created", ("created",)),
+            Index("cache_entries_expires", ("expires_at",)),
+            # one scope's oldest, for its own bound (cache.max_entries_per_scope)
+            Index("cache_entries_scope_created", ("scope", "created"), sqlite=10, postgres=7),
+        ),
     ),
 )
 

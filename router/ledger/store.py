@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 # the SQLite schema version recorded in `meta`: the latest the description names (2: the pending
 # table; 3: requests.task and task_why; 4: shadow_pairs; 5: requests.user; 6: requests.deployment;
 # then the response cache's cache_entries; the control plane's keys, teams, user limits and audit,
-# with requests.team (router.control); feedback)
+# with requests.team (router.control); feedback; 10: cache_entries' (scope, created) index)
 SCHEMA_VERSION = schema.latest("sqlite")
 
 _INSERT_REQUEST = rows.insert("requests", "sqlite")
@@ -40,6 +40,8 @@ _INSERT_CACHE = rows.insert("cache_entries", "sqlite", "INSERT OR REPLACE INTO")
 # the created index alone (ordering the table by more than `created` sorted all of it: 0.8-1.4 s
 # at 1M entries on the ledger's one thread, against 23-31 ms for this)
 EVICT_CUTOFF = "SELECT created FROM cache_entries ORDER BY created DESC LIMIT 1 OFFSET ?"
+# the same within one scope, read off the (scope, created) index: its (max_per_scope + 1)-th newest
+SCOPE_CUTOFF = "SELECT created FROM cache_entries WHERE scope = ? ORDER BY created DESC LIMIT 1 OFFSET ?"
 
 
 class SQLiteStore:
@@ -236,11 +238,15 @@ class SQLiteStore:
         ).fetchone()
         return None if found is None else rows.cache_from_row(found)
 
-    def cache_put(self, row: CacheRow, max_entries: int | None) -> None:
+    def cache_put(self, row: CacheRow, max_entries: int | None, max_per_scope: int | None = None) -> None:
         def put() -> None:
             conn = self.conn
             conn.execute(_INSERT_CACHE, rows.cache_values(row))
             conn.execute("DELETE FROM cache_entries WHERE expires_at <= ?", (row.created,))
+            if max_per_scope is not None:  # the row's own scope's oldest past its share: no one else's
+                own = conn.execute(SCOPE_CUTOFF, (row.scope, max_per_scope)).fetchone()
+                if own is not None:
+                    conn.execute("DELETE FROM cache_entries WHERE scope = ? AND created <= ?", (row.scope, own[0]))
             if max_entries is None:
                 return
             # the newest max_entries stay (an entry stored in the same instant as the cutoff goes too)

@@ -146,10 +146,10 @@ class Ledger:
         """The response cache's read (router.cache): on the ledger's thread, as every store call."""
         return await self._call(self.store.cache_get, cache_key, scope, now)
 
-    async def cache_put(self, row: CacheRow, max_entries: int | None) -> None:
+    async def cache_put(self, row: CacheRow, max_entries: int | None, max_per_scope: int | None = None) -> None:
         """Best effort, as shadow pairs: a lost entry costs a later generation, not a record, so it
         is never retried nor marks the ledger unhealthy."""
-        await self._call(self.store.cache_put, row, max_entries)
+        await self._call(self.store.cache_put, row, max_entries, max_per_scope)
 
     async def cache_drop(self, cache_key: str) -> None:
         await self._call(self.store.cache_drop, cache_key)

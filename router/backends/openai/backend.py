@@ -491,7 +491,7 @@ class OpenAIBackend(Backend):
                 refused = refused_param(exc, params)
                 if refused is None:
                     raise
-                log.info("tier %s: deployment %s refuses %s; no longer sent", self.name, where.name, refused)
+                log.info("tier %s: deployment %s refuses %s; no longer sent", self.name, where.logged, refused)
                 where.refused.add(refused)
 
     # -- failures --------------------------------------------------------------------------------
@@ -528,7 +528,7 @@ class OpenAIBackend(Backend):
             "tier %s: upstream attempt %d (deployment %s) failed: %s",
             self.name,
             call.attempts,
-            where.name,
+            where.logged,
             verdict.detail,
         )
         mapped = verdict.error()  # built after the breaker heard of it: its cool-down is current

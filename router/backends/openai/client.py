@@ -81,6 +81,12 @@ def _only_ours(key: str) -> Mapping[str, str]:
     return headers
 
 
+def missing_key(deployment: DeploymentSettings) -> str | None:
+    """The environment variable the deployment's key should be in, when it is not set (or empty)."""
+    env = deployment.api_key_env
+    return env if env is not None and not os.environ.get(env) else None
+
+
 def api_key(deployment: DeploymentSettings, *, tier: str) -> str:
     env = deployment.api_key_env
     if env is None:

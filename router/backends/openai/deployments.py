@@ -12,8 +12,20 @@ what is true of that one server and of no other:
   and no other (the tier's other deployments go on answering);
 - passive health from results (the breaker hears every attempt) and, with `probe_interval_s`, an
   active probe of `GET /models`: a deployment whose probe fails takes no new requests until it
-  passes again;
+  passes again `probe_successes` times in a row (hysteresis: one that flaps between probes is
+  never re-admitted at each pass, and an open breaker closes only after `breaker_successes` good
+  probes in a row);
 - its requests in flight from this replica (`outstanding`), against its `max_concurrent`.
+
+A deployment whose key's environment variable (`api_key_env`) is not set when the tier starts
+is down until the router restarts with it set: it takes no requests, the log says so at ERROR
+naming it and the variable, and /metrics shows it (`tierroute_deployment_key_missing` 1), while
+the tier serves from its other deployments. A tier none of whose deployments has its key refuses
+to start, naming each deployment and variable: it could answer nothing.
+
+What a client is told of a deployment's failure (its breaker's and `Failures`' messages) names the
+tier, and the deployment only by a name the operator gave it: never its address, which an
+unnamed deployment's default name is. The address goes to the log with the upstream's own words.
 
 `Pool.pick` offers a request the deployments that may take it now and lets the tier's strategy
 (`router.backends.openai.balancing`) choose. Breakers and `max_concurrent` are hard limits; a
@@ -31,14 +43,15 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import openai
 
 from router.backends.breaker import CircuitBreaker
 from router.backends.openai.balancing import STRATEGIES
-from router.backends.openai.client import new_client
+from router.backends.openai.client import missing_key, new_client
 from router.backends.openai.failures import Failures
-from router.errors import CircuitOpenError, OverloadedError
+from router.errors import CircuitOpenError, ConfigError, OverloadedError
 
 if TYPE_CHECKING:
     from router.config import DeploymentSettings, OpenAIBackendSettings
@@ -64,6 +77,10 @@ class Deployment:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = settings.label
+        # for the log only: its name and where it is (host:port, never the URL's user or password)
+        parts = urlsplit(settings.base_url)
+        address = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+        self.logged = self.name if self.name == address else f"{self.name} ({address})"
         self.tier = tier
         self.settings = settings
         self.config = config
@@ -71,17 +88,23 @@ class Deployment:
         self.timeout_s = timeout_s
         self._clock = clock
         self.breaker = breaker or CircuitBreaker(
-            label, failures=config.breaker_failures, cooldown_s=config.breaker_cooldown_s, clock=clock
+            label,
+            failures=config.breaker_failures,
+            cooldown_s=config.breaker_cooldown_s,
+            successes=config.breaker_successes,
+            clock=clock,
         )
         self.failures = Failures(label, timeout_s=timeout_s, breaker=self.breaker, retry_after_s=retry_after_s)
         self.refused: set[str] = set() if config.logprobs else {"logprobs"}
         self.outstanding = 0
         self.marked_until = 0.0
         self.probe_ok = True
+        self._probes_passed = 0  # passing probes in a row: `probe_successes` of them after a failure
         self.client: openai.AsyncOpenAI | None = None
         self.attempts_total = 0
         self.failed_attempts_total = 0
         self.answered_total = 0
+        self.key_missing: str | None = None  # its api_key_env, unset when the tier started: down
 
     @property
     def weight(self) -> float:
@@ -128,6 +151,7 @@ class Deployment:
             "attempts_total": float(self.attempts_total),
             "failed_attempts_total": float(self.failed_attempts_total),
             "answered_total": float(self.answered_total),
+            "key_missing": 1.0 if self.key_missing else 0.0,
         }
 
     async def probe(self) -> None:
@@ -139,10 +163,16 @@ class Deployment:
         except Exception as exc:  # any failure to answer is a failed probe
             ok = False
             if self.probe_ok:
-                log.warning("tier %s: deployment %s fails its probe: %s", self.tier, self.name, type(exc).__name__)
-        if ok and not self.probe_ok:
-            log.info("tier %s: deployment %s passes its probe again", self.tier, self.name)
-        self.probe_ok = ok
+                log.warning("tier %s: deployment %s fails its probe: %s", self.tier, self.logged, type(exc).__name__)
+        if not ok:
+            self._probes_passed = 0
+            self.probe_ok = False
+            return
+        self._probes_passed += 1
+        # hysteresis: a deployment that flaps between probes is not sent traffic at each pass
+        if not self.probe_ok and self._probes_passed >= self.config.probe_successes:
+            log.info("tier %s: deployment %s passes its probe again", self.tier, self.logged)
+            self.probe_ok = True
 
 
 class Pool:
@@ -167,26 +197,57 @@ class Pool:
                 tier,
                 config,
                 settings,
-                # one deployment speaks as the tier always did; several name themselves
-                label=tier if single else f"{tier}/{settings.label}",
+                # what clients hear it called: one deployment speaks as the tier always did; of
+                # several, one the operator named says its name, and never its address (an unnamed
+                # deployment's default name is its host:port, which stays in the log and /metrics)
+                label=f"{tier}/{settings.name}" if settings.name and not single else tier,
                 timeout_s=timeout_s,
                 retry_after_s=retry_after_s,
                 breaker=breaker if i == 0 else None,
             )
             for i, settings in enumerate(found)
         ]
+        self.down: list[Deployment] = []  # without their key: never offered a request
         self.strategy = STRATEGIES[config.strategy]
         self.probe_interval_s = config.probe_interval_s
         self._rng = rng or random.Random()
         self._probers: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
+        self._set_aside_keyless()
         for d in self.deployments:
             d.ensure_client()
         if self.probe_interval_s is not None and not self._probers:
             # one loop per deployment: a probe that hangs must not hold the others' probes
             interval_s = self.probe_interval_s
             self._probers = [asyncio.create_task(_probe_forever(d, interval_s)) for d in self.deployments]
+
+    def _set_aside_keyless(self) -> None:
+        """Deployments whose key's variable is not set are down (module docstring); a tier with
+        none left is a ConfigError naming every deployment and variable."""
+        for d in self.deployments:
+            d.key_missing = missing_key(d.settings)
+        keyless = [d for d in self.deployments if d.key_missing]
+        if not keyless:
+            return
+        if len(keyless) == len(self.deployments):
+            if len(keyless) == 1:
+                raise ConfigError(
+                    f"tier {self.tier}: tiers.openai.api_key_env names {keyless[0].key_missing}, which is not set"
+                )
+            said = "; ".join(f"deployment {d.logged}: api_key_env {d.key_missing} is not set" for d in keyless)
+            raise ConfigError(f"tier {self.tier}: no deployment has its key ({said})")
+        for d in keyless:
+            log.error(
+                "tier %s: deployment %s is DOWN: its api_key_env names %s, which is not set; it takes no "
+                "requests until the router restarts with it set (the tier serves from its other %d)",
+                self.tier,
+                d.logged,
+                d.key_missing,
+                len(self.deployments) - len(keyless),
+            )
+        self.down += keyless
+        self.deployments = [d for d in self.deployments if not d.key_missing]
 
     async def close(self) -> None:
         probers, self._probers = self._probers, []
@@ -225,7 +286,7 @@ class Pool:
         raise CircuitOpenError(f"tier {self.tier}: no deployment admits a request", retry_after=1.0)  # pragma: no cover
 
     def stats(self) -> dict[str, dict[str, float]]:
-        return {d.name: d.stats() for d in self.deployments}
+        return {d.name: d.stats() for d in [*self.deployments, *self.down]}
 
 
 async def _probe_forever(deployment: Deployment, interval_s: float) -> None:

@@ -112,8 +112,33 @@ def test_first_report_wins_and_late_calls_do_not_move_an_open_breaker() -> None:
     assert breaker.state == "open"
 
 
+def test_half_open_closes_only_after_good_probes_in_a_row() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker("large", failures=1, cooldown_s=10.0, successes=3, clock=clock)
+    fail(breaker)
+    clock.advance(10.0)
+    for _ in range(2):  # good, good: still half-open, one call at a time, the next one admitted at once
+        probe = breaker.acquire()
+        with pytest.raises(CircuitOpenError):
+            breaker.acquire()
+        probe.success()
+        assert breaker.state == "half_open" and breaker.retry_after() == 0.0
+    breaker.acquire().failure()  # a bad one: open again, and the count starts over
+    assert breaker.state == "open"
+    clock.advance(10.0)
+    for _ in range(2):
+        breaker.acquire().success()
+    assert breaker.state == "half_open"
+    breaker.acquire().success()
+    assert breaker.state == "closed"
+    breaker.acquire()  # and closed admits anyone
+    breaker.acquire()
+
+
 def test_rejects_nonsense_settings() -> None:
     with pytest.raises(ValueError):
         CircuitBreaker("x", failures=0, cooldown_s=1)
     with pytest.raises(ValueError):
         CircuitBreaker("x", failures=1, cooldown_s=0)
+    with pytest.raises(ValueError):
+        CircuitBreaker("x", failures=1, cooldown_s=1, successes=0)

@@ -168,7 +168,10 @@ async def policy_change(tmp_path: Path, ledger_url: str | None) -> None:
 
 
 async def test_bounds_ttl_and_eviction(tmp_path: Path) -> None:
-    cfg, raw = cache_config(tmp_path, KEYS, cache="enabled = true\nmax_entries = 2\nttl_s = 60\n")
+    # one key may fill the whole cache here (its share is a tenth of it by default: test_cache_tenants.py)
+    cfg, raw = cache_config(
+        tmp_path, KEYS, cache="enabled = true\nmax_entries = 2\nmax_entries_per_scope = 2\nttl_s = 60\n"
+    )
     async with running(cfg, backends={"small": Counting("small")}) as client:
         cache = client.app.state.services.cache  # type: ignore[attr-defined]
 
