@@ -104,7 +104,7 @@ class Attempt:
         g = self.generation
         return {
             "tier": self.tier,
-            "deployment": g.deployment if g else None,  # which of the tier's deployments answered
+            "deployment": g.deployment_shown if g else None,  # which of the tier's deployments answered
             "accepted": self.accepted,
             "score": None if self.score is None else round(self.score, 6),
             "threshold": self.threshold,
@@ -175,7 +175,7 @@ class CascadeResult:
     def summary(self) -> dict[str, Any]:
         return {
             "tier": self.final.tier,
-            "deployment": self.final.generation.deployment if self.final.generation else None,
+            "deployment": self.final.generation.deployment_shown if self.final.generation else None,
             "task": self.task.task if self.task else None,
             "task_why": self.task.why if self.task else None,
             "escalated": self.escalated,
@@ -392,6 +392,7 @@ class Cascade:
                 latency_s=time.monotonic() - started,
                 busy_s=last.busy_s,
                 deployment=last.deployment,
+                deployment_shown=last.deployment_shown,
             )
             attempt.cost_usd = tier.cost_of(attempt.generation)
         if gone:

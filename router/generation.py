@@ -210,8 +210,11 @@ class Generation:
     # choices 2..n of a request with n > 1; this Generation's own text is choice 1, and its counts
     # and compute cover all n (the prompt once), so the cascade prices and the ledger records them all
     others: tuple[Generation, ...] = ()
-    # which of the tier's deployments answered (an `openai` tier's; None for a local tier)
+    # which of the tier's deployments answered (an `openai` tier's; None for a local tier): its
+    # name as the ledger and /metrics know it (by default its host:port), and as clients see it
+    # (the operator's name or its place, '#2'; None for a tier of one unnamed deployment)
     deployment: str | None = None
+    deployment_shown: str | None = None
 
     @property
     def choices(self) -> tuple[Generation, ...]:
@@ -256,3 +259,4 @@ class Delta:
     busy_s: float | None = None  # compute so far
     top_logprobs: tuple[TokenLogprob, ...] | None = None  # this piece's tokens, when asked for
     deployment: str | None = None  # which of the tier's deployments is streaming it
+    deployment_shown: str | None = None  # and what clients see it called (Generation's)

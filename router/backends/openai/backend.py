@@ -212,7 +212,13 @@ class OpenAIBackend(Backend):
                 while piece is not None:
                     if ttft is None:
                         ttft = time.monotonic() - call.started
-                    yield Delta(piece, *acc.so_far(call), top_logprobs=acc.take_tops(), deployment=where.name)
+                    yield Delta(
+                        piece,
+                        *acc.so_far(call),
+                        top_logprobs=acc.take_tops(),
+                        deployment=where.name,
+                        deployment_shown=where.shown,
+                    )
                     try:
                         piece = await next_piece(events, acc, call)
                     except Exception as exc:
@@ -243,7 +249,9 @@ class OpenAIBackend(Backend):
                     permit.release()  # no-op when an outcome was reported; covers an abandoned stream
                     where.outstanding -= 1
                 await close_quietly(opened.response)
-        yield dataclasses.replace(acc.generation(call, where.model, ttft_s=ttft), deployment=where.name)
+        yield dataclasses.replace(
+            acc.generation(call, where.model, ttft_s=ttft), deployment=where.name, deployment_shown=where.shown
+        )
 
     def _hold_until_deadline(self, call: Call, opened: _OpenStream) -> asyncio.TimerHandle:
         """Let go of a stream's deployment slot and upstream connection once its deadline (and a
@@ -436,7 +444,7 @@ class OpenAIBackend(Backend):
             where.outstanding -= 1
         permit.success()
         where.answered_total += 1
-        return dataclasses.replace(generation, deployment=where.name)
+        return dataclasses.replace(generation, deployment=where.name, deployment_shown=where.shown)
 
     async def _attempt_open_stream(self, call: Call, where: Deployment) -> _OpenStream:
         """Open the stream and read up to the first piece of text: the part that may be retried

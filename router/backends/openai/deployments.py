@@ -71,12 +71,16 @@ class Deployment:
         settings: DeploymentSettings,
         *,
         label: str,
+        shown: str | None = None,
         timeout_s: float,
         retry_after_s: float,
         breaker: CircuitBreaker | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = settings.label
+        # what a client's `tierroute` object calls it: the operator's name, or its place in the
+        # list ('#2'); never its address, which is the default name the ledger and /metrics keep
+        self.shown = shown
         # for the log only: its name and where it is (host:port, never the URL's user or password)
         parts = urlsplit(settings.base_url)
         address = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
@@ -201,6 +205,7 @@ class Pool:
                 # several, one the operator named says its name, and never its address (an unnamed
                 # deployment's default name is its host:port, which stays in the log and /metrics)
                 label=f"{tier}/{settings.name}" if settings.name and not single else tier,
+                shown=settings.name or (None if single else f"#{i + 1}"),
                 timeout_s=timeout_s,
                 retry_after_s=retry_after_s,
                 breaker=breaker if i == 0 else None,

@@ -10,6 +10,7 @@ broken stream showed clients where the upstreams live.
 from __future__ import annotations
 
 import logging
+import sqlite3
 from pathlib import Path
 
 import httpx
@@ -17,6 +18,7 @@ import pytest
 
 from tests.support.accounting import chat, running
 from tests.support.config import write_config
+from tests.support.fault_upstream import FaultUpstream
 from tests.support.servers import dead_port
 
 
@@ -80,3 +82,28 @@ async def test_a_single_base_url_is_not_told_either(tmp_path: Path) -> None:
     responses = await _failures(_config(tmp_path, port))
     assert [r.status_code >= 500 for r in responses] == [True] * 4
     assert _leaks(responses, [port]) == []
+
+
+@pytest.mark.parametrize("named", [False, True])
+async def test_an_answer_names_its_deployment_without_its_address(
+    tmp_path: Path, upstream: FaultUpstream, second: FaultUpstream, named: bool
+) -> None:
+    # an answer's `tierroute` object said which deployment answered by its default name, its
+    # host:port; clients now see the operator's name or its place in the list, while the ledger
+    # (and /metrics, for admin and metrics keys) keep the address
+    dead = dead_port()
+    names = ["eu", "us"] if named else [None, None]
+    cfg = _config(tmp_path, [(dead, names[0]), (upstream.port, names[1])])
+    async with running(cfg) as client:
+        responses = [
+            await client.post("/v1/chat/completions", json=chat("Hello?", stream=stream)) for stream in (False, True)
+        ]
+    assert [r.status_code for r in responses] == [200, 200], [r.text for r in responses]
+    assert _leaks(responses, [dead, upstream.port]) == []
+    ext = responses[0].json()["tierroute"]
+    shown = "us" if named else "#2"
+    assert ext["deployment"] == shown and [a["deployment"] for a in ext["attempts"]] == [shown]
+    assert f'"deployment": "{shown}"' in responses[1].text or f'"deployment":"{shown}"' in responses[1].text
+    with sqlite3.connect(tmp_path / "ledger.sqlite3") as db:
+        kept = {row[0] for row in db.execute("SELECT deployment FROM requests")}
+    assert kept == {"us" if named else f"127.0.0.1:{upstream.port}"}
