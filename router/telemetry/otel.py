@@ -13,10 +13,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from router.telemetry.otlp_encode import encode_spans
 from router.telemetry.spans import Kind, Span
 
 _KINDS = {"internal": SpanKind.INTERNAL, "server": SpanKind.SERVER, "client": SpanKind.CLIENT}
@@ -25,6 +28,28 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 # tracestate member as sent: a log line per request, in words and bytes of the client's choosing.
 # These two loggers speak only of that input, which the spec says to ignore, so they are quieted.
 _CLIENT_INPUT_LOGGERS = ("opentelemetry.trace.propagation.tracecontext", "opentelemetry.trace.span")
+
+
+class OtlpExporter(OTLPSpanExporter):
+    """OpenTelemetry's OTLP/HTTP exporter (endpoint, headers, compression, retries, timeout as it
+    reads them) sending what `router.telemetry.otlp_encode` writes: the same request, for about a
+    quarter of the CPU its own encoder takes on the batch thread. An exporter version without the
+    HTTP client this relies on (its `_client`, as in 1.45) encodes as it always did."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        client = getattr(self, "_client", None)
+        if client is None or getattr(self, "_shutdown", True):
+            return super().export(spans)
+        try:
+            data = encode_spans(spans)
+        except Exception:  # noqa: BLE001 - as OpenTelemetry's exporter: a batch that cannot be encoded is dropped
+            logging.getLogger(__name__).exception("a span batch could not be encoded; dropped")
+            return SpanExportResult.FAILURE
+        limit = getattr(self, "_max_request_size", 0) or 0
+        if 0 < limit < len(data):
+            logging.getLogger(__name__).warning("a span batch of %d bytes is over max_request_size; dropped", len(data))
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS if client.export(data).success else SpanExportResult.FAILURE
 
 
 class OtelTracer:

@@ -55,11 +55,12 @@ class Tracing:
 
     @classmethod
     def otlp(cls, settings: TelemetrySettings) -> Tracing:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+        from router.telemetry.otel import OtlpExporter
+
         # None leaves the endpoint to OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, as the exporter reads them
-        exporter = OTLPSpanExporter(endpoint=traces_url(settings.endpoint), timeout=settings.export_timeout_s)
+        exporter = OtlpExporter(endpoint=traces_url(settings.endpoint), timeout=settings.export_timeout_s)
         return cls._with(settings, exporter, BatchSpanProcessor(exporter))
 
     @classmethod

@@ -1,8 +1,9 @@
 """A tiny OTLP/HTTP traces receiver, run as its own process: what a collector would get.
 
-    python tests/support/otlp_receiver.py OUT.jsonl
+    python tests/support/otlp_receiver.py OUT.jsonl [HOST PORT]
 
-It binds a free port on 127.0.0.1, prints the port on its first line of stdout, and for each
+It binds a free port on 127.0.0.1 (or HOST:PORT: the compose stack's smoke test runs it as a
+service the replicas export to, on 0.0.0.0:4318), prints the port on its first line of stdout, and for each
 POST to /v1/traces decodes the protobuf `ExportTraceServiceRequest` with opentelemetry-proto
 and appends one JSON line per span to OUT.jsonl (ids in hex, attributes as plain values, the
 resource's service.name, links, status), then answers 200 with an empty response. The tests read
@@ -61,7 +62,7 @@ def spans_of(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
     return out
 
 
-def main(out_path: str) -> None:
+def main(out_path: str, host: str = "127.0.0.1", port: int = 0) -> None:
     out = Path(out_path)
 
     class Handler(BaseHTTPRequestHandler):
@@ -88,10 +89,12 @@ def main(out_path: str) -> None:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
             return None
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer((host, port), Handler)
     print(server.server_address[1], flush=True)
     server.serve_forever()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if len(sys.argv) not in (2, 4):
+        sys.exit("usage: otlp_receiver.py OUT.jsonl [HOST PORT]")
+    main(sys.argv[1], *((sys.argv[2], int(sys.argv[3])) if len(sys.argv) == 4 else ()))

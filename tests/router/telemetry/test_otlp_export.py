@@ -13,12 +13,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from scripts.stack_trace_check import check
 from tests.support.accounting import auth, chat, keys_section, read_ledger
 from tests.support.fault_upstream import FaultUpstream
 from tests.support.servers import serve_process
 from tests.support.telemetry import PROMPT_MARK, config, leaks, otlp_receiver, received
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
+SECOND_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 VERIFIERS = '[[tiers.verifiers]]\nname = "confidence"\n[[tiers.verifiers]]\nname = "format"\n'
 
 pytestmark = pytest.mark.slow
@@ -48,7 +50,12 @@ def test_a_served_process_exports_to_a_live_receiver_and_logs_json_without_secre
                 timeout=60,
             )
             asked_json = {**chat(PROMPT_MARK), "response_format": {"type": "json_object"}}
-            escalated = httpx.post(f"{url}/v1/chat/completions", json=asked_json, headers=auth(key), timeout=60)
+            escalated = httpx.post(
+                f"{url}/v1/chat/completions",
+                json=asked_json,
+                headers={**auth(key), "traceparent": SECOND_TRACEPARENT},
+                timeout=60,
+            )
             assert accepted.status_code == 200 and escalated.status_code == 200, (accepted.text, escalated.text)
             deadline = time.monotonic() + 30  # the shadow work runs after the answer
             while time.monotonic() < deadline and not any(
@@ -83,6 +90,10 @@ def test_a_served_process_exports_to_a_live_receiver_and_logs_json_without_secre
         (span,) = [s for s in second if s["name"] == f"chat {tier}"]
         assert span["attributes"]["gen_ai.usage.output_tokens"] == attempts[tier]["completion_tokens"]
         assert span["attributes"]["tierroute.cost_usd"] == pytest.approx(attempts[tier]["cost_usd"])
+
+    # the stack test's check (scripts/stack_trace_check.py) finds both requests whole
+    assert check(accepted.json(), spans, traceparent)[1] == []
+    assert check(escalated.json(), spans, SECOND_TRACEPARENT)[1] == []
 
     # shadow work: a trace of its own, linked to the request it shadows
     shadows = [s for s in spans if s["name"] == "tierroute.shadow large"]
