@@ -43,7 +43,8 @@ class Services:
 # in its thread pool, a hand-off to a worker thread and back for each of them on every request
 # (three per completion, a third of the router's own time under load: py-spy, `tierroute bench
 # overhead`). Each is a few microseconds of work that never blocks (a key is one SHA-256 and one
-# lookup, router.admission.auth), so they run on the event loop.
+# lookup, router.admission.auth), so they run on the event loop; the one costly case, a key
+# compared with every older salted hash, is handed to the authenticator's scanning thread.
 
 
 async def get_services(request: Request) -> Services:
@@ -55,7 +56,7 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 
 async def get_any_principal(request: Request, services: ServicesDep) -> Principal:
     """Any valid key, whatever its roles (the OpenAPI schema, the same for every caller)."""
-    return services.auth.authenticate(request.headers.get("authorization"))
+    return await services.auth.authenticate_async(request.headers.get("authorization"))
 
 
 AnyPrincipalDep = Annotated[Principal, Depends(get_any_principal)]
