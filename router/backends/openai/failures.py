@@ -127,10 +127,11 @@ class Failures:
             # Not retried at this deployment (it would send as much again), but another one of
             # the tier may answer: a hostile or broken deployment must not fail the request.
             summary = f"the upstream's answer was refused: {unacceptable}"
+            told = f"{unacceptable} ({unacceptable.said})" if unacceptable.said else str(unacceptable)
             return Verdict(
-                lambda: Retryable(summary, str(unacceptable), repeat=False),
+                lambda: Retryable(summary, told, repeat=False),
                 healthy=False,
-                detail=str(unacceptable),
+                detail=told,
             )
         if isinstance(exc, openai.APIStatusError):
             return self._classify_status(exc)
