@@ -70,14 +70,16 @@ async def test_a_scan_of_salted_keys_never_runs_on_the_event_loop(
     monkeypatch.setattr(auth_module, "_matches", recording)
     async with running(cfg) as client:
         loop_thread = threading.current_thread().name
-        for path in ("/v1/models", "/metrics"):
+        # the admin API's check was a plain function: its scans ran on FastAPI's thread pool
+        for path in ("/v1/models", "/metrics", "/admin/keys"):
             assert (await client.get(path, headers=auth(new_key()))).status_code == 401
         guess = await client.post("/v1/chat/completions", json={"model": "small"}, headers=auth(new_key()))
         assert guess.status_code == 401
         for _ in range(2):
             assert (await client.get("/v1/models", headers=auth(valid))).status_code == 200
-    # three guesses and the valid key scanned on the scanning thread; then the key's own hash, once
-    assert [t.split("_")[0] for t in threads] == ["tierroute-key-scan"] * 4 * 20 + [loop_thread]
+        assert (await client.get("/admin/keys", headers=auth(valid))).status_code == 403
+    # four guesses and the valid key scanned on the scanning thread; then the key's own hash
+    assert [t.split("_")[0] for t in threads] == ["tierroute-key-scan"] * 5 * 20 + [loop_thread] * 2
 
 
 def test_guesses_never_make_a_found_salted_key_scan_again(monkeypatch: pytest.MonkeyPatch) -> None:
