@@ -12,8 +12,8 @@ That scan is the one costly step (4 microseconds a salted key: 40 ms a guess at 
 and anyone can ask for it with a key never sent before. The routes authenticate on the event loop
 (`authenticate_async`), so a scan runs on one thread of its own instead, one at a time: a flood of
 guesses queues there and costs one core, while the loop goes on answering everything else. A key
-the scan found is remembered apart from the guesses (until the key is no longer valid), so no
-number of guesses makes its owner wait behind them again.
+the scan found is remembered apart from the guesses (checked again at each use, for as long as
+it is stored), so no number of guesses makes its owner wait behind them again.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from router.errors import AuthError, ConfigError
 
 KEY_PREFIX = "trk-"
 # a key is 'trk-' and 43 characters; one an operator hashed by hand is allowed up to this. A
-# longer one is refused before any stored hash is compared with it: every request compares the
-# presented key with every stored hash, so a 1 MB header was 1 MB hashed per stored key
+# longer one is refused before any stored hash is compared with it: a guess is compared with
+# every salted hash, so a 1 MB header was 1 MB hashed per salted key
 MAX_KEY_CHARS = 256
 SEEN_MAX = 65_536  # unknown keys remembered per snapshot, and salted keys found; each about 10 MB at most
 
