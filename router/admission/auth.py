@@ -7,16 +7,26 @@ so a request costs one hash however many keys are stored, and a guessed key cost
 valid one. (Salted digests, `sha256$salt$digest`, were written before and are still accepted:
 each has to be tried in turn, so those alone are scanned; replacing such a key with a new one
 moves off them, and `tierroute serve` counts them at start.)
+
+That scan is the one costly step (4 microseconds a salted key: 40 ms a guess at 10,000 of them),
+and anyone can ask for it with a key never sent before. The routes authenticate on the event loop
+(`authenticate_async`), so a scan runs on one thread of its own instead, one at a time: a flood of
+guesses queues there and costs one core, while the loop goes on answering everything else. A key
+the scan found is remembered apart from the guesses (checked again at each use, for as long as
+it is stored), so no number of guesses makes its owner wait behind them again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
 import secrets
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from router.admission.quota import Quota
@@ -26,10 +36,10 @@ from router.errors import AuthError, ConfigError
 
 KEY_PREFIX = "trk-"
 # a key is 'trk-' and 43 characters; one an operator hashed by hand is allowed up to this. A
-# longer one is refused before any stored hash is compared with it: every request compares the
-# presented key with every stored hash, so a 1 MB header was 1 MB hashed per stored key
+# longer one is refused before any stored hash is compared with it: a guess is compared with
+# every salted hash, so a 1 MB header was 1 MB hashed per salted key
 MAX_KEY_CHARS = 256
-SEEN_MAX = 65_536  # keys remembered per snapshot (valid or not), about 10 MB at most
+SEEN_MAX = 65_536  # unknown keys remembered per snapshot, and salted keys found; each about 10 MB at most
 
 
 def new_key() -> str:
@@ -140,27 +150,54 @@ class Authenticator:
         self.allow_unauthenticated = server.allow_unauthenticated
         self.anonymous = Principal("anonymous", None, may_send_tests=server.allow_client_tests_without_keys)
         # the snapshot's keys by digest (built once per snapshot), and what the scan over its
-        # salted hashes found for a presented key, by the key's SHA-256: a key's name, or None
-        # for no key. Bounded: past SEEN_MAX entries it starts afresh.
+        # salted hashes found, by the presented key's SHA-256: `_found` the name of the key it
+        # matched (checked again at each use, so it outlives a snapshot), `_missed` those that
+        # matched none under this snapshot. Each bounded: past SEEN_MAX entries it starts afresh.
         self._index: tuple[Snapshot | None, _Index] = (None, _Index({}, ()))
-        self._seen: dict[str, str | None] = {}
+        self._found: dict[str, str] = {}
+        self._missed: set[str] = set()
+        # one scan at a time, whichever thread asks (module docstring); the routes' scans run on
+        # `_scanner`, made at the first one
+        self._scan_lock = threading.Lock()
+        self._scanner: ThreadPoolExecutor | None = None
 
     @property
     def open(self) -> bool:
         return self.allow_unauthenticated and not self.keys().keys
 
+    async def authenticate_async(self, authorization: str | None) -> Principal:
+        """`authenticate`, for a caller on the event loop: a key that would be compared with every
+        salted hash is looked up on the scanning thread, so the loop never waits on a scan."""
+        if not self._scans(authorization):
+            return self.authenticate(authorization)
+        if self._scanner is None:
+            self._scanner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierroute-key-scan")
+        return await asyncio.get_running_loop().run_in_executor(self._scanner, self.authenticate, authorization)
+
+    def close(self) -> None:
+        """Let the scanning thread go (at the app's stop); a later scan makes another."""
+        scanner, self._scanner = self._scanner, None
+        if scanner is not None:
+            scanner.shutdown(wait=False)
+
+    def _scans(self, authorization: str | None) -> bool:
+        """Whether authenticating this header would scan the salted hashes."""
+        snapshot = self.keys()
+        index = self._index_of(snapshot)
+        if not index.salted or (self.allow_unauthenticated and not snapshot.keys):
+            return False
+        try:
+            key = _presented(authorization)
+        except AuthError:
+            return False
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return digest not in index.by_digest and digest not in self._found and digest not in self._missed
+
     def authenticate(self, authorization: str | None, now: float | None = None) -> Principal:
         snapshot = self.keys()
         if self.allow_unauthenticated and not snapshot.keys:
             return self.anonymous
-        if not authorization:
-            raise AuthError("You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.")
-        scheme, _, key = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            raise AuthError("Malformed Authorization header; expected 'Bearer KEY'.")
-        key = key.strip()
-        if len(key) > MAX_KEY_CHARS:
-            raise AuthError("Incorrect API key provided.", reason="unknown_key")
+        key = _presented(authorization)
         found = self._lookup(snapshot, key)
         if found is None:
             raise AuthError("Incorrect API key provided.", reason="unknown_key")
@@ -183,36 +220,64 @@ class Authenticator:
             key_quotas=tuple(quotas),
         )
 
-    def _lookup(self, snapshot: Snapshot, key: str) -> KeyRecord | None:
-        """The stored key `key` is, or None. An unsalted stored key is found by the presented
-        key's digest in one lookup. Salted ones (written before) are each hashed with their own
-        salt: a key presented before under this snapshot costs one hash (its record's, checked
-        again); any other is compared with every salted hash, so the time taken does not reveal
-        which one matched. With no salted keys stored, a guess costs one hash like a valid key."""
+    def _index_of(self, snapshot: Snapshot) -> _Index:
         indexed, index = self._index
         if indexed is not snapshot:
             index = _Index.of(snapshot)
             self._index = (snapshot, index)
-            self._seen = {}
+            self._missed = set()  # a salted key may have come since
+        return index
+
+    def _lookup(self, snapshot: Snapshot, key: str) -> KeyRecord | None:
+        """The stored key `key` is, or None. An unsalted stored key is found by the presented
+        key's digest in one lookup. Salted ones (written before) are each hashed with their own
+        salt: a key the scan found before costs one hash (its record's, checked again); a key
+        that matched none under this snapshot costs nothing; any other is compared with every
+        salted hash, one scan at a time (module docstring), so the time taken does not reveal
+        which one matched. With no salted keys stored, a guess costs one hash like a valid key."""
+        index = self._index_of(snapshot)
         digest = hashlib.sha256(key.encode()).hexdigest()
         record = index.by_digest.get(digest)
         if record is not None:
             return record
         if not index.salted:
             return None
-        seen = self._seen
-        if len(seen) >= SEEN_MAX:
-            seen.clear()
-        if digest in seen:
-            name = seen[digest]
-            known = None if name is None else snapshot.keys.get(name)
-            return known if known is not None and _matches(key, known.hash) else None
-        found: KeyRecord | None = None
-        for candidate in index.salted:  # check every entry: timing does not reveal which one matched
-            if _matches(key, candidate.hash) and found is None:
-                found = candidate
-        seen[digest] = None if found is None else found.name
+        name = self._found.get(digest)
+        if name is not None:
+            known = snapshot.keys.get(name)
+            if known is not None and _matches(key, known.hash):
+                return known
+            self._found.pop(digest, None)  # that key is gone, or now stored another way
+        if digest in self._missed:
+            return None
+        with self._scan_lock:
+            found: KeyRecord | None = None
+            for candidate in index.salted:  # check every entry: timing does not reveal which one matched
+                if _matches(key, candidate.hash) and found is None:
+                    found = candidate
+        if found is not None:
+            if len(self._found) >= SEEN_MAX:
+                self._found.clear()
+            self._found[digest] = found.name
+        else:
+            if len(self._missed) >= SEEN_MAX:
+                self._missed.clear()
+            self._missed.add(digest)
         return found
+
+
+def _presented(authorization: str | None) -> str:
+    """The key an Authorization header presents (AuthError for none, a malformed header or a key
+    longer than any stored one could be)."""
+    if not authorization:
+        raise AuthError("You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.")
+    scheme, _, key = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise AuthError("Malformed Authorization header; expected 'Bearer KEY'.")
+    key = key.strip()
+    if len(key) > MAX_KEY_CHARS:
+        raise AuthError("Incorrect API key provided.", reason="unknown_key")
+    return key
 
 
 def is_loopback(host: str) -> bool:

@@ -203,6 +203,7 @@ def create_app(
             await accounting.close()  # after the server has drained: every answered request is in
             await asyncio.to_thread(app.state.services.refusals.flush)  # refused admin calls still counted
             await keys.close()
+            app.state.services.auth.close()  # its thread for scanning salted keys
             if owned:
                 await eng.close()
             if tracing is not None:

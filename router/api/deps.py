@@ -6,6 +6,7 @@ other.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -43,7 +44,8 @@ class Services:
 # in its thread pool, a hand-off to a worker thread and back for each of them on every request
 # (three per completion, a third of the router's own time under load: py-spy, `tierroute bench
 # overhead`). Each is a few microseconds of work that never blocks (a key is one SHA-256 and one
-# lookup, router.admission.auth), so they run on the event loop.
+# lookup, router.admission.auth), so they run on the event loop; the one costly case, a key
+# compared with every older salted hash, is handed to the authenticator's scanning thread.
 
 
 async def get_services(request: Request) -> Services:
@@ -55,7 +57,7 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 
 async def get_any_principal(request: Request, services: ServicesDep) -> Principal:
     """Any valid key, whatever its roles (the OpenAPI schema, the same for every caller)."""
-    return services.auth.authenticate(request.headers.get("authorization"))
+    return await services.auth.authenticate_async(request.headers.get("authorization"))
 
 
 AnyPrincipalDep = Annotated[Principal, Depends(get_any_principal)]
@@ -75,31 +77,40 @@ async def get_principal(principal: AnyPrincipalDep) -> Principal:
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
-# a plain function, in the thread pool: an audited refusal writes to the database (admin
-# routes are not the hot path)
-def get_admin(request: Request, services: ServicesDep) -> Principal:
+async def get_admin(request: Request, services: ServicesDep) -> Principal:
     """A key with the admin role: the admin API. A client key gets 403 on every admin route, a
     wrong, revoked or expired key 401; each refusal of a known key is audited at a bounded rate
-    (`router.control.refusals`)."""
+    (`router.control.refusals`). A coroutine, as the other key checks: as a plain function it
+    scanned salted keys for every guess on a thread of FastAPI's pool, which a flood of guesses
+    at /admin/ filled, stalling every route that needs one."""
     route = getattr(request.scope.get("route"), "path", request.url.path[:200])
     try:
-        principal = services.auth.authenticate(request.headers.get("authorization"))
+        principal = await services.auth.authenticate_async(request.headers.get("authorization"))
     except AuthError as exc:
-        services.refusals.note(exc.key_id, request.method, route, 401, exc.reason)
+        await _refused(services, exc.key_id, request.method, route, 401, exc.reason)
         raise
     if not is_admin(principal):
         known = None if services.auth.open else principal.key_id  # a keyless server's caller is no key
-        services.refusals.note(known, request.method, route, 403, "not_admin")
+        await _refused(services, known, request.method, route, 403, "not_admin")
         raise PermissionDenied(
             f"Key '{principal.key_id}' may not use the admin API: it needs the admin role.", code="not_an_admin_key"
         )
     return principal
 
 
+async def _refused(services: Services, key: str | None, method: str, route: str, status: int, reason: str) -> None:
+    """A refused admin attempt noted: only a known key's may write an audit row (in a worker
+    thread); anyone else's is a count."""
+    if key is None:
+        services.refusals.note(None, method, route, status, reason)
+    else:
+        await asyncio.to_thread(services.refusals.note, key, method, route, status, reason)
+
+
 AdminDep = Annotated[Principal, Depends(get_admin)]
 
 
-def get_metrics_reader(principal: AnyPrincipalDep, services: ServicesDep) -> Principal:
+async def get_metrics_reader(principal: AnyPrincipalDep, services: ServicesDep) -> Principal:
     """A key with the admin or metrics role: /metrics names every key and what it spent, which one
     team's client key must not learn of another's. A client key alone gets 403. A server without
     keys (`server.allow_unauthenticated`) answers whoever reaches it, this page included."""

@@ -42,7 +42,13 @@ class ErrorEvent(Exception):
 
 class Unacceptable(Exception):
     """An answer refused whole: larger than the limits, or compressed. Raised inside the SDK's read,
-    so it may reach us wrapped in the SDK's connection error."""
+    so it may reach us wrapped in the SDK's connection error. Its message may reach a client, so it
+    holds only our words and numbers; `said`, what the upstream sent that was refused, is for the
+    log alone."""
+
+    def __init__(self, message: str, *, said: str = "") -> None:
+        super().__init__(message)
+        self.said = said
 
 
 class CappedTransport(httpx2.AsyncBaseTransport):
@@ -59,13 +65,15 @@ class CappedTransport(httpx2.AsyncBaseTransport):
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         declared = response.headers.get("content-length", "").strip()
         refusal = None
+        said = ""
         if encoding not in ("", "identity"):
-            refusal = f"a compressed body ({encoding[:32]}) though identity was asked for"
+            # the header's value is the upstream's words: the log's, never a client's
+            refusal, said = "a compressed body though identity was asked for", f"Content-Encoding {encoding[:32]!r}"
         elif declared.isdigit() and (len(declared) > 18 or int(declared) > self._max_bytes):
             refusal = f"a declared body of {declared[:24]} bytes, over the limit of {self._max_bytes}"
         if refusal is not None:
             await response.aclose()
-            raise Unacceptable(refusal)
+            raise Unacceptable(refusal, said=said)
         assert isinstance(response.stream, httpx2.AsyncByteStream)
         return httpx2.Response(
             status_code=response.status_code,

@@ -38,8 +38,8 @@ EVERY_S = 60.0  # one row per key per this many seconds, per replica
 
 class RefusalLog:
     """Refused admin attempts of this replica: audited per known key at a bounded rate, counted
-    by reason. `note` blocks on the database at most once per key per `EVERY_S` (FastAPI runs
-    the admin dependency on its thread pool); thread-safe."""
+    by reason. `note` blocks on the database at most once per key per `EVERY_S` (the admin dependency
+    calls it for a known key in a worker thread); thread-safe."""
 
     def __init__(
         self,

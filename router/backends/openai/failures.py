@@ -30,8 +30,9 @@ again, another one may answer.
   deadline of its own.
 - Error text. An upstream's message may carry keys, internal hostnames or a stack trace. Clients
   get a fixed message naming the tier and the upstream's status (and OpenAI's `param`/`code` only
-  when they are plain identifiers); the upstream's own words go to the server log, each failed
-  attempt at WARNING (the first 4000 characters: a log line is not a body).
+  when they are what OpenAI's are: a request field's path, a snake_case name; an address or a
+  hostname is neither); the upstream's own words go to the server log, each failed attempt at
+  WARNING (the first 4000 characters: a log line is not a body).
 - A 400, 413 or 422 that names an optional parameter we sent (`logprobs`, `stream_options`) is a
   refusal of that parameter (`refused_param`): the backend repeats the call once without it, and
   the tier stops sending it.
@@ -62,8 +63,19 @@ _CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_erro
 # the error carries none of the codes above.
 _CONTEXT_MARKERS = ("context length", "context window", "context size", "maximum context")
 DEADLINE_RETRY_AFTER_S = 1.0
-# OpenAI's `param` and `code` are identifiers; anything else is prose and stays in the log.
-_IDENTIFIER = re.compile(r"^[A-Za-z0-9_.\[\]-]{1,64}$")
+# OpenAI's `param` names a field of the request (`messages[0].content`) and its `code` is
+# lower-case snake_case (`invalid_value`); anything else (prose, an address, a hostname) stays in
+# the log
+_PARAM = re.compile(r"^([a-z_]+)(?:\.?\[\d{1,6}\]|\.[a-z_][a-z0-9_]*){0,8}$")
+_CODE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_REQUEST_FIELDS = frozenset(
+    {
+        "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_completion_tokens", "max_tokens",
+        "messages", "model", "n", "parallel_tool_calls", "presence_penalty", "prompt", "response_format", "seed",
+        "stop", "stream", "stream_options", "suffix", "temperature", "tool_choice", "tools", "top_logprobs",
+        "top_p", "user",
+    }
+)  # fmt: skip
 
 
 class Retryable(Exception):
@@ -127,10 +139,11 @@ class Failures:
             # Not retried at this deployment (it would send as much again), but another one of
             # the tier may answer: a hostile or broken deployment must not fail the request.
             summary = f"the upstream's answer was refused: {unacceptable}"
+            told = f"{unacceptable} ({unacceptable.said})" if unacceptable.said else str(unacceptable)
             return Verdict(
-                lambda: Retryable(summary, str(unacceptable), repeat=False),
+                lambda: Retryable(summary, told, repeat=False),
                 healthy=False,
-                detail=str(unacceptable),
+                detail=told,
             )
         if isinstance(exc, openai.APIStatusError):
             return self._classify_status(exc)
@@ -169,8 +182,8 @@ class Failures:
             return Verdict(
                 lambda: RequestError(
                     f"tier {self.tier}: the upstream rejected the request (HTTP {status})",
-                    param=_identifier(exc.param),
-                    code=_identifier(exc.code),
+                    param=_param(exc.param),
+                    code=_code(exc.code),
                 ),
                 healthy=True,
                 detail=detail,
@@ -255,8 +268,13 @@ def _error_text(exc: openai.APIStatusError) -> str:
     return str(exc.message)[:LOG_TEXT_CHARS]
 
 
-def _identifier(value: Any) -> str | None:
-    return value if isinstance(value, str) and _IDENTIFIER.match(value) else None
+def _param(value: Any) -> str | None:
+    found = _PARAM.match(value) if isinstance(value, str) and len(value) <= 64 else None
+    return value if found is not None and found.group(1) in _REQUEST_FIELDS else None
+
+
+def _code(value: Any) -> str | None:
+    return value if isinstance(value, str) and _CODE.match(value) else None
 
 
 def _is_context_length(exc: openai.APIStatusError, detail: str) -> bool:

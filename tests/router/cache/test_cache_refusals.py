@@ -17,7 +17,8 @@ from tests.support.metrics import samples, value
 
 
 async def _misses(client: httpx.AsyncClient, key: str) -> float:
-    """Lookups that found nothing, as /metrics counts them (a lookup of a new prompt is a miss)."""
+    """Lookups that found nothing, as /metrics counts them (a lookup of a new prompt is a miss);
+    `key` an admin or metrics key (a client key gets 403 there)."""
     return value(
         samples((await client.get("/metrics", headers=auth(key))).text), "tierroute_cache_lookups_total", result="miss"
     )
@@ -44,7 +45,7 @@ async def test_a_refused_request_reads_nothing_from_the_cache(tmp_path: Path) ->
         narrow = made.json()["key"]
         once = [await ask(raw["paced"], chat("Once.")) for _ in range(2)]
         assert [r.json()["tierroute"]["cache"] for r in once] == ["miss", "hit"]  # the rate: 2 of 2
-        before = await _misses(client, raw["ana"])
+        before = await _misses(client, raw["root"])
         refused = {
             "no key": await ask(None, chat("New 1.")),
             "wrong key": await ask("trk-not-a-key", chat("New 2.")),
@@ -54,10 +55,10 @@ async def test_a_refused_request_reads_nothing_from_the_cache(tmp_path: Path) ->
             "unknown model": await ask(raw["ana"], chat("New 6.", model="huge")),
             "rate spent": await ask(raw["paced"], chat("New 7.")),
         }
-        after = await _misses(client, raw["ana"])
+        after = await _misses(client, raw["root"])
         # the one refusal that follows a lookup: a spent budget (its hit would have been served)
         broke_new = await ask(raw["broke"], chat("New 8."))
-        after_budget = await _misses(client, raw["ana"])
+        after_budget = await _misses(client, raw["root"])
     assert {k: r.status_code for k, r in refused.items()} == {
         "no key": 401,
         "wrong key": 401,
@@ -77,18 +78,19 @@ async def test_a_refused_request_reads_nothing_from_the_cache(tmp_path: Path) ->
 async def test_under_shared_limits_a_rate_refused_key_stops_reading_until_its_retry_after(
     tmp_path: Path, db: str
 ) -> None:
-    cfg, raw = cache_config(tmp_path, {"paced": {"requests_per_minute": 1}}, ledger_url=db)
+    keys: dict[str, dict[str, Any]] = {"paced": {"requests_per_minute": 1}, "scraper": {"roles": ["metrics"]}}
+    cfg, raw = cache_config(tmp_path, keys, ledger_url=db)
     async with running(cfg, backends={"small": Counting("small")}) as client:
         first = await client.post("/v1/chat/completions", json=chat("One."), headers=auth(raw["paced"]))
         # the database's refusal of this window: that request was looked up (a replica cannot know
         # before asking), and the replica remembers the refusal until its Retry-After
         second = await client.post("/v1/chat/completions", json=chat("Two."), headers=auth(raw["paced"]))
-        misses = await _misses(client, raw["paced"])
+        misses = await _misses(client, raw["scraper"])
         later = [
             await client.post("/v1/chat/completions", json=chat(f"More {i}."), headers=auth(raw["paced"]))
             for i in range(3)
         ]
-        assert await _misses(client, raw["paced"]) == misses == 2
+        assert await _misses(client, raw["scraper"]) == misses == 2
     assert first.status_code == 200 and second.status_code == 429
     assert [r.status_code for r in later] == [429] * 3
     assert all(r.json()["error"]["code"] == "rate_limit_exceeded" for r in later)
