@@ -35,7 +35,8 @@ def paused_stream(gate: threading.Event) -> Any:
 
 
 def config(tmp: Path, base_url: str, budget: float) -> tuple[Path, dict[str, str]]:
-    keys, raw = keys_section({"k": {"usd_per_day": budget}})
+    # 'metrics' too: the tests read its in-flight gauge from /metrics with it
+    keys, raw = keys_section({"k": {"usd_per_day": budget, "roles": ["client", "metrics"]}})
     body = f"""[server]
 {keys}
 [ledger]
