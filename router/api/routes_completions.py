@@ -118,7 +118,7 @@ async def _respond(
         payload = shape.response(rid, request, result, wanted, cache)
         services.cache.offer(lookup, payload, result)  # in the background: its row is committed
         # shadow escalation starts once the response is sent: never on the client's path
-        after = BackgroundTask(services.shadow.offer, rid, request, result)
+        after = BackgroundTask(services.shadow.offered, rid, request, result)
         headers = _headers(result.final.tier, result.escalated, lookup)
         if body.stream:
             return StreamingResponse(

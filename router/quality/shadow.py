@@ -190,6 +190,13 @@ class ShadowService:
         except Exception:  # noqa: BLE001 - a bookkeeping fault must not touch a delivered answer
             log.exception("shadow: could not consider %s", request_id)
 
+    async def offered(self, request_id: str, request: GenerationRequest, result: CascadeResult) -> None:
+        """`offer` as a response's background task. A coroutine, so Starlette runs it on the event
+        loop: a plain function went to the thread pool after every answer (a tenth of the router's
+        own time under load, py-spy), and a job put on a lane's asyncio queue from that thread
+        would not wake the lane's worker safely. A streamed answer calls `offer` on the loop too."""
+        self.offer(request_id, request, result)
+
     def _offer(self, request_id: str, request: GenerationRequest, result: CascadeResult) -> None:
         if result.model != "auto" or result.unverified:
             return  # a tier the client named accepts everything: no acceptance to learn from
