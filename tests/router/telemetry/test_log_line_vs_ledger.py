@@ -21,6 +21,7 @@ async def test_a_cache_hits_line_says_what_its_ledger_row_says(tmp_path: Path, c
         )  # fmt: skip
         async with running(cfg) as client:
             first = await client.post("/v1/chat/completions", json=chat(f"{MARK} what is 2+2?"))
+            await client.app.state.services.cache.close()  # type: ignore[attr-defined]  # its entry stored
             hit = await client.post("/v1/chat/completions", json=chat(f"{MARK} what is 2+2?"))
     assert first.status_code == hit.status_code == 200
     lines = [json.loads(x) for x in captured.getvalue().splitlines()]
