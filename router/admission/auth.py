@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from router.admission.quota import Quota
 from router.config import ApiKeyEntry, ServerSettings
 from router.control.records import KeyRecord, Snapshot, config_snapshot
-from router.errors import AuthError, ConfigError
+from router.errors import AuthError, ConfigError, OverloadedError
 
 KEY_PREFIX = "trk-"
 # a key is 'trk-' and 43 characters; one an operator hashed by hand is allowed up to this. A
@@ -40,6 +40,10 @@ KEY_PREFIX = "trk-"
 # every salted hash, so a 1 MB header was 1 MB hashed per salted key
 MAX_KEY_CHARS = 256
 SEEN_MAX = 65_536  # unknown keys remembered per snapshot, and salted keys found; each about 10 MB at most
+# keys waiting for the scanning thread: past this a key that needs a scan gets 503 at once. At 4 µs
+# a salted hash, 10,000 of them scan about 25 keys a second, so an unbounded queue let a flood of
+# guesses hold its connections open and put a salted key's first use behind a minute of guesses
+SCAN_QUEUE_MAX = 64
 
 
 def new_key() -> str:
@@ -150,15 +154,16 @@ class Authenticator:
         self.allow_unauthenticated = server.allow_unauthenticated
         self.anonymous = Principal("anonymous", None, may_send_tests=server.allow_client_tests_without_keys)
         # the snapshot's keys by digest (built once per snapshot), and what the scan over its
-        # salted hashes found, by the presented key's SHA-256: `_found` the name of the key it
-        # matched (checked again at each use, so it outlives a snapshot), `_missed` those that
+        # salted hashes found, by the presented key's SHA-256: `_found` the name and stored hash of
+        # the key it matched (checked again at each use, so it outlives a snapshot), `_missed` those that
         # matched none under this snapshot. Each bounded: past SEEN_MAX entries it starts afresh.
         self._index: tuple[Snapshot | None, _Index] = (None, _Index({}, ()))
-        self._found: dict[str, str] = {}
-        self._missed: set[str] = set()
+        self._found: dict[str, tuple[str, str]] = {}
+        self._missed: tuple[Snapshot | None, set[str]] = (None, set())
         # one scan at a time, whichever thread asks (module docstring); the routes' scans run on
         # `_scanner`, made at the first one
         self._scan_lock = threading.Lock()
+        self._queued = 0  # keys waiting for, or on, the scanning thread (counted on the loop)
         self._scanner: ThreadPoolExecutor | None = None
 
     @property
@@ -170,15 +175,21 @@ class Authenticator:
         salted hash is looked up on the scanning thread, so the loop never waits on a scan."""
         if not self._scans(authorization):
             return self.authenticate(authorization)
+        if self._queued >= SCAN_QUEUE_MAX:
+            raise OverloadedError("Too many API keys are being checked at once; retry shortly.", retry_after=1.0)
         if self._scanner is None:
             self._scanner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierroute-key-scan")
-        return await asyncio.get_running_loop().run_in_executor(self._scanner, self.authenticate, authorization)
+        self._queued += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._scanner, self.authenticate, authorization)
+        finally:
+            self._queued -= 1
 
     def close(self) -> None:
         """Let the scanning thread go (at the app's stop); a later scan makes another."""
         scanner, self._scanner = self._scanner, None
         if scanner is not None:
-            scanner.shutdown(wait=False)
+            scanner.shutdown(wait=False, cancel_futures=True)
 
     def _scans(self, authorization: str | None) -> bool:
         """Whether authenticating this header would scan the salted hashes."""
@@ -191,7 +202,19 @@ class Authenticator:
         except AuthError:
             return False
         digest = hashlib.sha256(key.encode()).hexdigest()
-        return digest not in index.by_digest and digest not in self._found and digest not in self._missed
+        if digest in index.by_digest or self._missed_under(snapshot, digest):
+            return False
+        found = self._found.get(digest)
+        if found is None:
+            return True
+        # found before: `_lookup` checks it with one hash, unless that key is gone or stored anew
+        # since, when it would scan (on the loop, behind the thread's scan: so not here)
+        known = snapshot.keys.get(found[0])
+        return known is None or known.hash != found[1]
+
+    def _missed_under(self, snapshot: Snapshot, digest: str) -> bool:
+        owner, missed = self._missed
+        return owner is snapshot and digest in missed
 
     def authenticate(self, authorization: str | None, now: float | None = None) -> Principal:
         snapshot = self.keys()
@@ -225,7 +248,7 @@ class Authenticator:
         if indexed is not snapshot:
             index = _Index.of(snapshot)
             self._index = (snapshot, index)
-            self._missed = set()  # a salted key may have come since
+            self._missed = (snapshot, set())  # a salted key may have come since
         return index
 
     def _lookup(self, snapshot: Snapshot, key: str) -> KeyRecord | None:
@@ -242,13 +265,13 @@ class Authenticator:
             return record
         if not index.salted:
             return None
-        name = self._found.get(digest)
-        if name is not None:
-            known = snapshot.keys.get(name)
+        seen = self._found.get(digest)
+        if seen is not None:
+            known = snapshot.keys.get(seen[0])
             if known is not None and _matches(key, known.hash):
                 return known
             self._found.pop(digest, None)  # that key is gone, or now stored another way
-        if digest in self._missed:
+        if self._missed_under(snapshot, digest):
             return None
         with self._scan_lock:
             found: KeyRecord | None = None
@@ -258,11 +281,15 @@ class Authenticator:
         if found is not None:
             if len(self._found) >= SEEN_MAX:
                 self._found.clear()
-            self._found[digest] = found.name
+            self._found[digest] = (found.name, found.hash)
         else:
-            if len(self._missed) >= SEEN_MAX:
-                self._missed.clear()
-            self._missed.add(digest)
+            # a miss is remembered for the snapshot scanned only: if the loop moved to a newer one
+            # meanwhile (a salted key imported, say), it has a set of its own
+            owner, missed = self._missed
+            if owner is snapshot:
+                if len(missed) >= SEEN_MAX:
+                    missed.clear()
+                missed.add(digest)
         return found
 
 

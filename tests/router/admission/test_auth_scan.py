@@ -27,7 +27,7 @@ from router.admission import auth as auth_module
 from router.admission.auth import Authenticator, hash_key, new_key
 from router.config import ApiKeyEntry, ServerSettings
 from router.control.records import config_snapshot
-from router.errors import AuthError
+from router.errors import AuthError, OverloadedError
 from tests.support.accounting import auth, running
 from tests.support.control import control_config
 from tests.support.fault_upstream import FaultUpstream
@@ -148,3 +148,47 @@ def test_a_flood_of_guesses_leaves_healthz_answering_at_once(tmp_path: Path, ups
     assert found["guesses"] and set(found["guesses"]) == {401}
     assert found["healthz_p50_s"] < 0.15, found["healthz_p50_s"]
     assert found["valid_s"] < 1.0  # a salted key found before waits behind no scan
+
+
+async def test_past_its_queue_a_key_that_needs_a_scan_gets_a_503_and_the_others_go_on() -> None:
+    # the scanning thread does about 25 guesses a second at 10,000 salted keys: an unbounded queue
+    # let a flood hold its connections open and put a salted key's first use behind a minute of them
+    known, fresh, unsalted = new_key(), new_key(), new_key()
+    entries = [ApiKeyEntry(name=f"k{i}", hash=salted(new_key())) for i in range(20)]
+    entries += [
+        ApiKeyEntry(name="known", hash=salted(known)),
+        ApiKeyEntry(name="fresh", hash=salted(fresh)),
+        ApiKeyEntry(name="new", hash=hash_key(unsalted)),
+    ]
+    authenticator = Authenticator(ServerSettings(api_keys=entries))
+    try:
+        assert (await authenticator.authenticate_async(f"Bearer {known}")).key_id == "known"  # scanned, found
+        authenticator._queued = auth_module.SCAN_QUEUE_MAX  # as if that many guesses were waiting
+        for needs_a_scan in (new_key(), fresh):
+            with pytest.raises(OverloadedError) as refused:
+                await authenticator.authenticate_async(f"Bearer {needs_a_scan}")
+            assert refused.value.retry_after >= 1
+        # what needs no scan is answered at once: a salted key found before, an unsalted one
+        assert (await authenticator.authenticate_async(f"Bearer {known}")).key_id == "known"
+        assert (await authenticator.authenticate_async(f"Bearer {unsalted}")).key_id == "new"
+        authenticator._queued = 0
+        assert (await authenticator.authenticate_async(f"Bearer {fresh}")).key_id == "fresh"
+    finally:
+        authenticator.close()
+
+
+def test_a_miss_found_under_an_older_snapshot_is_not_remembered_under_a_newer_one() -> None:
+    # the scan runs on its own thread with the snapshot it began with; if the loop moved to a newer
+    # one meanwhile (which may hold a salted key with that digest), the miss must not carry over
+    late = new_key()
+    first = config_snapshot([ApiKeyEntry(name="k0", hash=salted(new_key()))])
+    later = config_snapshot(
+        [ApiKeyEntry(name="k0", hash=first.keys["k0"].hash), ApiKeyEntry(name="late", hash=salted(late))]
+    )
+    now = {"snapshot": first}
+    authenticator = Authenticator(ServerSettings(), keys=lambda: now["snapshot"])
+    authenticator._index_of(first)
+    authenticator._index_of(later)  # the loop moved on before the scan of `first` ended
+    assert authenticator._lookup(first, late) is None  # the scan of the older snapshot misses it
+    now["snapshot"] = later
+    assert authenticator.authenticate(f"Bearer {late}").key_id == "late"
