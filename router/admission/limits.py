@@ -59,6 +59,10 @@ WINDOW_S = 60.0
 # subjects kept before the next sweep drops the idle ones (an empty window, a spend of nothing this
 # month): a client names a new end user with every request (`user`), and each is a subject
 SWEEP_AT = 1024
+# a prune round deletes up to this many rows a table per batch, batch after batch while a batch
+# comes back full, for at most PRUNE_ROUND_S (SharedLimits._prune_round)
+PRUNE_BATCH = 5000
+PRUNE_ROUND_S = 5.0
 
 
 def day_start(ts: float) -> float:
@@ -538,10 +542,10 @@ class SharedCounter(Protocol):
     def drop(self, request_id: str) -> None:
         """Release an unsettled reservation (the request ended without a record)."""
 
-    def prune(self, keep_day: float, keep_month: float) -> dict[str, int]:
+    def prune(self, keep_day: float, keep_month: float, batch: int = 5000) -> dict[str, int]:
         """Delete the counters no admission reads again (events past the window, spend of days
-        before `keep_day` and months before `keep_month`, idle end users' rows), safely beside
-        admissions on every replica; what was deleted, per table."""
+        before `keep_day` and months before `keep_month`, idle end users' rows), at most `batch`
+        rows a table, safely beside admissions on every replica; what was deleted, per table."""
 
 
 class SharedLimits:
@@ -594,18 +598,33 @@ class SharedLimits:
         user is a subject of its own, and a client can name a new one with every request: without
         this, each would keep its rows for good (with one process, `Limits._sweep` does this in
         memory). Yesterday's and last month's spend rows are kept for requests settling late."""
-        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(every_s * random.uniform(0.5, 1.5))
+            await self._prune_round()
+
+    async def _prune_round(self, batch: int = PRUNE_BATCH, round_s: float = PRUNE_ROUND_S) -> None:
+        """Prune in batches until a batch leaves every table with less than a batch to delete, or
+        `round_s` has passed: one batch a round was a fixed rate (5,000 rows a minute), which a
+        client naming a new `user` on every request outruns."""
+        loop = asyncio.get_running_loop()
+        until = time.monotonic() + round_s
+        total: dict[str, int] = {}
+        while True:
             now = time.time()
-            call = functools.partial(self.counter.prune, day_start(now - 86400.0), month_start(now - 86400.0))
+            call = functools.partial(
+                self.counter.prune, day_start(now - 86400.0), month_start(now - 86400.0), batch=batch
+            )
             try:
                 done = await loop.run_in_executor(self._pool, call)
             except Exception as exc:  # noqa: BLE001 - the next round tries again; nothing depends on it
                 log.warning("shared limits: pruning idle counters failed (the next round retries): %s", exc)
-                continue
-            if any(done.values()):
-                log.info("shared limits: pruned %s", ", ".join(f"{n} {t}" for t, n in done.items() if n))
+                break
+            for table, n in done.items():
+                total[table] = total.get(table, 0) + n
+            if max(done.values(), default=0) < batch or time.monotonic() >= until:
+                break
+        if any(total.values()):
+            log.info("shared limits: pruned %s", ", ".join(f"{n} {t}" for t, n in total.items() if n))
 
     def drop(self, request_id: str) -> None:
         """Release in the background; a release that fails leaves the reservation to expire."""

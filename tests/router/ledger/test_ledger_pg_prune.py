@@ -117,6 +117,28 @@ async def test_a_prune_drops_idle_users_and_keeps_the_rest(db: str) -> None:
         store.close()
 
 
+async def test_a_round_prunes_batch_after_batch_while_batches_come_back_full(db: str) -> None:
+    # one batch a round was a fixed rate (5,000 rows a table a minute), which a client naming a new
+    # `user` on every request outruns: a round now goes on while a batch comes back full
+    store = PostgresStore(db)
+    store.open()
+    limits = SharedLimits(store, hold_ttl_s=60.0, workers=2)
+    try:
+        with psycopg.connect(db) as conn:
+            for i in range(25):
+                conn.execute("INSERT INTO limit_keys (key_id) VALUES (%s) ON CONFLICT DO NOTHING", (f"user:lab:u{i}",))
+                conn.execute(
+                    "INSERT INTO rate_events (key_id, ts) VALUES (%s, extract(epoch from now()) - 600)",
+                    (f"user:lab:u{i}",),
+                )
+        await limits._prune_round(batch=4, round_s=60.0)
+        assert not {s for s in subjects(db, "limit_keys") if s.startswith("user:lab:u")}
+        assert not {s for s in subjects(db, "rate_events") if s.startswith("user:lab:u")}
+    finally:
+        limits.close()
+        store.close()
+
+
 async def test_pruning_over_and_over_beside_admissions_loses_no_spend(db: str) -> None:
     # two replicas admit and settle for six users of budget $1 (requests reserve $0.15 and cost
     # $0.143, or $0 every other time, which leaves a $0 row a prune deletes) while a third replica
