@@ -30,8 +30,9 @@ again, another one may answer.
   deadline of its own.
 - Error text. An upstream's message may carry keys, internal hostnames or a stack trace. Clients
   get a fixed message naming the tier and the upstream's status (and OpenAI's `param`/`code` only
-  when they are what OpenAI's are: a request field's path, a snake_case name; an address or a
-  hostname is neither); the upstream's own words go to the server log, each failed attempt at
+  when they have OpenAI's form: a request field's path, a snake_case name; an address or a
+  dotted hostname has neither, though a hostile upstream can still spell words of its choosing
+  in that form, e.g. `db7_corp`); the upstream's own words go to the server log, each failed attempt at
   WARNING (the first 4000 characters: a log line is not a body).
 - A 400, 413 or 422 that names an optional parameter we sent (`logprobs`, `stream_options`) is a
   refusal of that parameter (`refused_param`): the backend repeats the call once without it, and
