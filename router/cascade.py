@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from router import policy
+from router import policy, verification
 from router.backends.base import Backend
 from router.config import CascadeSettings, TierSettings
 from router.errors import UnavailableError, UnknownModelError
@@ -25,6 +25,7 @@ from router.generation import Delta, Generation, GenerationRequest
 from router.pricing import Usage
 from router.tasks import TaskClassifier, TaskLabel, detect_task
 from router.telemetry import context as telemetry
+from router.telemetry import spans
 from router.telemetry.attempts import cascade_spans
 from router.telemetry.spans import NOOP, Span
 from router.verification import Score, VerifierCost, VerifierSet
@@ -426,7 +427,21 @@ class Cascade:
             attempt.score = policy.combine([])
             attempt.reason = "no verifiers"
             return
+
+        def priced(scores: Iterable[Score]) -> float:
+            """What the verifiers' own work cost, each part at the tier that did it."""
+            return policy.verification_cost(
+                (
+                    self._worker(part.tier, tier).settings.price,
+                    Usage(part.prompt_tokens, part.completion_tokens, part.seconds),
+                )
+                for s in scores
+                for part in s.cost.parts()
+            )
+
         t0 = time.monotonic()
+        # each verifier's span (when traced) says what its own work cost
+        token = verification.priced(lambda score: priced((score,))) if spans.active() else None
         try:
             # a verifier that hangs (a sandbox queue, a judge tier) must not hold the request:
             # past the tier's verification deadline the answer counts as unverified and goes up
@@ -436,18 +451,14 @@ class Cascade:
             attempt.score = None
             attempt.reason = f"verification passed its deadline ({tier.settings.verify_timeout_s:g} s)"
             return
+        finally:
+            if token is not None:
+                verification.unpriced(token)
         attempt.verify_s = time.monotonic() - t0
         attempt.score = verdict.score
         attempt.scores = verdict.scores
         attempt.verifier_cost = verdict.cost
-        attempt.verifier_cost_usd = policy.verification_cost(
-            (
-                self._worker(part.tier, tier).settings.price,
-                Usage(part.prompt_tokens, part.completion_tokens, part.seconds),
-            )
-            for s in verdict.scores.values()
-            for part in s.cost.parts()
-        )
+        attempt.verifier_cost_usd = priced(verdict.scores.values())
 
     def _worker(self, name: str | None, tier: Tier) -> Tier:
         """The tier whose price a verifier's work is charged at: the one that did it."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable, Mapping
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -180,6 +180,19 @@ class VerifierError(ValueError):
 
 # Scores already computed for the candidate a VerifierSet is scoring now, by shared verifier.
 _ROUND: ContextVar[dict[int, asyncio.Future[Score]] | None] = ContextVar("tierroute_verify_round", default=None)
+# What a score's work cost in dollars, at the tiers that did it: set by the cascade around a
+# traced verification (`priced`), read by each member's span (`_traced`).
+_PRICE: ContextVar[Callable[[Score], float] | None] = ContextVar("tierroute_verify_price", default=None)
+
+
+def priced(price: Callable[[Score], float]) -> Token[Callable[[Score], float] | None]:
+    """Verifier spans started in this context say what their work cost (`price(score)` dollars)
+    until `unpriced(token)`."""
+    return _PRICE.set(price)
+
+
+def unpriced(token: Token[Callable[[Score], float] | None]) -> None:
+    _PRICE.reset(token)
 
 
 class SharedVerifier:
@@ -296,6 +309,9 @@ async def _traced(verifier: Verifier, request: GenerationRequest, candidate: Gen
             attributes["tierroute.verifier.seconds"] = math.fsum(p.seconds for p in cost.parts())
             if cost.tier is not None:
                 attributes["tierroute.verifier.tier"] = cost.tier
+            price = _PRICE.get()
+            if price is not None:
+                attributes["tierroute.verifier.cost_usd"] = price(score)
         span.set_attributes(attributes)
         return score
     finally:

@@ -79,7 +79,7 @@ class Tracing:
         name = settings.service_name or os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
         provider = TracerProvider(resource=Resource.create({"service.name": name}))
         provider.add_span_processor(processor)
-        return cls(OtelTracer(provider), settings.export_timeout_s, exporter)
+        return cls(OtelTracer(provider, processor), settings.export_timeout_s, exporter)
 
     def install(self) -> None:
         spans.install(self.tracer)

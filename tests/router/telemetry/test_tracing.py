@@ -104,6 +104,9 @@ async def test_one_trace_covers_every_tier_verifier_upstream_call_and_the_ledger
     assert verify.attributes["gen_ai.evaluation.score.value"] == 0.0
     assert verify.attributes["tierroute.verifier.abstained"] is False
     assert verify.attributes["tierroute.verifier.tokens"] == attempts["small"]["verifier_tokens"] == 7
+    # its dollars, the attempt's verifier cost (it is the attempt's one verifier), nonzero here
+    assert verify.attributes["tierroute.verifier.cost_usd"] == pytest.approx(attempts["small"]["verifier_cost_usd"])
+    assert attempts["small"]["verifier_cost_usd"] > 0
 
     # each decision, under its attempt
     decisions = {parent_of(s): s.attributes for s in named["tierroute.decision"]}
