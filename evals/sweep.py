@@ -50,6 +50,11 @@ class ItemOutcome:
     id: str
     group: str
     tiers: tuple[TierOutcome, ...]
+    # what each route has cost this item (`route_cost`): a sweep asks the same few routes of an
+    # item once per threshold, thousands of times in a report
+    routes: dict[tuple[Any, ...], tuple[float, float, bool]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
 
 @dataclass(frozen=True)
@@ -372,6 +377,14 @@ class PolicyResult:
 
 def route_cost(item: ItemOutcome, route: Route) -> tuple[float, float, bool]:
     """(cost in USD, latency in s, correct) of one item along one route."""
+    key = (route.answered, route.ran, route.verified)  # a tuple's hash and equality are C's, a dataclass's Python
+    known = item.routes.get(key)
+    if known is None:
+        known = item.routes[key] = _route_cost(item, route)
+    return known
+
+
+def _route_cost(item: ItemOutcome, route: Route) -> tuple[float, float, bool]:
     cost = sum(item.tiers[t].cost_usd for t in route.ran)
     latency = sum(item.tiers[t].latency_s for t in route.ran)
     for t, label in route.verified:
@@ -391,6 +404,7 @@ def evaluate(policy: Policy, table: ResultTable, param: float | None = None) -> 
     costs, latencies, right = [], [], 0
     answered = [0] * len(table.tiers)
     escalated = top = 0
+    highest = table.top
     for item in table.items:
         route = policy.route(item)
         cost, latency, correct = route_cost(item, route)
@@ -399,7 +413,7 @@ def evaluate(policy: Policy, table: ResultTable, param: float | None = None) -> 
         right += correct
         answered[route.answered] += 1
         escalated += route.answered != 0
-        top += table.top in route.ran
+        top += highest in route.ran
     c1k = measures.cost_per_1k(costs)
     return PolicyResult(
         policy=policy.name,
