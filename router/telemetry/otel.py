@@ -66,8 +66,11 @@ class _Child(trace.Span):
     of ours is set from one thread, with a handful of attributes our code chose. So a child is this
     plain object, and its end hands the SDK's own `ReadableSpan` (what `Span.end` hands on) to the
     same span processor, exporter and resource: the export is the same. Roots, and children of an
-    unsampled or remote-only parent, are the SDK's (`OtelTracer.start`). Attribute values are
-    kept as the SDK keeps valid ones (None is dropped, a list becomes a tuple)."""
+    unsampled or remote-only parent, are the SDK's (`OtelTracer.start`). Every sampler
+    OpenTelemetry names for OTEL_TRACES_SAMPLER samples the child of a sampled span of its own
+    trace (parent-based ones by the parent; `always_on`; `traceidratio` decides by the trace id
+    alone); a custom sampler plugged in by entry point is not asked about children. Attribute
+    values are kept as the SDK keeps valid ones (None is dropped, a list becomes a tuple)."""
 
     __slots__ = (
         "_owner",
