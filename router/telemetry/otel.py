@@ -18,7 +18,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from router.telemetry.otlp_encode import encode_spans
@@ -52,9 +52,6 @@ class OtlpExporter(OTLPSpanExporter):
             logging.getLogger(__name__).warning("a span batch of %d bytes is over max_request_size; dropped", len(data))
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS if client.export(data).success else SpanExportResult.FAILURE
-
-
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
 class _Child(trace.Span):
@@ -97,8 +94,14 @@ class _Child(trace.Span):
     ) -> None:
         self._owner = owner
         self._name = name
+        # the parent's flags, as the SDK's parent-based sampling gives a child: sampled, and a
+        # root's "random trace id" bit (W3C trace context level 2) kept for upstreams to read
         self._context = SpanContext(
-            parent.trace_id, owner.new_span_id(), is_remote=False, trace_flags=_SAMPLED, trace_state=parent.trace_state
+            parent.trace_id,
+            owner.new_span_id(),
+            is_remote=False,
+            trace_flags=parent.trace_flags,
+            trace_state=parent.trace_state,
         )
         self._parent = parent
         self._kind = kind

@@ -5,6 +5,7 @@ SDK decides, so nothing is recorded."""
 
 from __future__ import annotations
 
+from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -76,3 +77,25 @@ def test_under_an_unsampled_parent_nothing_is_recorded_and_the_trace_goes_on() -
     memory, parents = traced(UNSAMPLED)
     assert memory.get_finished_spans() == ()
     assert parents[0] is not None and parents[0].startswith("00-" + "1" * 32 + "-") and parents[0].endswith("-00")
+
+
+def test_under_a_root_the_flags_are_what_an_sdk_child_would_carry() -> None:
+    """No client traceparent: the server span is a root, whose flags the SDK sets (sampled, and
+    on recent versions W3C level 2's random-trace-id bit); a child and the traceparent sent
+    upstream keep them, as a child the SDK made would."""
+    memory = InMemorySpanExporter()
+    tracing = Tracing.to(memory, TelemetrySettings())
+    tracing.install()
+    try:
+        server = facade.server("POST /v1/chat/completions", [], {})
+        ours = facade.start("chat small", server)
+        sdk = tracing.tracer.tracer.start_span("sdk child", context=trace.set_span_in_context(server))  # type: ignore[arg-type]
+        sent = facade.traceparent(ours)
+        for span in (ours, sdk, server):
+            span.end()
+    finally:
+        tracing.close()
+    root = server.get_span_context()  # type: ignore[attr-defined]
+    assert ours.get_span_context().trace_flags == sdk.get_span_context().trace_flags == root.trace_flags  # type: ignore[attr-defined]
+    assert sent is not None and sent.endswith(f"-{root.trace_flags:02x}")
+    assert root.trace_flags.sampled
