@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from router import policy, verification
+from router import policy
 from router.backends.base import Backend
 from router.config import CascadeSettings, TierSettings
 from router.errors import UnavailableError, UnknownModelError
@@ -25,7 +25,6 @@ from router.generation import Delta, Generation, GenerationRequest
 from router.pricing import Usage
 from router.tasks import TaskClassifier, TaskLabel, detect_task
 from router.telemetry import context as telemetry
-from router.telemetry import spans
 from router.telemetry.attempts import cascade_spans
 from router.telemetry.spans import NOOP, Span
 from router.verification import Score, VerifierCost, VerifierSet
@@ -440,20 +439,19 @@ class Cascade:
             )
 
         t0 = time.monotonic()
-        # each verifier's span (when traced) says what its own work cost
-        token = verification.priced(lambda score: priced((score,))) if spans.active() else None
         try:
             # a verifier that hangs (a sandbox queue, a judge tier) must not hold the request:
-            # past the tier's verification deadline the answer counts as unverified and goes up
-            verdict = await asyncio.wait_for(verifiers.score(request, gen), timeout=tier.settings.verify_timeout_s)
+            # past the tier's verification deadline the answer counts as unverified and goes up.
+            # Each verifier's span (when traced) says what its own work cost.
+            verdict = await asyncio.wait_for(
+                verifiers.score(request, gen, price=lambda score: priced((score,))),
+                timeout=tier.settings.verify_timeout_s,
+            )
         except TimeoutError:
             attempt.verify_s = time.monotonic() - t0
             attempt.score = None
             attempt.reason = f"verification passed its deadline ({tier.settings.verify_timeout_s:g} s)"
             return
-        finally:
-            if token is not None:
-                verification.unpriced(token)
         attempt.verify_s = time.monotonic() - t0
         attempt.score = verdict.score
         attempt.scores = verdict.scores

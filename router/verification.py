@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable, Mapping
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -180,19 +180,6 @@ class VerifierError(ValueError):
 
 # Scores already computed for the candidate a VerifierSet is scoring now, by shared verifier.
 _ROUND: ContextVar[dict[int, asyncio.Future[Score]] | None] = ContextVar("tierroute_verify_round", default=None)
-# What a score's work cost in dollars, at the tiers that did it: set by the cascade around a
-# traced verification (`priced`), read by each member's span (`_traced`).
-_PRICE: ContextVar[Callable[[Score], float] | None] = ContextVar("tierroute_verify_price", default=None)
-
-
-def priced(price: Callable[[Score], float]) -> Token[Callable[[Score], float] | None]:
-    """Verifier spans started in this context say what their work cost (`price(score)` dollars)
-    until `unpriced(token)`."""
-    return _PRICE.set(price)
-
-
-def unpriced(token: Token[Callable[[Score], float] | None]) -> None:
-    _PRICE.reset(token)
 
 
 class SharedVerifier:
@@ -266,7 +253,11 @@ class VerifierSet:
         """The top-k alternatives per token that the members need (0: none)."""
         return max((wanted_top_logprobs(m.verifier) for m in self.members), default=0)
 
-    async def score(self, request: GenerationRequest, candidate: Generation) -> Verdict:
+    async def score(
+        self, request: GenerationRequest, candidate: Generation, *, price: Callable[[Score], float] | None = None
+    ) -> Verdict:
+        """The members' scores and their combination. `price(score)`: what a score's own work cost
+        in dollars, put on its member's span when the request is traced."""
         if not self.members:
             return Verdict(policy.combine([], self.combine), {})
         token = _ROUND.set({})  # the members' tasks (and theirs) share this candidate's scores
@@ -274,7 +265,7 @@ class VerifierSet:
         try:
             results = await asyncio.gather(
                 *(
-                    _traced(m.verifier, request, candidate) if traced else m.verifier.score(request, candidate)
+                    _traced(m.verifier, request, candidate, price) if traced else m.verifier.score(request, candidate)
                     for m in self.members
                 )
             )
@@ -287,7 +278,9 @@ class VerifierSet:
         return Verdict(combined, scores)
 
 
-async def _traced(verifier: Verifier, request: GenerationRequest, candidate: Generation) -> Score:
+async def _traced(
+    verifier: Verifier, request: GenerationRequest, candidate: Generation, price: Callable[[Score], float] | None
+) -> Score:
     """A member's score under a span of its own (`verify {name}`), a child of the tier attempt's:
     its score, whether it abstained, and what its work cost (`router.telemetry.attempts`)."""
     name = verifier.name
@@ -309,7 +302,6 @@ async def _traced(verifier: Verifier, request: GenerationRequest, candidate: Gen
             attributes["tierroute.verifier.seconds"] = math.fsum(p.seconds for p in cost.parts())
             if cost.tier is not None:
                 attributes["tierroute.verifier.tier"] = cost.tier
-            price = _PRICE.get()
             if price is not None:
                 attributes["tierroute.verifier.cost_usd"] = price(score)
         span.set_attributes(attributes)

@@ -542,7 +542,7 @@ class SharedCounter(Protocol):
     def drop(self, request_id: str) -> None:
         """Release an unsettled reservation (the request ended without a record)."""
 
-    def prune(self, keep_day: float, keep_month: float, batch: int = 5000) -> dict[str, int]:
+    def prune(self, keep_day: float, keep_month: float, batch: int = PRUNE_BATCH) -> dict[str, int]:
         """Delete the counters no admission reads again (events past the window, spend of days
         before `keep_day` and months before `keep_month`, idle end users' rows), at most `batch`
         rows a table, safely beside admissions on every replica; what was deleted, per table."""

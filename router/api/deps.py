@@ -65,19 +65,12 @@ AnyPrincipalDep = Annotated[Principal, Depends(get_any_principal)]
 
 async def get_principal(principal: AnyPrincipalDep) -> Principal:
     """A key with the client role: the /v1 API."""
-    return _allowed(
-        principal,
-        is_client(principal),
-        f"Key '{principal.key_id}' has roles {sorted(principal.roles)}, not 'client': it may not use /v1. "
-        "Give it the client role, or use a client key, to send requests to /v1.",
-        "not_a_client_key",
-    )
-
-
-def _allowed(principal: Principal, allowed: bool, message: str, code: str) -> Principal:
-    """The principal, when its roles allow the route; else 403 with `message` and `code`."""
-    if not allowed:
-        raise PermissionDenied(message, code=code)
+    if not is_client(principal):
+        raise PermissionDenied(
+            f"Key '{principal.key_id}' has roles {sorted(principal.roles)}, not 'client': it may not use /v1. "
+            "Give it the client role, or use a client key, to send requests to /v1.",
+            code="not_a_client_key",
+        )
     return principal
 
 
@@ -121,13 +114,13 @@ async def get_metrics_reader(principal: AnyPrincipalDep, services: ServicesDep) 
     """A key with the admin or metrics role: /metrics names every key and what it spent, which one
     team's client key must not learn of another's. A client key alone gets 403. A server without
     keys (`server.allow_unauthenticated`) answers whoever reaches it, this page included."""
-    return _allowed(
-        principal,
-        is_admin(principal) or "metrics" in principal.roles or services.auth.open,
-        f"Key '{principal.key_id}' may not read /metrics (it names every key and its spend): it needs the "
-        "metrics or admin role (`tierroute keys create NAME --metrics`).",
-        "not_a_metrics_key",
-    )
+    if not (is_admin(principal) or "metrics" in principal.roles or services.auth.open):
+        raise PermissionDenied(
+            f"Key '{principal.key_id}' may not read /metrics (it names every key and its spend): it needs the "
+            "metrics or admin role (`tierroute keys create NAME --metrics`).",
+            code="not_a_metrics_key",
+        )
+    return principal
 
 
 MetricsReaderDep = Annotated[Principal, Depends(get_metrics_reader)]

@@ -52,7 +52,7 @@ import psycopg
 import psycopg_pool
 from psycopg.rows import dict_row
 
-from router.admission.limits import WINDOW_S, KeyWindow, Reservation, day_start, month_start
+from router.admission.limits import PRUNE_BATCH, WINDOW_S, KeyWindow, Reservation, day_start, month_start
 from router.admission.quota import Quota
 from router.errors import ConfigError
 from router.ledger import rows, schema
@@ -480,7 +480,7 @@ class PostgresStore:
         with self.pool.connection() as conn:
             conn.execute("DELETE FROM pending WHERE request_id = %s", (request_id,))
 
-    def prune(self, keep_day: float, keep_month: float, batch: int = 5000) -> dict[str, int]:
+    def prune(self, keep_day: float, keep_month: float, batch: int = PRUNE_BATCH) -> dict[str, int]:
         """Delete the counter rows no admission reads again, in batches of at most `batch` rows
         a table; what was deleted, per table (nothing when another replica is pruning now).
 
