@@ -120,6 +120,55 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def spans_alone_us(n: int = 20_000) -> float:
+    """What tracing's spans cost one request on its own path, in microseconds of this process's CPU:
+    the five spans a request through one tier makes (server, attempt, verifier, decision, ledger
+    write, with attributes like the service's), created, filled, ended and queued on the batch
+    processor, whose exporter encodes them as the service's does (on its own thread, counted too).
+    Run against another tree (`PYTHONPATH`) to compare builds; the side-by-side runs give the
+    service's whole figure."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from router.config import TelemetrySettings
+    from router.telemetry.otlp_encode import encode_spans
+    from router.telemetry.setup import Tracing
+
+    class Encoding(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            encode_spans(spans)
+            return SpanExportResult.SUCCESS
+
+    exporter = Encoding()
+    tracer = Tracing._with(TelemetrySettings(), exporter, BatchSpanProcessor(exporter, max_queue_size=n * 5)).tracer
+    server_attrs = {"http.request.method": "POST", "url.path": "/v1/chat/completions", "server.address": "127.0.0.1"}
+
+    def one_request() -> None:
+        server = tracer.server("POST /v1/chat/completions", [(b"host", b"127.0.0.1")], server_attrs)
+        attempt = tracer.start("chat small", server, "internal", {"gen_ai.request.model": "small"}, ())
+        attempt.set_attributes(
+            {"gen_ai.usage.input_tokens": 12, "gen_ai.usage.output_tokens": 3, "tierroute.cost_usd": 0.0}
+        )
+        verify = tracer.start("verify confidence", attempt, "internal", {"gen_ai.evaluation.name": "confidence"}, ())
+        verify.set_attribute("gen_ai.evaluation.score.value", 0.9)
+        verify.end()
+        tracer.start("tierroute.decision", attempt, "internal", {"tierroute.decision": "accepted"}, ()).end()
+        attempt.end()
+        tracer.start("tierroute.ledger.write", server, "internal", None, ()).end()
+        server.set_attribute("http.response.status_code", 200)
+        server.end()
+
+    for _ in range(n // 10):
+        one_request()
+    tracer.provider.force_flush()
+    started = time.process_time()
+    for _ in range(n):
+        one_request()
+    tracer.provider.force_flush()
+    used = time.process_time() - started
+    tracer.provider.shutdown()
+    return round(used / n * 1e6, 1)
+
+
 def off_path_us(n: int = 200_000) -> float:
     """What the telemetry hooks cost one request while nothing is configured, in microseconds of
     this process's CPU: the calls a plain request through one tier makes (the cascade's attempt
@@ -242,7 +291,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--baseline", default=None, help="git revision before telemetry (default: merge base with main)")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "telemetry" / "overhead")
+    p.add_argument(
+        "--spans-alone", action="store_true", help="only time a request's spans in this process (spans_alone_us)"
+    )
     args = p.parse_args()
+    if args.spans_alone:
+        print(f"a request's 5 spans, created, ended, queued and encoded: {spans_alone_us()} µs of CPU")
+        return
     rev = (
         args.baseline
         or subprocess.run(
