@@ -11,6 +11,12 @@ STAMP := $(VENV)/.installed
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DCMAKE_C_FLAGS='-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS='-march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16'
 WHEELS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tierroute/wheels/$(shell echo "$(LLAMA_CMAKE_ARGS)" | sha256sum | cut -c1-12)
 
+# Bytecode is written and reused: some images set PYTHONDONTWRITEBYTECODE, and then every test
+# worker and every server, sandbox and upstream process a test starts compiles the project's
+# modules again (and pytest rewrites every test module's asserts again in each worker). The
+# suite compiles them once, in parallel, before its workers start.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: setup sandbox postgres models serve complete lint check test clean image stack-test
 
 $(STAMP): pyproject.toml
@@ -60,6 +66,7 @@ lint: setup
 # PostgreSQL or a sandbox, or takes seconds of CPU); one that is not marked and loads a model or
 # starts a server process fails here and says so (tests/support/markers.py)
 check: setup
+	$(BIN)/python -m compileall -q -j 0 router verifiers evals scripts bench tests >/dev/null
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" -n $(TEST_WORKERS) --dist loadgroup
 
 # The suite on parallel workers (pytest-xdist). --dist loadgroup keeps each slow module's tests on
@@ -72,6 +79,7 @@ TEST_WORKERS ?= 2
 test: setup lint
 	$(BIN)/tierroute models pull smollm2-135m-instruct-q4_1
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+	$(BIN)/python -m compileall -q -j 0 router verifiers evals scripts bench tests >/dev/null
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 clean:
