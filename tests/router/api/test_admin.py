@@ -9,10 +9,12 @@ budgets here are small numbers of requests.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -260,3 +262,34 @@ async def test_a_user_with_a_control_character_is_refused_before_any_work(
     assert len(upstream.requests) == before  # refused before any generation
     ok = await client.post("/v1/chat/completions", json=body(user="ana@example.com ü"), headers=bearer(raw["legacy"]))
     assert ok.status_code == 200
+
+
+async def test_a_key_serves_until_its_expiry_then_gets_401_saying_so(
+    app: tuple[httpx.AsyncClient, dict[str, str], Path],
+) -> None:
+    # expiry is checked against the wall clock at each request (router.admission.auth): a key made
+    # to expire two seconds ahead serves now and is refused once those seconds have passed
+    client, raw, _ = app
+    expires_at = time.time() + 2.0
+    made = await admin(client, raw, "POST", "/admin/keys", json={"name": "brief", "expires_at": expires_at})
+    assert made.status_code == 201 and made.json()["expires_at"] == expires_at
+    key = made.json()["key"]
+    before = await client.post("/v1/chat/completions", json=body(), headers=bearer(key))
+    assert time.time() < expires_at, "the request took the whole two seconds: nothing was tested"
+    assert before.status_code == 200, before.text
+    await asyncio.sleep(max(0.0, expires_at - time.time()) + 0.05)
+    after = await client.post("/v1/chat/completions", json=body(), headers=bearer(key))
+    assert after.status_code == 401
+    assert after.json() == {
+        "error": {
+            "message": "This API key has expired.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
+    # the admin API shows it as it is, and a past expiry cannot be set
+    listed = {k["name"]: k for k in (await admin(client, raw, "GET", "/admin/keys")).json()["data"]}
+    assert listed["brief"]["expires_at"] == expires_at
+    again = await admin(client, raw, "PATCH", "/admin/keys/brief", json={"expires_at": time.time() - 1})
+    assert again.status_code == 400 and "in the past" in again.json()["error"]["message"]
