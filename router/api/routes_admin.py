@@ -200,7 +200,7 @@ async def update_key(name: str, body: KeyUpdate, services: ServicesDep, admin: A
 
 @router.post("/keys/{name}/revoke", response_model=KeyOut)
 async def revoke_key(name: str, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
-    """Refused at once on this replica; on the others within `server.keys_poll_s` plus a reload."""
+    """Refused at once on this replica; on the others within `server.keys_poll_s` + 1 s (docs/keys.md)."""
     return (await asyncio.to_thread(_plane(services).revoke_key, admin.key_id, name)).public()
 
 
