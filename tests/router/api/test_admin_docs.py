@@ -1,5 +1,7 @@
 """docs/admin.md agrees with the admin API it documents: each `curl` example on the page, sent to
-the app as curl would send it, is answered 2xx.
+the app as curl would send it, is answered 2xx; and docs/admin-openapi.json, the schema the page
+links, is what `scripts/gen_admin_openapi.py` writes and what the running app serves, listing the
+errors the routes really give (OpenAI's shape, 400 for a bad body) and no 422.
 
 The page's first examples sent JSON with `-d` alone, which curl labels
 `application/x-www-form-urlencoded`; the service answered each with 400 ("The request body must be
@@ -10,6 +12,7 @@ new one that never did, fails.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from scripts.gen_admin_openapi import OUT, render
 from tests.support.accounting import running
 from tests.support.control import control_config
 from tests.support.fault_upstream import FaultUpstream
@@ -27,6 +31,7 @@ pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parents[3]
 ADMIN_PAGE = ROOT / "docs" / "admin.md"
+SCHEMA = ROOT / OUT
 
 
 def curl_examples(text: str) -> list[list[str]]:
@@ -122,3 +127,67 @@ def test_curl_is_read_as_curl_sends_it() -> None:
     )
     (argv,) = curl_examples("curl -X PUT localhost:8000/a/%2A?since=1 -H 'content-type: application/json' -d '{}'")
     assert as_curl_sends(argv) == ("PUT", "/a/%2A?since=1", {"content-type": "application/json"}, b"{}")
+
+
+def refs(node: Any) -> set[str]:
+    """The component names a piece of schema refers to, directly."""
+    if isinstance(node, dict):
+        found = {node["$ref"].rsplit("/", 1)[1]} if isinstance(node.get("$ref"), str) else set()
+        return found.union(*(refs(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(refs(v) for v in node))
+    return set()
+
+
+def test_the_committed_admin_schema_is_what_the_generator_writes() -> None:
+    # stale: PYTHONPATH=$PWD .venv/bin/python scripts/gen_admin_openapi.py
+    assert SCHEMA.read_text(encoding="utf-8") == render()
+    assert f"]({SCHEMA.name})" in ADMIN_PAGE.read_text()  # and the page links it
+
+
+async def test_the_served_schema_lists_the_errors_admin_routes_give_and_no_422(
+    app: tuple[httpx.AsyncClient, dict[str, str]],
+) -> None:
+    client, _ = app
+    committed = json.loads(SCHEMA.read_text(encoding="utf-8"))
+    served = client.app.openapi()  # type: ignore[attr-defined]  # what /openapi.json serves where server.docs is on
+    admin_paths = {p: ops for p, ops in served["paths"].items() if p.startswith("/admin")}
+    assert admin_paths == committed["paths"]
+    # every component the admin paths use, followed through, is the same in both
+    wanted, seen = refs(admin_paths), set()
+    while wanted - seen:
+        name = (wanted - seen).pop()
+        seen.add(name)
+        assert served["components"]["schemas"][name] == committed["components"]["schemas"][name], name
+        wanted |= refs(committed["components"]["schemas"][name])
+    assert {"ErrorResponse", "ErrorDetail"} <= seen and not {"HTTPValidationError", "ValidationError"} & seen
+    error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
+    for path, ops in admin_paths.items():
+        for method, op in ops.items():
+            codes = set(op["responses"])
+            assert "422" not in codes, (method, path)  # a bad body is a 400 here, never FastAPI's 422
+            assert {"400", "401", "403", "default"} <= codes, (method, path)
+            assert ("404" in codes) == ("{" in path or method == "post" and path == "/admin/keys"), (method, path)
+            assert ("409" in codes) == (method == "post" and path in ("/admin/keys", "/admin/teams")), (method, path)
+            for code in codes - {"200", "201", "204"}:
+                assert op["responses"][code]["content"]["application/json"]["schema"] == error_ref, (method, path)
+    created = committed["components"]["schemas"]["KeyCreated"]["properties"]["key"]["description"]
+    assert "salted" not in created and "sha256$" in created
+
+
+async def test_an_admin_error_is_the_shape_the_schema_declares(app: tuple[httpx.AsyncClient, dict[str, str]]) -> None:
+    # one of each declared status, checked against the schema's ErrorResponse fields
+    client, raw = app
+    admin = {"authorization": f"Bearer {raw['root']}"}
+    declared = json.loads(SCHEMA.read_text(encoding="utf-8"))["components"]["schemas"]
+    fields = set(declared["ErrorDetail"]["properties"])
+    assert set(declared["ErrorResponse"]["properties"]) == {"error"}
+    got = [
+        await client.post("/admin/keys", json={"name": "k", "bogus": 1}, headers=admin),  # 400, not 422
+        await client.get("/admin/keys"),  # 401
+        await client.get("/admin/keys/nobody", headers=admin),  # 404
+        await client.post("/admin/keys", json={"name": "root"}, headers=admin),  # 409
+    ]
+    assert [r.status_code for r in got] == [400, 401, 404, 409]
+    for r in got:
+        assert set(r.json()) == {"error"} and set(r.json()["error"]) == fields, r.text
