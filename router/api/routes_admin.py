@@ -258,8 +258,8 @@ async def create_team(body: TeamCreate, services: ServicesDep, admin: AdminDep) 
 
 @router.get("/teams", response_model=TeamList)
 async def list_teams(services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
-    snapshot = await asyncio.to_thread(_plane(services).store.snapshot)
-    return {"object": "list", "data": [t.public() for t in sorted(snapshot.teams.values(), key=lambda t: t.name)]}
+    teams = await asyncio.to_thread(_plane(services).teams)
+    return {"object": "list", "data": [t.public() for t in teams]}
 
 
 @router.get("/teams/{name}", response_model=TeamOut, responses=_errors(404))
