@@ -161,14 +161,27 @@ async def test_over_limit_answers_name_the_limit_and_when_it_resets(
     app: tuple[httpx.AsyncClient, dict[str, str], Path],
 ) -> None:
     client, raw, _ = app
-    await admin(client, raw, "POST", "/admin/teams", json={"name": "lab", "usd_per_day": 1e-9})
+    # a team budget some requests fit in: once spent, 429 naming it, and Retry-After at its reset
+    await admin(client, raw, "POST", "/admin/teams", json={"name": "lab", "usd_per_day": 2e-5})
     key = (await admin(client, raw, "POST", "/admin/keys", json={"name": "k1", "team": "lab"})).json()["key"]
-    r = await client.post("/v1/chat/completions", json=body(), headers=bearer(key))
-    assert r.status_code == 429
+    for _ in range(40):
+        r = await client.post("/v1/chat/completions", json=body(), headers=bearer(key))
+        if r.status_code != 200:
+            break
+    assert r.status_code == 429, "40 requests never spent $2e-5"
     assert r.json()["error"]["code"] == "insufficient_quota"
     assert "team 'lab'" in r.json()["error"]["message"] and "team.usd_per_day" in r.json()["error"]["message"]
     assert r.headers["x-tierroute-limit"] == "team.usd_per_day"
     assert 1 <= int(r.headers["retry-after"]) <= 86400  # 00:00 UTC next
+
+    # a budget smaller than the request's own worst case: no Retry-After, since no reset would help
+    await admin(client, raw, "PATCH", "/admin/teams/lab", json={"usd_per_day": 1e-9})
+    r = await client.post("/v1/chat/completions", json=body(), headers=bearer(key))
+    assert r.status_code == 429 and r.headers["x-tierroute-limit"] == "team.usd_per_day"
+    assert "retry-after" not in r.headers
+    message = r.json()["error"]["message"]
+    assert message.startswith("This request alone may cost up to $") and "team 'lab'" in message
+    assert "waiting for it to reset will not help" in message and "smaller max_tokens" in message
 
     # an end user's request rate within a team; another user of the team is not held by it
     await admin(client, raw, "PATCH", "/admin/teams/lab", json={"usd_per_day": None})
@@ -187,6 +200,9 @@ async def test_over_limit_answers_name_the_limit_and_when_it_resets(
     r = await client.post("/v1/chat/completions", json=body(max_tokens=100), headers=bearer(capped))
     assert r.status_code == 429 and r.json()["error"]["type"] == "tokens"
     assert r.headers["x-tierroute-limit"] == "key.tokens_per_minute"
+    assert "retry-after" not in r.headers  # alone over the rate: no minute ever holds it
+    assert r.json()["error"]["message"].startswith("This request alone may use up to")
+    assert "waiting will not help" in r.json()["error"]["message"]
 
 
 async def test_admin_input_is_checked_and_answers_in_openai_shape(
