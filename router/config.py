@@ -122,7 +122,7 @@ class ServerSettings(_Strict):
         gt=0,
         le=60,
         description="How often a replica checks the ledger's database for changed keys, teams and "
-        "limits; a change made on another replica is seen within this plus a reload.",
+        "limits; a change made on another replica is seen within this plus 1 s (one reload, docs/keys.md).",
     )
     allowed_hosts: list[str] | None = Field(
         None,

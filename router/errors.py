@@ -75,9 +75,12 @@ class AuthError(TierrouteError):
 
 class RateLimitError(TierrouteError):
     """`kind`: what ran out, "requests" (per minute) or "tokens" (per minute), as OpenAI's error
-    type says it; `limit`: which one, "key.requests_per_minute", "team.tokens_per_minute", ..."""
+    type says it; `limit`: which one, "key.requests_per_minute", "team.tokens_per_minute", ...;
+    `retry_after`: None when waiting cannot help (the request alone is over the limit)."""
 
-    def __init__(self, message: str, retry_after: float, *, kind: str = "requests", limit: str | None = None) -> None:
+    def __init__(
+        self, message: str, retry_after: float | None, *, kind: str = "requests", limit: str | None = None
+    ) -> None:
         super().__init__(message)
         self.retry_after = retry_after
         self.kind = kind
@@ -85,8 +88,9 @@ class RateLimitError(TierrouteError):
 
 
 class QuotaError(TierrouteError):
-    """A budget is spent. `retry_after`: seconds until it resets (None: unknown); `limit`: which
-    one, "key.usd_per_day", "team.usd_per_month", "user.usd_per_day", ..."""
+    """A budget is spent. `retry_after`: seconds until it resets (None: unknown, or waiting cannot
+    help because the request alone costs more than the budget); `limit`: which one,
+    "key.usd_per_day", "team.usd_per_month", "user.usd_per_day", ..."""
 
     def __init__(self, message: str, *, retry_after: float | None = None, limit: str | None = None) -> None:
         super().__init__(message)

@@ -95,10 +95,22 @@ def check_budget(
     at = time.time() if now is None else now
     y, m = time.gmtime(at)[:2]
     next_month = calendar.timegm((y + m // 12, m % 12 + 1, 1, 0, 0, 0))
-    for period, field_name, spent, limit, resets, reset_at in (
+    periods = (
         ("daily", "usd_per_day", day_usd, q.usd_per_day, "at 00:00 UTC", day_start(at) + 86400.0),
         ("monthly", "usd_per_month", month_usd, q.usd_per_month, "on the 1st at 00:00 UTC", float(next_month)),
-    ):
+    )
+    # a request whose worst case alone passes a budget is refused without a Retry-After: no reset
+    # makes room for it, so a client told to wait would wait for a day and be refused again
+    for period, field_name, _, limit, _, _ in periods:
+        if limit is not None and reserve_usd > limit:
+            raise QuotaError(
+                f"This request alone may cost up to ${reserve_usd:.6f}, more than the whole ${limit:g} "
+                f"{period} budget of {q.label} ({q.level}.{field_name}): waiting for it to reset will not "
+                f"help; ask for a smaller max_tokens, or one named tier.",
+                retry_after=None,
+                limit=f"{q.level}.{field_name}",
+            )
+    for period, field_name, spent, limit, resets, reset_at in periods:
         if limit is not None and (spent >= limit or spent + pending + reserve_usd > limit):
             wait = max(1.0, reset_at - at)
             raise QuotaError(
@@ -136,12 +148,12 @@ def check_tokens(quota: Quota, used: int, reserve_tokens: int, oldest_age_s: flo
     if per_minute is None or used + reserve_tokens <= per_minute:
         return
     limit = f"{quota.level}.tokens_per_minute"
-    if reserve_tokens > per_minute:
+    if reserve_tokens > per_minute:  # no Retry-After: no window ever holds it
         raise RateLimitError(
-            f"Rate limit reached for {quota.label}: {per_minute} tokens per minute ({limit}), and this "
-            f"request may use up to {reserve_tokens} tokens (input + output) on its own: ask for a "
+            f"This request alone may use up to {reserve_tokens} tokens (input + output), more than the "
+            f"{per_minute} tokens per minute of {quota.label} ({limit}): waiting will not help; ask for a "
             f"smaller max_tokens, or one named tier.",
-            retry_after=WINDOW_S,
+            retry_after=None,
             kind="tokens",
             limit=limit,
         )
@@ -504,7 +516,7 @@ class RateRefusals:
         self._until: dict[str, float] = {}
 
     def heard(self, quotas: Sequence[Quota], refused: RateLimitError) -> None:
-        if refused.kind != "requests" or refused.limit is None:
+        if refused.kind != "requests" or refused.limit is None or refused.retry_after is None:
             return  # a token rate refuses by the request's size, which a hit does not have
         now = self.clock()
         if len(self._until) >= SWEEP_AT:

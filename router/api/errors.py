@@ -89,7 +89,8 @@ def error_response(exc: BaseException) -> JSONResponse:
             headers["x-tierroute-limit"] = exc.limit
     elif isinstance(exc, RateLimitError):
         status, body = 429, error_body(str(exc), exc.kind, None, "rate_limit_exceeded")
-        headers["Retry-After"] = retry_after(exc.retry_after)
+        if exc.retry_after is not None:  # None: the request alone is over the limit, waiting cannot help
+            headers["Retry-After"] = retry_after(exc.retry_after)
         if exc.limit is not None:
             headers["x-tierroute-limit"] = exc.limit
     elif isinstance(exc, UnavailableError):

@@ -5,6 +5,12 @@ Every route depends on `AdminDep`: a key with the admin role, else 401 (no or a 
 (the same ones `tierroute keys ...` calls) off the event loop, and that operation writes its audit
 row. A created key is in the response once and nowhere else: not in the database (its hash is),
 not in the audit row, not in a log line.
+
+The OpenAPI schema lists the errors each route really gives, in OpenAI's shape (`ErrorResponse`):
+FastAPI's default 422 `HTTPValidationError` is never sent (a bad body is a 400 here, as every
+error is in `router.api.errors`), and declaring a `default` response is what keeps FastAPI from
+advertising it. docs/admin-openapi.json is this router's schema, committed so that a reader sees
+it without a running service (`scripts/gen_admin_openapi.py` writes it; a test compares).
 """
 
 from __future__ import annotations
@@ -20,7 +26,40 @@ from router.control.admin import ControlPlane
 from router.control.records import MAX_WHOLE_LIMIT, Limits
 from router.errors import RequestError
 
-router = APIRouter(prefix="/admin", tags=["admin"])
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="'invalid_request_error', 'permission_error' or 'server_error'.")
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every error, as OpenAI's API shapes its own."""
+
+    error: ErrorDetail
+
+
+def _errors(*extra: int) -> dict[int | str, dict[str, Any]]:
+    """The errors of a route: those of every admin route, and `extra` (404, 409) where it has them."""
+    said = {
+        400: "A bad body or value (a name, model, limit or expiry), or no ledger database (`admin_unavailable`).",
+        401: "No key, or a wrong, revoked or expired one (`invalid_api_key`).",
+        403: "A key without the admin role (`not_an_admin_key`).",
+        404: "No key, team or user limits by that name (`not_found`).",
+        409: "The name is taken; a revoked key keeps its name (`conflict`).",
+    }
+    found: dict[int | str, dict[str, Any]] = {
+        c: {"model": ErrorResponse, "description": said[c]} for c in (400, 401, 403, *extra)
+    }
+    found["default"] = {
+        "model": ErrorResponse,
+        "description": "Any other error: 413 for an oversized body, 500 for a failure (the database, say).",
+    }
+    return found
+
+
+router = APIRouter(prefix="/admin", tags=["admin"], responses=_errors())
 
 Role = Literal["client", "admin", "metrics"]
 
@@ -91,7 +130,9 @@ class KeyOut(BaseModel):
 
 
 class KeyCreated(KeyOut):
-    key: str = Field(description="The API key: shown this once, never stored (the database keeps a salted hash).")
+    key: str = Field(
+        description="The API key: shown this once, never stored (the database keeps its SHA-256, 'sha256$...')."
+    )
 
 
 class TeamCreate(LimitFields):
@@ -164,7 +205,7 @@ def _plane(services: Services) -> ControlPlane:
     return services.keys.plane
 
 
-@router.post("/keys", status_code=201, response_model=KeyCreated)
+@router.post("/keys", status_code=201, response_model=KeyCreated, responses=_errors(404, 409))
 async def create_key(body: KeyCreate, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
     plane = _plane(services)
     key, found = await asyncio.to_thread(
@@ -187,29 +228,29 @@ async def list_keys(services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
     return {"object": "list", "data": [k.public() for k in sorted(snapshot.keys.values(), key=lambda k: k.name)]}
 
 
-@router.get("/keys/{name}", response_model=KeyOut)
+@router.get("/keys/{name}", response_model=KeyOut, responses=_errors(404))
 async def get_key(name: str, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
     return (await asyncio.to_thread(_plane(services).key, name)).public()
 
 
-@router.patch("/keys/{name}", response_model=KeyOut)
+@router.patch("/keys/{name}", response_model=KeyOut, responses=_errors(404))
 async def update_key(name: str, body: KeyUpdate, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
     changes = {f: getattr(body, f) for f in body.model_fields_set}
     return (await asyncio.to_thread(_plane(services).update_key, admin.key_id, name, changes)).public()
 
 
-@router.post("/keys/{name}/revoke", response_model=KeyOut)
+@router.post("/keys/{name}/revoke", response_model=KeyOut, responses=_errors(404))
 async def revoke_key(name: str, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
-    """Refused at once on this replica; on the others within `server.keys_poll_s` plus a reload."""
+    """Refused at once on this replica; on the others within `server.keys_poll_s` + 1 s (docs/keys.md)."""
     return (await asyncio.to_thread(_plane(services).revoke_key, admin.key_id, name)).public()
 
 
-@router.get("/keys/{name}/spend", response_model=SpendOut)
+@router.get("/keys/{name}/spend", response_model=SpendOut, responses=_errors(404))
 async def key_spend(name: str, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
     return await asyncio.to_thread(lambda: _plane(services).spend(key=name))
 
 
-@router.post("/teams", status_code=201, response_model=TeamOut)
+@router.post("/teams", status_code=201, response_model=TeamOut, responses=_errors(409))
 async def create_team(body: TeamCreate, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
     plane = _plane(services)
     return (await asyncio.to_thread(plane.create_team, admin.key_id, body.name, body.limits())).public()
@@ -217,27 +258,27 @@ async def create_team(body: TeamCreate, services: ServicesDep, admin: AdminDep) 
 
 @router.get("/teams", response_model=TeamList)
 async def list_teams(services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
-    snapshot = await asyncio.to_thread(_plane(services).store.snapshot)
-    return {"object": "list", "data": [t.public() for t in sorted(snapshot.teams.values(), key=lambda t: t.name)]}
+    teams = await asyncio.to_thread(_plane(services).teams)
+    return {"object": "list", "data": [t.public() for t in teams]}
 
 
-@router.get("/teams/{name}", response_model=TeamOut)
+@router.get("/teams/{name}", response_model=TeamOut, responses=_errors(404))
 async def get_team(name: str, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
     return (await asyncio.to_thread(_plane(services).team, name)).public()
 
 
-@router.patch("/teams/{name}", response_model=TeamOut)
+@router.patch("/teams/{name}", response_model=TeamOut, responses=_errors(404))
 async def update_team(name: str, body: LimitFields, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
     changes = {f: getattr(body, f) for f in body.model_fields_set}
     return (await asyncio.to_thread(_plane(services).update_team, admin.key_id, name, changes)).public()
 
 
-@router.get("/teams/{name}/spend", response_model=SpendOut)
+@router.get("/teams/{name}/spend", response_model=SpendOut, responses=_errors(404))
 async def team_spend(name: str, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
     return await asyncio.to_thread(lambda: _plane(services).spend(team=name))
 
 
-@router.get("/teams/{team}/users", response_model=UserList)
+@router.get("/teams/{team}/users", response_model=UserList, responses=_errors(404))
 async def list_users(team: str, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
     plane = _plane(services)
     await asyncio.to_thread(plane.team, team)  # 404 for an unknown team
@@ -246,7 +287,7 @@ async def list_users(team: str, services: ServicesDep, admin: AdminDep) -> dict[
     return {"object": "list", "data": [u.public() for u in found]}
 
 
-@router.put("/teams/{team}/users/{user}", response_model=UserOut)
+@router.put("/teams/{team}/users/{user}", response_model=UserOut, responses=_errors(404))
 async def set_user_limits(
     team: str, user: str, body: LimitFields, services: ServicesDep, admin: AdminDep
 ) -> dict[str, Any]:
@@ -255,12 +296,12 @@ async def set_user_limits(
     return (await asyncio.to_thread(plane.set_user_limits, admin.key_id, team, user, body.limits())).public()
 
 
-@router.delete("/teams/{team}/users/{user}", status_code=204)
+@router.delete("/teams/{team}/users/{user}", status_code=204, responses=_errors(404))
 async def delete_user_limits(team: str, user: str, services: ServicesDep, admin: AdminDep) -> None:
     await asyncio.to_thread(_plane(services).delete_user_limits, admin.key_id, team, user)
 
 
-@router.get("/teams/{team}/users/{user}/spend", response_model=SpendOut)
+@router.get("/teams/{team}/users/{user}/spend", response_model=SpendOut, responses=_errors(404))
 async def user_spend(team: str, user: str, services: ServicesDep, admin: AdminDep) -> dict[str, Any]:
     return await asyncio.to_thread(lambda: _plane(services).spend(team=team, user=user))
 

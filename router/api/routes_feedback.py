@@ -8,9 +8,10 @@ tied to the request's row; a request may be labelled many times, and every label
 the time it arrived. What labels mean (right at 0.5 and above, the latest one decides) is
 `router.quality.feedback`'s; the report, the drift detector and `eval import --ledger` read them.
 
-Only the key that made a request may label it (or an admin: `caller_is_admin`). A request that
-does not exist and one another key made get the same 404, word for word, after the same single
-ledger read: a key learns nothing about other keys' requests, not even that an id is taken.
+Only the key that made a request may label it, or a key with the admin role (`caller_is_admin`),
+whose label is stored under its own name. A request that does not exist and one another key made
+get the same 404, word for word, after the same single ledger read: a key learns nothing about
+other keys' requests, not even that an id is taken.
 A request can be labelled once it has settled (a stream: after its last chunk).
 """
 

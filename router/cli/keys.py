@@ -5,8 +5,11 @@ same operations as the admin API (`router.control.admin.ControlPlane`), audited 
 the config's `[[server.api_keys]]` are imported first, once, as `serve` does. Without `--config`
 (or with `--print-config`), `keys create` prints a `[[server.api_keys]]` block to paste instead.
 
-A key is printed once and never stored: the database (or the config) holds only its salted hash,
-and the ledger, logs and metrics know a key by its name.
+A key is printed once and never stored: the database (or the config) holds only its SHA-256
+(`sha256$...`), and the ledger, logs and metrics know a key by its name. Every admin API operation
+that changes something has its command (`keys update` takes roles, tests and expiry as `PATCH
+/admin/keys/{name}` does; `keys user --delete` is `DELETE /admin/teams/{team}/users/{user}`; `keys
+team list` is `GET /admin/teams`), so an operator without an admin key loses nothing.
 """
 
 from __future__ import annotations
@@ -235,7 +238,7 @@ def _changes(args: argparse.Namespace, fields: tuple[str, ...]) -> dict[str, Any
             continue
         if value == "none":
             out[name] = None
-        elif name in ("models",):
+        elif name in ("models", "roles"):
             out[name] = value.split(",")
         elif name in ("requests_per_minute", "tokens_per_minute"):
             out[name] = int(value)
@@ -250,8 +253,21 @@ _LIMIT_ARGS = ("usd_per_day", "usd_per_month", "requests_per_minute", "tokens_pe
 
 
 def cmd_keys_update(args: argparse.Namespace) -> int:
-    changes = _changes(args, (*_LIMIT_ARGS, "team", "models"))
+    changes = _changes(args, (*_LIMIT_ARGS, "team", "models", "roles"))
+    if args.allow_tests is not None:
+        changes["allow_tests"] = args.allow_tests
+    if args.expires_in_days is not None:
+        try:
+            changes["expires_at"] = _expiry(args.expires_in_days)
+        except ValueError:
+            print("error: --expires-in-days is a number of days, or 'none' for never", file=sys.stderr)
+            return 1
     return _with_plane(args, lambda p: _show(p.update_key(_actor(), args.name, changes).public()))
+
+
+def _expiry(days: str) -> float | None:
+    """The unix time `days` from now ('none': never); the control plane refuses one not ahead."""
+    return None if days == "none" else time.time() + float(days) * 86400
 
 
 def cmd_keys_spend(args: argparse.Namespace) -> int:
@@ -260,6 +276,14 @@ def cmd_keys_spend(args: argparse.Namespace) -> int:
 
 def cmd_keys_team(args: argparse.Namespace) -> int:
     changes = _changes(args, _LIMIT_ARGS)
+    if args.action == "list":
+        if args.name is not None or changes:
+            print("error: keys team list takes no name and no limits", file=sys.stderr)
+            return 1
+        return _with_plane(args, lambda p: _show([t.public() for t in p.teams()]))
+    if args.name is None:
+        print(f"error: keys team {args.action} needs the team's name", file=sys.stderr)
+        return 1
     if args.action == "create":
         return _with_plane(args, lambda p: _show(p.create_team(_actor(), args.name, _limits_of(changes)).public()))
     return _with_plane(args, lambda p: _show(p.update_team(_actor(), args.name, changes).public()))
@@ -267,6 +291,11 @@ def cmd_keys_team(args: argparse.Namespace) -> int:
 
 def cmd_keys_user(args: argparse.Namespace) -> int:
     changes = _changes(args, _LIMIT_ARGS)
+    if args.delete:
+        if changes:
+            print("error: --delete removes the user's limits; it takes no limits", file=sys.stderr)
+            return 1
+        return _with_plane(args, lambda p: p.delete_user_limits(_actor(), args.team, args.user))
     return _with_plane(
         args, lambda p: _show(p.set_user_limits(_actor(), args.team, args.user, _limits_of(changes)).public())
     )
@@ -316,7 +345,13 @@ def _configured_names(args: argparse.Namespace) -> set[str]:
 def register(sub: Any, add: Any) -> None:
     keys = sub.add_parser("keys", help="create API keys and list the configured ones")
     ksub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
-    p = add("create", "make a new API key: print it once, and the config lines holding its hash", cmd_keys_create, ksub)
+    p = add(
+        "create",
+        "make a new API key, printed once: stored (its hash) in the ledger's database, or, without a ledger or "
+        "with --print-config, as a [[server.api_keys]] block to paste",
+        cmd_keys_create,
+        ksub,
+    )
     p.add_argument("name", help="the key's name: what the ledger, logs and metrics call it")
     p.add_argument("--usd-per-day", type=float, default=None, help="daily budget in USD (UTC days)")
     p.add_argument("--usd-per-month", type=float, default=None, help="monthly budget in USD (UTC months)")
@@ -341,23 +376,37 @@ def register(sub: Any, add: Any) -> None:
     add("list", "list keys (names, roles, teams and limits, never keys)", cmd_keys_list, ksub)
     p = add("revoke", "revoke a key: refused at once here, within server.keys_poll_s everywhere", cmd_keys_revoke, ksub)
     p.add_argument("name")
-    p = add("update", "change a key's limits, team or models ('none' clears one)", cmd_keys_update, ksub)
+    p = add(
+        "update",
+        "change a key's limits, team, models, roles, tests or expiry ('none' clears one)",
+        cmd_keys_update,
+        ksub,
+    )
     p.add_argument("name")
     _limit_flags(p)
     p.add_argument("--team", default=None)
     p.add_argument("--models", default=None, help="comma-separated, or 'none' for every model")
+    p.add_argument("--roles", default=None, help="comma-separated: client, admin, metrics (replaces its roles)")
+    p.add_argument(
+        "--allow-tests",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="may send tierroute.tests (--no-allow-tests takes it away)",
+    )
+    p.add_argument("--expires-in-days", default=None, help="refused after this many days from now; 'none': never")
     p = add("spend", "spend so far today and this month of a key, a team or a team's user", cmd_keys_spend, ksub)
     p.add_argument("--key", default=None)
     p.add_argument("--team", default=None)
     p.add_argument("--user", default=None)
-    p = add("team", "create a team, or update its limits", cmd_keys_team, ksub)
-    p.add_argument("action", choices=("create", "update"))
-    p.add_argument("name")
+    p = add("team", "create a team, update its limits, or list the teams", cmd_keys_team, ksub)
+    p.add_argument("action", choices=("create", "update", "list"))
+    p.add_argument("name", nargs="?", default=None)
     _limit_flags(p)
     p = add("user", "set an end user's limits within a team (user '*': every user's default)", cmd_keys_user, ksub)
     p.add_argument("team")
     p.add_argument("user")
     _limit_flags(p)
+    p.add_argument("--delete", action="store_true", help="remove the user's limits (the team's default applies)")
     add("audit", "the audit log: every admin action, newest first", cmd_keys_audit, ksub)
 
 

@@ -193,6 +193,10 @@ class ControlPlane:
         self._changed()
         return self.team(name)
 
+    def teams(self) -> list[TeamRecord]:
+        """Every team, by name (`GET /admin/teams`, `tierroute keys team list`)."""
+        return sorted(self.store.snapshot().teams.values(), key=lambda t: t.name)
+
     def team(self, name: str) -> TeamRecord:
         found = self.store.snapshot().teams.get(name)
         if found is None:

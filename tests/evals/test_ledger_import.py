@@ -4,10 +4,14 @@ POST /v1/feedback with the official `openai` client; `eval import --ledger` grad
 where they exist, `eval calibrate` chooses a threshold from them, and `report quality` shows the
 labelled accuracy per tier with its interval.
 
-The story the tiers tell: the small tier answers every question right, boxed or not; the `format`
-verifier scores an unboxed answer 0; the large tier gets exactly those questions wrong. Shadow
-agreement alone therefore reads every unboxed answer as wrong and calibrates the small tier to
-escalate them; the clients' labels say they were right, and calibration stops escalating them."""
+The story the tiers tell, in four kinds of question (i % 4): the small tier's answer is boxed or
+not, and opens with "The answer is" or not; two `format` verifiers score those (weights 1 and 2),
+so its scores are 1, 2/3, 1/3 and 0 for kinds 0 to 3. The large tier answers the even kinds as the
+small tier does and the odd kinds differently. Clients label the odd kinds (half the requests):
+kind 1 right, kind 3 wrong (a quarter of all answers). So three gradings choose three thresholds
+for `min-accuracy=1`: shadow agreement alone reads both odd kinds as wrong and escalates below 1;
+labels all "right" (the same ledger with every label turned right) escalate nothing (0); the real
+labels escalate only kind 3, below 1/3: a threshold only the labels decide."""
 
 from __future__ import annotations
 
@@ -39,7 +43,10 @@ from tests.support.model import SMOL
 from tests.support.scripted import ScriptedBackend
 from tests.support.servers import UvicornThread
 
-N = 24
+# 12 of each kind: the thresholds hinge on kinds 1 and 3 being in calibrate's half of the items
+# (a split by the random request ids), which each misses with probability 2**-12
+N = 48
+KINDS = ("The answer is \\boxed{{{}}}.", "The answer is {}.", "It is \\boxed{{{}}}.", "It is {}.")
 
 
 def number(request: GenerationRequest) -> int:
@@ -50,7 +57,7 @@ def number(request: GenerationRequest) -> int:
 
 def small(request: GenerationRequest) -> str:
     i = number(request)
-    return f"The answer is \\boxed{{{i + 100}}}." if i % 2 == 0 else f"It is {i + 100}."
+    return KINDS[i % 4].format(i + 100)
 
 
 def large(request: GenerationRequest) -> str:
@@ -68,7 +75,8 @@ def config(tmp: Path) -> tuple[Path, dict[str, str]]:
         engine=engine,
         price={"usd_per_hour": Toml("3.6"), "stands_for": "test"},
         tables={"shadow": {"rate": 1.0, "usd_per_day": 1.0, "max_concurrency": 2, "max_queue": 64}},
-        extra='[[tiers.verifiers]]\nname = "format"\nparams = { regex = "\\\\\\\\boxed\\\\{" }',
+        extra='[[tiers.verifiers]]\nname = "format"\nparams = { regex = "\\\\\\\\boxed\\\\{" }\n'
+        '[[tiers.verifiers]]\nname = "format"\nweight = 2.0\nparams = { regex = "^The answer", name = "opening" }',
     )
     body += tier("large", engine=engine, price=TOKEN_PRICE)
     return write_config(tmp / "config.toml", body), raw
@@ -112,12 +120,15 @@ def test_labels_posted_for_half_the_requests_calibrate_the_threshold_and_show_in
         def feedback(client: openai.OpenAI, **body: Any) -> dict[str, Any]:
             return client.post("/feedback", body=body, cast_to=httpx.Response).json()  # type: ignore[no-any-return]
 
-        # the client labels the unboxed answers (half of them): right; some after a thumbs-down it corrects
+        # the client labels the odd kinds (half the requests): kind 1 right, kind 3 wrong; every
+        # other one of each after a first label the other way, which the latest corrects
         for i in range(1, N, 2):
-            if i % 4 == 3:
-                feedback(alice, request_id=ids[i], score=False, label="thumbs_down")
-            got = feedback(alice, request_id=ids[i], score=True if i % 4 == 1 else 1.0, label="tests_passed")
-            assert got["labels"] == (2 if i % 4 == 3 else 1)
+            right = i % 4 == 1
+            corrected = i % 8 in (1, 3)
+            if corrected:
+                feedback(alice, request_id=ids[i], score=not right, label="first_look")
+            got = feedback(alice, request_id=ids[i], score=1.0 if right else False, label="tests")
+            assert got["labels"] == (2 if corrected else 1)
         # another key's request and an unknown one: the same 404 through the official client; a bad score: 400
         with pytest.raises(openai.NotFoundError) as foreign:
             feedback(bob, request_id=ids[1], score=0)
@@ -128,43 +139,59 @@ def test_labels_posted_for_half_the_requests_calibrate_the_threshold_and_show_in
             feedback(alice, request_id=ids[1], score=2)
         assert bad.value.param == "score"
 
-    # shadow agreement alone (the labels taken out of a copy) against the same ledger with its labels
-    control = tmp_path / "control.sqlite3"
-    shutil.copy(ledger, control)
-    with contextlib.closing(sqlite3.connect(control)) as conn, conn:
-        conn.execute("DELETE FROM feedback")
+    # the same ledger graded three ways: its labels; shadow agreement alone (the labels taken out
+    # of a copy); every label turned right (another copy), as the test's first version had them
+    copies = {"proxy": "DELETE FROM feedback", "all_right": "UPDATE feedback SET score = 1.0"}
+    for name, change in copies.items():
+        shutil.copy(ledger, tmp_path / f"{name}.sqlite3")
+        with contextlib.closing(sqlite3.connect(tmp_path / f"{name}.sqlite3")) as conn, conn:
+            conn.execute(change)
     runs = tmp_path / "runs"
     base = ["--config", str(cfg), "eval"]
+    half = N // 2
     out = cli(*base, "import", "--ledger", str(ledger), "--run", "labelled", "--runs-dir", str(runs))
-    assert "12 by feedback" in out and "12 by shadow agreement" in out
-    cli(*base, "import", "--ledger", str(control), "--run", "proxy", "--runs-dir", str(runs))
-    labelled, proxy = (load_table(RunStore(runs / name)) for name in ("labelled", "proxy"))
-    assert evaluate(SingleTier(0), labelled).accuracy == 1.0  # the labels: every small answer right
-    assert evaluate(SingleTier(0), proxy).accuracy == 0.5  # the proxy: every unboxed one wrong
-    # where a label says right and the large tier disagreed, the large tier's answer is graded wrong
-    assert evaluate(SingleTier(1), labelled).accuracy == 0.5
-    assert RunStore(runs / "labelled").manifest()["import"]["grading"] == {"feedback": 12, "shadow_agreement": 12}
+    assert f"{half} by feedback" in out and f"{half} by shadow agreement" in out
+    for name in copies:
+        cli(*base, "import", "--ledger", str(tmp_path / f"{name}.sqlite3"), "--run", name, "--runs-dir", str(runs))
+    labelled, proxy, all_right = (load_table(RunStore(runs / name)) for name in ("labelled", *copies))
+    assert evaluate(SingleTier(0), labelled).accuracy == 0.75  # the labels: kind 3 wrong
+    assert evaluate(SingleTier(0), proxy).accuracy == 0.5  # the proxy: both odd kinds wrong
+    assert evaluate(SingleTier(0), all_right).accuracy == 1.0
+    # the large tier: wrong where it disagreed with an answer labelled right (kind 1); beside one
+    # labelled wrong that it disagreed with (kind 3) nothing says, and it is taken as right
+    assert evaluate(SingleTier(1), labelled).accuracy == 0.75
+    assert RunStore(runs / "labelled").manifest()["import"]["grading"] == {
+        "feedback": half,
+        "shadow_agreement": half,
+    }
 
     def calibrated(run: str, *extra: str) -> float:
-        out = cli(*base, "calibrate", "--run", str(runs / run), "--target", "min-accuracy=0.9", *extra)
+        out = cli(*base, "calibrate", "--run", str(runs / run), "--target", "min-accuracy=1", *extra)
         found = re.search(r"thresholds small=([0-9.]+)", out)
         assert found, out
         return float(found.group(1))
 
-    assert calibrated("proxy") == 1.0  # escalate every unboxed answer
+    assert calibrated("proxy") == 1.0  # escalate every answer scored below 1: kinds 1, 2, 3
+    assert calibrated("all_right") == 0.0  # escalate none
     chosen = calibrated("labelled", "--write")
-    assert chosen == 0.0  # the labels say they were right: escalate none
+    assert th(chosen) == th(1 / 3)  # escalate kind 3 alone: what the labels, and only they, say
     written = load_settings(cfg).tiers[0].tasks["maths"].threshold
     assert written is not None and th(written) == th(chosen)
 
+    # report quality: the labelled accuracy per tier, with its count and interval, beside agreement
     rows = list(csv.DictReader(io.StringIO(cli("report", "quality", "--csv", "--ledger", str(ledger)))))
     (row,) = [r for r in rows if r["tier"] == "small"]
-    assert (row["task"], row["threshold"], row["pairs"], row["agreed"]) == ("maths", "0", str(N), "12")
-    assert (row["labelled"], row["labelled_right"], float(row["label_accuracy"])) == ("12", "12", 1.0)
-    low, high = wilson(12, 12)
-    assert float(row["label_low"]) == pytest.approx(low, abs=1e-6) and float(row["label_high"]) == high
+    assert (row["task"], row["threshold"], row["pairs"], row["agreed"]) == ("maths", "0", str(N), str(half))
+    right = N // 4  # kind 1
+    assert (row["labelled"], row["labelled_right"]) == (str(half), str(right))
+    assert float(row["label_accuracy"]) == pytest.approx(right / half)
+    low, high = wilson(right, half)
+    assert float(row["label_low"]) == pytest.approx(low, abs=1e-6)
+    assert float(row["label_high"]) == pytest.approx(high, abs=1e-6)
+    assert 0 < low < 0.5 < high < 1
+    assert [r["tier"] for r in rows] == ["small"]  # the large tier answered shadows only: nobody's to label
     table = cli("report", "quality", "--ledger", str(ledger))
-    assert f"{100 * low:.1f}%" in table and "18 labels" in table
+    assert f"{100 * low:.1f}%" in table and f"{100 * high:.1f}%" in table and f"{half + N // 8 * 2} labels" in table
 
 
 def test_each_pair_is_labelled_by_its_latest_label_and_the_agreement_rule(tmp_path: Path) -> None:

@@ -69,8 +69,9 @@ def test_a_token_window_holds_worst_cases_until_they_settle() -> None:
     lim.admit(p, "r4", reserve_tokens=300)  # 15 + 600 + 300 fits
     with pytest.raises(RateLimitError):
         lim.admit(p, "r5", reserve_tokens=300)
-    with pytest.raises(RateLimitError, match="on its own"):
+    with pytest.raises(RateLimitError, match="This request alone may use up to 1001 tokens") as alone:
         lim.admit(p, "r6", reserve_tokens=1001)
+    assert alone.value.retry_after is None  # no window ever holds it: waiting cannot help
     mono.t += 60.0  # the window moved past every admission
     lim.admit(p, "r7", reserve_tokens=1000)
 
@@ -91,6 +92,22 @@ def test_a_monthly_budget_says_when_the_month_ends() -> None:
         check_budget(Quota("key", "k", usd_per_month=1.0), 0.0, 1.0, 0.0, 0.0, T0)
     assert err.value.limit == "key.usd_per_month" and err.value.retry_after == pytest.approx(3600.0)
     assert "resets on the 1st at 00:00 UTC, in 3600 s" in str(err.value)
+
+
+def test_a_request_over_a_whole_budget_alone_gets_no_reset_to_wait_for() -> None:
+    # its worst case is more than the budget itself: no reset makes room, so no Retry-After, and
+    # it says so even while the day's budget is spent (waiting for 00:00 would not help either)
+    for day_spent in (0.0, 1.0):
+        with pytest.raises(QuotaError) as err:
+            check_budget(Quota("key", "k", usd_per_day=1.0, usd_per_month=0.5), day_spent, 0.0, 0.0, 0.75, T0)
+        assert err.value.retry_after is None and err.value.limit == "key.usd_per_month"
+        assert str(err.value).startswith("This request alone may cost up to $0.750000, more than the whole $0.5")
+        assert "waiting for it to reset will not help" in str(err.value)
+    # exactly the budget fits alone: it is refused only while spend is in the way, with its reset
+    with pytest.raises(QuotaError) as err:
+        check_budget(Quota("key", "k", usd_per_day=0.75), 0.5, 0.5, 0.0, 0.75, T0)
+    assert err.value.retry_after == pytest.approx(3600.0) and "may cost up to" in str(err.value)
+    check_budget(Quota("key", "k", usd_per_day=0.75), 0.0, 0.0, 0.0, 0.75, T0)
 
 
 def test_a_new_end_user_per_request_leaves_nothing_once_idle() -> None:

@@ -1,5 +1,5 @@
-"""POST /v1/feedback through the real app: a key labels its own requests only, an unknown and a
-foreign request get the same 404, bad bodies get OpenAI-shaped 400s, and every label is kept in
+"""POST /v1/feedback through the real app: a key labels its own requests only (an admin key any
+request), an unknown and a foreign request get the same 404, bad bodies get OpenAI-shaped 400s, and every label is kept in
 the order it arrived, in the ledger file, tied to its request."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ BACKENDS = {"small": InstantBackend("small", "4"), "large": InstantBackend("larg
 async def served(tmp_path: Path) -> AsyncIterator[tuple[Any, dict[str, str], Path]]:
     cfg, keys = config_with_keys(
         tmp_path,
-        {"alice": {"roles": ["client", "metrics"]}, "bob": {}},
+        {"alice": {"roles": ["client", "metrics"]}, "bob": {}, "root": {"roles": ["admin"]}},
         verifiers='[[tiers.verifiers]]\nname = "escalate_marked"\n',
     )
     async with running(cfg, backends=dict(BACKENDS)) as client:
@@ -80,6 +80,30 @@ async def test_a_foreign_request_and_an_unknown_one_get_the_same_404(
     # no key, no label
     r = await client.post("/v1/feedback", json={"request_id": mine, "score": 1})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+
+
+async def test_an_admin_key_labels_any_request_and_learns_nothing_of_unknown_ids(
+    served: tuple[Any, dict[str, str], Path],
+) -> None:
+    # the admin key holds no client role: it sends no completions, yet it may label what clients sent
+    client, keys, ledger = served
+    alices = await ask(client, keys["alice"])
+    unknown = "chatcmpl-" + "f" * 24
+    r = await label(client, keys["root"], request_id=alices, score=0, label="reviewed", comment="wrong unit")
+    assert r.status_code == 200, r.text
+    assert r.json()["request_id"] == alices and r.json()["labels"] == 1
+    # stored under the name of the key that labelled it, not the one that asked
+    assert stored(ledger) == [(alices, "root", 0.0, "reviewed", "wrong unit")]
+    # an unknown id: the same 404 a client key gets for an unknown or a foreign request
+    missing = await label(client, keys["root"], request_id=unknown, score=1)
+    foreign = await label(client, keys["bob"], request_id=alices, score=1)
+    assert missing.status_code == foreign.status_code == 404
+    assert missing.text.replace(unknown, "ID") == foreign.text.replace(alices, "ID")
+    assert missing.json()["error"]["code"] == "request_not_found"
+    # the admin's label does not open the request to other client keys
+    assert stored(ledger) == [(alices, "root", 0.0, "reviewed", "wrong unit")]
+    refused = await client.post("/v1/chat/completions", json=chat("2+2?"), headers=auth(keys["root"]))
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "not_a_client_key"
 
 
 BAD = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,68 @@ def test_an_expiry_or_a_limit_the_database_cannot_hold_is_refused_in_words(
         rc, _, err = run(capsys, cfg, "create", "k", *args)
         assert rc == 1 and err.startswith("error: ") and said in err and "Traceback" not in err, (args, err)
     assert run(capsys, cfg, "create", "k", "--expires-in-days", "1", "--rpm", str(2**31 - 1))[0] == 0
+
+
+def test_every_change_the_admin_api_makes_the_cli_makes_too(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # roles, tests and expiry of a key, a user's limits removed, the teams listed: the operations
+    # PATCH /admin/keys/{name}, DELETE /admin/teams/{team}/users/{user} and GET /admin/teams do
+    cfg, _ = control_config(tmp_path, UPSTREAM, ledger=str(tmp_path / "l.sqlite3"))
+    assert run(capsys, cfg, "team", "create", "lab", "--usd-per-day", "2")[0] == 0
+    assert run(capsys, cfg, "team", "create", "ops")[0] == 0
+    rc, out, _ = run(capsys, cfg, "team", "list")
+    assert rc == 0 and [(t["name"], t["usd_per_day"]) for t in json.loads(out)] == [("lab", 2.0), ("ops", None)]
+    rc, out, _ = run(capsys, cfg, "create", "ana")
+    key = KEY_RE.findall(out)[0]
+
+    before = time.time()
+    rc, out, err = run(capsys, cfg, "update", "ana", "--roles", "client,metrics", "--allow-tests", "--expires-in-days", "2")  # fmt: skip
+    assert rc == 0, err
+    shown = json.loads(out)
+    assert shown["roles"] == ["client", "metrics"] and shown["allow_tests"] is True
+    assert before + 2 * 86400 <= shown["expires_at"] <= time.time() + 2 * 86400
+    auth, registry = authenticator(cfg)
+    who = auth.authenticate(f"Bearer {key}")
+    assert who.roles == frozenset({"client", "metrics"}) and who.may_send_tests
+    registry.store.close()
+    rc, out, _ = run(capsys, cfg, "update", "ana", "--no-allow-tests", "--expires-in-days", "none", "--roles", "client")
+    assert rc == 0
+    shown = json.loads(out)
+    assert (shown["roles"], shown["allow_tests"], shown["expires_at"]) == (["client"], False, None)
+    # refused as the admin API refuses: in words, nothing changed
+    for args, said in (
+        (("--roles", "root"), "root"),
+        (("--expires-in-days", "-1"), "in the past"),
+        (("--expires-in-days", "soon"), "--expires-in-days"),
+    ):
+        rc, _, err = run(capsys, cfg, "update", "ana", *args)
+        assert rc == 1 and err.startswith("error: ") and said in err and "Traceback" not in err, (args, err)
+
+    assert run(capsys, cfg, "user", "lab", "bob", "--requests-per-minute", "5")[0] == 0
+    rc, _, err = run(capsys, cfg, "user", "lab", "bob", "--delete", "--usd-per-day", "1")
+    assert rc == 1 and "takes no limits" in err
+    assert run(capsys, cfg, "user", "lab", "bob", "--delete")[0] == 0
+    rc, _, err = run(capsys, cfg, "user", "lab", "bob", "--delete")
+    assert rc == 1 and "has no limits for user 'bob'" in err  # the admin API's 404, in words
+    auth, registry = authenticator(cfg)
+    assert ("lab", "bob") not in registry.snapshot.users
+    registry.store.close()
+
+    rc, out, _ = run(capsys, cfg, "audit")
+    actions = [(a["action"], a["target"]) for a in reversed(json.loads(out)) if a["actor"].startswith("cli:")]
+    assert actions == [
+        ("team.create", "lab"),
+        ("team.create", "ops"),
+        ("key.create", "ana"),
+        ("key.update", "ana"),
+        ("key.update", "ana"),
+        ("user.set", "lab/bob"),
+        ("user.delete", "lab/bob"),
+    ]
+    assert key not in out
+
+
+def test_keys_create_help_says_where_the_key_goes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["keys", "--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "stored (its hash) in the ledger's database" in said and "config lines holding its hash" not in said

@@ -111,7 +111,7 @@ async def test_a_token_rate_counts_the_worst_case_then_the_real_count(db: str) -
             == "rate:key.tokens_per_minute"
         )
         # a worst case over the limit by itself is refused, saying so
-        with pytest.raises(RateLimitError, match="on its own"):
+        with pytest.raises(RateLimitError, match="This request alone"):
             await found[0].admit([key], reservation(52, "tok", 0.0, tokens=1001), time.time())
         # a refusal at the team level leaves no token event at the key's
         broke = Quota("team", "broke", usd_per_day=0.0)
