@@ -79,7 +79,8 @@ def matrix(
 ) -> Iterator[tuple[Matrix, Future[list[tuple[float, str | None]]]]]:
     """Every fault's run, side by side, once for the module; and beside it (a thread, while the
     matrix's router starts and its tiers warm up) the weighted random run of 1,000 requests, whose
-    shares do not depend on how loaded the machine is."""
+    shares do not depend on how loaded the machine is. It asks for `served` only so that router
+    starts (in its thread) first, meanwhile, rather than after the matrix."""
     with ThreadPoolExecutor(1) as pool:
         weighted = pool.submit(weighted_run, 1000)
         with fault_matrix(tmp_path_factory.mktemp("matrix"), PER_FAULT, side_by_side=True) as done:
