@@ -240,12 +240,15 @@ class OpenAIBackendSettings(_Strict):
     backoff_max_s: float = Field(8.0, gt=0)
     breaker_failures: int = Field(5, ge=1, description="Consecutive failures that open the breaker.")
     breaker_cooldown_s: float = Field(30.0, gt=0, description="Open time before a half-open probe.")
-    breaker_successes: int = Field(
-        2,
+    # unset resolves by shape (`resolved_breaker_successes`): a one-base_url config keeps the one good
+    # call it always needed, while a deployment that flaps has others to take its traffic meanwhile
+    breaker_successes: int | None = Field(
+        None,
         ge=1,
         le=100,
         description="Good half-open probes in a row that close an open breaker (one call at a time until "
-        "then; a failed one opens it again): a flapping upstream is not sent full traffic at each good call.",
+        "then; a failed one opens it again): a flapping upstream is not sent full traffic at each good call. "
+        "Unset: 2 for a tier listing several deployments, 1 otherwise (one base_url, as before deployments).",
     )
     probe_successes: int = Field(
         2,
@@ -300,6 +303,14 @@ class OpenAIBackendSettings(_Strict):
         if len(set(labels)) != len(labels):
             raise ValueError(f"deployment names must differ (set `name`): {', '.join(labels)}")
         return self
+
+    @property
+    def resolved_breaker_successes(self) -> int:
+        """`breaker_successes`, or its default for this tier's shape: 2 with several deployments, else 1
+        (one base_url, or a list of one: nothing else could take its traffic while it proves itself)."""
+        if self.breaker_successes is not None:
+            return self.breaker_successes
+        return 2 if len(self.deployments) > 1 else 1
 
     def resolved_deployments(self) -> list[DeploymentSettings]:
         """The tier's deployments: those listed, or the one its `base_url` names."""

@@ -248,6 +248,7 @@ def cmd_overhead(args: argparse.Namespace) -> int:
         seed=args.seed,
         warmup=args.warmup,
         floor=args.floor,
+        ledger_url=args.ledger_url,
     )
     report = {**report_header(args, "overhead"), **result}
     title = (
@@ -456,5 +457,12 @@ def register(sub: Any, add: Any) -> None:
         dest="floor",
         action="store_false",
         help="skip the second pass against /healthz (the HTTP floor, no router work)",
+    )
+    p.add_argument(
+        "--ledger-url",
+        default=None,
+        metavar="URL",
+        help="serve the ledger (and the response cache) from this postgresql://user@host:port/db database "
+        "(no password in it: the config's ledger.password_env is read) instead of a scratch SQLite file",
     )
     p.add_argument("--json", default=None, metavar="PATH", help="write every number here")

@@ -47,16 +47,22 @@ class ServerTiming:
         await self.app(scope, receive, timed)
 
 
-def instant_settings(settings: Settings, *, verifiers: str, ledger_path: Path) -> Settings:
-    """The config as the overhead mode serves it: on loopback without keys, with a scratch ledger,
-    and with the tiers' verifiers (their own and their policies' per task) as configured or removed."""
+def instant_settings(
+    settings: Settings, *, verifiers: str, ledger_path: Path, ledger_url: str | None = None
+) -> Settings:
+    """The config as the overhead mode serves it: on loopback without keys, with a scratch ledger
+    (or the PostgreSQL database at `ledger_url`, to time the ledger and the cache where replicas
+    share them), and with the tiers' verifiers (their own and their policies' per task) as
+    configured or removed."""
     tiers = [t.model_copy(update={"verifiers": [], "tasks": {}}) if verifiers == "none" else t for t in settings.tiers]
     server = settings.server.model_copy(update={"host": "127.0.0.1", "allow_unauthenticated": True, "api_keys": []})
-    ledger = settings.ledger.model_copy(update={"path": ledger_path})
+    ledger = settings.ledger.model_copy(update={"path": ledger_path, **({"url": ledger_url} if ledger_url else {})})
     return settings.model_copy(update={"tiers": tiers, "server": server, "ledger": ledger})
 
 
-def _serve_instant(config: str | None, port: int, verifiers: str, scratch: str, errors: Connection) -> None:
+def _serve_instant(
+    config: str | None, port: int, verifiers: str, scratch: str, errors: Connection, ledger_url: str | None = None
+) -> None:
     """Child process: the app with an instant backend behind every tier, under uvicorn."""
     try:
         import uvicorn
@@ -66,8 +72,9 @@ def _serve_instant(config: str | None, port: int, verifiers: str, scratch: str, 
         from router.config import load_settings
         from router.plugins import VerifierRegistry as Registry
 
+        scratch_ledger = Path(scratch) / "ledger.sqlite3"
         settings = instant_settings(
-            load_settings(config), verifiers=verifiers, ledger_path=Path(scratch) / "ledger.sqlite3"
+            load_settings(config), verifiers=verifiers, ledger_path=scratch_ledger, ledger_url=ledger_url
         )
         extra: dict[str, Any] = {"registry": Registry()} if verifiers == "none" else {}
         app = create_app(settings, backends={t.name: InstantBackend(t.name) for t in settings.tiers}, **extra)
@@ -82,7 +89,11 @@ def _serve_instant(config: str | None, port: int, verifiers: str, scratch: str, 
 
 @contextlib.contextmanager
 def instant_service(
-    config: str | os.PathLike[str] | None, *, verifiers: str = "config", start_timeout_s: float = 60.0
+    config: str | os.PathLike[str] | None,
+    *,
+    verifiers: str = "config",
+    start_timeout_s: float = 60.0,
+    ledger_url: str | None = None,
 ) -> Iterator[tuple[str, int]]:
     """Run the service with instant backends in a child process (its own interpreter, so the load
     generator does not share its GIL); yield its base URL and pid."""
@@ -96,7 +107,7 @@ def instant_service(
     with tempfile.TemporaryDirectory(prefix="tierroute-bench-") as scratch:
         proc = ctx.Process(
             target=_serve_instant,
-            args=(None if config is None else str(config), port, verifiers, scratch, send),
+            args=(None if config is None else str(config), port, verifiers, scratch, send, ledger_url),
             name="tierroute-bench-instant",
         )
         proc.start()

@@ -19,7 +19,7 @@ from router.bench.load import Send, arrivals, open_loop, schedule_lag, warm_up
 from router.bench.memory import MemoryWatch, read_cpu_s
 from router.bench.outcome import Outcome
 from router.bench.stats import distribution_ms, rounded
-from router.bench.workload import PROMPTS
+from router.bench.workload import PROMPTS, BenchError
 
 
 async def drive_overhead(
@@ -157,11 +157,15 @@ def run_overhead(
     seed: int = 0,
     warmup: int = 50,
     floor: bool = True,
+    ledger_url: str | None = None,
 ) -> dict[str, Any]:
-    from router.config import load_settings
+    from router.config import load_settings, postgres_url_problem
 
     settings = load_settings(config)
-    with instant_service(config, verifiers=verifiers) as (url, pid):
+    problem = None if ledger_url is None else postgres_url_problem(ledger_url)
+    if problem is not None:  # checked here: the served settings are a copy, past the config's checks
+        raise BenchError(f"--ledger-url: {problem}")
+    with instant_service(config, verifiers=verifiers, ledger_url=ledger_url) as (url, pid):
         result = asyncio.run(
             drive_overhead(
                 url,
@@ -179,4 +183,5 @@ def run_overhead(
     result["verifiers"] = {t.name: [] if verifiers == "none" else [v.name for v in t.verifiers] for t in settings.tiers}
     result["verifiers_mode"] = verifiers
     result["config"] = str(config) if config is not None else "(bundled config.toml)"
+    result["ledger"] = "postgresql" if ledger_url or settings.ledger.url else "sqlite (a scratch file)"
     return result

@@ -14,7 +14,10 @@ The tier policy version is a hash of the resolved tier config that decides answe
 backend and model, its verifiers, thresholds, task policies, limits and deadlines) and of the
 cascade's settings, so a config change that alters a tier's policy keys every later request
 differently: earlier entries are never served again, and age out. Prices and shadow sampling
-change what an answer costs or what is learnt from it, not the answer, so they are left out.
+change what an answer costs or what is learnt from it, not the answer, so they are left out, and
+so is an `openai` tier's transport (its deployments, their balancing, retries, breakers, probes,
+keys and byte bounds: `OPENAI_TRANSPORT`), which decides where the tier's model is asked, not what
+it answers.
 
 The scope is part of the key and is also stored beside the entry and matched on reading, so even
 two equal hashes could not cross tenants. `scope_of` is the one place a scope is chosen: per API
@@ -38,6 +41,36 @@ from router.config import Settings
 FORMAT = 1  # bumped when what is keyed or stored changes: earlier entries are then never read
 _NOT_IN_KEY = frozenset({"stream", "stream_options", "user"})  # how the answer is delivered, not what it is
 _NOT_POLICY = frozenset({"price", "shadow"})  # what an answer costs, or what is learnt from it
+# An `openai` tier's transport: which of its deployments serves a request and how it is reached,
+# retried, bounded and health-checked. The deployments serve the tier's model in the operator's
+# judgement, so a weight, a new replica or a deployment's own name for the model must not drop every
+# entry. What stays in: the tier's `model` and what its verifiers read (logprobs, prompt scoring).
+# Every field of the section is in one set or the other (tests/router/cache/test_cache_keys.py), so
+# a new one is decided, not silently hashed or left out.
+OPENAI_TRANSPORT = frozenset(
+    {
+        "base_url",
+        "deployments",
+        "strategy",
+        "probe_interval_s",
+        "probe_successes",
+        "attempt_timeout_s",
+        "api_key_env",
+        "max_attempts",
+        "backoff_initial_s",
+        "backoff_max_s",
+        "breaker_failures",
+        "breaker_cooldown_s",
+        "breaker_successes",
+        "max_response_bytes",
+        "max_stream_events",
+        "hosted_prompt_tokens",
+    }
+)
+OPENAI_POLICY = frozenset({"model", "logprobs", "prompt_logprobs", "chat_template"})
+
+
+_EXCLUDED: dict[str, Any] = {**dict.fromkeys(_NOT_POLICY, True), "openai": set(OPENAI_TRANSPORT)}
 
 
 def canonical(value: Any) -> str:
@@ -64,7 +97,7 @@ def policy_version(settings: Settings) -> str:
     return sha256(
         canonical(
             {
-                "tiers": [t.model_dump(mode="json", exclude=set(_NOT_POLICY)) for t in settings.tiers],
+                "tiers": [t.model_dump(mode="json", exclude=_EXCLUDED) for t in settings.tiers],
                 "cascade": settings.cascade.model_dump(mode="json"),
                 "namespace": settings.cache.namespace,
             }

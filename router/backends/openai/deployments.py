@@ -95,7 +95,7 @@ class Deployment:
             label,
             failures=config.breaker_failures,
             cooldown_s=config.breaker_cooldown_s,
-            successes=config.breaker_successes,
+            successes=config.resolved_breaker_successes,
             clock=clock,
         )
         self.failures = Failures(label, timeout_s=timeout_s, breaker=self.breaker, retry_after_s=retry_after_s)

@@ -125,3 +125,54 @@ async def test_a_breaker_closes_only_after_good_probes_in_a_row(upstream: FaultU
     # one good probe closed it, and it stayed closed (its failures never three in a row): after the
     # first cool-down, a fifth of the run, every request went to it first
     assert without >= answered / 2 and without > at_a, (without, answered, at_a)
+
+
+async def _reopen_and_answer_once(backend: OpenAIBackend, upstream: FaultUpstream) -> str:
+    """Open `upstream`'s breaker with one failure, wait out its cool-down, answer one good call there:
+    the breaker's state after that call."""
+    from router.errors import UpstreamError
+
+    upstream.script(status(500))
+    with contextlib.suppress(UpstreamError):
+        await backend.generate(CHAT)
+    first = backend.pool.deployments[0].breaker
+    assert first.state == "open"
+    await asyncio.sleep(0.25)  # the cool-down (0.2 s) ends: half-open
+    answer = await backend.generate(CHAT)
+    assert answer.deployment == backend.pool.deployments[0].name and posts(upstream) == 2, "not the probe"
+    return first.state
+
+
+async def test_one_good_call_closes_a_single_base_url_tier_as_before(upstream: FaultUpstream) -> None:
+    # the audit's finding: the default of 2 made half-open need two good calls on every tier, so a
+    # one-base_url config answered 503 for longer than it did before deployments existed
+    from tests.support.openai_backend import backend_for
+
+    config = {"breaker_failures": 1, "breaker_cooldown_s": 0.2, "max_attempts": 1}
+    async with backend_for(upstream, **config) as backend:
+        assert await _reopen_and_answer_once(backend, upstream) == "closed"
+    upstream.requests.clear()
+    async with backend_for(upstream, breaker_successes=2, **config) as backend:  # set, it is honoured
+        assert await _reopen_and_answer_once(backend, upstream) == "half_open"
+
+
+async def test_several_deployments_need_two_good_calls_by_default(
+    upstream: FaultUpstream, second: FaultUpstream
+) -> None:
+    config = {"breaker_failures": 1, "breaker_cooldown_s": 0.2}
+    async with two(upstream, second, **config) as backend:
+        assert await _reopen_and_answer_once(backend, upstream) == "half_open"
+        await backend.generate(CHAT)
+        assert backend.pool.deployments[0].breaker.state == "closed"
+    upstream.requests.clear()
+    async with two(upstream, second, breaker_successes=1, **config) as backend:
+        assert await _reopen_and_answer_once(backend, upstream) == "closed"
+
+
+def test_the_breaker_successes_default_follows_the_tier_shape() -> None:
+    one = DeploymentSettings(base_url="http://127.0.0.1:9/v1", name="a")
+    other = DeploymentSettings(base_url="http://127.0.0.1:10/v1", name="b")
+    assert OpenAIBackendSettings(model="m", base_url=one.base_url).resolved_breaker_successes == 1
+    assert OpenAIBackendSettings(model="m", deployments=[one]).resolved_breaker_successes == 1
+    assert OpenAIBackendSettings(model="m", deployments=[one, other]).resolved_breaker_successes == 2
+    assert OpenAIBackendSettings(model="m", base_url=one.base_url, breaker_successes=3).resolved_breaker_successes == 3

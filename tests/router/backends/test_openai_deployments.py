@@ -241,6 +241,37 @@ async def test_cross_tier_scoring_fails_over_too(upstream: FaultUpstream, second
     assert (len(upstream.requests), len(second.requests)) == (1, 1)
 
 
+async def test_each_deployment_is_sent_its_own_model_name(upstream: FaultUpstream, second: FaultUpstream) -> None:
+    # `b` names the tier's model as its provider does: that name, not the tier's, is on its wire,
+    # and a failover from `a` to `b` changes the name with the deployment, plain and streamed
+    upstream.script(status(500), status(500))
+    async with two(upstream, second, at_b={"model": "b-own-name"}) as backend:
+        plain = await backend.generate(CHAT)
+        streamed = [d async for d in backend.stream(CHAT)][-1]
+        upstream.default = ok()
+        direct = await backend.generate(CHAT)  # ordered failover: `a` first, now that it answers
+    assert (plain.deployment, streamed.deployment, direct.deployment) == ("b", "b", "a")  # type: ignore[union-attr]
+    assert [r.body["model"] for r in upstream.requests] == ["fake-large"] * 3
+    assert [(r.body["model"], r.streaming) for r in second.requests] == [("b-own-name", False), ("b-own-name", True)]
+
+
+async def test_judge_scoring_fails_over_too(upstream: FaultUpstream, second: FaultUpstream) -> None:
+    # the `judge` verifier reaches its tier through the backend: `a` resets, `b` grades the answer
+    from tests.support.openai_backend import chat_body
+    from tests.support.scripted import gen
+    from verifiers.base import VerifierContext
+    from verifiers.judge import JudgeVerifier
+
+    upstream.script(reset())
+    second.script(raw(200, chat_body("Names Paris, which is right.\nSCORE: 8")))
+    async with two(upstream, second) as backend:
+        judge = JudgeVerifier(tier="large", ctx=VerifierContext("small", backend, {"large": backend}))
+        scored = await judge.score(CHAT, gen("Paris."))
+    assert scored.value == pytest.approx(0.8), scored.reason
+    assert (len(upstream.requests), len(second.requests)) == (1, 1)
+    assert "Paris." in json.dumps(second.requests[0].body["messages"])  # the judge's prompt, answered by `b`
+
+
 def test_a_tier_lists_base_url_or_deployments_and_names_them_apart() -> None:
     one = DeploymentSettings(base_url="http://127.0.0.1:8001/v1")
     assert one.label == "127.0.0.1:8001"

@@ -219,3 +219,28 @@ def test_overhead_with_instant_backends(tmp_path: Path) -> None:
     assert report["memory"]["peak_rss_mib"] > 0
     floor = report["floor"]  # the same schedule against /healthz: HTTP with no router work
     assert floor["requests"] == floor["ok"] == 20 and floor["client_ms"]["p50"] > 0
+
+
+@pytest.mark.slow
+def test_overhead_of_cache_hits_on_a_postgresql_ledger(
+    tmp_path: Path, db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue 29's benchmark on the ledger replicas share: `--ledger-url` serves the ledger, and so
+    # the cache, from PostgreSQL; the warm-up stores each prompt's answer, every timed request hits
+    import psycopg
+
+    out = tmp_path / "overhead.json"
+    config = str(Path(__file__).resolve().parents[3] / "bench" / "cache-overhead.toml")
+    args = ["--config", config, "bench", "overhead", "--rate", "20", "--seconds", "1", "--no-floor"]
+    assert main([*args, "--ledger-url", db, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["ledger"] == "postgresql" and report["options"]["ledger_url"] == db
+    assert report["requests"] == report["ok"] == 20 and report["cache"] == {"hit": 20}
+    with psycopg.connect(db) as conn:
+        entries = conn.execute("SELECT count(*) FROM cache_entries").fetchone()
+        hits = conn.execute("SELECT count(*) FROM attempts WHERE decision = 'cached'").fetchone()
+    assert entries is not None and 0 < entries[0] <= 16  # one per prompt
+    assert hits is not None and hits[0] >= 20  # every timed request (and the warm-up's repeats)
+    # a password in the URL is refused before anything starts, as the config refuses it
+    assert main([*args, "--ledger-url", db.replace("postgres@", "postgres:hunter2@")]) != 0
+    assert "password" in capsys.readouterr().err

@@ -87,6 +87,84 @@ def test_the_policy_version_follows_what_decides_answers_and_not_prices(tmp_path
     assert version(("enabled = true", 'enabled = true\nnamespace = "v2"')) != same
 
 
+OPENAI_TIER = """[ledger]
+path = "ledger.sqlite3"
+[[tiers]]
+name = "large"
+backend = "openai"
+threshold = 0.5
+max_tokens = 64
+timeout_s = 10
+[tiers.price]
+usd_per_1m_input_tokens = 0.60
+usd_per_1m_output_tokens = 2.40
+[tiers.openai]
+model = "tier-model"
+strategy = "weighted_random"
+max_attempts = 2
+[[tiers.openai.deployments]]
+name = "a"
+base_url = "http://127.0.0.1:9001/v1"
+weight = 1
+[[tiers.openai.deployments]]
+name = "b"
+base_url = "http://127.0.0.1:9002/v1"
+weight = 3
+"""
+ANOTHER = '[[tiers.openai.deployments]]\nname = "c"\nbase_url = "https://api.example.com/v1"\n'
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        ("weight = 3", "weight = 4"),
+        ("weighted_random", "least_outstanding"),
+        ("max_attempts = 2", "max_attempts = 3\nbackoff_initial_s = 1\nbackoff_max_s = 2"),
+        ("max_attempts = 2", "max_attempts = 2\nbreaker_failures = 2\nbreaker_cooldown_s = 9\nbreaker_successes = 3"),
+        ("max_attempts = 2", "max_attempts = 2\nprobe_interval_s = 5\nprobe_successes = 3\nattempt_timeout_s = 4"),
+        ("max_attempts = 2", 'max_attempts = 2\napi_key_env = "K"\nhosted_prompt_tokens = 0'),
+        ("max_attempts = 2", "max_attempts = 2\nmax_response_bytes = 9999\nmax_stream_events = 99"),
+        ("weight = 3", "weight = 3\nmax_concurrent = 8"),
+        ("weight = 3", 'weight = 3\nmodel = "b-own-name"'),  # a deployment's own name for the same model
+        ("9002", "9003"),  # a replica moved
+        ("weight = 3\n", "weight = 3\n" + ANOTHER),  # a replica added
+    ],
+    ids=["weight", "strategy", "retries", "breaker", "probe", "key-hosted", "bounds", "max_concurrent",
+         "deployment-model", "base_url", "added"],
+)  # fmt: skip
+def test_an_openai_tiers_transport_leaves_the_policy_version_alone(tmp_path: Path, change: tuple[str, str]) -> None:
+    # the audit's finding: a weight, a strategy or a breaker setting was hashed with the policy, so
+    # rebalancing traffic between replicas dropped every cached answer
+    cfg = tmp_path / "config.toml"
+
+    def version(replace: tuple[str, str] = ("", "")) -> str:
+        assert replace[0] in OPENAI_TIER
+        cfg.write_text(OPENAI_TIER.replace(*replace))
+        return keys.policy_version(load_settings(cfg))
+
+    same = version()
+    assert version(change) == same
+    # while what decides the answer still moves it: the tier's model, its threshold and limits,
+    # what its verifiers are given
+    for policy in [
+        ('model = "tier-model"', 'model = "other-model"'),
+        ("threshold = 0.5", "threshold = 0.7"),
+        ("max_tokens = 64", "max_tokens = 65"),
+        ("max_attempts = 2", "max_attempts = 2\nlogprobs = false"),
+        ("max_attempts = 2", 'max_attempts = 2\nprompt_logprobs = "echo"'),
+        ("threshold = 0.5", 'threshold = 0.5\nverifiers = [{name = "confidence"}]'),
+    ]:
+        assert version(policy) != same, policy
+
+
+def test_every_openai_field_is_either_policy_or_transport() -> None:
+    # a new field must be placed: hashed (a change drops the cache) or transport (it does not)
+    from router.config import OpenAIBackendSettings
+
+    assert keys.OPENAI_TRANSPORT.isdisjoint(keys.OPENAI_POLICY)
+    assert keys.OPENAI_TRANSPORT | keys.OPENAI_POLICY == set(OpenAIBackendSettings.model_fields)
+
+
 def stored(body: Any, *, k: str = "k", scope: str = "key:ana", shape: str = "chat.completion") -> CacheRow:
     text = body if isinstance(body, str) else json.dumps(body)
     return CacheRow(k, scope, "p", shape, "small", "r", 0.0, 1.0, len(text), text, answer.digest(k, scope, text))
