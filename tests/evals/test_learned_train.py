@@ -45,7 +45,9 @@ async def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Train
     est = tmp / "est"
     printed = io.StringIO()
     with redirect_stdout(printed):
-        code = main(["eval", "train", "--run", str(root), "--out", str(est), "--buckets", str(BUCKETS), "--splits", "1"])
+        code = main(
+            ["eval", "train", "--run", str(root), "--out", str(est), "--buckets", str(BUCKETS), "--splits", "1"]
+        )
     assert code == 0
     manifest = json.loads((est / "estimators.json").read_text())
     table = attach(load_run(root).table, load_predictions(est), seed=0, fraction=0.5)
