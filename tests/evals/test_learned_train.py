@@ -17,7 +17,7 @@ import pytest
 
 from evals import measures
 from evals.calibrate import in_calibration
-from evals.fitting import fit_model, out_of_fold
+from evals.fitting import fit_model, log_loss, out_of_fold
 from evals.learned_comparison import LEARNED, PREROUTER, attach, compare, load_predictions
 from evals.train import DEFAULT_TARGET, TrainResult, train
 from evals.training_data import feature_verifiers, load_run
@@ -154,6 +154,23 @@ def test_out_of_fold_predictions_do_not_remember_their_rows() -> None:
     memorised = LogisticRegression(C=100.0, max_iter=5000).fit(x, y).decision_function(x)
     assert measures.auroc(y, memorised) > 0.9
     assert abs(measures.auroc(y, out_of_fold(x, y, 150, seed=0)) - 0.5) < 0.15
+
+
+def test_the_log_loss_is_sklearns_to_the_bit() -> None:
+    """fit_model chooses by this loss and stores it: it must be sklearn's exactly, not nearly,
+    or a near tie could choose another model than the committed estimators were trained with."""
+    from sklearn.metrics import log_loss as sklearn_log_loss
+
+    from router.learned.estimators import sigmoid
+
+    rng = np.random.default_rng(0)
+    for i in range(300):
+        n = int(rng.integers(2, 300))
+        y = rng.integers(0, 2, n)
+        p = sigmoid(rng.normal(0.0, float(rng.choice([0.1, 1.0, 10.0, 60.0])), n))
+        if i % 5 == 0:  # certain, right or wrong: clipped as sklearn clips
+            p[: n // 3] = rng.choice([0.0, 1.0], n // 3)
+        assert log_loss(y, p) == sklearn_log_loss(y, p, labels=[0, 1])
 
 
 def test_with_one_outcome_the_model_is_the_base_rate() -> None:
