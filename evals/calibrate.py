@@ -26,7 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from evals.sweep import CascadePolicy, PolicyResult, PreRoutePolicy, ResultTable, accuracy_of, evaluate
+from evals.sweep import (
+    CascadePolicy,
+    PolicyResult,
+    PreRoutePolicy,
+    ResultTable,
+    accuracy_of,
+    evaluate,
+    evaluate_cascades,
+)
 from router.errors import ConfigError
 
 TARGET_KINDS = ("min-accuracy", "min-pgr", "max-cost", "max-escalation")
@@ -124,7 +132,8 @@ def choose(
     k = max(1, table.top)
     per_tier = max_points if k == 1 else max(5, int(max_points ** (1 / k)))
     grids = [candidate_thresholds(table, verifier, t, per_tier) for t in range(k)]
-    results = [(ths, evaluate(CascadePolicy(verifier, ths), table, ths[0])) for ths in itertools.product(*grids)]
+    settings = [(ths, ths[0]) for ths in itertools.product(*grids)]
+    results = list(zip([ths for ths, _ in settings], evaluate_cascades(table, verifier, settings), strict=True))
     return _pick(table, results, target)
 
 

@@ -4,9 +4,11 @@ neither a model nor a threshold, and the estimators in the sweep, calibration an
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import shutil
+from contextlib import redirect_stdout
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,9 +17,9 @@ import pytest
 
 from evals import measures
 from evals.calibrate import in_calibration
-from evals.fitting import fit_model, out_of_fold
-from evals.learned_comparison import LEARNED, PREROUTER, attach, load_predictions
-from evals.train import TrainResult, train
+from evals.fitting import fit_model, log_loss, out_of_fold
+from evals.learned_comparison import LEARNED, PREROUTER, attach, compare, load_predictions
+from evals.train import DEFAULT_TARGET, TrainResult, train
 from evals.training_data import feature_verifiers, load_run
 from router.cli import main
 from router.config import VerifierSpec
@@ -33,10 +35,25 @@ BUCKETS = 64
 
 
 @pytest.fixture(scope="module")
-async def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TrainResult]:
+async def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TrainResult, str]:
+    """The module's one training, through the command as a user runs it, with one other split
+    (`--splits 1`: a whole training again, whose checks the report adds): every test reads these
+    artifacts, and the command's test its output. What `train` returned is read back from what it
+    wrote, as `_train` itself computes the comparison (each training costs seconds of CPU)."""
     tmp = tmp_path_factory.mktemp("learned")
     root = await make_run(tmp)
-    return root, train([load_run(root)], tmp / "est", n_buckets=BUCKETS)
+    est = tmp / "est"
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        code = main(
+            ["eval", "train", "--run", str(root), "--out", str(est), "--buckets", str(BUCKETS), "--splits", "1"]
+        )
+    assert code == 0
+    manifest = json.loads((est / "estimators.json").read_text())
+    table = attach(load_run(root).table, load_predictions(est), seed=0, fraction=0.5)
+    comparison = compare(table, DEFAULT_TARGET, seed=0, fraction=0.5)
+    result = TrainResult(est, manifest["artifacts"], [comparison], None, manifest["feature_verifiers"], False)
+    return root, result, printed.getvalue()
 
 
 def artifact(result: TrainResult, kind: str) -> tuple[Path, str]:
@@ -45,7 +62,7 @@ def artifact(result: TrainResult, kind: str) -> tuple[Path, str]:
 
 
 def test_training_writes_artifacts_predictions_and_report(trained) -> None:
-    root, result = trained
+    root, result, _ = trained
     names = {p.name for p in result.out.iterdir()}
     assert {
         "learned.json",
@@ -78,7 +95,7 @@ def test_training_writes_artifacts_predictions_and_report(trained) -> None:
 async def test_held_out_predictions_are_what_the_service_computes(trained) -> None:
     """Training and serving share the features: the verifier built from the artifact, computing
     its own feature verifiers, gives every held-out item the stored prediction."""
-    root, result = trained
+    root, result, _ = trained
     run = load_run(root)
     preds = load_predictions(result.out)
     path, sha = artifact(result, "verifier")
@@ -95,7 +112,7 @@ async def test_held_out_predictions_are_what_the_service_computes(trained) -> No
 
 
 def test_the_estimators_learn_something(trained) -> None:
-    _, result = trained
+    _, result, _ = trained
     cmp = result.comparisons[0]
     learned, pre = cmp.quality_of(LEARNED), cmp.quality_of(PREROUTER)
     assert learned.auroc > 0.8  # the logprobs separate right from wrong
@@ -104,7 +121,7 @@ def test_the_estimators_learn_something(trained) -> None:
 
 
 async def test_held_out_items_touch_no_model_and_no_threshold(trained, tmp_path: Path) -> None:
-    root, result = trained
+    root, result, _ = trained
     copy = tmp_path / "runs" / "marked"
     shutil.copytree(root, copy)
     lines = []
@@ -139,6 +156,23 @@ def test_out_of_fold_predictions_do_not_remember_their_rows() -> None:
     assert abs(measures.auroc(y, out_of_fold(x, y, 150, seed=0)) - 0.5) < 0.15
 
 
+def test_the_log_loss_is_sklearns_to_the_bit() -> None:
+    """fit_model chooses by this loss and stores it: it must be sklearn's exactly, not nearly,
+    or a near tie could choose another model than the committed estimators were trained with."""
+    from sklearn.metrics import log_loss as sklearn_log_loss
+
+    from router.learned.estimators import sigmoid
+
+    rng = np.random.default_rng(0)
+    for i in range(300):
+        n = int(rng.integers(2, 300))
+        y = rng.integers(0, 2, n)
+        p = sigmoid(rng.normal(0.0, float(rng.choice([0.1, 1.0, 10.0, 60.0])), n))
+        if i % 5 == 0:  # certain, right or wrong: clipped as sklearn clips
+            p[: n // 3] = rng.choice([0.0, 1.0], n // 3)
+        assert log_loss(y, p) == sklearn_log_loss(y, p, labels=[0, 1])
+
+
 def test_with_one_outcome_the_model_is_the_base_rate() -> None:
     x = np.random.default_rng(1).normal(size=(30, 4))
     m = fit_model(x, np.ones(30, dtype=int), n_dense=4)
@@ -147,7 +181,7 @@ def test_with_one_outcome_the_model_is_the_base_rate() -> None:
 
 
 def test_verifiers_that_generate_are_not_features_by_default(trained) -> None:
-    root, _ = trained
+    root, _, _ = trained
     run = load_run(root)
     table = run.table.with_scores("self_consistency", {it.id: [0.5, 0.5] for it in run.table.items})
     manifest = {
@@ -163,14 +197,14 @@ def test_verifiers_that_generate_are_not_features_by_default(trained) -> None:
 
 
 def test_another_split_is_refused(trained) -> None:
-    root, result = trained
+    root, result, _ = trained
     preds = load_predictions(result.out)
     with pytest.raises(ConfigError, match="seed 0, fraction 0.5"):
         attach(load_run(root).table, preds, seed=1, fraction=0.5)
 
 
 def test_the_learned_column_pays_for_its_feature_verifiers(trained) -> None:
-    root, result = trained
+    root, result, _ = trained
     table = attach(load_run(root).table, load_predictions(result.out), seed=0, fraction=0.5)
     assert LEARNED in table.verifiers and PREROUTER not in table.verifiers
     t = table.items[0].tiers[0]
@@ -180,12 +214,9 @@ def test_the_learned_column_pays_for_its_feature_verifiers(trained) -> None:
 
 
 async def test_cli_train_then_sweep_calibrate_and_report(trained, tmp_path: Path, capsys) -> None:
-    root, _ = trained
-    est = tmp_path / "est"
-    assert (
-        main(["eval", "train", "--run", str(root), "--out", str(est), "--buckets", str(BUCKETS), "--splits", "1"]) == 0
-    )
-    out = capsys.readouterr().out
+    """`eval train` (run once, by the module's fixture) and the commands that read its estimators."""
+    root, result, out = trained
+    est = result.out
     assert "verifier@" in out and "prerouter@" in out and "[tiers.prerouter]" in out
     readme = (est / "README.md").read_text()
     # one other split (each is a whole training again; `--splits N` gives seeds 1..N)
@@ -229,7 +260,7 @@ async def test_cli_train_then_sweep_calibrate_and_report(trained, tmp_path: Path
 
 
 def test_a_run_whose_prompts_changed_is_refused(trained, tmp_path: Path) -> None:
-    root, _ = trained
+    root, _, _ = trained
     copy = tmp_path / "marked"
     shutil.copytree(root, copy)
     suite = Path(json.loads((copy / "manifest.json").read_text())["suite"]["source"].split(" (sha256")[0])
@@ -282,7 +313,7 @@ def test_a_verifier_scored_only_on_tiers_that_escalate_is_a_feature_with_decidin
     """`cross_tier` has nothing to score the last tier's answer with, so a run stores it for the
     first tier only: with --deciding-tiers it is a feature, and the learned verifier is trained for
     the first tier only (the last tier's column abstains) instead of the verifier being dropped."""
-    root, _ = trained
+    root, _, _ = trained
     run = load_run(root)
     items = []
     for it in run.table.items:

@@ -5,6 +5,9 @@ on all but question 5. Small costs $0.001 per item (1 busy second at $3.6/hour);
 
 from __future__ import annotations
 
+import itertools
+import math
+import random
 from pathlib import Path
 
 import pytest
@@ -13,17 +16,25 @@ from evals.store import RunStore
 from evals.sweep import (
     CONFIG,
     CascadePolicy,
+    ItemOutcome,
     OraclePolicy,
+    ResultTable,
     Route,
     SingleTier,
+    TierInfo,
+    TierOutcome,
     evaluate,
+    evaluate_cascades,
     load_table,
     random_escalation,
     summarize,
     sweep,
+    threshold_grid,
 )
 from router.config import PriceSettings
 from tests.support.evals import plan_for, run, scripted
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -123,3 +134,61 @@ def test_an_estimator_joins_the_sweep_as_a_score_column(table) -> None:
     assert r.accuracy == pytest.approx(7 / 8)  # as good as the oracle, paying small on every item
     assert summarize(t, "perfect").auroc[0] == pytest.approx(1.0)
     assert table.items[0].tiers[0].text.startswith(("sure", "the answer"))
+
+
+def _three_tiers(n: int, seed: int) -> ResultTable:
+    """Three tiers with abstentions (None), ties, verifier costs and the configured check on some
+    last-tier answers: every way a cascade route can differ."""
+    rng = random.Random(seed)
+    items = []
+    for i in range(n):
+        tiers = []
+        for t in range(3):
+            score = None if rng.random() < 0.15 else rng.choice([0.0, 0.5, 1.0, rng.random()])
+            scores = {"v": score} | ({CONFIG: rng.random()} if t < 2 or rng.random() < 0.5 else {})
+            tiers.append(
+                TierOutcome(
+                    correct=rng.random() < 0.4 + 0.25 * t,
+                    cost_usd=rng.random() * 10**-t,
+                    latency_s=rng.random() * (t + 1),
+                    busy_s=1.0,
+                    prompt_tokens=1,
+                    completion_tokens=1,
+                    scores=scores,
+                    verify_cost_usd={"v": rng.random() * 1e-4, CONFIG: rng.random() * 1e-5},
+                    verify_s={"v": rng.random() / 10},
+                )
+            )
+        items.append(ItemOutcome(f"i/{i}", "", tuple(tiers)))
+    price = PriceSettings(usd_per_hour=1.0)
+    infos = [TierInfo(name, name, price, "", 0.5, True) for name in ("a", "b", "c")]
+    return ResultTable(run="syn", suite="syn", source="", tiers=infos, items=items, verifiers=[CONFIG, "v"])
+
+
+def test_evaluate_cascades_gives_evaluates_results_to_the_bit() -> None:
+    """The array pass that sweeps and calibrations use is `evaluate` of a `CascadePolicy`, equal
+    to the last bit (committed reports are compared byte for byte), on three tiers with
+    abstentions, on one tier, and on a committed run."""
+    table = _three_tiers(97, seed=4)
+    grid = [0.0, 0.25, 0.5, 0.7, 1.0, math.inf]
+    for verifier in ("v", CONFIG):
+        settings = [(ths, ths[0]) for ths in itertools.product(grid, grid)]
+        fast = evaluate_cascades(table, verifier, settings)
+        assert fast == [evaluate(CascadePolicy(verifier, ths), table, p) for ths, p in settings]
+        assert repr(fast) == repr([evaluate(CascadePolicy(verifier, ths), table, p) for ths, p in settings])
+    one = ResultTable(
+        run="one",
+        suite="one",
+        source="",
+        tiers=table.tiers[:1],
+        items=[ItemOutcome(it.id, "", it.tiers[:1]) for it in table.items],
+        verifiers=["v"],
+    )
+    assert evaluate_cascades(one, "v", [((0.5,), 0.5)]) == [evaluate(CascadePolicy("v", (0.5,)), one, 0.5)]
+    committed = load_table(RunStore(REPO / "evals/results/gsm8k"))
+    verifier = committed.verifiers[1]
+    assert sweep(committed, verifier) == [
+        evaluate(CascadePolicy(verifier, (th,)), committed, th) for th in threshold_grid(committed, verifier)
+    ]
+    with pytest.raises(ValueError, match="no complete items"):
+        evaluate_cascades(ResultTable("e", "e", "", table.tiers, [], ["v"]), "v", [((0.5, 0.5), 0.5)])
