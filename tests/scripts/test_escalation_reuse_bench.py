@@ -4,8 +4,7 @@ measured depends on the engine: one without `reuse_rejected` runs the sequential
 
 The replays take seed 2, whose items have short prompts (HumanEval/155 and gsm8k/931, 388 and 299
 characters): every tier of every server prefills each prompt at one thread, and seed 0's
-HumanEval/129 (1,524 characters) made these two tests cost some 30 CPU-seconds more for the same
-mechanics."""
+HumanEval/129 (1,524 characters) made the file cost about twice the CPU for the same mechanics."""
 
 from __future__ import annotations
 
