@@ -26,6 +26,9 @@ PROMPTS = [
 ]
 
 
+COMPARED = 24  # tokens of the answers compared with the plain model's
+
+
 def _ask(text: str, **kw: object) -> GenerationRequest:
     return GenerationRequest(messages=(Message("user", text),), max_tokens=int(kw.pop("max_tokens", 48)), **kw)  # type: ignore[arg-type]
 
@@ -56,8 +59,10 @@ async def drafted(smol_path: Path):
 async def plain_answers(plain: LlamaCppBackend) -> list[Generation]:
     """The plain model's greedy answer to each prompt, one stream at a time, computed once for the
     tests that compare drafted answers with it (with top-5 logprobs: the answer and its own
-    logprobs are those of a request without them)."""
-    return [await plain.generate(_ask(t, top_logprobs=5)) for t in PROMPTS]
+    logprobs are those of a request without them). COMPARED tokens each: four drafting steps a
+    sequence, enough for drafts mixed up between steps or sequences to show (48 cost twice the
+    CPU, for this tier decodes at about 20 ms a token)."""
+    return [await plain.generate(_ask(t, top_logprobs=5, max_tokens=COMPARED)) for t in PROMPTS]
 
 
 def _accepted(g: Generation, source: str = "model") -> tuple[int, int]:
@@ -70,7 +75,7 @@ async def test_greedy_drafted_answers_are_the_plain_answers(
 ) -> None:
     before = drafted.draft_counts()["model"]
     for text, a in zip(PROMPTS[:2], plain_answers, strict=False):
-        b = await drafted.generate(_ask(text))
+        b = await drafted.generate(_ask(text, max_tokens=COMPARED))
         assert b.text == a.text
         assert b.completion_tokens == a.completion_tokens
         assert b.finish_reason == a.finish_reason
@@ -96,7 +101,7 @@ async def test_several_sequences_draft_in_the_same_steps(
     token the model was sure against, which is what mixed-up KV or state would give."""
     expected = plain_answers
     steps = drafted.engine.steps
-    got = await asyncio.gather(*(drafted.generate(_ask(t, top_logprobs=5)) for t in PROMPTS))
+    got = await asyncio.gather(*(drafted.generate(_ask(t, top_logprobs=5, max_tokens=COMPARED)) for t in PROMPTS))
     for want, g in zip(expected, got, strict=True):
         assert want.top_logprobs is not None and g.top_logprobs is not None
         diverged = next(
