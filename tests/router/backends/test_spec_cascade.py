@@ -214,8 +214,13 @@ def qwen_pair(smol_path: Path) -> tuple[Path, Path]:
     return small, large
 
 
+# a short prompt (Qwen's default system prompt replaced by a shorter one: 38 tokens, not 58) on
+# which the pair part at once: the 1.5B model answers "To determine the total cost", the 0.5B
+# model "To find the total cost", so a few tokens show what the rule changes; the long question
+# without a system prompt needed 20 (the drafted answers first parted at token 17)
 QUESTION = (
-    "A shop sells pens at 3 dollars each and notebooks at 5 dollars each. How much do 4 pens and 2 notebooks cost?"
+    Message("system", "Be brief."),
+    Message("user", "Pens cost 3 dollars, notebooks 5. What do 4 pens and 2 notebooks cost?"),
 )
 
 
@@ -226,32 +231,34 @@ async def test_the_rule_decides_between_two_models(qwen_pair: tuple[Path, Path])
     of one of the two (all but near ties, which llama.cpp's batched passes round either way),
     and some are the 0.5B model's choice where the 1.5B model would have chosen otherwise.
 
-    One cascade pair gives both ruled answers, its rule set between them (the engine reads it at
-    each step; the config's path to it is the self-draft test's): a pair loads in ~2.5
-    CPU-seconds. It keeps no prefix cache, so the second answer prefills afresh as the first did."""
+    One pair gives the three answers, its rule set between them (the engine reads it at each
+    step; the config's path to it is the self-draft test's), where three pairs loaded in ~2.5
+    CPU-seconds each. It keeps no prefix cache, so each answer prefills afresh as the first did.
+    The answers are 12 tokens, so no near tie is allowed for: each token must be one model's argmax."""
     small, large = qwen_pair
-    exact = LlamaCppBackend("exact", large, _settings(large, small), 512, small)
-    scorer = LlamaCppBackend("scorer", small, _settings(small), 512)
-    ruled = LlamaCppBackend(
-        "ruled",
+    pair = LlamaCppBackend(
+        "pair",
         large,
         _settings(large, small, spec_cascade={"rule": "diff", "margin": -1.0}, prefix_cache_slots=0),
         512,
         small,
     )
-    backends = (exact, scorer, ruled)
+    scorer = LlamaCppBackend("scorer", small, _settings(small), 512)
+    backends = (pair, scorer)
     for b in backends:
         await b.start()
     try:
-        req = _ask(QUESTION, max_tokens=20)  # the pair first differ at token 17 (greedy): 32 took 47 s, 64 took 64 s
-        want = await exact.generate(req)
-        got = await ruled.generate(req)  # always defers
+        req = GenerationRequest(messages=QUESTION, max_tokens=12)  # 12 tokens: 0.95 of them is all of them
+        pair.engine.spec_cascade = None  # the pair without the rule: exact speculative decoding
+        want = await pair.generate(req)
+        pair.engine.spec_cascade = ("diff", -1.0)  # always defers
+        got = await pair.generate(req)
         assert got.text == want.text
         assert _counts(got)["model"] == _counts(want)["model"] and "cascade" not in _counts(got)
-        ruled.engine.spec_cascade = ("opt", 1.0)  # never defers
-        mixed = await ruled.generate(req)
+        pair.engine.spec_cascade = ("opt", 1.0)  # never defers
+        mixed = await pair.generate(req)
         assert _counts(mixed)["cascade"][1] > 0
-        by_large = await exact.score_continuation(req, mixed.text)
+        by_large = await pair.score_continuation(req, mixed.text)
         by_small = await scorer.score_continuation(req, mixed.text)
         assert by_large.continuation_tokens == by_small.continuation_tokens == mixed.completion_tokens
         either = [a or b for a, b in zip(by_large.top1, by_small.top1, strict=True)]
