@@ -214,10 +214,10 @@ def qwen_pair(smol_path: Path) -> tuple[Path, Path]:
     return small, large
 
 
-# a short prompt (Qwen's default system prompt replaced by a shorter one: 38 tokens, not 58) on
-# which the pair part at once: the 1.5B model answers "To determine the total cost", the 0.5B
-# model "To find the total cost", so a few tokens show what the rule changes; the long question
-# without a system prompt needed 20 (the drafted answers first parted at token 17)
+# a short prompt (a shorter question, a short system prompt in place of Qwen's default: 38 tokens
+# against 58) on which the pair part at once: the 1.5B model answers "To determine the total
+# cost", the 0.5B model "To find the total cost", so a few tokens show what the rule changes; the
+# long question without a system prompt needed 20 (the drafted answers first parted at token 17)
 QUESTION = (
     Message("system", "Be brief."),
     Message("user", "Pens cost 3 dollars, notebooks 5. What do 4 pens and 2 notebooks cost?"),
