@@ -40,7 +40,8 @@ async def test_sequences_join_and_leave_mid_batch(backend: LlamaCppBackend) -> N
     g = await long
     assert g.completion_tokens == 60 and g.finish_reason == "length"
     assert all(s.completion_tokens <= 6 for s in shorts)
-    alone = await backend.generate(GenerationRequest(prompt="1, 2, 3, 4,", max_tokens=60))
+    # 20 tokens alone: at least the 20 characters compared
+    alone = await backend.generate(GenerationRequest(prompt="1, 2, 3, 4,", max_tokens=20))
     assert alone.text[:20] == g.text[:20]
 
 

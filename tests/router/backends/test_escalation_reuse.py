@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from router.backends.llamacpp import LlamaCppBackend
-from router.generation import Delta
+from router.generation import Delta, Generation
 from tests.support.local_tiers import ASK, ask, ask_auto, drafts, engine_settings, started, two_tier_service
 from tests.support.metrics import samples, value
 
@@ -36,11 +36,17 @@ async def small(smol_path: Path):
         yield b
 
 
+@pytest.fixture(scope="module")
+async def scratch(large: LlamaCppBackend) -> Generation:
+    """The large tier's own greedy answer to ASK (48 tokens), computed once: the tests that
+    compare a reused answer with it asked for the same greedy answer four times."""
+    return await large.generate(ask())
+
+
 async def test_a_rejected_answer_that_diverges_midway_gives_the_answer_from_scratch(
-    large: LlamaCppBackend, small: LlamaCppBackend
+    large: LlamaCppBackend, small: LlamaCppBackend, scratch: Generation
 ) -> None:
     assert large.reuses(small) and not large.reuses(large)
-    scratch = await large.generate(ask())
     half = len(scratch.text) // 2
     rejected = scratch.text[:half] + " Bananas are purple, and so is every cloud above the moon."
     steps = large.engine.steps
@@ -57,18 +63,18 @@ async def test_a_rejected_answer_that_diverges_midway_gives_the_answer_from_scra
     assert large.engine.steps - steps <= reused.completion_tokens - accepted + 5
 
 
-async def test_a_rejected_answer_that_differs_at_first_is_found_again(large: LlamaCppBackend) -> None:
+async def test_a_rejected_answer_that_differs_at_first_is_found_again(
+    large: LlamaCppBackend, scratch: Generation
+) -> None:
     """A reworded opening does not waste the rest: the answer's last tokens find their place in
     the rejected answer, which drafts from there."""
-    scratch = await large.generate(ask(max_tokens=48))
     rejected = "Certainly, here is my answer for you. " + scratch.text
     reused = await large.generate_reusing(ask(max_tokens=48), rejected)
     assert reused.text == scratch.text
     assert drafts(reused, "rejected")[1] >= reused.completion_tokens // 2
 
 
-async def test_reuse_under_sampling_still_answers(large: LlamaCppBackend) -> None:
-    scratch = await large.generate(ask())
+async def test_reuse_under_sampling_still_answers(large: LlamaCppBackend, scratch: Generation) -> None:
     req = ask(temperature=0.7, seed=3)
     a, b = await large.generate_reusing(req, scratch.text), await large.generate_reusing(req, scratch.text)
     assert a.text and a.text == b.text  # seeded: reproducible
@@ -90,9 +96,8 @@ async def test_an_answer_that_agrees_entirely_is_taken_in_a_few_steps(large: Lla
     assert large.engine.steps - steps <= 4
 
 
-async def test_reuse_then_the_draft_model_carries_on(smol_path: Path, large: LlamaCppBackend) -> None:
+async def test_reuse_then_the_draft_model_carries_on(smol_path: Path, scratch: Generation) -> None:
     async with started("drafted", smol_path, engine_settings(smol_path, draft_p_min=0.0), smol_path) as drafted:
-        scratch = await large.generate(ask(max_tokens=48))
         rejected = scratch.text[: len(scratch.text) // 3] + " Zebra zebra zebra."
         g = await drafted.generate_reusing(ask(max_tokens=48), rejected)
         assert g.text == scratch.text

@@ -129,7 +129,10 @@ async def test_abandoned_stream_frees_its_slot(backend: LlamaCppBackend) -> None
 
 
 async def test_full_queue_is_refused_at_once(backend: LlamaCppBackend) -> None:
-    reqs = [GenerationRequest(prompt="Once upon a time", max_tokens=30) for _ in range(30)]
+    # 10 tokens each: the burst is tokenized and queued within milliseconds, while the 12 taken
+    # first need a prefill and ten decode steps before any slot frees, so the queue is full when
+    # the burst's tail arrives (30 tokens each did the same at three times the CPU)
+    reqs = [GenerationRequest(prompt="Once upon a time", max_tokens=10) for _ in range(30)]
     results = await asyncio.gather(*(backend.generate(r) for r in reqs), return_exceptions=True)
     refused = [r for r in results if isinstance(r, OverloadedError)]
     done = [r for r in results if isinstance(r, Generation)]

@@ -40,9 +40,15 @@ async def _read(backend: LlamaCppBackend, request: GenerationRequest, rejected: 
     return g, backend.engine.tokens_read - before
 
 
-async def test_a_scored_rejected_answer_is_not_read_again(large: LlamaCppBackend) -> None:
+@pytest.fixture(scope="module")
+async def scratch(large: LlamaCppBackend) -> Generation:
+    """The tier's own greedy answer to ASK (48 tokens), computed once for the three tests that
+    start from it."""
+    return await large.generate(ask())
+
+
+async def test_a_scored_rejected_answer_is_not_read_again(large: LlamaCppBackend, scratch: Generation) -> None:
     request = ask()
-    scratch = await large.generate(request)
     half = len(scratch.text) // 2
     rejected = scratch.text[:half] + " Bananas are purple, and so is every cloud above the moon."
     today, read_today = await _read(large, request, rejected)  # not scored yet: the reuse path as it was
@@ -80,9 +86,10 @@ async def test_a_stop_string_inside_the_scored_start_ends_the_answer_there(large
     assert read == 0  # the answer ended inside what the scoring had read: nothing decoded
 
 
-async def test_a_candidate_scored_in_other_tokens_is_read_as_a_draft_as_before(large: LlamaCppBackend) -> None:
+async def test_a_candidate_scored_in_other_tokens_is_read_as_a_draft_as_before(
+    large: LlamaCppBackend, scratch: Generation
+) -> None:
     request = ask()
-    scratch = await large.generate(request)
     rejected = scratch.text[: 2 * len(scratch.text) // 3] + " The moon is made of green cheese, they say."
     await large.score_continuation(request, rejected[: len(rejected) - 7])  # clipped, as max_chars does
     g, _ = await _read(large, request, rejected)
@@ -90,8 +97,7 @@ async def test_a_candidate_scored_in_other_tokens_is_read_as_a_draft_as_before(l
     assert drafts(g, "scored") == (0, 0) and drafts(g, "rejected")[1] > 0
 
 
-async def test_sampling_keeps_the_reuse_path(large: LlamaCppBackend) -> None:
-    scratch = await large.generate(ask())
+async def test_sampling_keeps_the_reuse_path(large: LlamaCppBackend, scratch: Generation) -> None:
     request = ask(temperature=0.7, seed=5)
     await large.score_continuation(request, scratch.text)
     a, b = await large.generate_reusing(request, scratch.text), await large.generate_reusing(request, scratch.text)

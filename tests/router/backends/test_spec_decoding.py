@@ -26,6 +26,9 @@ PROMPTS = [
 ]
 
 
+COMPARED = 24  # tokens of the answers compared with the plain model's
+
+
 def _ask(text: str, **kw: object) -> GenerationRequest:
     return GenerationRequest(messages=(Message("user", text),), max_tokens=int(kw.pop("max_tokens", 48)), **kw)  # type: ignore[arg-type]
 
@@ -52,16 +55,27 @@ async def drafted(smol_path: Path):
     await b.close()
 
 
+@pytest.fixture(scope="module")
+async def plain_answers(plain: LlamaCppBackend) -> list[Generation]:
+    """The plain model's greedy answer to each prompt, one stream at a time, computed once for the
+    tests that compare drafted answers with it (with top-5 logprobs: the answer and its own
+    logprobs are those of a request without them). COMPARED tokens each: four drafting steps a
+    sequence, enough for drafts mixed up between steps or sequences to show (48 cost twice the
+    CPU, for this tier decodes at about 20 ms a token)."""
+    return [await plain.generate(_ask(t, top_logprobs=5, max_tokens=COMPARED)) for t in PROMPTS]
+
+
 def _accepted(g: Generation, source: str = "model") -> tuple[int, int]:
     found = {s: (t, a) for s, t, a in g.drafts}
     return found.get(source, (0, 0))
 
 
-async def test_greedy_drafted_answers_are_the_plain_answers(plain: LlamaCppBackend, drafted: LlamaCppBackend) -> None:
+async def test_greedy_drafted_answers_are_the_plain_answers(
+    plain_answers: list[Generation], drafted: LlamaCppBackend
+) -> None:
     before = drafted.draft_counts()["model"]
-    for text in PROMPTS[:2]:
-        a = await plain.generate(_ask(text))
-        b = await drafted.generate(_ask(text))
+    for text, a in zip(PROMPTS[:2], plain_answers, strict=False):
+        b = await drafted.generate(_ask(text, max_tokens=COMPARED))
         assert b.text == a.text
         assert b.completion_tokens == a.completion_tokens
         assert b.finish_reason == a.finish_reason
@@ -77,15 +91,17 @@ async def test_greedy_drafted_answers_are_the_plain_answers(plain: LlamaCppBacke
     assert after[0] > before[0] and after[1] > before[1]
 
 
-async def test_several_sequences_draft_in_the_same_steps(plain: LlamaCppBackend, drafted: LlamaCppBackend) -> None:
+async def test_several_sequences_draft_in_the_same_steps(
+    plain_answers: list[Generation], drafted: LlamaCppBackend
+) -> None:
     """Sequences drafting side by side keep their own KV and state. llama.cpp's numbers depend on
     what else shares a decode step (plain continuous batching alone moves a logprob by up to ~0.1
     here, so a near tie can go the other way): each answer must be the plain single-stream answer
     up to a near tie of the plain model, where it takes one of the two likeliest tokens, never a
     token the model was sure against, which is what mixed-up KV or state would give."""
-    expected = [await plain.generate(_ask(t, top_logprobs=5)) for t in PROMPTS]
+    expected = plain_answers
     steps = drafted.engine.steps
-    got = await asyncio.gather(*(drafted.generate(_ask(t, top_logprobs=5)) for t in PROMPTS))
+    got = await asyncio.gather(*(drafted.generate(_ask(t, top_logprobs=5, max_tokens=COMPARED)) for t in PROMPTS))
     for want, g in zip(expected, got, strict=True):
         assert want.top_logprobs is not None and g.top_logprobs is not None
         diverged = next(
@@ -131,8 +147,8 @@ async def test_stop_strings_cut_drafted_text_as_plain(plain: LlamaCppBackend, dr
 
 async def test_sampling_with_a_self_draft_keeps_every_draft(drafted: LlamaCppBackend) -> None:
     """p == q: the rejection rule keeps each token (min(1, p/q) = 1), so sampled answers draft
-    as much as greedy ones; seeded answers stay reproducible."""
-    req = _ask(PROMPTS[0], temperature=0.8, seed=7)
+    as much as greedy ones; seeded answers stay reproducible (24 tokens: three drafting steps)."""
+    req = _ask(PROMPTS[0], temperature=0.8, seed=7, max_tokens=24)
     a, b = await drafted.generate(req), await drafted.generate(req)
     assert a.text == b.text
     tokens, accepted = _accepted(a)
@@ -222,13 +238,14 @@ def test_config_check_names_the_draft_model_of_another_vocabulary(tmp_path: Path
 async def test_the_draft_model_stands_down_while_a_batch_decodes(smol_path: Path) -> None:
     """draft_max_batch=1: a batch already reads the weights once for all its sequences, so the
     draft model drafts only for a sequence decoding alone. Four answers decoding side by side
-    (without the cap each would draft, as the test above shows) leave at least one undrafted."""
+    (without the cap each would draft, as the test above shows) leave at least one undrafted.
+    16 tokens each: the first steps already draft alone and not in the batch."""
     b = LlamaCppBackend("gated", smol_path, _settings(smol_path, draft_max=6, draft_p_min=0.0), 512, smol_path)
     await b.start()
     try:
-        alone = await b.generate(_ask(PROMPTS[0]))
+        alone = await b.generate(_ask(PROMPTS[0], max_tokens=16))
         assert _accepted(alone)[0] > 0
-        got = await asyncio.gather(*(b.generate(_ask(PROMPTS[0])) for _ in range(4)))
+        got = await asyncio.gather(*(b.generate(_ask(PROMPTS[0], max_tokens=16)) for _ in range(4)))
         assert any(_accepted(g)[0] == 0 for g in got), [g.drafts for g in got]
     finally:
         await b.close()
