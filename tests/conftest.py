@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.http import share_default_tls
 from tests.support.markers import FastLoop, carry_groups_in_node_ids, slow_by_fixtures, worker_group
 from tests.support.model import smol_file
 from tests.support.pg import PostgresServer, server, stop_server
+from tests.support.plain_http import share_default_tls
 
 
 @pytest.hookimpl(wrapper=True)
@@ -41,7 +41,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # pytest-xdist registers it too; said here so a run without xdist does not warn (warnings fail)
     config.addinivalue_line("markers", "xdist_group(name): run on the same worker as the rest of the group")
     FastLoop.configure(config)
-    share_default_tls()  # thousands of test clients, one CA bundle load (tests/support/http.py)
+    share_default_tls()  # thousands of test clients, one CA bundle load (tests/support/plain_http.py)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -109,3 +109,13 @@ def test_test_folders_mirror_the_code() -> None:
         if not (folder / "__init__.py").is_file():
             unmatched.append(f"{folder.relative_to(ROOT)} (no __init__.py)")
     assert not unmatched, "test folders without a code folder they mirror: " + ", ".join(unmatched)
+
+
+def test_no_support_module_shadows_the_standard_library() -> None:
+    """A support script run as a file (`python tests/support/otlp_receiver.py`) has its folder first
+    on sys.path, so a support module named like a standard module (`http.py`) replaces it there:
+    the receiver's `import http.client` failed so once."""
+    import sys
+
+    clashes = sorted(p.stem for p in (TESTS / "support").glob("*.py") if p.stem in sys.stdlib_module_names)
+    assert not clashes, clashes

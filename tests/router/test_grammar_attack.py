@@ -27,7 +27,7 @@ import pytest
 from router.api.app import create_app
 from router.backends.grammar_budget import GrammarBudget
 from router.config import load_settings
-from tests.support import http
+from tests.support import plain_http as http
 from tests.support.config import smol_config
 from tests.support.servers import UvicornThread
 

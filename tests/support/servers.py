@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support import http
+from tests.support import plain_http as http
 from tests.support.markers import FastLoop
 
 

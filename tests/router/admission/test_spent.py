@@ -16,7 +16,7 @@ from router.api.app import create_app
 from router.config import load_settings
 from router.ledger.entries import LedgerEntry
 from router.ledger.store import SQLiteStore
-from tests.support import http
+from tests.support import plain_http as http
 from tests.support.config import smol_config
 from tests.support.servers import UvicornThread, dead_port, llama_cpp_server
 

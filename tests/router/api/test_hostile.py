@@ -23,7 +23,7 @@ from router.api.app import create_app
 from router.api.requests import ChatCompletionRequest
 from router.backends.instant import InstantBackend
 from router.config import load_settings
-from tests.support import http
+from tests.support import plain_http as http
 from tests.support.config import smol_config, smol_settings
 from tests.support.hostile import CASES, CHAT, Case, chat
 from tests.support.servers import UvicornThread

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from router.api.app import create_app
 from router.config import load_settings
-from tests.support import http
+from tests.support import plain_http as http
 from tests.support.config import smol_config
 from tests.support.servers import UvicornThread
 

@@ -21,7 +21,7 @@ from router.config import load_settings
 from router.generation import GenerationRequest, Message, NamedTool, ToolSpec
 from router.structured import tools
 from router.structured.grammars import request_grammar
-from tests.support import http
+from tests.support import plain_http as http
 from tests.support.config import smol_config
 from tests.support.servers import UvicornThread
 
