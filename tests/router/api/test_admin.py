@@ -173,12 +173,14 @@ async def test_over_limit_answers_name_the_limit_and_when_it_resets(
     assert "team 'lab'" in r.json()["error"]["message"] and "team.usd_per_day" in r.json()["error"]["message"]
     assert r.headers["x-tierroute-limit"] == "team.usd_per_day"
     assert 1 <= int(r.headers["retry-after"]) <= 86400  # 00:00 UTC next
+    assert "x-should-retry" not in r.headers  # a reset does make room: the client may wait for it
 
     # a budget smaller than the request's own worst case: no Retry-After, since no reset would help
     await admin(client, raw, "PATCH", "/admin/teams/lab", json={"usd_per_day": 1e-9})
     r = await client.post("/v1/chat/completions", json=body(), headers=bearer(key))
     assert r.status_code == 429 and r.headers["x-tierroute-limit"] == "team.usd_per_day"
     assert "retry-after" not in r.headers
+    assert r.headers["x-should-retry"] == "false"  # the openai SDKs would otherwise retry it twice
     message = r.json()["error"]["message"]
     assert message.startswith("This request alone may cost up to $") and "team 'lab'" in message
     assert "waiting for it to reset will not help" in message and "smaller max_tokens" in message
@@ -201,6 +203,7 @@ async def test_over_limit_answers_name_the_limit_and_when_it_resets(
     assert r.status_code == 429 and r.json()["error"]["type"] == "tokens"
     assert r.headers["x-tierroute-limit"] == "key.tokens_per_minute"
     assert "retry-after" not in r.headers  # alone over the rate: no minute ever holds it
+    assert r.headers["x-should-retry"] == "false"
     assert r.json()["error"]["message"].startswith("This request alone may use up to")
     assert "waiting will not help" in r.json()["error"]["message"]
 
