@@ -187,12 +187,25 @@ class ModelsSettings(_Strict):
     cache_dir: Path | None = Field(None, description="Where pulled models live; default XDG cache.")
 
 
+_SECRET_KEYWORDS = frozenset({"password", "sslpassword"})
+
+
 def postgres_url_problem(url: str) -> str | None:
-    """Why `url` cannot name a PostgreSQL ledger, or None when it can."""
+    """Why `url` cannot name a PostgreSQL ledger, or None when it can. Never echoes the URL: it may
+    hold the very secret it is refused for."""
     parts = urlsplit(url)
     if parts.scheme not in ("postgresql", "postgres"):
         return "ledger.url must be a postgresql://user@host:port/db URL"
-    if parts.password is not None or "password=" in parts.query:
+    # read as libpq reads it: it decodes percent-encoded keywords, so `passwor%64=` is a password
+    # as surely as `password=` is, and a search for the literal text misses it
+    from psycopg import Error as PsycopgError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        keywords = conninfo_to_dict(url)
+    except PsycopgError:  # libpq's message quotes the offending part, which may be the secret
+        return "ledger.url is not a PostgreSQL URL libpq can read (see libpq's connection URI format)"
+    if parts.password is not None or _SECRET_KEYWORDS & set(keywords):
         return (
             "ledger.url must not carry a password: put it in an environment variable and name it in ledger.password_env"
         )
@@ -441,12 +454,20 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
             raw = None
         lines = [
             f"  {_loc(tuple(err['loc']), raw) or '(top level)'}: {err['msg']}"
-            + (f" (got {err['input']!r})" if err["type"] != "missing" and _short(err.get("input")) else "")
+            + (
+                f" (got {err['input']!r})"
+                if err["type"] != "missing" and _short(err.get("input")) and tuple(err["loc"]) not in _SECRET_INPUTS
+                else ""
+            )
             for err in exc.errors()
         ]
         raise ConfigError(f"invalid config {config_path}:\n" + "\n".join(lines)) from None
     except ValueError as exc:  # TOML syntax errors surface as ValueError subclasses
         raise ConfigError(f"invalid config {config_path}: {exc}") from None
+
+
+# settings whose refused value may be a secret (a password in a URL): never echoed in an error
+_SECRET_INPUTS = frozenset({("ledger", "url")})
 
 
 def _short(value: Any) -> bool:

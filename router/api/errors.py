@@ -51,6 +51,12 @@ MAX_RETRY_AFTER_S = 3600
 MAX_BUDGET_RESET_S = 31 * 86400  # a monthly budget resets at most a month away
 
 
+# On a refusal no retry can turn into an answer (the request alone is over a budget or a token
+# rate): the openai SDKs retry every 429 by default, and obey this header over their own rule, so a
+# client is not made to send the same doomed request three times.
+NO_RETRY = {"x-should-retry": "false"}
+
+
 def retry_after(seconds: float, cap: int = MAX_RETRY_AFTER_S) -> str:
     """A Retry-After header value: whole seconds in [1, cap] (an hour unless a budget's reset
     says otherwise), whatever was computed or heard from upstream (NaN, infinity, negative or
@@ -85,12 +91,16 @@ def error_response(exc: BaseException) -> JSONResponse:
         status, body = 429, error_body(str(exc), "insufficient_quota", None, "insufficient_quota")
         if exc.retry_after is not None:  # when the budget resets (a day can be longer than the cap)
             headers["Retry-After"] = retry_after(exc.retry_after, MAX_BUDGET_RESET_S)
+        else:
+            headers.update(NO_RETRY)
         if exc.limit is not None:
             headers["x-tierroute-limit"] = exc.limit
     elif isinstance(exc, RateLimitError):
         status, body = 429, error_body(str(exc), exc.kind, None, "rate_limit_exceeded")
         if exc.retry_after is not None:  # None: the request alone is over the limit, waiting cannot help
             headers["Retry-After"] = retry_after(exc.retry_after)
+        else:
+            headers.update(NO_RETRY)
         if exc.limit is not None:
             headers["x-tierroute-limit"] = exc.limit
     elif isinstance(exc, UnavailableError):

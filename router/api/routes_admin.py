@@ -69,7 +69,9 @@ def _client_only() -> list[Role]:
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a JSON value of another type is a 400, not coerced (`"allow_tests": "yes"` is not
+    # true, and `"expires_at": true` is not the unix time 1, nor `"usd_per_day": true` a $1 budget)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class LimitFields(_Body):

@@ -463,6 +463,8 @@ def register(sub: Any, add: Any) -> None:
         default=None,
         metavar="URL",
         help="serve the ledger (and the response cache) from this postgresql://user@host:port/db database "
-        "(no password in it: the config's ledger.password_env is read) instead of a scratch SQLite file",
+        "(no password in it: the config's ledger.password_env is read) instead of a scratch SQLite file; "
+        "the config's own ledger.url is never used, and the bench's cache entries are under a namespace "
+        "of their own",
     )
     p.add_argument("--json", default=None, metavar="PATH", help="write every number here")

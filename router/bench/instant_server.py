@@ -11,6 +11,7 @@ import contextlib
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,11 +54,18 @@ def instant_settings(
     """The config as the overhead mode serves it: on loopback without keys, with a scratch ledger
     (or the PostgreSQL database at `ledger_url`, to time the ledger and the cache where replicas
     share them), and with the tiers' verifiers (their own and their policies' per task) as
-    configured or removed."""
+    configured or removed.
+
+    The config's own `ledger.url` is never used: a production config names the replicas' shared
+    database, and the instant backend's fake answers would land in its ledger and cache. And the
+    cache always gets a namespace of its own (`bench-<random hex>`), which is part of the tier
+    policy version, so even a `ledger_url` naming a shared database never stores an entry the
+    service (or another bench run) would read back as a hit."""
     tiers = [t.model_copy(update={"verifiers": [], "tasks": {}}) if verifiers == "none" else t for t in settings.tiers]
     server = settings.server.model_copy(update={"host": "127.0.0.1", "allow_unauthenticated": True, "api_keys": []})
-    ledger = settings.ledger.model_copy(update={"path": ledger_path, **({"url": ledger_url} if ledger_url else {})})
-    return settings.model_copy(update={"tiers": tiers, "server": server, "ledger": ledger})
+    ledger = settings.ledger.model_copy(update={"path": ledger_path, "url": ledger_url or None})
+    cache = settings.cache.model_copy(update={"namespace": f"bench-{uuid.uuid4().hex}"})
+    return settings.model_copy(update={"tiers": tiers, "server": server, "ledger": ledger, "cache": cache})
 
 
 def _serve_instant(

@@ -183,5 +183,5 @@ def run_overhead(
     result["verifiers"] = {t.name: [] if verifiers == "none" else [v.name for v in t.verifiers] for t in settings.tiers}
     result["verifiers_mode"] = verifiers
     result["config"] = str(config) if config is not None else "(bundled config.toml)"
-    result["ledger"] = "postgresql" if ledger_url or settings.ledger.url else "sqlite (a scratch file)"
+    result["ledger"] = "postgresql" if ledger_url else "sqlite (a scratch file)"  # never the config's url
     return result

@@ -17,7 +17,9 @@ differently: earlier entries are never served again, and age out. Prices and sha
 change what an answer costs or what is learnt from it, not the answer, so they are left out, and
 so is an `openai` tier's transport (its deployments, their balancing, retries, breakers, probes,
 keys and byte bounds: `OPENAI_TRANSPORT`), which decides where the tier's model is asked, not what
-it answers.
+it answers. What its deployments are asked for is in, though: the set of model names they are sent
+(each deployment's own `model`, or the tier's), so pointing a deployment at another model stops
+serving the old model's answers.
 
 The scope is part of the key and is also stored beside the entry and matched on reading, so even
 two equal hashes could not cross tenants. `scope_of` is the one place a scope is chosen: per API
@@ -36,15 +38,16 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from router.admission.auth import ANONYMOUS, Principal
-from router.config import Settings
+from router.config import Settings, TierSettings
 
 FORMAT = 1  # bumped when what is keyed or stored changes: earlier entries are then never read
 _NOT_IN_KEY = frozenset({"stream", "stream_options", "user"})  # how the answer is delivered, not what it is
 _NOT_POLICY = frozenset({"price", "shadow"})  # what an answer costs, or what is learnt from it
 # An `openai` tier's transport: which of its deployments serves a request and how it is reached,
 # retried, bounded and health-checked. The deployments serve the tier's model in the operator's
-# judgement, so a weight, a new replica or a deployment's own name for the model must not drop every
-# entry. What stays in: the tier's `model` and what its verifiers read (logprobs, prompt scoring).
+# judgement, so a weight or a new replica must not drop every entry. What stays in: the tier's
+# `model`, what its verifiers read (logprobs, prompt scoring), and the model names its deployments
+# are sent (`_deployment_models`: a deployment's own `model` decides what answers).
 # Every field of the section is in one set or the other (tests/router/cache/test_cache_keys.py), so
 # a new one is decided, not silently hashed or left out.
 OPENAI_TRANSPORT = frozenset(
@@ -68,6 +71,10 @@ OPENAI_TRANSPORT = frozenset(
     }
 )
 OPENAI_POLICY = frozenset({"model", "logprobs", "prompt_logprobs", "chat_template"})
+# One deployment's fields, decided the same way: only the model it is sent is hashed (as the set of
+# every deployment's, so adding a replica of the same model, or reordering them, changes nothing).
+DEPLOYMENT_TRANSPORT = frozenset({"base_url", "name", "api_key_env", "weight", "max_concurrent"})
+DEPLOYMENT_POLICY = frozenset({"model"})
 
 
 _EXCLUDED: dict[str, Any] = {**dict.fromkeys(_NOT_POLICY, True), "openai": set(OPENAI_TRANSPORT)}
@@ -97,12 +104,29 @@ def policy_version(settings: Settings) -> str:
     return sha256(
         canonical(
             {
-                "tiers": [t.model_dump(mode="json", exclude=_EXCLUDED) for t in settings.tiers],
+                "tiers": [_tier_policy(t) for t in settings.tiers],
                 "cascade": settings.cascade.model_dump(mode="json"),
                 "namespace": settings.cache.namespace,
             }
         )
     )
+
+
+def _tier_policy(tier: TierSettings) -> dict[str, Any]:
+    policy = tier.model_dump(mode="json", exclude=_EXCLUDED)
+    models = _deployment_models(tier)
+    if tier.openai is not None and models != [tier.openai.model]:
+        # only when a deployment is sent another name: a tier whose deployments all serve its own
+        # model keeps the version it had before deployments' models were hashed
+        policy["deployment_models"] = models
+    return policy
+
+
+def _deployment_models(tier: TierSettings) -> list[str]:
+    """The model names an `openai` tier's deployments are sent, sorted and without repeats."""
+    if tier.openai is None:
+        return []
+    return sorted({d.model or tier.openai.model for d in tier.openai.resolved_deployments()})
 
 
 def deterministic(body: BaseModel) -> bool:

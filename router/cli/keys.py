@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
@@ -100,7 +101,11 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
         client = args.client or not (args.admin or args.metrics)
         roles = [r for r, on in (("admin", args.admin), ("client", client), ("metrics", args.metrics)) if on]
         models = args.models.split(",") if args.models else None
-        expires = time.time() + args.expires_in_days * 86400 if args.expires_in_days else None
+        try:
+            expires = _expiry(args.expires_in_days) if args.expires_in_days else None
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
 
         def create() -> None:
             key, found = plane.create_key(
@@ -259,15 +264,41 @@ def cmd_keys_update(args: argparse.Namespace) -> int:
     if args.expires_in_days is not None:
         try:
             changes["expires_at"] = _expiry(args.expires_in_days)
-        except ValueError:
-            print("error: --expires-in-days is a number of days, or 'none' for never", file=sys.stderr)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 1
+    if not changes:  # else an empty `key.update {}` audit row records a change that was never made
+        print(
+            "error: nothing to change: give a limit, --team, --models, --roles, --allow-tests or --expires-in-days",
+            file=sys.stderr,
+        )
+        return 1
     return _with_plane(args, lambda p: _show(p.update_key(_actor(), args.name, changes).public()))
 
 
+# Ten thousand years: past it a count of days is a typo, and far past it the unix time is infinite
+# (`1e306` days), which the control plane could only refuse as "got inf".
+MAX_EXPIRY_DAYS = 3_652_500
+
+
 def _expiry(days: str) -> float | None:
-    """The unix time `days` from now ('none': never); the control plane refuses one not ahead."""
-    return None if days == "none" else time.time() + float(days) * 86400
+    """The unix time `days` from now ('none': never); the control plane refuses one not ahead.
+    ValueError, with the message to print, for a count that is not a number or is too large."""
+    if days == "none":
+        return None
+    try:
+        count = float(days)
+    except ValueError:
+        raise ValueError("--expires-in-days is a number of days, or 'none' for never") from None
+    if math.isnan(count):
+        raise ValueError("--expires-in-days is a number of days, or 'none' for never")
+    if count <= 0:
+        raise ValueError(
+            "--expires-in-days must be more than 0: that expiry is in the past (`keys revoke` refuses a key now)"
+        )
+    if count > MAX_EXPIRY_DAYS:
+        raise ValueError(f"--expires-in-days is too large (at most {MAX_EXPIRY_DAYS}, ten thousand years)")
+    return time.time() + count * 86400
 
 
 def cmd_keys_spend(args: argparse.Namespace) -> int:
@@ -295,7 +326,9 @@ def cmd_keys_user(args: argparse.Namespace) -> int:
         if changes:
             print("error: --delete removes the user's limits; it takes no limits", file=sys.stderr)
             return 1
-        return _with_plane(args, lambda p: p.delete_user_limits(_actor(), args.team, args.user))
+        return _with_plane(
+            args, lambda p: _show({"removed": p.delete_user_limits(_actor(), args.team, args.user).public()})
+        )
     return _with_plane(
         args, lambda p: _show(p.set_user_limits(_actor(), args.team, args.user, _limits_of(changes)).public())
     )
@@ -369,7 +402,7 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument(
         "--metrics", action="store_true", help="may read /metrics (every key's name and spend): a scraper's key"
     )
-    p.add_argument("--expires-in-days", type=float, default=None, help="refused after this many days")
+    p.add_argument("--expires-in-days", default=None, help="refused after this many days")
     p.add_argument(
         "--print-config", action="store_true", help="print a [[server.api_keys]] block instead of storing the key"
     )

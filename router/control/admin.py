@@ -217,13 +217,19 @@ class ControlPlane:
         self._changed()
         return UserLimit(team, user, limits)
 
-    def delete_user_limits(self, actor: str, team: str, user: str) -> None:
+    def delete_user_limits(self, actor: str, team: str, user: str) -> UserLimit:
+        """Remove a user's limits (the team's default then applies); return what was removed, so
+        the operator (and the audit row) can see what no longer holds."""
         with self.store.transaction() as sql:
-            sql.run("DELETE FROM user_limits WHERE team = ? AND end_user = ?", (team, user))
-            if sql.count == 0:
+            where = "FROM user_limits WHERE team = ? AND end_user = ?"
+            row = sql.run(f"SELECT {', '.join(LIMIT_FIELDS)} {where}", (team, user)).one()
+            if row is None:
                 raise NotFound(f"team '{team}' has no limits for user '{user}'")
-            record(sql, actor, "user.delete", f"{team}/{user}", {})
+            removed = UserLimit(team, user, Limits(*row))
+            sql.run(f"DELETE {where}", (team, user))
+            record(sql, actor, "user.delete", f"{team}/{user}", removed.limits.as_dict())
         self._changed()
+        return removed
 
     # -- spend -----------------------------------------------------------------------------------
 

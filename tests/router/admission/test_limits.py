@@ -239,3 +239,41 @@ async def test_failed_requests_release_their_reservation(tmp_path: Path, smol_pa
         assert [r.status_code for r in results][2:] == [200, 200]
         assert all(r.status_code >= 400 for r in results[:2])
         assert limits.in_flight == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("limits", "code"),
+    [({"usd_per_day": 1e-9}, "insufficient_quota"), ({"tokens_per_minute": 10}, "rate_limit_exceeded")],
+    ids=["budget", "token-rate"],
+)
+def test_a_request_alone_over_its_limit_is_not_retried_by_the_openai_client(
+    tmp_path: Path, limits: dict[str, float], code: str
+) -> None:
+    # the attack review's finding: the openai SDK retries every 429, so one call over a budget or
+    # token rate no wait can make room for was sent three times; `x-should-retry: false` stops it
+    from router.api.app import create_app
+    from router.backends.instant import InstantBackend
+    from router.config import load_settings
+    from tests.support.servers import UvicornThread
+
+    cfg, keys = config_with_keys(tmp_path, {"k": limits}, large="none")
+    settings = load_settings(cfg)
+    app = create_app(settings, backends={t.name: InstantBackend(t.name) for t in settings.tiers})
+    posts: list[str] = []
+
+    async def counted(scope: dict[str, object], receive: object, send: object) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            posts.append(str(scope["path"]))
+        await app(scope, receive, send)  # type: ignore[arg-type]
+
+    with UvicornThread(counted) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=keys["k"], max_retries=2)
+        with pytest.raises(openai.RateLimitError) as err:
+            client.chat.completions.create(
+                model="auto", messages=[{"role": "user", "content": "Hi " * 50}], max_tokens=32
+            )
+        assert err.value.code == code and "alone" in err.value.message
+        assert err.value.response.headers["x-should-retry"] == "false"
+    assert posts == ["/v1/chat/completions"]  # one call, one request: the SDK did not retry

@@ -173,12 +173,14 @@ async def test_over_limit_answers_name_the_limit_and_when_it_resets(
     assert "team 'lab'" in r.json()["error"]["message"] and "team.usd_per_day" in r.json()["error"]["message"]
     assert r.headers["x-tierroute-limit"] == "team.usd_per_day"
     assert 1 <= int(r.headers["retry-after"]) <= 86400  # 00:00 UTC next
+    assert "x-should-retry" not in r.headers  # a reset does make room: the client may wait for it
 
     # a budget smaller than the request's own worst case: no Retry-After, since no reset would help
     await admin(client, raw, "PATCH", "/admin/teams/lab", json={"usd_per_day": 1e-9})
     r = await client.post("/v1/chat/completions", json=body(), headers=bearer(key))
     assert r.status_code == 429 and r.headers["x-tierroute-limit"] == "team.usd_per_day"
     assert "retry-after" not in r.headers
+    assert r.headers["x-should-retry"] == "false"  # the openai SDKs would otherwise retry it twice
     message = r.json()["error"]["message"]
     assert message.startswith("This request alone may cost up to $") and "team 'lab'" in message
     assert "waiting for it to reset will not help" in message and "smaller max_tokens" in message
@@ -201,6 +203,7 @@ async def test_over_limit_answers_name_the_limit_and_when_it_resets(
     assert r.status_code == 429 and r.json()["error"]["type"] == "tokens"
     assert r.headers["x-tierroute-limit"] == "key.tokens_per_minute"
     assert "retry-after" not in r.headers  # alone over the rate: no minute ever holds it
+    assert r.headers["x-should-retry"] == "false"
     assert r.json()["error"]["message"].startswith("This request alone may use up to")
     assert "waiting will not help" in r.json()["error"]["message"]
 
@@ -226,11 +229,23 @@ async def test_admin_input_is_checked_and_answers_in_openai_shape(
         ("POST", "/admin/keys", {"name": "k", "tokens_per_minute": 2**31}, 400),
         ("POST", "/admin/teams", {"name": "t", "requests_per_minute": 10**20}, 400),
         ("PATCH", "/admin/keys/legacy", {"tokens_per_minute": 10**20}, 400),
+        # the attack review's finding: a value of another JSON type was coerced, so a bool was the
+        # unix time 1 ("in the past") and "yes" granted tierroute.tests
+        ("PATCH", "/admin/keys/legacy", {"expires_at": True}, 400),
+        ("PATCH", "/admin/keys/legacy", {"allow_tests": "yes"}, 400),
+        ("PATCH", "/admin/keys/legacy", {"allow_tests": 1}, 400),
+        ("PATCH", "/admin/keys/legacy", {"usd_per_day": True}, 400),
+        ("POST", "/admin/keys", {"name": "k", "allow_tests": "true"}, 400),
+        ("POST", "/admin/keys", {"name": "k", "expires_at": "2030-01-01"}, 400),
     ]
     for method, path, payload, code in cases:
         r = await admin(client, raw, method, path, json=payload)
         assert r.status_code == code, (method, path, r.text)
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+        if payload and any(isinstance(v, bool | str) for k, v in payload.items() if k != "name"):
+            assert "past" not in r.json()["error"]["message"]  # a type error, not a time judged
+    legacy = (await admin(client, raw, "GET", "/admin/keys/legacy")).json()
+    assert legacy["allow_tests"] is False and legacy["expires_at"] is None  # none of it was applied
     # a whole-number limit up to PostgreSQL's INTEGER is taken, on either store
     r = await admin(client, raw, "POST", "/admin/keys", json={"name": "k", "requests_per_minute": 2**31 - 1})
     assert r.status_code == 201 and r.json()["requests_per_minute"] == 2**31 - 1

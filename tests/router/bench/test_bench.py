@@ -16,8 +16,10 @@ import pytest
 from router.api.app import create_app
 from router.backends.instant import InstantBackend
 from router.bench import Outcome, arrivals, percentile, summarize
+from router.bench.instant_server import instant_settings
+from router.cache.keys import policy_version
 from router.cli import main
-from router.config import load_settings
+from router.config import Settings, load_settings
 from router.generation import GenerationRequest, Message
 from tests.support.config import smol_config
 from tests.support.servers import UvicornThread, free_port
@@ -239,8 +241,42 @@ def test_overhead_of_cache_hits_on_a_postgresql_ledger(
     with psycopg.connect(db) as conn:
         entries = conn.execute("SELECT count(*) FROM cache_entries").fetchone()
         hits = conn.execute("SELECT count(*) FROM attempts WHERE decision = 'cached'").fetchone()
+        policies = {row[0] for row in conn.execute("SELECT DISTINCT policy FROM cache_entries")}
     assert entries is not None and 0 < entries[0] <= 16  # one per prompt
     assert hits is not None and hits[0] >= 20  # every timed request (and the warm-up's repeats)
+    # the instant backend's answers sit in the shared database, but under the bench's own policy
+    # version: the service, on this config and this database, would never read them as hits
+    assert len(policies) == 1 and policy_version(load_settings(config)) not in policies
     # a password in the URL is refused before anything starts, as the config refuses it
     assert main([*args, "--ledger-url", db.replace("postgres@", "postgres:hunter2@")]) != 0
     assert "password" in capsys.readouterr().err
+
+
+def test_overhead_never_serves_the_configs_own_ledger_url(tmp_path: Path) -> None:
+    # the attack review's finding: a production config's ledger.url was kept, so `bench overhead
+    # --config prod.toml` wrote the instant backend's "OK." into the replicas' ledger and cache, and
+    # under scope "global" the real service then served it as a hit
+    prod = Settings.model_validate(
+        {
+            "ledger": {"url": "postgresql://prod@db.internal:5432/ledger"},
+            "cache": {"enabled": True, "scope": "global", "namespace": "release-7"},
+            "tiers": [
+                {
+                    "name": "big",
+                    "backend": "openai",
+                    "openai": {"model": "m", "base_url": "http://127.0.0.1:9/v1"},
+                    "price": {"usd_per_1m_input_tokens": 1, "usd_per_1m_output_tokens": 1},
+                }
+            ],
+        }
+    )
+    scratch = tmp_path / "scratch.sqlite3"
+    served = instant_settings(prod, verifiers="config", ledger_path=scratch)
+    assert served.ledger.url is None and served.ledger.path == scratch
+    # and even on a database named with --ledger-url, no entry is keyed as the service's, nor as
+    # another bench run's
+    shared = instant_settings(prod, verifiers="config", ledger_path=scratch, ledger_url="postgresql://b@h:5432/x")
+    assert shared.ledger.url == "postgresql://b@h:5432/x"
+    versions = {policy_version(prod), policy_version(served), policy_version(shared)}
+    assert len(versions) == 3
+    assert served.cache.namespace.startswith("bench-") and prod.cache.namespace == "release-7"

@@ -125,12 +125,12 @@ ANOTHER = '[[tiers.openai.deployments]]\nname = "c"\nbase_url = "https://api.exa
         ("max_attempts = 2", 'max_attempts = 2\napi_key_env = "K"\nhosted_prompt_tokens = 0'),
         ("max_attempts = 2", "max_attempts = 2\nmax_response_bytes = 9999\nmax_stream_events = 99"),
         ("weight = 3", "weight = 3\nmax_concurrent = 8"),
-        ("weight = 3", 'weight = 3\nmodel = "b-own-name"'),  # a deployment's own name for the same model
+        ('name = "b"', 'name = "b-renamed"\napi_key_env = "B_KEY"'),  # a deployment's label and key
         ("9002", "9003"),  # a replica moved
         ("weight = 3\n", "weight = 3\n" + ANOTHER),  # a replica added
     ],
     ids=["weight", "strategy", "retries", "breaker", "probe", "key-hosted", "bounds", "max_concurrent",
-         "deployment-model", "base_url", "added"],
+         "deployment-name-key", "base_url", "added"],
 )  # fmt: skip
 def test_an_openai_tiers_transport_leaves_the_policy_version_alone(tmp_path: Path, change: tuple[str, str]) -> None:
     # the audit's finding: a weight, a strategy or a breaker setting was hashed with the policy, so
@@ -153,8 +153,33 @@ def test_an_openai_tiers_transport_leaves_the_policy_version_alone(tmp_path: Pat
         ("max_attempts = 2", "max_attempts = 2\nlogprobs = false"),
         ("max_attempts = 2", 'max_attempts = 2\nprompt_logprobs = "echo"'),
         ("threshold = 0.5", 'threshold = 0.5\nverifiers = [{name = "confidence"}]'),
+        # the attack review's finding: a deployment's own `model` was transport, so pointing a
+        # replica at another model kept serving the old model's cached answers
+        ("weight = 3", 'weight = 3\nmodel = "b-other-model"'),
     ]:
         assert version(policy) != same, policy
+    # naming the tier's own model on a deployment changes nothing it is sent
+    assert version(("weight = 3", 'weight = 3\nmodel = "tier-model"')) == same
+
+
+def test_a_deployments_model_is_hashed_as_the_set_of_models_sent() -> None:
+    from router.config import Settings
+
+    def tier(*deployments: dict[str, Any]) -> str:
+        openai = {"model": "gpt-x", "deployments": list(deployments)}
+        price = {"usd_per_1m_input_tokens": 1, "usd_per_1m_output_tokens": 1}
+        raw = {"tiers": [{"name": "big", "backend": "openai", "openai": openai, "price": price}]}
+        return keys.policy_version(Settings.model_validate(raw))
+
+    a = {"base_url": "http://127.0.0.1:9/v1", "model": "small"}
+    b = {"base_url": "http://10.0.0.2/v1"}  # the tier's model
+    base = tier(a, b)
+    assert tier({**a, "model": "LARGE"}, b) != base  # what a deployment is asked for decides answers
+    assert tier(b, a) == base  # order is balancing, not policy
+    assert tier(a, b, {**a, "base_url": "http://10.0.0.3/v1", "weight": 3}) == base  # a replica of one
+    assert tier({**a, "base_url": "http://10.0.0.4/v1", "weight": 5, "max_concurrent": 2}, b) == base
+    assert tier(b) == tier({**b, "model": "gpt-x"})  # naming the tier's model is not a change
+    assert tier(b) != tier(a)
 
 
 def test_every_openai_field_is_either_policy_or_transport() -> None:
@@ -163,6 +188,14 @@ def test_every_openai_field_is_either_policy_or_transport() -> None:
 
     assert keys.OPENAI_TRANSPORT.isdisjoint(keys.OPENAI_POLICY)
     assert keys.OPENAI_TRANSPORT | keys.OPENAI_POLICY == set(OpenAIBackendSettings.model_fields)
+
+
+def test_every_deployment_field_is_either_policy_or_transport() -> None:
+    # the same for one deployment's fields: a new one must be decided, not silently left out
+    from router.config_tiers import DeploymentSettings
+
+    assert keys.DEPLOYMENT_TRANSPORT.isdisjoint(keys.DEPLOYMENT_POLICY)
+    assert keys.DEPLOYMENT_TRANSPORT | keys.DEPLOYMENT_POLICY == set(DeploymentSettings.model_fields)
 
 
 def stored(body: Any, *, k: str = "k", scope: str = "key:ana", shape: str = "chat.completion") -> CacheRow:

@@ -122,8 +122,8 @@ def test_an_expiry_or_a_limit_the_database_cannot_hold_is_refused_in_words(
     # was asked) and `inf` as an expiry no JSON can carry; `--rpm 1e20` ended in a traceback
     cfg, _ = control_config(tmp_path, UPSTREAM, ledger=str(tmp_path / "l.sqlite3"))
     for args, said in (
-        (("--expires-in-days", "nan"), "expires_at"),
-        (("--expires-in-days", "inf"), "expires_at"),
+        (("--expires-in-days", "nan"), "--expires-in-days is a number of days"),
+        (("--expires-in-days", "inf"), "--expires-in-days is too large"),  # not "got inf"
         (("--rpm", str(10**20)), "requests_per_minute"),
         (("--tpm", str(2**31)), "tokens_per_minute"),
     ):
@@ -162,14 +162,33 @@ def test_every_change_the_admin_api_makes_the_cli_makes_too(capsys: pytest.Captu
         (("--roles", "root"), "root"),
         (("--expires-in-days", "-1"), "in the past"),
         (("--expires-in-days", "soon"), "--expires-in-days"),
+        # the attack review's findings: a count of days whose unix time is infinite was refused as
+        # "got inf", and no flag at all wrote an empty `key.update {}` audit row (the list below)
+        (("--expires-in-days", "1e306"), "too large"),
+        (("--expires-in-days", "inf"), "too large"),
+        (("--expires-in-days", "nan"), "a number of days"),
+        (("--expires-in-days=-inf",), "in the past"),
+        ((), "nothing to change"),
     ):
         rc, _, err = run(capsys, cfg, "update", "ana", *args)
         assert rc == 1 and err.startswith("error: ") and said in err and "Traceback" not in err, (args, err)
+        assert "got inf" not in err
+    rc, _, err = run(capsys, cfg, "create", "eve", "--expires-in-days", "1e306")
+    assert rc == 1 and "too large" in err and "got inf" not in err
 
     assert run(capsys, cfg, "user", "lab", "bob", "--requests-per-minute", "5")[0] == 0
     rc, _, err = run(capsys, cfg, "user", "lab", "bob", "--delete", "--usd-per-day", "1")
     assert rc == 1 and "takes no limits" in err
-    assert run(capsys, cfg, "user", "lab", "bob", "--delete")[0] == 0
+    rc, out, _ = run(capsys, cfg, "user", "lab", "bob", "--delete")
+    assert rc == 0  # and says what it removed, as set
+    assert json.loads(out)["removed"] == {
+        "team": "lab",
+        "user": "bob",
+        "usd_per_day": None,
+        "usd_per_month": None,
+        "requests_per_minute": 5,
+        "tokens_per_minute": None,
+    }
     rc, _, err = run(capsys, cfg, "user", "lab", "bob", "--delete")
     assert rc == 1 and "has no limits for user 'bob'" in err  # the admin API's 404, in words
     auth, registry = authenticator(cfg)
