@@ -74,7 +74,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with databases(args.ledger) as fresh, (out / "load.txt").open("a") as loads:
+    with databases(args.ledger) as fresh, (out / "load.txt").open("w") as loads:  # this run's pairs only
         for i in range(1, args.pairs + 1):
             one, five, fifteen = os.getloadavg()
             loads.write(f"pair {i} load {one:.2f} {five:.2f} {fifteen:.2f}\n")
