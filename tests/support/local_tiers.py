@@ -42,7 +42,6 @@ def drafts(g: Generation, source: str) -> tuple[int, int]:
 def two_tier_service(tmp: Path, *, threshold: float, verifiers: str) -> Iterator[tuple[openai.OpenAI, str]]:
     """The service with two local SmolLM2 tiers of one thread each: a client and its base URL."""
     cfg = smol_config(tmp, threshold=threshold, verifiers=verifiers, large="local")
-    cfg.write_text(cfg.read_text().replace("n_threads = 2", "n_threads = 1"))
     with UvicornThread(create_app(load_settings(cfg))) as srv:
         yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0), srv.url
 

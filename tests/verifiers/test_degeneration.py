@@ -185,7 +185,7 @@ async def test_the_work_is_capped_on_a_huge_answer() -> None:
 
 @pytest.fixture(scope="module")
 async def smol(smol_path: Path):
-    settings = LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=2, n_parallel=2, max_queue=8)
+    settings = LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=1, n_parallel=2, max_queue=8)
     async with started("small", smol_path, settings) as b:
         yield b
 

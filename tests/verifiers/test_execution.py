@@ -331,7 +331,7 @@ async def smol(smol_path: Path):
     b = LlamaCppBackend(
         "small",
         smol_path,
-        LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=2, n_parallel=2, max_queue=8),
+        LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=1, n_parallel=2, max_queue=8),
         512,
     )
     await b.start()

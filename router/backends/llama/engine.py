@@ -39,7 +39,7 @@ import numpy as np
 from router.backends.grammar_budget import GrammarBudget
 from router.backends.llama.drafting import Drafting
 from router.backends.llama.jobs import ErrorEvent, Job, Seq, State, put
-from router.backends.llama.native import ModelGuard, physical_cores, route_native_logs
+from router.backends.llama.native import ModelGuard, physical_cores, read_ahead, route_native_logs
 from router.backends.llama.prefix_cache import PrefixCache, common_prefix, leading
 from router.backends.llama.scoring import Scoring
 from router.backends.llama.vocab import vocab_signature
@@ -241,6 +241,9 @@ class LlamaEngine(Scoring, Drafting):
         route_native_logs()
         lc.llama_backend_init()
         mparams = lc.llama_model_default_params()
+        read_ahead(self.model_path)
+        if self.draft_model_path is not None:
+            read_ahead(self.draft_model_path)  # both files' reads started together
         model = lc.llama_model_load_from_file(str(self.model_path).encode(), mparams)
         if not model:
             raise ModelError(f"llama.cpp could not load {self.model_path}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -96,3 +97,24 @@ class ModelGuard:
         with self._cv:
             self._open = False
             self._cv.wait_for(lambda: self._users == 0)
+
+
+def read_ahead(path: str | os.PathLike[str]) -> None:
+    """Ask the kernel to read a model file into the page cache now, in large sequential reads.
+
+    llama.cpp maps the file and faults its weights in as it touches them (repacking them for this
+    CPU), so a file not in the page cache is read in small pieces: on this project's 2-core VM a
+    cold 1.1 GB model took about a minute that way, and every other process's fsync waited behind
+    those reads meanwhile (measured: a SQLite test 1.5 -> 12 s beside a cold load, no slower beside
+    a warm one). The advice starts the whole read at once; it is nearly free when the file is
+    already cached, and a failure only means llama.cpp reads as before."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # llama.cpp reports a missing or unreadable file itself
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except (OSError, AttributeError):
+        pass  # not on this platform or file system: llama.cpp faults the weights in as before
+    finally:
+        os.close(fd)

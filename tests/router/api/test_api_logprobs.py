@@ -25,7 +25,6 @@ def client(tmp_path_factory: pytest.TempPathFactory, smol_path: Path) -> Iterato
     # more than some of these clients ask for; threshold 0: the small tier always answers
     verifiers = '[[tiers.verifiers]]\nname = "choice"\nparams = { top_logprobs = 5 }\n'
     cfg = smol_config(tmp, threshold=0.0, verifiers=verifiers, large="none")
-    cfg.write_text(cfg.read_text().replace("n_threads = 2", "n_threads = 1"))  # steadier on a busy machine
     with UvicornThread(create_app(load_settings(cfg))) as srv:
         yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
 

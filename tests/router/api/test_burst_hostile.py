@@ -81,7 +81,6 @@ async def burst(url: str, n: int) -> list[tuple[str, int, bool]]:
 @pytest.fixture()
 def served(tmp_path: Path, smol_path: Path):  # type: ignore[no-untyped-def]
     cfg = smol_config(tmp_path, large="none")
-    cfg.write_text(cfg.read_text().replace("n_threads = 2", "n_threads = 1"))
     log_path = tmp_path / "serve.log"
     with serve_process(cfg, log_path=log_path, log_level="warning") as (proc, url, _):
         yield proc, url, log_path

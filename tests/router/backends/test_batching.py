@@ -16,7 +16,7 @@ SYSTEM = "You are a careful assistant who answers briefly and exactly. " * 6
 
 
 def _backend(path: Path, **kw: int) -> LlamaCppBackend:
-    settings = LlamaCppSettings(model=str(path), n_ctx=2048, n_threads=2, **kw)
+    settings = LlamaCppSettings(model=str(path), n_ctx=2048, n_threads=1, **kw)
     return LlamaCppBackend("small", path, settings, 512)
 
 
@@ -124,7 +124,7 @@ async def test_samples_of_one_prompt_share_its_prefill(smol_path: Path) -> None:
 
 async def test_quantized_kv_cache_loads_and_answers(smol_path: Path) -> None:
     b = LlamaCppBackend(
-        "small", smol_path, LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=2, kv_cache_type="q8_0"), 64
+        "small", smol_path, LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=1, kv_cache_type="q8_0"), 64
     )
     await b.start()
     try:

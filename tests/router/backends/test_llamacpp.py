@@ -20,7 +20,7 @@ QUESTION = GenerationRequest(messages=(Message("user", "What is 17 * 3?"),), max
 
 @pytest.fixture(scope="module")
 async def backend(smol_path: Path):
-    settings = LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=2, n_parallel=4, max_queue=8)
+    settings = LlamaCppSettings(model=str(smol_path), n_ctx=1024, n_threads=1, n_parallel=4, max_queue=8)
     async with started("small", smol_path, settings) as b:
         yield b
 
@@ -250,3 +250,45 @@ async def _until(condition: object, timeout: float) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.05)
+
+
+def _resident_share(path: Path) -> float:
+    """The share of a file's pages in the page cache (mincore over a read-only map of it)."""
+    import ctypes
+    import mmap
+
+    size = path.stat().st_size
+    page = mmap.PAGESIZE
+    # a private map (copy on write, never written): ctypes needs a writable buffer for its address
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as m:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pages = (size + page - 1) // page
+        vec = (ctypes.c_ubyte * pages)()
+        buf = (ctypes.c_char * size).from_buffer(m)
+        try:
+            assert libc.mincore(ctypes.c_void_p(ctypes.addressof(buf)), ctypes.c_size_t(size), vec) == 0
+        finally:
+            del buf
+        return sum(b & 1 for b in vec) / pages
+
+
+def test_a_model_file_is_read_ahead_before_llama_cpp_maps_it(tmp_path: Path) -> None:
+    """A cold model file is read in large sequential reads, not faulted in page by page by the
+    load: after `read_ahead` its pages are in the page cache (a missing file is left to llama.cpp)."""
+    import os
+
+    from router.backends.llama.native import read_ahead
+
+    model = tmp_path / "cold.gguf"
+    model.write_bytes(os.urandom(8 << 20))
+    with open(model, "rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    if _resident_share(model) > 0.5:
+        pytest.skip("this file system keeps the file cached whatever it is advised")
+    read_ahead(model)
+    deadline = time.monotonic() + 10
+    while _resident_share(model) < 0.99 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _resident_share(model) >= 0.99
+    read_ahead(tmp_path / "missing.gguf")  # no error: llama.cpp says what is wrong with it

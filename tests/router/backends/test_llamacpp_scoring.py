@@ -25,7 +25,7 @@ async def backend(smol_path: Path):
     b = LlamaCppBackend(
         "scorer",
         smol_path,
-        LlamaCppSettings(model=str(smol_path), n_ctx=512, n_threads=2, n_batch=32, n_parallel=3, max_queue=8),
+        LlamaCppSettings(model=str(smol_path), n_ctx=512, n_threads=1, n_batch=32, n_parallel=3, max_queue=8),
         256,
     )
     await b.start()
@@ -43,7 +43,7 @@ def _direct(smol_path: Path, tokens: list[int], score_from: int) -> tuple[np.nda
     llm = Llama(
         model_path=str(smol_path),
         n_ctx=512,
-        n_threads=2,
+        n_threads=1,
         logits_all=True,
         flash_attn=True,
         n_batch=32,
@@ -166,7 +166,7 @@ async def test_the_same_answer_scored_twice_is_prefilled_once(backend: LlamaCppB
 async def test_answers_scored_before_anyone_started_the_tier_wait_for_its_one_load(smol_path: Path) -> None:
     # an eval scoring a stored run: the scoring tier generated nothing, so nothing started it
     cold = LlamaCppBackend(
-        "cold", smol_path, LlamaCppSettings(model=str(smol_path), n_ctx=512, n_threads=2, n_parallel=3), 256
+        "cold", smol_path, LlamaCppSettings(model=str(smol_path), n_ctx=512, n_threads=1, n_parallel=3), 256
     )
     try:
         scores = await asyncio.gather(*(cold.score_continuation(QUESTION, f"{ANSWER} ({k})") for k in range(4)))

@@ -34,7 +34,7 @@ ASK = "Describe a person as JSON with their name, age, role and skills."
 @pytest.fixture(scope="module")
 async def backend(smol_path: Path):
     b = LlamaCppBackend(
-        "small", smol_path, LlamaCppSettings(model=str(smol_path), n_ctx=2048, n_threads=2, n_parallel=4), 512
+        "small", smol_path, LlamaCppSettings(model=str(smol_path), n_ctx=2048, n_threads=1, n_parallel=4), 512
     )
     await b.start()
     yield b
