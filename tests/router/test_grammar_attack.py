@@ -27,7 +27,6 @@ import pytest
 from router.api.app import create_app
 from router.backends.grammar_budget import GrammarBudget
 from router.config import load_settings
-from tests.support import plain_http as http
 from tests.support.config import smol_config
 from tests.support.servers import UvicornThread
 
@@ -109,7 +108,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, smol_path: Path) -> Iterato
 
 def _timed(url: str, body: dict[str, Any]) -> tuple[float, httpx.Response]:
     began = time.monotonic()
-    r = http.post(f"{url}/v1/chat/completions", json=body, timeout=300)
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
     return time.monotonic() - began, r
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import httpx
 
-from tests.support import plain_http as http
 from tests.support.markers import FastLoop
 
 
@@ -79,7 +78,7 @@ def wait_until_up(proc: subprocess.Popen[bytes], url: str, *, timeout: float, wh
         if proc.poll() is not None:
             raise RuntimeError(f"server exited {proc.returncode}: {why_exited()}")
         with contextlib.suppress(httpx.HTTPError):
-            if http.get(url, timeout=2).status_code == 200:
+            if httpx.get(url, timeout=2).status_code == 200:
                 return
         if time.monotonic() > deadline:
             raise RuntimeError(f"{url} did not come up within {timeout:.0f} s")

@@ -16,7 +16,6 @@ from router.api.app import create_app
 from router.config import load_settings
 from router.ledger.entries import LedgerEntry
 from router.ledger.store import SQLiteStore
-from tests.support import plain_http as http
 from tests.support.config import smol_config
 from tests.support.servers import UvicornThread, dead_port, llama_cpp_server
 
@@ -44,7 +43,7 @@ def wait_for(check, timeout: float = 20.0):  # noqa: ANN001, ANN201
 
 
 def gauge(base: str, name: str, tier: str) -> float | None:
-    for line in http.get(f"{base}/metrics").text.splitlines():
+    for line in httpx.get(f"{base}/metrics").text.splitlines():
         if line.startswith(f'{name}{{tier="{tier}"}}'):
             return float(line.rsplit(" ", 1)[1])
     return None
@@ -82,12 +81,12 @@ def test_a_client_gone_mid_stream_frees_its_slot_and_is_charged(long_answers: tu
     assert 5 <= large.completion_tokens < 1500 and large.prompt_tokens > 0
     assert large.cost_usd == pytest.approx((0.60 * large.prompt_tokens + 2.40 * large.completion_tokens) / 1e6)
     assert entries[0].cost_usd == pytest.approx(small.cost_usd + small.verifier_cost_usd + large.cost_usd)
-    metrics = http.get(f"{base}/metrics").text
+    metrics = httpx.get(f"{base}/metrics").text
     task = entries[0].task  # what detection made of a counting prompt (rules, then the classifier)
     assert task is not None
     assert f'tierroute_requests_total{{outcome="abandoned",task="{task}",tier="large"}} 1.0' in metrics
     # the service is none the worse: the next request is answered in full
-    r = http.post(f"{base}/v1/completions", json={"model": "small", "prompt": "Hi", "max_tokens": 8}, timeout=60)
+    r = httpx.post(f"{base}/v1/completions", json={"model": "small", "prompt": "Hi", "max_tokens": 8}, timeout=60)
     assert r.status_code == 200 and r.json()["choices"][0]["text"]
 
 
@@ -113,7 +112,7 @@ def test_a_client_gone_mid_stream_from_a_remote_tier_is_charged_too(tmp_path: Pa
         with UvicornThread(create_app(load_settings(cfg))) as srv:
             hang_up_after(srv.url, 5, {"model": "auto", "prompt": COUNTING, "max_tokens": 1500, "stream": True})
             entries = wait_for(lambda: ledger(tmp_path))
-            ok = http.post(
+            ok = httpx.post(
                 f"{srv.url}/v1/completions", json={"model": "large", "prompt": "Hi", "max_tokens": 4}, timeout=60
             )
             assert ok.status_code == 200  # the upstream serves the next request
@@ -129,9 +128,9 @@ def test_a_failed_last_tier_does_not_lose_the_lower_tiers_cost(tmp_path: Path, s
     cfg = smol_config(tmp_path, threshold=0.5, verifiers=REJECT_ALL, large="remote", base_url=dead)
     with UvicornThread(create_app(load_settings(cfg))) as srv:
         ask = {"model": "auto", "messages": [{"role": "user", "content": "What is 17 * 3?"}], "max_tokens": 16}
-        r = http.post(f"{srv.url}/v1/chat/completions", json=ask, timeout=60)
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json=ask, timeout=60)
         assert r.status_code == 503 and r.json()["error"]["type"]
-        s = http.post(f"{srv.url}/v1/chat/completions", json={**ask, "stream": True}, timeout=60)
+        s = httpx.post(f"{srv.url}/v1/chat/completions", json={**ask, "stream": True}, timeout=60)
         assert s.status_code == 503
     entries = ledger(tmp_path)
     assert len(entries) == 2

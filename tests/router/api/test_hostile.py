@@ -23,7 +23,6 @@ from router.api.app import create_app
 from router.api.requests import ChatCompletionRequest
 from router.backends.instant import InstantBackend
 from router.config import load_settings
-from tests.support import plain_http as http
 from tests.support.config import smol_config, smol_settings
 from tests.support.hostile import CASES, CHAT, Case, chat
 from tests.support.servers import UvicornThread
@@ -51,7 +50,7 @@ def send(url: str, case: Case) -> httpx.Response:
         content = None
     else:
         content = json.dumps(case.body).encode()
-    return http.request(case.method, f"{url}{case.path}", content=content, headers=headers, timeout=60)
+    return httpx.request(case.method, f"{url}{case.path}", content=content, headers=headers, timeout=60)
 
 
 def assert_answerable(resp: httpx.Response, ok: frozenset[int]) -> None:
@@ -67,7 +66,7 @@ def assert_answerable(resp: httpx.Response, ok: frozenset[int]) -> None:
 
 def assert_still_serving(url: str) -> None:
     t0 = time.monotonic()
-    resp = http.post(f"{url}{CHAT}", json=chat(max_tokens=2), timeout=5)
+    resp = httpx.post(f"{url}{CHAT}", json=chat(max_tokens=2), timeout=5)
     assert resp.status_code == 200, resp.text
     assert resp.json()["choices"][0]["message"]["content"] is not None
     assert time.monotonic() - t0 < 5
@@ -115,9 +114,9 @@ def test_errors_name_the_problem(server: UvicornThread) -> None:
 
 
 def test_keyless_loopback_serves_its_docs_to_loopback_names_only(server: UvicornThread) -> None:
-    assert http.get(f"{server.url}/openapi.json").status_code == 200
-    assert http.get(f"{server.url}/docs").status_code == 200
-    assert http.get(f"{server.url}/openapi.json", headers={"host": "evil.example"}).status_code == 400
+    assert httpx.get(f"{server.url}/openapi.json").status_code == 200
+    assert httpx.get(f"{server.url}/docs").status_code == 200
+    assert httpx.get(f"{server.url}/openapi.json", headers={"host": "evil.example"}).status_code == 400
 
 
 def test_an_engine_crash_makes_the_tier_unavailable_then_it_restarts(server: UvicornThread) -> None:
@@ -137,23 +136,23 @@ def test_an_engine_crash_makes_the_tier_unavailable_then_it_restarts(server: Uvi
     engine._step = broken_step
     try:
         restarts = engine.restarts
-        resp = http.post(f"{server.url}{CHAT}", json=chat(), timeout=30)
+        resp = httpx.post(f"{server.url}{CHAT}", json=chat(), timeout=30)
         assert resp.status_code == 503 and int(resp.headers["retry-after"]) >= 1
         assert resp.json()["error"]["code"] == "service_unavailable"
         saw_not_ready = False
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            ready = http.get(f"{server.url}/readyz")
+            ready = httpx.get(f"{server.url}/readyz")
             if ready.status_code == 503:
                 saw_not_ready = True
-                during = http.post(f"{server.url}{CHAT}", json=chat(), timeout=30)
+                during = httpx.post(f"{server.url}{CHAT}", json=chat(), timeout=30)
                 assert during.status_code in (200, 503)  # 200 only if it came back in between
             elif saw_not_ready:
                 break
             time.sleep(0.05)
         assert saw_not_ready
-        assert http.get(f"{server.url}/readyz").status_code == 200
-        assert http.get(f"{server.url}/healthz").status_code == 200
+        assert httpx.get(f"{server.url}/readyz").status_code == 200
+        assert httpx.get(f"{server.url}/healthz").status_code == 200
         assert engine.restarts == restarts + 1
         assert_still_serving(server.url)
     finally:
@@ -181,26 +180,28 @@ def keyed(tmp_path_factory: pytest.TempPathFactory, smol_path: Path) -> Iterator
 @pytest.mark.parametrize("path", ["/openapi.json", "/docs", "/redoc"])
 def test_docs_need_a_key_when_there_are_keys(keyed: tuple[str, dict[str, str]], path: str) -> None:
     url, keys = keyed
-    resp = http.get(f"{url}{path}")
+    resp = httpx.get(f"{url}{path}")
     assert resp.status_code == 401 and resp.json()["error"]["code"] == "invalid_api_key"
-    assert http.get(f"{url}{path}", headers={"authorization": f"Bearer {keys['plain']}"}).status_code == 200
+    assert httpx.get(f"{url}{path}", headers={"authorization": f"Bearer {keys['plain']}"}).status_code == 200
 
 
 def test_keyed_server_answers_any_host(keyed: tuple[str, dict[str, str]]) -> None:
     # behind a reverse proxy the Host is the public name: with keys there is no rebinding to stop
     url, keys = keyed
-    resp = http.get(f"{url}/v1/models", headers={"host": "api.example.com", "authorization": f"Bearer {keys['plain']}"})
+    resp = httpx.get(
+        f"{url}/v1/models", headers={"host": "api.example.com", "authorization": f"Bearer {keys['plain']}"}
+    )
     assert resp.status_code == 200
 
 
 def test_a_key_without_the_permission_cannot_send_tests(keyed: tuple[str, dict[str, str]]) -> None:
     url, keys = keyed
     body = chat(model="small", tierroute={"tests": "assert f(2) == 4"})
-    resp = http.post(f"{url}{CHAT}", json=body, headers={"authorization": f"Bearer {keys['plain']}"})
+    resp = httpx.post(f"{url}{CHAT}", json=body, headers={"authorization": f"Bearer {keys['plain']}"})
     assert resp.status_code == 403 and resp.json()["error"]["type"] == "permission_error"
     # no tests, or empty ones, are not a request to run code
     for harmless in (chat(model="small"), chat(model="small", tierroute={"tests": ""})):
-        ok = http.post(f"{url}{CHAT}", json=harmless, headers={"authorization": f"Bearer {keys['plain']}"})
+        ok = httpx.post(f"{url}{CHAT}", json=harmless, headers={"authorization": f"Bearer {keys['plain']}"})
         assert ok.status_code == 200
 
 
@@ -259,7 +260,7 @@ def test_a_key_with_the_permission_gets_its_tests_run(tmp_path: Path) -> None:
     with UvicornThread(app) as srv:
         for tests, expected in (("assert f(2) == 4", 1.0), ("assert f(2) == 5", 0.0)):
             body = chat(model="small", max_tokens=32, tierroute={"tests": tests})
-            resp = http.post(f"{srv.url}{CHAT}", json=body, headers={"authorization": f"Bearer {tester}"}, timeout=60)
+            resp = httpx.post(f"{srv.url}{CHAT}", json=body, headers={"authorization": f"Bearer {tester}"}, timeout=60)
             assert resp.status_code == 200, resp.text
             score = resp.json()["tierroute"]["attempts"][0]["scores"]["code_tests"]
             assert score["score"] == expected

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -18,7 +19,6 @@ from pydantic import BaseModel
 
 from router.api.app import create_app
 from router.config import load_settings
-from tests.support import plain_http as http
 from tests.support.config import smol_config
 from tests.support.servers import UvicornThread
 
@@ -122,7 +122,7 @@ def test_a_schema_streams(client: openai.OpenAI) -> None:
 
 
 def test_completions_take_a_response_format(server: UvicornThread) -> None:
-    r = http.post(
+    r = httpx.post(
         f"{server.url}/v1/completions",
         json={
             "model": "small",
@@ -223,7 +223,7 @@ BAD: dict[str, tuple[dict[str, Any], str, str]] = {
 def test_bad_shapes_are_refused_by_name(server: UvicornThread, case: str) -> None:
     extra, param, words = BAD[case]
     body = {"model": "auto", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, **extra}
-    r = http.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] is not None and error["param"].startswith(param), error

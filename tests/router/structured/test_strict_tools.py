@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -21,7 +22,6 @@ from router.config import load_settings
 from router.generation import GenerationRequest, Message, NamedTool, ToolSpec
 from router.structured import tools
 from router.structured.grammars import request_grammar
-from tests.support import plain_http as http
 from tests.support.config import smol_config
 from tests.support.servers import UvicornThread
 
@@ -134,7 +134,7 @@ def test_function_schemas_get_the_response_format_check(
     # invalid type or an oversized pattern
     tool = {"type": "function", "function": {"name": "f", "parameters": parameters, "strict": strict}}
     body = {"model": "small", "messages": ASK, "tools": [PING, tool], "max_tokens": 4}
-    r = http.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
     if strict_only and not strict:
         assert r.status_code == 200, r.text
         return
