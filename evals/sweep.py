@@ -503,8 +503,7 @@ def evaluate_cascades(
     top_c1k = top_cost_per_1k(table)
     out = []
     for thresholds, param in settings:
-        accepted = scores >= np.asarray(thresholds[:last], dtype=float)  # NaN >= x is False
-        answered = np.where(accepted.any(axis=1), accepted.argmax(axis=1), last) if last else np.zeros(n, dtype=int)
+        answered = policy.answering_tiers(scores, thresholds[:last])
         c1k = measures.cost_per_1k(cost[rows, answered].tolist())
         lat = latency[rows, answered].tolist()
         counts = [int(c) for c in np.bincount(answered, minlength=last + 1)]

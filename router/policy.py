@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from router.config import PriceSettings, TierSettings, VerifierSpec
 from router.pricing import Usage, cost_usd
@@ -77,6 +77,23 @@ def combine(members: Sequence[tuple[float | None, float]], how: str = "mean") ->
 def accepts(score: float | None, threshold: float) -> bool:
     """A tier accepts its answer when the combined score reaches its threshold."""
     return score is not None and score >= threshold
+
+
+def answering_tiers(scores: Any, thresholds: Sequence[float]) -> Any:
+    """`accepts` over many items at once: `scores` is an items x tiers array of the combined scores
+    of every tier but the last (NaN where the score is None, which accepts nothing, as above); the
+    answer is each item's answering tier, the first that accepts, else the last (`len(thresholds)`),
+    whose answer stands unverified. For offline sweeps over whole tables (`evals.sweep`)."""
+    import numpy as np
+
+    table = np.asarray(scores, dtype=float)
+    last = len(thresholds)
+    if table.ndim != 2 or table.shape[1] != last:
+        raise ValueError(f"{last} thresholds for scores of shape {table.shape}: one per tier but the last")
+    if last == 0:
+        return np.zeros(len(table), dtype=int)
+    accepted = table >= np.asarray(thresholds, dtype=float)  # NaN >= x is False
+    return np.where(accepted.any(axis=1), accepted.argmax(axis=1), last)
 
 
 def skips(probability: float, threshold: float) -> bool:
