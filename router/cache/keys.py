@@ -47,7 +47,7 @@ _NOT_POLICY = frozenset({"price", "shadow"})  # what an answer costs, or what is
 # retried, bounded and health-checked. The deployments serve the tier's model in the operator's
 # judgement, so a weight or a new replica must not drop every entry. What stays in: the tier's
 # `model`, what its verifiers read (logprobs, prompt scoring), and the model names its deployments
-# are sent (`_deployment_models`: a deployment's own `model` decides what answers).
+# are sent (`_deployment_policies`: a deployment's own `model` decides what answers).
 # Every field of the section is in one set or the other (tests/router/cache/test_cache_keys.py), so
 # a new one is decided, not silently hashed or left out.
 OPENAI_TRANSPORT = frozenset(
@@ -114,19 +114,22 @@ def policy_version(settings: Settings) -> str:
 
 def _tier_policy(tier: TierSettings) -> dict[str, Any]:
     policy = tier.model_dump(mode="json", exclude=_EXCLUDED)
-    models = _deployment_models(tier)
-    if tier.openai is not None and models != [tier.openai.model]:
-        # only when a deployment is sent another name: a tier whose deployments all serve its own
-        # model keeps the version it had before deployments' models were hashed
-        policy["deployment_models"] = models
+    if tier.openai is not None:
+        policy["deployments"] = _deployment_policies(tier)
     return policy
 
 
-def _deployment_models(tier: TierSettings) -> list[str]:
-    """The model names an `openai` tier's deployments are sent, sorted and without repeats."""
-    if tier.openai is None:
-        return []
-    return sorted({d.model or tier.openai.model for d in tier.openai.resolved_deployments()})
+def _deployment_policies(tier: TierSettings) -> list[str]:
+    """What an `openai` tier's deployments are sent that decides answers: each one's
+    `DEPLOYMENT_POLICY` fields (a deployment without its own model is sent the tier's), as a sorted
+    set, so a replica of the same model, or an order, changes nothing."""
+    assert tier.openai is not None
+    seen = set()
+    for d in tier.openai.resolved_deployments():
+        fields = d.model_dump(mode="json", include=set(DEPLOYMENT_POLICY))
+        fields["model"] = d.model or tier.openai.model
+        seen.add(canonical(fields))
+    return sorted(seen)
 
 
 def deterministic(body: BaseModel) -> bool:
