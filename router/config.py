@@ -193,7 +193,10 @@ _SECRET_KEYWORDS = frozenset({"password", "sslpassword"})
 def postgres_url_problem(url: str) -> str | None:
     """Why `url` cannot name a PostgreSQL ledger, or None when it can. Never echoes the URL: it may
     hold the very secret it is refused for."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unclosed IPv6 bracket, say; its message would quote the URL
+        return "ledger.url is not a URL (see libpq's connection URI format)"
     if parts.scheme not in ("postgresql", "postgres"):
         return "ledger.url must be a postgresql://user@host:port/db URL"
     # read as libpq reads it: it decodes percent-encoded keywords, so `passwor%64=` is a password

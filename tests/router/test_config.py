@@ -181,6 +181,7 @@ def test_sandbox_limits_default_to_the_cpu_count_and_four_waiting_per_slot(tmp_p
         "postgresql://u@127.0.0.1:5432/db?sslpassword=s3cret",
         "postgresql://u:s3cret@127.0.0.1:5432/db",
         "postgresql://u@127.0.0.1:5432/db?s3cret",  # libpq cannot read it: refused without quoting it
+        "postgresql://u:s3cret@[::1/db",  # not a URL at all (an unclosed bracket): refused, not raised
     ],
 )
 def test_a_password_in_the_ledger_url_is_refused_however_spelled_and_never_echoed(tmp_path: Path, url: str) -> None:
