@@ -278,12 +278,11 @@ def cmd_keys_update(args: argparse.Namespace) -> int:
 
 # Ten thousand years: past it a count of days is a typo, and far past it the unix time is infinite
 # (`1e306` days), which the control plane could only refuse as "got inf".
-MAX_EXPIRY_DAYS = 3_652_500
-
-
 def _expiry(days: str) -> float | None:
     """The unix time `days` from now ('none': never); the control plane refuses one not ahead.
     ValueError, with the message to print, for a count that is not a number or is too large."""
+    from router.control.admin import MAX_EXPIRY_DAYS
+
     if days == "none":
         return None
     try:

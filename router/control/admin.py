@@ -39,6 +39,10 @@ LIMIT_FIELDS = ("usd_per_day", "usd_per_month", "requests_per_minute", "tokens_p
 KEY_FIELDS = (*LIMIT_FIELDS, "team", "roles", "models", "allow_tests", "expires_at")
 
 
+# the furthest expiry a key may be given (the CLI's --expires-in-days is held to it too)
+MAX_EXPIRY_DAYS = 3_652_500
+
+
 class ControlPlane:
     """Keys, teams and user limits, changed with an audit row each."""
 
@@ -271,6 +275,8 @@ class ControlPlane:
             raise ControlError(f"expires_at must be a finite unix time (got {expires_at!r}); leave it unset for never")
         if expires_at is not None and expires_at <= self.clock():
             raise ControlError("expires_at is in the past")
+        if expires_at is not None and expires_at - self.clock() > MAX_EXPIRY_DAYS * 86400:
+            raise ControlError(f"expires_at is too far ahead (at most {MAX_EXPIRY_DAYS} days, ten thousand years)")
         return expires_at
 
     @staticmethod

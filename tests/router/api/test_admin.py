@@ -237,6 +237,9 @@ async def test_admin_input_is_checked_and_answers_in_openai_shape(
         ("PATCH", "/admin/keys/legacy", {"usd_per_day": True}, 400),
         ("POST", "/admin/keys", {"name": "k", "allow_tests": "true"}, 400),
         ("POST", "/admin/keys", {"name": "k", "expires_at": "2030-01-01"}, 400),
+        # the same cap as the CLI's --expires-in-days (ten thousand years), held by the control plane
+        ("POST", "/admin/keys", {"name": "k", "expires_at": 1e308}, 400),
+        ("PATCH", "/admin/keys/legacy", {"expires_at": 1e18}, 400),
     ]
     for method, path, payload, code in cases:
         r = await admin(client, raw, method, path, json=payload)
