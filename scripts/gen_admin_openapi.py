@@ -23,15 +23,15 @@ from pathlib import Path
 from fastapi.openapi.utils import get_openapi
 
 from router.api import routes_admin
+from router.api.app import API_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path("docs") / "admin-openapi.json"
 TITLE = "tierroute admin API"
-VERSION = "0.1.0"  # the app's (router/api/app.py)
 
 
 def schema() -> dict[str, object]:
-    return get_openapi(title=TITLE, version=VERSION, routes=routes_admin.router.routes)
+    return get_openapi(title=TITLE, version=API_VERSION, routes=routes_admin.router.routes)
 
 
 def render() -> str:

@@ -34,6 +34,9 @@ from router.telemetry.middleware import RequestTelemetry
 log = logging.getLogger(__name__)
 
 
+API_VERSION = "0.1.0"  # the OpenAPI schema's version (scripts/gen_admin_openapi.py writes it too)
+
+
 class HostAllowlist:
     """400 for a request whose Host header names no allowed host (any port)."""
 
@@ -211,7 +214,7 @@ def create_app(
 
     # FastAPI's own /docs, /redoc and /openapi.json answer anyone: ours go through the keys
     app = FastAPI(
-        title="tierroute", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+        title="tierroute", version=API_VERSION, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.services = Services(settings, eng)
     errors.install(app)
