@@ -1,5 +1,5 @@
-"""Suites by name: the built-ins (gsm8k, humaneval, mmlu, structured, and mixed: their items among
-open-ended prompts), plugins, JSONL files, and the items of an imported run (`eval import`).
+"""Suites by name: the built-ins (gsm8k, humaneval, mmlu, structured, ifeval, bfcl, banking77, and
+mixed: their items among open-ended prompts), plugins, JSONL files, and the items of an imported run (`eval import`).
 
 Plugins register through the entry-point group ``tierroute.suites``: each entry point names a
 callable ``register_suites(register)``, and ``register(name, factory)`` adds a zero-argument
@@ -21,8 +21,11 @@ SuiteFactory = Callable[[], Suite]
 
 
 def register_builtin_suites(register: Callable[[str, SuiteFactory], None]) -> None:
+    from evals.suites.banking77 import Banking77
+    from evals.suites.bfcl import BFCL
     from evals.suites.gsm8k import GSM8K
     from evals.suites.humaneval import HumanEval
+    from evals.suites.ifeval import IFEval
     from evals.suites.mixed import Mixed
     from evals.suites.mmlu import MMLU
     from evals.suites.structured import Structured
@@ -32,6 +35,9 @@ def register_builtin_suites(register: Callable[[str, SuiteFactory], None]) -> No
     register("mmlu", MMLU)
     register("mixed", Mixed)
     register("structured", Structured)
+    register("ifeval", IFEval)
+    register("bfcl", BFCL)
+    register("banking77", Banking77)
 
 
 class SuiteRegistry(Registry[SuiteFactory]):
