@@ -1,5 +1,6 @@
-"""Suites by name: the built-ins (gsm8k, humaneval, mmlu, structured, ifeval, bfcl, banking77, and
-mixed: their items among open-ended prompts), plugins, JSONL files, and the items of an imported run (`eval import`).
+"""Suites by name: the built-ins (gsm8k, humaneval, mmlu, structured, ifeval, bfcl, banking77,
+snips, and mixed: their items among open-ended prompts), plugins, JSONL files, and the items of an
+imported run (`eval import`).
 
 Plugins register through the entry-point group ``tierroute.suites``: each entry point names a
 callable ``register_suites(register)``, and ``register(name, factory)`` adds a zero-argument
@@ -28,6 +29,7 @@ def register_builtin_suites(register: Callable[[str, SuiteFactory], None]) -> No
     from evals.suites.ifeval import IFEval
     from evals.suites.mixed import Mixed
     from evals.suites.mmlu import MMLU
+    from evals.suites.snips import Snips
     from evals.suites.structured import Structured
 
     register("gsm8k", GSM8K)
@@ -38,6 +40,7 @@ def register_builtin_suites(register: Callable[[str, SuiteFactory], None]) -> No
     register("ifeval", IFEval)
     register("bfcl", BFCL)
     register("banking77", Banking77)
+    register("snips", Snips)
 
 
 class SuiteRegistry(Registry[SuiteFactory]):

@@ -31,7 +31,12 @@ SYSTEM = (
 
 
 def normalise_label(text: str) -> str:
-    s = text.strip().strip("`").strip().strip("\"'").strip().rstrip(".").strip()
+    """The label an answer gives: trimmed of whitespace, quotes, code-span backticks and a final full
+    stop, in any nesting (`` `card_arrival`. ``), lower-cased."""
+    s, before = text, None
+    while s != before:
+        before = s
+        s = s.strip().strip("`\"'").rstrip(".")
     return s.lower()
 
 
@@ -39,11 +44,14 @@ class Banking77(Suite):
     name = "banking77"
     task = "text"
     max_tokens = 24
-    version = "1"
-    source = "Banking77 test (PolyAI, Casanueva et al. 2020), 3,080 items, CC-BY-4.0 (evals/data/banking77/PROVENANCE.md)"
+    version = "2"  # 2: quotes, backticks and a full stop trimmed in any nesting
+    source = (
+        "Banking77 test (PolyAI, Casanueva et al. 2020), 3,080 items, CC-BY-4.0 (evals/data/banking77/PROVENANCE.md)"
+    )
 
     def __init__(self, root: Path = DATA) -> None:
         self.root = root
+        self._known: frozenset[str] | None = None
 
     def labels(self) -> list[str]:
         return list(json.loads((self.root / "categories.json").read_text()))
@@ -66,5 +74,7 @@ class Banking77(Suite):
         return stratified(items, limit, seed, self.name)
 
     async def grade(self, item: Item, text: str) -> Grade:
+        if self._known is None:
+            self._known = frozenset(label.lower() for label in self.labels())
         got = normalise_label(text)
-        return Grade(got == item.answer_key.reference, got[:80], "" if got in self.labels() else "not a label")
+        return Grade(got == item.answer_key.reference, got[:80], "" if got in self._known else "not a label")

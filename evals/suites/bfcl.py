@@ -80,7 +80,8 @@ class BFCL(Suite):
     def load(self, cache_dir: Path | None = None) -> list[Item]:
         items = []
         for category in self.categories:
-            answers = {r["id"]: r["ground_truth"] for r in read_jsonl(self.root / "possible_answer" / CATEGORIES[category])}
+            truths = read_jsonl(self.root / "possible_answer" / CATEGORIES[category])
+            answers = {r["id"]: r["ground_truth"] for r in truths}
             for row in read_jsonl(self.root / CATEGORIES[category]):
                 functions = row["function"] if isinstance(row["function"], list) else [row["function"]]
                 tools = tuple(
