@@ -100,55 +100,6 @@ class Attempt:
         found = [s.details["tool_call"] for s in self.scores.values() if not s.abstained and "tool_call" in s.details]
         return all(found) if found else None
 
-    def to_dict(self) -> dict[str, Any]:
-        g = self.generation
-        return {
-            "tier": self.tier,
-            "deployment": g.deployment_shown if g else None,  # which of the tier's deployments answered
-            "accepted": self.accepted,
-            "score": None if self.score is None else round(self.score, 6),
-            "threshold": self.threshold,
-            "reason": self.reason,
-            "error": self.error,
-            "skipped": self.skipped,
-            "abandoned": self.abandoned,
-            "prerouter": self.prerouter,
-            "scores": {
-                name: {
-                    "score": None if s.value is None else round(s.value, 6),
-                    "reason": s.reason,
-                    "details": s.details,
-                }
-                for name, s in self.scores.items()
-            },
-            "tool_check": self.tool_check,
-            "prompt_tokens": g.prompt_tokens if g else 0,
-            "completion_tokens": g.completion_tokens if g else 0,
-            "finish_reason": g.finish_reason if g else None,
-            # decoded under the response_format's grammar; an upstream asked to enforce it: null
-            "constrained": g.constrained if g else None,
-            # the format verifier's check of the request's response_format: null when none ran
-            "format_ok": next(
-                (
-                    s.value == 1.0
-                    for s in self.scores.values()
-                    if s.details.get("check") == "response_format" and s.value is not None
-                ),
-                None,
-            ),
-            "latency_ms": round(g.latency_s * 1000, 1) if g else None,
-            "verify_ms": round(self.verify_s * 1000, 1),
-            "cost_usd": self.cost_usd,
-            "verifier_cost_usd": self.verifier_cost_usd,
-            "verifier_tokens": self.verifier_cost.tokens,
-            # speculative decoding: tokens drafted and accepted, all sources together and per
-            # source ("model": a draft model, "rejected": the previous tier's rejected answer,
-            # "scored": its start, already verified by this tier's cross_tier scoring pass)
-            "draft_tokens": sum(d[1] for d in g.drafts) if g else 0,
-            "draft_accepted": sum(d[2] for d in g.drafts) if g else 0,
-            "drafts": {src: {"tokens": t, "accepted": a} for src, t, a in g.drafts} if g else {},
-        }
-
 
 @dataclass
 class CascadeResult:
@@ -158,6 +109,8 @@ class CascadeResult:
     unverified: bool = False  # a lower tier's answer returned because the next tier was down
     counterfactual_usd: float = 0.0  # had the request gone straight to the top tier
     task: TaskLabel | None = None  # the request's task and why, detected before the first tier
+    # what the request's stages said (router.pipeline.stages), shown in the tierroute object
+    stages: dict[str, Any] = field(default_factory=dict)
 
     @property
     def escalated(self) -> bool:
@@ -171,19 +124,6 @@ class CascadeResult:
     def generation(self) -> Generation:
         assert self.final.generation is not None
         return self.final.generation
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "tier": self.final.tier,
-            "deployment": self.final.generation.deployment_shown if self.final.generation else None,
-            "task": self.task.task if self.task else None,
-            "task_why": self.task.why if self.task else None,
-            "escalated": self.escalated,
-            "unverified": self.unverified,
-            "cost_usd": self.cost_usd,
-            "counterfactual_top_tier_usd": self.counterfactual_usd,
-            "attempts": [a.to_dict() for a in self.attempts],
-        }
 
 
 @dataclass(frozen=True)
@@ -242,9 +182,10 @@ class Cascade:
         *,
         spent: Spent | None = None,
         task: TaskLabel | None = None,
+        plan: Sequence[Tier] | None = None,
     ) -> CascadeResult:
         result: CascadeResult | None = None
-        async for item in self.stream(request, model, live=False, spent=spent, task=task):
+        async for item in self.stream(request, model, live=False, spent=spent, task=task, plan=plan):
             if isinstance(item, Final):
                 result = item.result
         assert result is not None
@@ -258,13 +199,15 @@ class Cascade:
         live: bool = True,
         spent: Spent | None = None,
         task: TaskLabel | None = None,
+        plan: Sequence[Tier] | None = None,
     ) -> AsyncIterator[Answering | Delta | Final]:
         """Yield the answer's text, then a Final. Only the last planned tier streams live: text of a
         tier that may still be rejected is held back until it is verified. When it ends without a
         Final after work was done (a failure, or the consumer went away), `spent` gets what it cost.
         `task` is the request's task when the caller knows it (a replayed eval item); else it is
-        detected here."""
-        plan = self.plan(model)
+        detected here. `plan` is the tiers to try when the caller has made the plan already (the
+        request pipeline, whose stages may have narrowed it); else it is `self.plan(model)`."""
+        plan = list(plan) if plan is not None else self.plan(model)
         label = task if task is not None else self.detect(request)
         attempts: list[Attempt] = []
         attempt: Attempt | None = None

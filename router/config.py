@@ -354,6 +354,13 @@ class LoggingSettings(_Strict):
     )
 
 
+class StageSpec(_Strict):
+    """A request stage (router.pipeline.stages): a built-in or a plugin's, by registered name."""
+
+    name: str = Field(description="Registered stage name (entry-point group tierroute.stages), e.g. 'deny_phrases'.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Passed to the stage's factory.")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TIERROUTE_", env_nested_delimiter="__", extra="forbid", toml_file=None
@@ -368,6 +375,11 @@ class Settings(BaseSettings):
     cache: CacheSettings = Field(default_factory=CacheSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    stages: list[StageSpec] = Field(
+        default_factory=list,
+        description="Request stages run on every request, in this order, after admission and the exact cache "
+        "(docs/plugins.md, 'Request stages').",
+    )
 
     @classmethod
     def settings_customise_sources(

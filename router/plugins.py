@@ -1,7 +1,8 @@
-"""One registry mechanism for everything that plugs in: verifiers, backends and eval suites.
+"""One registry mechanism for everything that plugs in: verifiers, backends, eval suites and
+request stages.
 
 Each kind has an entry-point group (``tierroute.verifiers``, ``tierroute.backends``,
-``tierroute.suites``). Each entry point names a callable ``register_X(register)``;
+``tierroute.suites``, ``tierroute.stages``). Each entry point names a callable ``register_X(register)``;
 ``register(name, factory)`` adds a factory. The built-ins are registered through the same
 entry points in pyproject.toml, exactly as a third-party package registers its own, so only the
 composition roots (`router.engine`, the CLIs) ever learn a concrete class, and only by name.
@@ -26,6 +27,7 @@ F = TypeVar("F")
 VERIFIERS = "tierroute.verifiers"
 BACKENDS = "tierroute.backends"
 SUITES = "tierroute.suites"
+STAGES = "tierroute.stages"
 
 
 class PluginError(ConfigError):

@@ -28,6 +28,7 @@ from router.config import Settings
 from router.engine import Engine
 from router.errors import RequestError
 from router.metrics import ResponseCounter, RouteTemplates
+from router.pipeline.stages import StageRegistry
 from router.telemetry import setup as telemetry
 from router.telemetry.middleware import RequestTelemetry
 
@@ -175,12 +176,18 @@ def _replay(messages: list[Message], then: Receive | None = None) -> Receive:
 
 
 def create_app(
-    settings: Settings, *, engine: Engine | None = None, tracing: telemetry.Tracing | None = None, **engine_kwargs: Any
+    settings: Settings,
+    *,
+    engine: Engine | None = None,
+    tracing: telemetry.Tracing | None = None,
+    stages: StageRegistry | None = None,
+    **engine_kwargs: Any,
 ) -> FastAPI:
     """Build the app. Pass `engine` to serve an engine built elsewhere (its lifecycle stays the
     caller's); otherwise one is built from settings and started and closed with the app. Traces
     go to `tracing` when given, else over OTLP when `[telemetry]` or OTEL_* ask for it
-    (`router.telemetry.setup`), else nowhere; the tracer is installed for the app's lifespan."""
+    (`router.telemetry.setup`), else nowhere; the tracer is installed for the app's lifespan.
+    The configured request stages are made from `stages` when given, else from the entry points."""
     owned = engine is None
     eng = engine if engine is not None else Engine.from_settings(settings, **engine_kwargs)
     if tracing is None and telemetry.wanted(settings.telemetry):
@@ -216,7 +223,7 @@ def create_app(
     app = FastAPI(
         title="tierroute", version=API_VERSION, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
-    app.state.services = Services(settings, eng)
+    app.state.services = Services(settings, eng, stages=stages)
     errors.install(app)
 
     app.include_router(routes_health.router)

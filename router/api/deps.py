@@ -20,13 +20,15 @@ from router.control.refusals import RefusalLog
 from router.control.registry import KeyRegistry
 from router.engine import Engine
 from router.errors import AuthError
+from router.pipeline.flow import Pipeline
+from router.pipeline.stages import StageRegistry, build_stages
 from router.quality.shadow import ShadowService
 
 
 class Services:
     """Everything a route needs, built once per app."""
 
-    def __init__(self, settings: Settings, engine: Engine) -> None:
+    def __init__(self, settings: Settings, engine: Engine, *, stages: StageRegistry | None = None) -> None:
         self.settings = settings
         self.engine = engine
         # keys, teams and user limits: the ledger database's, polled (router.control.registry)
@@ -38,6 +40,10 @@ class Services:
         )
         self.cache = ResponseCache(settings, self.accounting.ledger, self.accounting.metrics.registry)
         self.refusals = RefusalLog(self.keys.store, self.accounting.metrics.registry)
+        # one request lifecycle for every API surface, with the configured stages (router.pipeline)
+        self.pipeline = Pipeline(
+            engine, self.accounting, self.cache, self.shadow, build_stages(settings.stages, stages)
+        )
 
 
 # The hot dependencies are coroutines although none awaits: FastAPI runs a plain function dependency

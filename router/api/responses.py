@@ -27,6 +27,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from router.api.extension import cached_extension, extension
 from router.cache.answer import CachedAnswer
 from router.cascade import CascadeResult
 from router.generation import Generation, GenerationRequest, TokenLogprob, ToolCall
@@ -36,30 +37,6 @@ from router.structured.tools import ToolAnswer, argument_fragments
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-def extension(rid: str, result: CascadeResult, cache: str | None = None) -> dict[str, Any]:
-    """The `tierroute` object: which tier answered, why, and what it cost; with the response cache
-    on, `cache` says what it did (miss, bypass, skip)."""
-    found = {"request_id": rid, **result.summary()}
-    return found if cache is None else {**found, "cache": cache}
-
-
-def cached_extension(rid: str, hit: CachedAnswer) -> dict[str, Any]:
-    """The `tierroute` object of a cache hit: the tier whose stored answer it is, and no cost."""
-    return {
-        "request_id": rid,
-        "cache": "hit",
-        "cached_request_id": hit.request_id,
-        "tier": hit.tier,
-        "task": hit.task,
-        "task_why": hit.task_why,
-        "escalated": False,
-        "unverified": False,
-        "cost_usd": 0.0,
-        "counterfactual_top_tier_usd": 0.0,
-        "attempts": [],
-    }
 
 
 def usage(result: CascadeResult) -> dict[str, int]:
@@ -231,7 +208,7 @@ class Shape(ABC):
             "tierroute": extension(rid, result, cache),
         }
 
-    def cached(self, rid: str, hit: CachedAnswer) -> dict[str, Any]:
+    def cached(self, rid: str, hit: CachedAnswer, stages: dict[str, Any] | None = None) -> dict[str, Any]:
         """A cache hit whole: the stored answer's choices and usage as first served, under this
         request's id and time (`replay` streams it like any whole answer)."""
         return {
@@ -241,7 +218,7 @@ class Shape(ABC):
             "model": hit.model,
             "choices": hit.choices,
             "usage": dict(hit.usage),
-            "tierroute": cached_extension(rid, hit),
+            "tierroute": cached_extension(rid, hit, stages),
         }
 
     def opening(self, rid: str, tier: str) -> dict[str, Any] | None:

@@ -125,6 +125,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 
 def cmd_complete(args: argparse.Namespace) -> int:
+    from router.api.extension import summary
     from router.engine import Engine
     from router.generation import GenerationRequest, Message
 
@@ -151,7 +152,7 @@ def cmd_complete(args: argparse.Namespace) -> int:
     gen = final.generation
     tps = gen.completion_tokens / gen.latency_s if gen.latency_s > 0 else 0.0
     if args.json:
-        print(json.dumps({"text": gen.text, **result.summary()}, indent=2))
+        print(json.dumps({"text": gen.text, **summary(result)}, indent=2))
         return 0
     print(gen.text)
     print(

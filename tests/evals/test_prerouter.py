@@ -13,6 +13,7 @@ import pytest
 
 from evals.calibrate import Target, calibrate_preroute, split
 from evals.sweep import CONFIG, CascadePolicy, ItemOutcome, PreRoutePolicy, ResultTable, TierInfo, TierOutcome, evaluate
+from router.api.extension import attempt_json, summary
 from router.cascade import Cascade
 from router.config import CascadeSettings, PriceSettings, TierSettings
 from router.errors import ConfigError
@@ -184,7 +185,7 @@ async def test_a_tier_predicted_to_fail_is_skipped(tmp_path: Path) -> None:
     first = result.attempts[0]
     assert first.skipped and not first.accepted and first.generation is None and first.cost_usd == 0.0
     assert first.reason.startswith("skipped by pre-router p=0.007 < 0.5 (prerouter@")
-    d = first.to_dict()
+    d = attempt_json(first)
     assert d["skipped"] is True
     assert d["prerouter"] == {
         "version": f"prerouter@{sha[:12]}",
@@ -192,7 +193,7 @@ async def test_a_tier_predicted_to_fail_is_skipped(tmp_path: Path) -> None:
         "threshold": 0.5,
     }
     assert result.cost_usd == pytest.approx(result.attempts[1].cost_usd)
-    json.dumps(result.summary())  # the tierroute object stays JSON
+    json.dumps(summary(result))  # the tierroute object stays JSON
     entry = LedgerEntry.from_result("r1", "k", result, latency_s=0.1)
     assert [a.decision for a in entry.attempts] == ["skipped", "accepted"]  # passed over, not rejected
 
@@ -201,7 +202,7 @@ async def test_a_tier_predicted_to_succeed_runs_and_says_so(tmp_path: Path) -> N
     cascade, _, large, _ = pre_routed(tmp_path)
     result = await cascade.run(ask("An easy one: what is 6 * 7?"))
     assert result.final.tier == "small" and not result.escalated and large.requests == []
-    d = result.attempts[0].to_dict()
+    d = attempt_json(result.attempts[0])
     assert d["skipped"] is False and d["prerouter"]["probability"] > 0.5
 
 
