@@ -240,7 +240,7 @@ async def test_the_built_in_deny_phrases_refuses_without_naming_the_phrase(tmp_p
     ("params", "why"),
     [
         ("{}", "phrases"),
-        ('{ phrases = [] }', "phrases"),
+        ("{ phrases = [] }", "phrases"),
         ('{ phrases = [""] }', "phrases"),
         ('{ phrases = ["x"], case_sensitive = "no" }', "case_sensitive"),
         ('{ phrases = ["x"], colour = "red" }', "unknown params"),
