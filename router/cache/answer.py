@@ -48,6 +48,7 @@ class CachedAnswer:
     usage: dict[str, int]
     task: str | None
     task_why: str | None
+    source: str = "exact-match cache hit"  # what served it again, for its ledger row's reason
 
     @property
     def finish_reason(self) -> str:
@@ -62,7 +63,7 @@ class CachedAnswer:
             idx=0,
             tier=self.tier,
             decision="cached",
-            reason=f"exact-match cache hit: the answer of {self.request_id}",
+            reason=f"{self.source}: the answer of {self.request_id}",
             error=None,
             score=None,
             threshold=0.0,

@@ -22,6 +22,7 @@ cascade's result; the lifecycle between is this module's, and a route only calls
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -121,6 +122,7 @@ class Pipeline:
         for stage in self.stages:
             stored = await stage.before(ctx)
             if stored is not None:
+                stored = dataclasses.replace(stored, source=f"stored answer from stage {stage.name}")
                 return await self._replayed(ctx, call, stored, from_cache=False)
         # n > 1 is answered whole (the cascade judges the request once its n choices exist), so its
         # stream is the finished answer in OpenAI's chunks, choice by choice; so is every stream

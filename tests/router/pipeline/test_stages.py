@@ -209,6 +209,8 @@ async def test_a_stored_answer_from_a_stage_is_served_and_recorded_at_no_cost(tm
     assert small.calls == large.calls == 0
     rows = read_ledger(tmp_path / "ledger.sqlite3")
     assert len(rows) == 2 and all(row.cost_usd == 0.0 for row in rows.values())
+    reasons = {a.reason for row in rows.values() for a in row.attempts}
+    assert reasons == {"stored answer from stage stored: the answer of req-earlier"}
 
 
 async def test_an_output_stage_withholds_an_answer_streamed_or_not_and_its_cost_is_recorded(tmp_path: Path) -> None:
