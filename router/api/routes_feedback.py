@@ -18,7 +18,9 @@ A request can be labelled once it has settled (a stream: after its last chunk).
 
 Each giver may give one request up to `MAX_LABELS_PER_REQUEST` labels: counted per key, so a
 client filling its share cannot lock a reviewer out, and what the answer's `labels` says is the
-caller's own count (a client does not learn that a reviewer labelled its request).
+caller's own count (a client does not learn that a reviewer labelled its request). A label counts
+against its key's (and team's) request rate, as any call does (`Accounting.admit_call`), before
+the ledger is read: a key allowed 2 requests a minute makes 2 calls a minute, labels or not.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ async def post_feedback(body: FeedbackRequest, services: ServicesDep, principal:
             code="feedback_unavailable",
         )
     feedback_id = new_id("fb")
+    await services.accounting.admit_call(principal, feedback_id)  # 429 before any ledger work
     try:
         entry = await ledger.entry(body.request_id)
     except TierrouteError:

@@ -472,11 +472,12 @@ class PostgresStore:
                         "INSERT INTO token_events (subject, request_id, ts, tokens) VALUES (%s, %s, %s, %s)",
                         (q.subject, r.request_id, now, r.reserved_tokens),
                     )
-            conn.execute(
-                'INSERT INTO pending (request_id, ts, key_id, model, reserved_usd, team, "user", expires_at) '
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                (r.request_id, r.ts, r.key_id, r.model, r.reserved_usd, r.team, r.user, now + r.ttl_s),
-            )
+            if r.holds:
+                conn.execute(
+                    'INSERT INTO pending (request_id, ts, key_id, model, reserved_usd, team, "user", expires_at) '
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    (r.request_id, r.ts, r.key_id, r.model, r.reserved_usd, r.team, r.user, now + r.ttl_s),
+                )
 
     def drop(self, request_id: str) -> None:
         with self.pool.connection() as conn:

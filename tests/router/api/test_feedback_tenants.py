@@ -4,6 +4,9 @@
   (latest-wins let the client have the last word).
 - A client filling a request's label cap cannot lock the reviewer out (the cap counted every key's
   labels together).
+- A label counts against its key's request rate: a key allowed 2 requests a minute wrote 100
+  labels in 2 s; now its third call of the minute, label or completion, is a 429 in OpenAI's
+  shape with a Retry-After, on a SQLite ledger and on a PostgreSQL one (the shared limits).
 
 What the service makes of the labels is read the way an operator reads it: `tierroute report
 quality` on the ledger.
@@ -20,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
+import psycopg
 import pytest
 
 from router.api.app import create_app
@@ -28,6 +33,7 @@ from router.backends.instant import InstantBackend
 from router.cli import main as cli_main
 from router.config import load_settings
 from tests.support.accounting import auth, chat, config_with_keys, registry
+from tests.support.cache import Counting, cache_config
 from tests.support.servers import UvicornThread
 
 pytestmark = pytest.mark.slow  # a server on loopback, and the CLI
@@ -107,3 +113,65 @@ def test_a_client_filling_the_label_cap_does_not_lock_the_reviewer_out(tmp_path:
     assert counts == {"alice": MAX_LABELS_PER_REQUEST, "root": 1}
     (row,) = report_rows(tmp_path / "ledger.sqlite3")
     assert (row["labelled"], row["labelled_right"]) == ("1", "0")  # the reviewer's verdict
+
+
+def _stored_labels(db: Path | str) -> int:
+    sql = "SELECT count(*) FROM feedback"
+    if isinstance(db, Path):
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            return int(conn.execute(sql).fetchone()[0])
+    with psycopg.connect(db) as conn:
+        row = conn.execute(sql).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def _labels_count_against_the_keys_request_rate(tmp_path: Path, ledger_url: str | None) -> None:
+    # measured on main: a key allowed 2 requests a minute wrote 100 labels of 2 KB in 2 s
+    cfg, keys = cache_config(
+        tmp_path,
+        {"carol": {"requests_per_minute": 2}, "dave": {}},
+        cache="enabled = false\n",
+        ledger_url=ledger_url,
+    )
+    with served(cfg, {"small": Counting("small")}) as client:
+        rid = ask(client, keys["carol"])  # 1 of 2
+        dave = ask(client, keys["dave"])
+        comment = "x" * 2000
+        sent = [
+            client.post(
+                "/v1/feedback",
+                json={"request_id": rid, "score": 0, "comment": comment},
+                headers=auth(keys["carol"]),
+            )
+            for _ in range(20)
+        ]
+        assert [r.status_code for r in sent] == [200] + [429] * 19  # 2 of 2, then refused
+        refused = sent[1]
+        assert refused.json()["error"] == {
+            "message": refused.json()["error"]["message"],
+            "type": "requests",
+            "param": None,
+            "code": "rate_limit_exceeded",
+        }
+        assert "2 requests per minute" in refused.json()["error"]["message"]
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        assert refused.headers["x-tierroute-limit"] == "key.requests_per_minute"
+        # the same window for completions: the labels used it up
+        assert client.post("/v1/chat/completions", json=chat("2+2?"), headers=auth(keys["carol"])).status_code == 429
+        # through the official client: its RateLimitError, as for a completion
+        carol = openai.OpenAI(base_url=f"{str(client.base_url).rstrip('/')}/v1", api_key=keys["carol"], max_retries=0)
+        with pytest.raises(openai.RateLimitError) as caught:
+            carol.post("/feedback", body={"request_id": rid, "score": 1}, cast_to=httpx.Response)
+        assert caught.value.code == "rate_limit_exceeded"
+        # another key is not touched by carol's window
+        assert all(label(client, keys["dave"], dave, 1).status_code == 200 for _ in range(5))
+    assert _stored_labels(ledger_url or tmp_path / "ledger.sqlite3") == 1 + 5
+
+
+def test_labels_count_against_the_keys_request_rate(tmp_path: Path) -> None:
+    _labels_count_against_the_keys_request_rate(tmp_path, None)
+
+
+def test_labels_count_against_the_keys_request_rate_on_postgresql(tmp_path: Path, db: str) -> None:
+    _labels_count_against_the_keys_request_rate(tmp_path, db)
