@@ -20,7 +20,8 @@ costs (what a hosted API charges is linear in the tokens; the largest error of t
 in the tier's price text); otherwise the config's tier of the same name lends its price, as it
 lends its verifiers, combine rule and thresholds, so `calibrate --write` retunes that tier.
 
-A ledger's shadow pairs and the labels clients posted become records in `evals.ledger_import`.
+A ledger's shadow pairs, and the labels of the givers it trusts (admin reviewers by default), become
+records in `evals.ledger_import`.
 
 Hostile input: every line is read with a byte limit before it is parsed, every field is checked
 for type and size, and an error names the line. The run is built in a temporary directory beside
@@ -92,7 +93,7 @@ _LABEL_KEYS = {"reference", "grader", "letters", "correct"}
 
 
 SHADOW_AGREEMENT = "shadow_agreement"  # per-tier labels that are the live agreement rule's verdict
-FEEDBACK = "feedback"  # per-tier labels from the labels clients posted (evals.ledger_import)
+FEEDBACK = "feedback"  # per-tier labels from the trusted labels posted to the service (evals.ledger_import)
 
 
 def _uses_a_model(registry: VerifierRegistry, spec: VerifierSpec, tier: str) -> bool:
@@ -494,8 +495,11 @@ def import_records(
     verifiers: Sequence[VerifierSpec] = (),
     tiers: Sequence[str] | None = None,
     task: str | None = None,
+    labels: Mapping[str, Any] | None = None,
 ) -> ImportResult:
-    """Write `records` as the eval run `runs_dir/name`: all of it, or (on any error) nothing."""
+    """Write `records` as the eval run `runs_dir/name`: all of it, or (on any error) nothing.
+    `labels`: whose labels graded them (a ledger's: `evals.ledger_import.LedgerRead.provenance`),
+    kept in the manifest as `import.labels`."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", name):
         raise ConfigError(f"--run {name!r}: letters, digits, '_', '.', '-' (a directory name)")
     if task is not None:
@@ -511,7 +515,7 @@ def import_records(
     runs_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=runs_dir, prefix=f".{name}.import-"))
     try:
-        result = _write(records, tmp, final, settings, name, source, verifiers, tiers)
+        result = _write(records, tmp, final, settings, name, source, verifiers, tiers, labels)
         os.rename(tmp, final)  # the run appears whole, or not at all
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -529,6 +533,7 @@ def _write(
     source: str,
     verifiers: Sequence[VerifierSpec],
     tiers: Sequence[str] | None,
+    labels: Mapping[str, Any] | None = None,
 ) -> ImportResult:
     from evals.runner import EvalPlan, run_eval, tier_fingerprint
 
@@ -607,5 +612,7 @@ def _write(
         "prices": prices,
         "tasks": dict(tasks),
     }
+    if labels is not None:
+        manifest["import"]["labels"] = dict(labels)
     RunStore(tmp).write_manifest(manifest)
     return ImportResult(tmp, len(records), order, dict(grading), prices, dict(tasks))

@@ -1,26 +1,36 @@
 """`tierroute eval import --ledger`: a ledger's shadow pairs as import records, graded by the labels
-clients posted where there are any, and by shadow agreement where there are none.
+of the givers it trusts where there are any, and by shadow agreement where there are none.
 
 A shadow pair (`router.quality.shadow`) holds the request, the answer a tier accepted and a
 larger tier's answer to the same request. With `ledger.store_prompts` on it keeps their text, and
 then it can become an item of an eval run (`evals.importer`): two tiers' answers, each labelled.
 
+Whose labels: a threshold calibrated here applies to every tenant, and any client key may label
+its own requests (POST /v1/feedback). One key labelling its answers "right" moved a threshold
+from 1 to 0 for everyone. So an import reads only labels it trusts (`Givers`): by default an
+admin reviewer's (a label posted by a key with the admin role, as the ledger recorded when it was
+posted), and a client's only where the operator names its key or team (`--labels-from key:NAME`,
+`team:NAME`, or `all` for a service whose one client is the operator's own application). A
+request's verdict among those is `router.quality.feedback`'s (a reviewer's latest over any
+client's). The labels left out are counted per giver, and the run's manifest says whose labels
+graded how many items and whose were left out (`provenance`).
+
 How the two answers are labelled:
 
-- **feedback**, where the client labelled the request (POST /v1/feedback; the verdict is the
-  latest label, `router.quality.feedback`): the accepted answer is right or wrong as the label
-  says. The larger tier's answer is read through the agreement rule the pair was judged by: right
-  when it agreed with a right answer, wrong when it agreed with a wrong one or disagreed with a
-  right one. Where it disagreed with an answer labelled wrong nothing says which is right, and it
-  is taken as right, the proxy's assumption (the record says so: `top_by_proxy`, and the run's
-  manifest names the proxy tier);
-- **shadow agreement**, where no label exists, as before: the larger tier right, the accepted
-  answer right when the two agreed. A proxy, flagged in the manifest (`proxy_reference_tier`).
+- **feedback**, where a trusted giver labelled the request: the accepted answer is right or wrong
+  as the label says. The larger tier's answer is read through the agreement rule the pair was
+  judged by: right when it agreed with a right answer, wrong when it agreed with a wrong one or
+  disagreed with a right one. Where it disagreed with an answer labelled wrong nothing says which
+  is right, and it is taken as right, the proxy's assumption (the record says so: `top_by_proxy`,
+  and the run's manifest names the proxy tier);
+- **shadow agreement**, where no trusted label exists, as before: the larger tier right, the
+  accepted answer right when the two agreed. A proxy, flagged in the manifest
+  (`proxy_reference_tier`).
 
-So `eval calibrate --write` recalibrates from production labels wherever clients send them.
-Labelled requests without a stored pair (no shadow sampled, or `store_prompts` off) cannot become
-items, since the ledger keeps no prompt for them; they are counted, and `tierroute report
-quality` reads their labels.
+So `eval calibrate --write` recalibrates from production labels wherever reviewers (or the
+clients named) send them. Labelled requests without a stored pair (no shadow sampled, or
+`store_prompts` off) cannot become items, since the ledger keeps no prompt for them; they are
+counted, and `tierroute report quality` reads their labels.
 """
 
 from __future__ import annotations
@@ -28,15 +38,60 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from evals.importer import FEEDBACK, SHADOW_AGREEMENT, ImportFormatError, Record, parse_line
 from router.config import LedgerSettings
 from router.errors import ConfigError
-from router.ledger.entries import AttemptEntry, ShadowPair
-from router.quality.feedback import Verdict, verdicts
+from router.ledger.entries import AttemptEntry, Feedback, ShadowPair
+from router.quality.feedback import ADMIN, CLIENT, Verdict, reviewed, verdicts
+
+ALL = "all"  # --labels-from all: every key's labels, as before givers were told apart
+
+
+@dataclass(frozen=True)
+class Givers:
+    """Whose labels grade an import: admin reviewers' always, and the client keys and teams the
+    operator names (or every key's, `everyone`)."""
+
+    keys: frozenset[str] = frozenset()
+    teams: frozenset[str] = frozenset()
+    everyone: bool = False
+
+    @classmethod
+    def parse(cls, named: Sequence[str]) -> Givers:
+        """From `--labels-from` values: 'key:NAME', 'team:NAME' or 'all'."""
+        keys: set[str] = set()
+        teams: set[str] = set()
+        everyone = False
+        for value in named:
+            kind, sep, name = value.partition(":")
+            if value == ALL:
+                everyone = True
+            elif sep and name and kind == "key":
+                keys.add(name)
+            elif sep and name and kind == "team":
+                teams.add(name)
+            else:
+                raise ConfigError(
+                    f"--labels-from {value!r}: name a client key (key:NAME), a team (team:NAME), or 'all'; "
+                    "admin reviewers' labels are always read"
+                )
+        return cls(frozenset(keys), frozenset(teams), everyone)
+
+    def trusts(self, label: Feedback) -> bool:
+        if reviewed(label) or self.everyone or label.key_id in self.keys:
+            return True
+        return label.team is not None and label.team in self.teams
+
+    @property
+    def named(self) -> list[str]:
+        """The policy in `--labels-from`'s words, as the manifest records it: ['admin', ...]."""
+        if self.everyone:
+            return [ADMIN, ALL]
+        return [ADMIN, *(f"key:{k}" for k in sorted(self.keys)), *(f"team:{t}" for t in sorted(self.teams))]
 
 
 @dataclass
@@ -45,8 +100,16 @@ class LedgerRead:
     pairs: int  # shadow pairs in the ledger (in the time window)
     without_text: int  # kept hashes and extracted answers only (ledger.store_prompts off)
     other_tiers: int  # pairs of another (tier, target) than the one imported
-    labelled: int = 0  # records graded by their clients' labels
-    labelled_elsewhere: int = 0  # labelled requests that are no record (no stored pair of these tiers)
+    labelled: int = 0  # records graded by trusted labels
+    labelled_elsewhere: int = 0  # requests with trusted labels that are no record (no stored pair of these tiers)
+    givers: Givers = field(default_factory=Givers)
+    used: dict[str, int] = field(default_factory=dict)  # per giver (key name), the records its label decided
+    left_out: dict[str, int] = field(default_factory=dict)  # per untrusted giver, the records it labelled
+    roles: dict[str, str] = field(default_factory=dict)  # each of those givers' role: admin or client
+
+    def provenance(self) -> dict[str, Any]:
+        """Whose labels graded the records, for the run's manifest (`import.labels`)."""
+        return {"from": self.givers.named, "used": self.used, "left_out": self.left_out, "roles": self.roles}
 
 
 def read_ledger(
@@ -55,21 +118,25 @@ def read_ledger(
     tiers: Sequence[str] | None = None,
     since: float | None = None,
     settings: LedgerSettings | None = None,
+    givers: Givers | None = None,
 ) -> LedgerRead:
     """The ledger's shadow pairs (SQLite file or `postgresql://` URL, read through the same store
-    the service writes with; see router/ledger/store.py) as records, labelled as the module says.
+    the service writes with; see router/ledger/store.py) as records, labelled as the module says
+    by the labels of `givers` (default: admin reviewers only).
     Only pairs that kept their prompt and both answers (`ledger.store_prompts`) can become items;
     one (tier, target) pair of tiers per run: `tiers` when given, else the most frequent.
     `settings` gives a PostgreSQL ledger its password variable."""
     from router.ledger.stores import open_store
 
+    trusted = givers if givers is not None else Givers()
     if tiers is not None and len(tiers) != 2:
         raise ConfigError("--tiers for shadow pairs names two tiers: the accepting tier, then the shadow target")
     store = open_store(location, read_only=True, settings=settings)
     store.open()  # ConfigError naming the ledger when it is not there or cannot be reached
     try:
         pairs = list(store.pairs(since))
-        labels = verdicts(store.feedback(since))  # a label comes after its request
+        given = list(store.feedback(since))  # a label comes after its request
+        labels = verdicts(fb for fb in given if trusted.trusts(fb))
         combos = Counter((p.tier, p.target) for p in pairs)
         pair = tuple(tiers) if tiers else (combos.most_common(1)[0][0] if combos else ("", ""))
         chosen = [p for p in pairs if (p.tier, p.target) == pair]
@@ -86,9 +153,59 @@ def read_ledger(
     where = str(location)
     records = [_pair_record(p, n, where, attempts, labels.get(p.request_id)) for n, p in enumerate(usable, 1)]
     labelled = sum(1 for p in usable if p.request_id in labels)
-    return LedgerRead(
-        records, len(pairs), len(chosen) - len(usable), len(pairs) - len(chosen), labelled, len(labels) - labelled
+    read = LedgerRead(
+        records,
+        len(pairs),
+        len(chosen) - len(usable),
+        len(pairs) - len(chosen),
+        labelled,
+        len(labels) - labelled,
+        givers=trusted,
     )
+    _count_givers(read, usable, labels, given)
+    return read
+
+
+def _count_givers(
+    read: LedgerRead, usable: Sequence[ShadowPair], labels: Mapping[str, Verdict], given: Sequence[Feedback]
+) -> None:
+    """Per giver (key name), the records its label decided, and the records each giver left out labelled."""
+    items = {p.request_id for p in usable}
+    on_items = [fb for fb in given if fb.request_id in items]
+    read.used = dict(sorted(Counter(labels[rid].by for rid in items if rid in labels).items()))
+    untrusted = {(fb.request_id, fb.key_id) for fb in on_items if not read.givers.trusts(fb)}
+    read.left_out = dict(sorted(Counter(key for _, key in untrusted).items()))
+    admins = {fb.key_id for fb in on_items if reviewed(fb)}
+    read.roles = {key: ADMIN if key in admins else CLIENT for key in sorted({*read.used, *read.left_out})}
+
+
+def whose_labels(labels: Mapping[str, Any]) -> str:
+    """A manifest's `import.labels` in words, for the import: whose were read, whose graded how
+    many items, whose were left out (and how to use them)."""
+    said = f"from {', '.join(labels['from'])}{' (the default)' if labels['from'] == [ADMIN] else ''}; "
+    said += f"used: {', '.join(f'{k} {n}' for k, n in labels['used'].items()) or 'none'}"
+    left = labels["left_out"]
+    if left:
+        named = " ".join(f"--labels-from key:{k}" for k in left)
+        said += f"; left out: {', '.join(f'{k} {n}' for k, n in left.items())} (not trusted; {named} to use them)"
+    return said
+
+
+def grading_said(imported: Mapping[str, Any]) -> str:
+    """How an imported run's items were graded, and by whose labels, in words (`eval calibrate`
+    says it beside the thresholds it chose on them)."""
+    labels = imported.get("labels")
+    parts = []
+    for kind, n in sorted(imported.get("grading", {}).items()):
+        part = f"{n} by {kind.replace('_', ' ')}"
+        if kind == FEEDBACK and labels is not None:
+            part += f" (labels of {', '.join(f'{k}: {m}' for k, m in labels['used'].items())})"
+        parts.append(part)
+    said = ", ".join(parts)
+    if labels is not None and labels["left_out"]:
+        left = ", ".join(f"{k} ({n} items)" for k, n in labels["left_out"].items())
+        said += f"; labels left out: {left} (eval import --labels-from reads them)"
+    return said
 
 
 # how much older than its shadow pair a request's row may be: a shadow request can take a tier's

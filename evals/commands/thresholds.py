@@ -78,6 +78,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         f"(chosen on {cal.n_calibration} calibration items"
         f"{'' if cal.met else '; target NOT reachable there, nearest shown'})"
     )
+    imported = table.manifest.get("import")
+    if imported:  # an imported run: what graded its items, and whose labels
+        from evals.ledger_import import grading_said
+
+        print(f"  graded: {grading_said(imported)}")
     for label, r in (("calibration", cal.calibration), ("held-out", cal.held_out)):
         print(
             f"  {label:12s} accuracy {pct(r.accuracy)}, {usd(r.cost_per_1k)} per 1k, escalation "

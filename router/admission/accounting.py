@@ -24,6 +24,10 @@ zero cost through the same write, charge and metrics as any answer (`record_repl
 request whose rate is spent is refused before the cache is read (`refuse_spent_rate`), so a
 refused request costs no lookup; only a budget's refusal comes after one, since a hit would
 have been served.
+
+A label (POST /v1/feedback) is a call to the service like any other: it counts against the request
+rate of its key and of the key's team (`admit_call`), before the ledger is read, and reserves
+nothing (it costs nothing, and has no tokens).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 
 from router import policy
 from router.admission.auth import Principal
@@ -312,6 +317,32 @@ class Accounting:
                 self.limits.check_rates(quotas)
             else:
                 self.refusals.check(quotas)
+
+    async def admit_call(self, principal: Principal, call_id: str) -> None:
+        """A call that generates nothing and holds nothing (a label, POST /v1/feedback): 429 when
+        the request rate of its key or its key's team is spent, else it counts there as a
+        request does. Budgets and token rates do not see it: it costs nothing and has no tokens.
+        Under shared limits the database decides (no pending row is written for it), and a
+        subject it refused moments ago is refused again without asking it (`RateRefusals`)."""
+        quotas = tuple(
+            replace(q, usd_per_day=None, usd_per_month=None, tokens_per_minute=None)
+            for q in self.quotas(principal, None)
+            if q.requests_per_minute is not None
+        )
+        if not quotas:
+            return
+        with self._counting_refusals():
+            if self.shared is None:
+                self.limits.count_call(quotas)
+                return
+            self.refusals.check(quotas)
+            now = time.time()
+            call = Reservation(call_id, now, principal.key_id, "", 0.0, 0.0, team=principal.team, holds=False)
+            try:
+                await self.shared.admit(quotas, call, now, budget=False)
+            except RateLimitError as refused:
+                self.refusals.heard(quotas, refused)
+                raise
 
     def quotas(self, principal: Principal, user: str | None) -> tuple[Quota, ...]:
         """Every level's limits a request falls under: its key's, its team's, and (when the key has

@@ -389,6 +389,18 @@ class Limits:
             if q.tokens_per_minute is not None:
                 self.tokens.check(q, 0)
 
+    def count_call(self, quotas: Sequence[Quota]) -> None:
+        """Admit a call that generates and holds nothing (a label) by the request rates alone:
+        RateLimitError, or it counts in the window of every quota with a request rate, as a
+        request does. Under shared limits the database decides (`SharedLimits.admit`)."""
+        if self.shared:
+            return
+        limited = [q for q in quotas if q.requests_per_minute is not None]
+        for q in limited:  # every quota checked before any counts the call: a refusal leaves no trace
+            self.rate.check(q)
+        for q in limited:
+            self.rate.add(q.subject)
+
     def hold(self, request_id: str) -> Hold | None:
         return self._holds.get(request_id)
 
@@ -502,6 +514,7 @@ class Reservation:
     team: str | None = None
     user: str | None = None
     reserved_tokens: int = 0
+    holds: bool = True  # False: a call that holds nothing (a label): its rate events, and no pending row
 
 
 class RateRefusals:
@@ -549,7 +562,8 @@ class SharedCounter(Protocol):
     ) -> None:
         """In one transaction holding every quota's lock (in one order, so two admissions never
         wait on each other): read each window, call `decide` (which raises to refuse), then write
-        the reservation and, for a quota with a request or token rate, its events."""
+        the reservation (unless it `holds` nothing) and, for a quota with a request or token
+        rate, its events."""
 
     def drop(self, request_id: str) -> None:
         """Release an unsettled reservation (the request ended without a record)."""

@@ -4,15 +4,23 @@ The application often knows whether an answer was right (the user clicked thumbs
 passed, the extracted JSON was accepted); this is where it says so. A label names the request by
 the `request_id` of its `tierroute` object, and carries a score in [0, 1] or a boolean, an
 optional label name and an optional comment. It is written to the ledger's `feedback` table,
-tied to the request's row; a request may be labelled many times, and every label is kept with
-the time it arrived. What labels mean (right at 0.5 and above, the latest one decides) is
-`router.quality.feedback`'s; the report, the drift detector and `eval import --ledger` read them.
+tied to the request's row, with who gave it: the key's name, whether it was an admin reviewer's
+(`role`) and the key's team. A request may be labelled many times, and every label is kept with
+the time it arrived. What labels mean (right at 0.5 and above; a reviewer's latest decides over
+any client's, else the latest) is `router.quality.feedback`'s; the report, the drift detector and
+`eval import --ledger` read them, the import only the givers it is told to trust.
 
 Only the key that made a request may label it, or a key with the admin role (`caller_is_admin`),
 whose label is stored under its own name. A request that does not exist and one another key made
 get the same 404, word for word, after the same single ledger read: a key learns nothing about
 other keys' requests, not even that an id is taken.
 A request can be labelled once it has settled (a stream: after its last chunk).
+
+Each giver may give one request up to `MAX_LABELS_PER_REQUEST` labels: counted per key, so a
+client filling its share cannot lock a reviewer out, and what the answer's `labels` says is the
+caller's own count (a client does not learn that a reviewer labelled its request). A label counts
+against its key's (and team's) request rate, as any call does (`Accounting.admit_call`), before
+the ledger is read: a key allowed 2 requests a minute makes 2 calls a minute, labels or not.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from router.api.deps import AnyPrincipalDep, ServicesDep, get_principal
 from router.api.responses import new_id
 from router.errors import NotFoundError, RequestError, TierrouteError, UnavailableError
 from router.ledger.entries import Feedback
-from router.quality.feedback import answered, is_right
+from router.quality.feedback import ADMIN, CLIENT, answered, is_right
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1")
@@ -38,7 +46,9 @@ router = APIRouter(prefix="/v1")
 MAX_ID_CHARS = 128  # request ids are 'chatcmpl-' or 'cmpl-' and 24 hex digits
 MAX_LABEL_CHARS = 64
 MAX_COMMENT_CHARS = 2000
-MAX_LABELS_PER_REQUEST = 100  # past this a request takes no more: the table cannot be grown without bound
+# past this a giver's labels of one request are refused: the table cannot be grown without bound
+# (a request holds at most this many per key that may label it: its own key and the admin keys)
+MAX_LABELS_PER_REQUEST = 100
 
 
 def caller_is_admin(principal: Principal) -> bool:
@@ -103,6 +113,8 @@ async def post_feedback(body: FeedbackRequest, services: ServicesDep, principal:
             "Feedback is kept in the ledger, and this service runs without one (ledger.enabled = false).",
             code="feedback_unavailable",
         )
+    feedback_id = new_id("fb")
+    await services.accounting.admit_call(principal, feedback_id)  # 429 before any ledger work
     try:
         entry = await ledger.entry(body.request_id)
     except TierrouteError:
@@ -113,21 +125,24 @@ async def post_feedback(body: FeedbackRequest, services: ServicesDep, principal:
     if entry is None or (entry.key_id != principal.key_id and not caller_is_admin(principal)):
         raise NotFound(body.request_id)
     fb = Feedback(
-        feedback_id=new_id("fb"),
+        feedback_id=feedback_id,
         request_id=entry.request_id,
         ts=time.time(),
         key_id=principal.key_id,
         score=body.score,
         label=body.label,
         comment=body.comment,
+        role=ADMIN if caller_is_admin(principal) else CLIENT,
+        team=principal.team,
     )
     try:
         # counted and written in one transaction: a burst of labels cannot all see room under the
         # cap, nor several of them be the request's first (the one drift counts)
         earlier = await ledger.record_feedback(fb, limit=MAX_LABELS_PER_REQUEST)
-        if earlier >= MAX_LABELS_PER_REQUEST:
+        if earlier.giver >= MAX_LABELS_PER_REQUEST:
             raise RequestError(
-                f"Request '{entry.request_id}' already has {MAX_LABELS_PER_REQUEST} labels; it takes no more.",
+                f"This key has given request '{entry.request_id}' {MAX_LABELS_PER_REQUEST} labels; "
+                "it takes no more from it.",
                 param="request_id",
                 code="too_many_labels",
             )
@@ -137,7 +152,7 @@ async def post_feedback(body: FeedbackRequest, services: ServicesDep, principal:
         log.error("feedback: ledger write failed: %s", exc)
         raise UnavailableError("The ledger cannot be written now; send the feedback again later.", 5.0) from None
     about = answered(entry)
-    if earlier == 0 and about is not None:
+    if earlier.request == 0 and about is not None:
         services.shadow.observe_feedback(about.tier, about.task, is_right(fb.score), fb.ts)
     return {
         "object": "feedback",
@@ -147,5 +162,5 @@ async def post_feedback(body: FeedbackRequest, services: ServicesDep, principal:
         "score": fb.score,
         "label": fb.label,
         "comment": fb.comment,
-        "labels": earlier + 1,  # this request's labels so far, this one included
+        "labels": earlier.giver + 1,  # the caller's labels of this request so far, this one included
     }

@@ -12,9 +12,10 @@ answers is one `ShadowPair`. Without `ledger.store_prompts` a pair keeps hashes 
 answers only: enough for agreement rates, drift and deduplication, not to replay the prompt to
 another model.
 
-Feedback (`router.quality.feedback`): a label a client posted for one of its own requests, by the
-request's id; a request may have several, each kept with its time. A label holds the score, the
-client's label name and comment, and the name of the key that posted it: no prompt, no answer.
+Feedback (`router.quality.feedback`): a label posted for a request by the key that made it or by an
+admin reviewer, by the request's id; a request may have several, each kept with its time. A label
+holds the score, the label name and comment, and who gave it (the key's name, its role and team
+then): no prompt, no answer.
 
 `LedgerStore` is the storage interface both stores implement (`router.ledger.store.SQLiteStore`,
 `router.ledger.postgres.PostgresStore`); the tables behind it are described in
@@ -202,8 +203,9 @@ class ShadowPair:
 
 @dataclass(frozen=True)
 class Feedback:
-    """One label a client posted for one of its requests (see the `feedback` table in
-    `router.ledger.schema`); what a label means is `router.quality.feedback`'s business."""
+    """One label posted for a request, by the key that made it or by an admin reviewer (see the
+    `feedback` table in `router.ledger.schema`); what a label means, and whose counts for what,
+    is `router.quality.feedback`'s business."""
 
     feedback_id: str
     request_id: str
@@ -212,6 +214,17 @@ class Feedback:
     score: float  # 0 (wrong) to 1 (right); a boolean label is 0 or 1
     label: str | None = None
     comment: str | None = None
+    role: str | None = None  # 'admin' or 'client', the giver's standing when it posted; None: not recorded
+    team: str | None = None  # the giver's team when it posted
+
+
+@dataclass(frozen=True)
+class LabelCount:
+    """A request's labels before one more was written: all of them, and the giver's own (what the
+    per-giver cap counts)."""
+
+    request: int
+    giver: int
 
 
 @dataclass(frozen=True)
@@ -277,9 +290,10 @@ class LedgerStore(Protocol):
     def entry(self, request_id: str) -> LedgerEntry | None:
         """The settled request with this id and its attempts; None when there is none."""
 
-    def write_feedback(self, feedback: Feedback, limit: int | None = None) -> int:
-        """Store one label (its request's row must exist) unless its request has `limit` labels
-        already; return how many it had before, counted in the insert's own transaction."""
+    def write_feedback(self, feedback: Feedback, limit: int | None = None) -> LabelCount:
+        """Store one label (its request's row must exist) unless its giver (`key_id`) has given
+        the request `limit` labels already; return how many it had before, all and the giver's,
+        counted in the insert's own transaction."""
 
     def feedback(
         self, since: float | None = None, until: float | None = None, request_id: str | None = None

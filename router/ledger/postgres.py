@@ -61,6 +61,7 @@ from router.ledger.entries import (
     CacheRow,
     DuplicateEntry,
     Feedback,
+    LabelCount,
     LedgerEntry,
     PendingEntry,
     RejectedEntry,
@@ -362,17 +363,18 @@ class PostgresStore:
             ).fetchall()
         return None if row is None else rows.entry_from_row(row, [rows.attempt_from_row(a) for a in found])
 
-    def write_feedback(self, feedback: Feedback, limit: int | None = None) -> int:
+    def write_feedback(self, feedback: Feedback, limit: int | None = None) -> LabelCount:
         try:
             with self.pool.connection() as conn:
                 # the request's row locked for the count and the insert: labels raced at once, on
                 # any replica, are counted one after another
                 conn.execute("SELECT 1 FROM requests WHERE request_id = %s FOR NO KEY UPDATE", (feedback.request_id,))
                 row = conn.execute(
-                    "SELECT count(*) FROM feedback WHERE request_id = %s", (feedback.request_id,)
+                    "SELECT count(*), count(*) FILTER (WHERE key_id = %s) FROM feedback WHERE request_id = %s",
+                    (feedback.key_id, feedback.request_id),
                 ).fetchone()
-                earlier = int(row[0]) if row is not None else 0
-                if limit is None or earlier < limit:
+                earlier = LabelCount(int(row[0]), int(row[1])) if row is not None else LabelCount(0, 0)
+                if limit is None or earlier.giver < limit:
                     conn.execute(_INSERT_FEEDBACK, rows.feedback_values(feedback))
         except psycopg.errors.UniqueViolation as exc:
             raise DuplicateEntry(f"{feedback.feedback_id}: {exc}") from exc
@@ -470,11 +472,12 @@ class PostgresStore:
                         "INSERT INTO token_events (subject, request_id, ts, tokens) VALUES (%s, %s, %s, %s)",
                         (q.subject, r.request_id, now, r.reserved_tokens),
                     )
-            conn.execute(
-                'INSERT INTO pending (request_id, ts, key_id, model, reserved_usd, team, "user", expires_at) '
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                (r.request_id, r.ts, r.key_id, r.model, r.reserved_usd, r.team, r.user, now + r.ttl_s),
-            )
+            if r.holds:
+                conn.execute(
+                    'INSERT INTO pending (request_id, ts, key_id, model, reserved_usd, team, "user", expires_at) '
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    (r.request_id, r.ts, r.key_id, r.model, r.reserved_usd, r.team, r.user, now + r.ttl_s),
+                )
 
     def drop(self, request_id: str) -> None:
         with self.pool.connection() as conn:

@@ -33,6 +33,9 @@ WITH_TABLE = 0  # a column or index that came with its table, in each store the 
 # lead may renumber these at a merge, so code and tests read them through `latest`, never as numbers
 CONTROL_SQLITE = 8
 CONTROL_POSTGRES = 5
+# who gave a label (feedback.role and feedback.team): calibration reads whose labels it uses by them
+FEEDBACK_GIVER_SQLITE = 11
+FEEDBACK_GIVER_POSTGRES = 8
 # each kind's type name in each dialect (SQLite's REAL and PostgreSQL's DOUBLE PRECISION are both
 # 8-byte IEEE floats: a cost reads back as the same float from either store)
 _TYPES: dict[Store, dict[Kind, str]] = {
@@ -259,6 +262,23 @@ TABLES: tuple[Table, ...] = (
             Column("score", "real", "the label: 0 (wrong) to 1 (right); a boolean is stored as 0 or 1"),
             Column("label", "text", "the client's name for the label (e.g. thumbs_down), unchecked", null=True),
             Column("comment", "text", "the client's comment, unchecked", null=True),
+            Column(
+                "role",
+                "text",
+                "the giver's standing when it posted: 'admin' (a reviewer's key) or 'client' (the key that made "
+                "the request); NULL: a label posted before it was recorded, read as a client's",
+                null=True,
+                sqlite=FEEDBACK_GIVER_SQLITE,
+                postgres=FEEDBACK_GIVER_POSTGRES,
+            ),
+            Column(
+                "team",
+                "text",
+                "the giver's team when it posted (router.control); NULL: none, or not recorded",
+                null=True,
+                sqlite=FEEDBACK_GIVER_SQLITE,
+                postgres=FEEDBACK_GIVER_POSTGRES,
+            ),
         ),
         ("feedback_id",),
         sqlite=9,

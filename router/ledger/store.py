@@ -20,14 +20,15 @@ from pathlib import Path
 
 from router.errors import ConfigError
 from router.ledger import rows, schema
-from router.ledger.entries import AttemptEntry, CacheRow, Feedback, LedgerEntry, PendingEntry, ShadowPair
+from router.ledger.entries import AttemptEntry, CacheRow, Feedback, LabelCount, LedgerEntry, PendingEntry, ShadowPair
 
 log = logging.getLogger(__name__)
 
 # the SQLite schema version recorded in `meta`: the latest the description names (2: the pending
 # table; 3: requests.task and task_why; 4: shadow_pairs; 5: requests.user; 6: requests.deployment;
 # then the response cache's cache_entries; the control plane's keys, teams, user limits and audit,
-# with requests.team (router.control); feedback; 10: cache_entries' (scope, created) index)
+# with requests.team (router.control); feedback; 10: cache_entries' (scope, created) index; then
+# feedback.role and team, who gave each label)
 SCHEMA_VERSION = schema.latest("sqlite")
 
 _INSERT_REQUEST = rows.insert("requests", "sqlite")
@@ -131,13 +132,16 @@ class SQLiteStore:
         yield from self._entries(since, until, self._request_columns())
 
     def _request_columns(self) -> str:
+        return self._read_columns("requests")
+
+    def _read_columns(self, table: str) -> str:
         if self.read_only:
             # a ledger of an older version, opened read-only (a report), cannot be migrated: the
             # columns it lacks read as NULL
-            have = _columns(self.conn, "requests")
-            wanted = schema.columns("requests", "sqlite")
+            have = _columns(self.conn, table)
+            wanted = schema.columns(table, "sqlite")
             return ", ".join(c.quoted if c.name in have else f"NULL AS {c.quoted}" for c in wanted)
-        return schema.column_list("requests", "sqlite")
+        return schema.column_list(table, "sqlite")
 
     def entry(self, request_id: str) -> LedgerEntry | None:
         conn = self.conn
@@ -154,15 +158,16 @@ class SQLiteStore:
             conn.execute("COMMIT")
         return None if row is None else rows.entry_from_row(row, [rows.attempt_from_row(a) for a in found])
 
-    def write_feedback(self, feedback: Feedback, limit: int | None = None) -> int:
+    def write_feedback(self, feedback: Feedback, limit: int | None = None) -> LabelCount:
         # the count and the insert in one write transaction: labels raced at once see each other
-        earlier = 0
+        earlier = LabelCount(0, 0)
 
         def work() -> None:
             nonlocal earlier
-            sql = "SELECT count(*) FROM feedback WHERE request_id = ?"
-            earlier = int(self.conn.execute(sql, (feedback.request_id,)).fetchone()[0])
-            if limit is None or earlier < limit:
+            sql = "SELECT count(*), coalesce(sum(key_id = ?), 0) FROM feedback WHERE request_id = ?"
+            total, mine = self.conn.execute(sql, (feedback.key_id, feedback.request_id)).fetchone()
+            earlier = LabelCount(int(total), int(mine))
+            if limit is None or earlier.giver < limit:
                 self.conn.execute(_INSERT_FEEDBACK, rows.feedback_values(feedback))
 
         self._transaction(work)
@@ -179,7 +184,7 @@ class SQLiteStore:
             where = f"{where} AND request_id = ?" if where else "WHERE request_id = ?"
             params = (*params, request_id)
         for row in self.conn.execute(
-            f"SELECT {schema.column_list('feedback', 'sqlite')} FROM feedback {where} ORDER BY ts, feedback_id",
+            f"SELECT {self._read_columns('feedback')} FROM feedback {where} ORDER BY ts, feedback_id",
             params,
         ).fetchall():
             yield rows.feedback_from_row(row)

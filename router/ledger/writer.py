@@ -44,6 +44,7 @@ from router.ledger.entries import (
     CacheRow,
     DuplicateEntry,
     Feedback,
+    LabelCount,
     LedgerEntry,
     LedgerStore,
     PendingEntry,
@@ -132,9 +133,10 @@ class Ledger:
     async def entry(self, request_id: str) -> LedgerEntry | None:
         return await self._call(self.store.entry, request_id)
 
-    async def record_feedback(self, feedback: Feedback, limit: int | None = None) -> int:
-        """Write one label unless its request has `limit` already; how many it had before. Not
-        kept for a retry: the client hears the failure (503) and may send it again."""
+    async def record_feedback(self, feedback: Feedback, limit: int | None = None) -> LabelCount:
+        """Write one label unless its giver gave the request `limit` already; how many it had
+        before, all and the giver's. Not kept for a retry: the client hears the failure (503) and
+        may send it again."""
         return await self._call(self.store.write_feedback, feedback, limit)
 
     async def feedback(

@@ -8,8 +8,11 @@ that says what labels mean, so the report (`router.reports.quality`), the live d
 
 - a label says the answer was right when its score is at least `RIGHT_AT` (0.5): a boolean reads
   as itself, a graded score as the nearer end;
-- a request may be labelled several times (a thumbs-up corrected later); every label is kept,
-  and the request's verdict is its latest one (by the time the service received it);
+- a request may be labelled several times (a thumbs-up corrected later), by the key that made it
+  and by admin reviewers; every label is kept with who gave it (`Feedback.role`). The request's
+  verdict is its latest **admin** label where it has one, whatever came after, and its latest
+  label otherwise: a client cannot overrule a reviewer by labelling last (a label whose role was
+  not recorded, posted before roles were, reads as a client's);
 - a label is about the answer the client received: the request's final tier, at the threshold
   and task that tier answered under (`answered`). Only requests to `auto` whose answer was
   verified count per threshold: a tier named by the client, or an answer returned unverified
@@ -21,7 +24,7 @@ that says what labels mean, so the report (`router.reports.quality`), the live d
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from router.config import SHADOW_KEY
 from router.ledger.entries import Feedback, LedgerEntry
@@ -33,34 +36,54 @@ def is_right(score: float) -> bool:
     return score >= RIGHT_AT
 
 
+ADMIN = "admin"  # a label posted by a key with the admin role: a reviewer's
+CLIENT = "client"  # a label posted by the key that made the request
+
+
+def reviewed(label: Feedback) -> bool:
+    """Whether an admin reviewer gave the label (as recorded when it was posted)."""
+    return label.role == ADMIN
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """A request's labels, folded: the latest decides; the first is what drift saw."""
+    """A request's labels, folded: the latest admin label decides, else the latest; the first is
+    what drift saw."""
 
     request_id: str
-    right: bool  # the latest label's
-    score: float  # the latest label's score
+    right: bool  # the deciding label's
+    score: float  # the deciding label's score
     labels: int  # how many the request has
-    ts: float  # when the latest was received
+    ts: float  # when the deciding label was received
     first_right: bool
     first_ts: float
+    by: str = ""  # the name of the key whose label decides
+    reviewed: bool = False  # an admin reviewer's label decides
 
 
 def verdicts(labels: Iterable[Feedback]) -> dict[str, Verdict]:
-    """Each labelled request's verdict, from its labels in the order the store returns them
-    (oldest first)."""
+    """Each labelled request's verdict, from its labels (in any order: they are read by the
+    time the service received them)."""
     out: dict[str, Verdict] = {}
     for fb in sorted(labels, key=lambda f: (f.ts, f.feedback_id)):
         before = out.get(fb.request_id)
-        out[fb.request_id] = Verdict(
-            request_id=fb.request_id,
-            right=is_right(fb.score),
-            score=fb.score,
-            labels=1 if before is None else before.labels + 1,
-            ts=fb.ts,
-            first_right=is_right(fb.score) if before is None else before.first_right,
-            first_ts=fb.ts if before is None else before.first_ts,
-        )
+        right = is_right(fb.score)
+        if before is None:
+            out[fb.request_id] = Verdict(
+                fb.request_id, right, fb.score, 1, fb.ts, right, fb.ts, fb.key_id, reviewed(fb)
+            )
+        elif reviewed(fb) or not before.reviewed:  # a client's label never replaces a reviewer's
+            out[fb.request_id] = replace(
+                before,
+                right=right,
+                score=fb.score,
+                labels=before.labels + 1,
+                ts=fb.ts,
+                by=fb.key_id,
+                reviewed=reviewed(fb),
+            )
+        else:
+            out[fb.request_id] = replace(before, labels=before.labels + 1)
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from router.errors import ConfigError
-from router.ledger.entries import LedgerEntry, PendingEntry
+from router.ledger.entries import Feedback, LabelCount, LedgerEntry, PendingEntry
 from router.ledger.store import SCHEMA_VERSION, SQLiteStore
 from router.ledger.stores import open_store
 from router.ledger.writer import Ledger
@@ -114,6 +115,37 @@ def test_a_version_1_ledger_gains_the_pending_table(tmp_path: Path) -> None:
         assert s.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(
             SCHEMA_VERSION
         )
+    finally:
+        s.close()
+
+
+def test_labels_written_before_givers_were_recorded_read_as_unrecorded_and_the_file_gains_the_columns(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    s = SQLiteStore(path)
+    s.open()
+    s.write(entry("r1", 1.0))
+    s.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:  # the file as the version before it
+        conn.execute("ALTER TABLE feedback DROP COLUMN role")
+        conn.execute("ALTER TABLE feedback DROP COLUMN team")
+        conn.execute(
+            "INSERT INTO feedback (feedback_id, request_id, ts, key_id, score) VALUES ('fb-old', 'r1', 2, 'k', 1)"
+        )
+    old = Feedback("fb-old", "r1", 2.0, "k", 1.0)
+    ro = SQLiteStore(path, read_only=True)  # a report or an import reads it as it is
+    ro.open()
+    try:
+        assert list(ro.feedback()) == [old]
+    finally:
+        ro.close()
+    s = SQLiteStore(path)
+    s.open()
+    try:
+        new = Feedback("fb-new", "r1", 3.0, "root", 0.0, role="admin", team="ops")
+        assert s.write_feedback(new) == LabelCount(request=1, giver=0)
+        assert list(s.feedback()) == [old, new]
     finally:
         s.close()
 

@@ -22,7 +22,7 @@ from router.admission.limits import Reservation, SharedLimits
 from router.config import ApiKeyEntry, load_settings
 from router.errors import ConfigError, QuotaError, RateLimitError, UnavailableError
 from router.ledger import schema
-from router.ledger.entries import DuplicateEntry, Feedback, PendingEntry, ShadowPair
+from router.ledger.entries import DuplicateEntry, Feedback, LabelCount, PendingEntry, ShadowPair
 from router.ledger.postgres import MIGRATIONS, PostgresStore
 from router.ledger.store import SQLiteStore
 from router.ledger.stores import open_store
@@ -111,7 +111,7 @@ def test_labels_raced_from_two_replicas_stop_at_the_cap(store: PostgresStore, db
     def send(i: int) -> None:
         barrier.wait()
         s = store if i % 2 else other
-        seen.append(s.write_feedback(Feedback(f"fb-race-{i}", "raced", 2.0 + i, "alice", 1.0), limit=10))
+        seen.append(s.write_feedback(Feedback(f"fb-race-{i}", "raced", 2.0 + i, "alice", 1.0), limit=10).giver)
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(40)]
     for t in threads:
@@ -121,6 +121,10 @@ def test_labels_raced_from_two_replicas_stop_at_the_cap(store: PostgresStore, db
     other.close()
     assert len(list(store.feedback(request_id="raced"))) == 10
     assert sorted(seen)[:10] == list(range(10)) and all(n == 10 for n in sorted(seen)[10:])
+    # the cap is per giver: a reviewer's label still lands beside the client's ten
+    reviewed = Feedback("fb-root", "raced", 99.0, "root", 0.0, role="admin")
+    assert store.write_feedback(reviewed, limit=10) == LabelCount(request=10, giver=0)
+    assert [f.key_id for f in store.feedback(request_id="raced")].count("root") == 1
 
 
 def test_migrations_are_versioned_applied_once_and_by_one_replica_at_a_time(db: str) -> None:

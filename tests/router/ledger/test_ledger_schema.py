@@ -270,7 +270,7 @@ PAIR = ShadowPair(
     "p" * 64, "a" * 64, "s" * 64, 1e-5, prompt_json='{"prompt":"2+2"}',
 )  # fmt: skip
 
-FEEDBACK = Feedback("fb-1", "r1", 4.0, "alice", 0.0, label="thumbs_down", comment=None)
+FEEDBACK = Feedback("fb-1", "r1", 4.0, "alice", 0.0, label="thumbs_down", comment=None, role="client", team="lab")
 
 
 def names(table: str) -> set[str]:
