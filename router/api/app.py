@@ -212,9 +212,18 @@ def create_app(
             if tracing is not None:
                 await asyncio.to_thread(tracing.close)  # the last spans exported, off the loop
 
-    # FastAPI's own /docs, /redoc and /openapi.json answer anyone: ours go through the keys
+    # FastAPI's own /docs, /redoc and /openapi.json answer anyone: ours go through the keys.
+    # No slash redirects: Starlette builds their Location from the client's own Host header
+    # (`/v1/models/` sent with `Host: evil.example` went to http://evil.example/v1/models), so a
+    # path with a trailing slash is a 404 in OpenAI's shape like any other unknown path.
     app = FastAPI(
-        title="tierroute", version=API_VERSION, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+        title="tierroute",
+        version=API_VERSION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        redirect_slashes=False,
     )
     app.state.services = Services(settings, eng)
     errors.install(app)
