@@ -122,6 +122,16 @@ class Principal:
     models: frozenset[str] | None = None
     key_quotas: tuple[Quota, ...] | None = None
 
+    def may_use(self, model: str) -> bool:
+        """Whether the caller may ask for `model` ('auto' or a tier name), served or not."""
+        return self.models is None or model in self.models
+
+    def visible(self, served: list[str]) -> list[str]:
+        """The served models this caller may ask for, in the service's order: all that any route
+        shows it (the model list, a card, the names a refusal offers), so a key held to some
+        models never learns the others' names, upstream models or prices."""
+        return [m for m in served if self.may_use(m)]
+
     @property
     def quotas(self) -> tuple[Quota, ...]:
         if self.key_quotas is not None:
