@@ -17,13 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import time
 from typing import Any
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
-
 
 def toml_entry(
     name: str,
@@ -133,8 +129,12 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    if not _NAME.fullmatch(args.name):
-        print("error: a key name is 1-64 characters of letters, digits and _.@-", file=sys.stderr)
+    from router.control.records import ControlError, check_name
+
+    try:
+        check_name("key", args.name)  # the pattern and the reserved names, as the admin API's
+    except ControlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     existing = _configured_names(args)
     if args.name in existing:
