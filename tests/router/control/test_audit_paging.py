@@ -11,7 +11,6 @@ The app runs in-process on a real SQLite ledger; the CLI is `tierroute`'s own en
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import httpx
 import pytest
 
 from router.cli import main
+from router.control.store import ControlStore
 from tests.support.accounting import running
 from tests.support.control import bearer, control_config
 
@@ -28,15 +28,21 @@ UPDATES = 1_004
 UPSTREAM = "http://127.0.0.1:9/v1"  # never called: nothing here generates
 
 
-def _fill(ledger: Path) -> None:
+def _fill(store: ControlStore) -> int:
     """`UPDATES` key.update rows after ana's key.create, written as the control plane writes them
-    (one SQL transaction here, not 1,004 HTTP calls), eight of them sharing one timestamp."""
-    with sqlite3.connect(ledger) as db:
-        (created,) = db.execute("SELECT ts FROM audit WHERE action = 'key.create'").fetchone()
+    (one transaction here, not 1,004 HTTP calls), eight of them sharing one timestamp; how many
+    rows the log then holds."""
+    with store.transaction() as sql:
+        row = sql.run("SELECT ts FROM audit WHERE action = 'key.create'").one()
+        assert row is not None
+        created = float(row[0])
         rows = [(created + 1 + i * 1e-3, "root", "key.update", "ana", json.dumps({"usd_per_day": i})) for i in range(UPDATES)]
-        tie = created + 0.5
-        rows[:8] = [(tie, "root", "key.update", "ana", json.dumps({"usd_per_day": i})) for i in range(8)]
-        db.executemany("INSERT INTO audit (ts, actor, action, target, detail) VALUES (?, ?, ?, ?, ?)", rows)
+        rows[:8] = [(created + 0.5, "root", "key.update", "ana", json.dumps({"usd_per_day": i})) for i in range(8)]
+        for values in rows:
+            sql.run("INSERT INTO audit (ts, actor, action, target, detail) VALUES (?, ?, ?, ?, ?)", values)
+        count = sql.run("SELECT count(*) FROM audit").one()
+    assert count is not None
+    return int(count[0])
 
 
 def _key(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -59,15 +65,16 @@ async def _walk(client: httpx.AsyncClient, admin: str, limit: int) -> list[dict[
     raise AssertionError("the pages never ended")
 
 
-async def test_every_audit_row_is_reachable_through_the_admin_api(tmp_path: Path) -> None:
-    ledger = tmp_path / "ledger.sqlite3"
-    cfg, raw = control_config(tmp_path, UPSTREAM, ledger=str(ledger))
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+async def test_every_audit_row_is_reachable_through_the_admin_api(
+    tmp_path: Path, request: pytest.FixtureRequest, store: str
+) -> None:
+    ledger = str(tmp_path / "ledger.sqlite3") if store == "sqlite" else request.getfixturevalue("db")
+    cfg, raw = control_config(tmp_path, UPSTREAM, ledger=ledger)
     async with running(cfg) as client:
         r = await client.post("/admin/keys", json={"name": "ana"}, headers=bearer(raw["root"]))
         assert r.status_code == 201
-        _fill(ledger)
-        with sqlite3.connect(ledger) as db:
-            total = db.execute("SELECT count(*) FROM audit").fetchone()[0]
+        total = _fill(client.app.state.services.keys.store)  # type: ignore[attr-defined]
         assert total == UPDATES + 2  # root's import, ana's creation, the updates
 
         first = (await client.get("/admin/audit", headers=bearer(raw["root"]))).json()
@@ -88,7 +95,10 @@ def test_every_audit_row_is_reachable_through_the_cli(capsys: pytest.CaptureFixt
     ledger = tmp_path / "ledger.sqlite3"
     cfg, _ = control_config(tmp_path, UPSTREAM, ledger=str(ledger))
     assert main(["--config", str(cfg), "keys", "create", "ana"]) == 0
-    _fill(ledger)
+    store = ControlStore(ledger)
+    store.open()
+    _fill(store)
+    store.close()
     capsys.readouterr()
 
     assert main(["--config", str(cfg), "keys", "audit", "--all"]) == 0
