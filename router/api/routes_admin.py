@@ -324,4 +324,9 @@ async def audit(
     """Every admin action, newest first, a page at a time: who, what, to what, when. Follow
     `next_cursor` until `has_more` is false to read every row."""
     page = await asyncio.to_thread(_plane(services).store.audit_page, since, limit, cursor)
-    return {"object": "list", "data": page.rows, "has_more": page.next_cursor is not None, "next_cursor": page.next_cursor}
+    return {
+        "object": "list",
+        "data": page.rows,
+        "has_more": page.next_cursor is not None,
+        "next_cursor": page.next_cursor,
+    }

@@ -21,6 +21,7 @@ import sys
 import time
 from typing import Any
 
+
 def toml_entry(
     name: str,
     key_hash: str,

@@ -201,7 +201,9 @@ class ControlStore:
         """The newest `limit` rows since `since`, newest first (`audit_page` reaches the rest)."""
         return self.audit_page(since, limit).rows
 
-    def audit_page(self, since: float | None = None, limit: int = AUDIT_PAGE_MAX, cursor: str | None = None) -> AuditPage:
+    def audit_page(
+        self, since: float | None = None, limit: int = AUDIT_PAGE_MAX, cursor: str | None = None
+    ) -> AuditPage:
         """One page of the audit log, newest first: the `limit` rows after `cursor` (None: from
         the newest), and the cursor of the next page (None when no row is left).
 

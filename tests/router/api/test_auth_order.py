@@ -74,7 +74,10 @@ async def test_a_body_from_a_caller_without_a_valid_key_is_never_parsed(
 
 async def test_a_keyless_server_still_guards_every_body(tmp_path: Path, upstream: FaultUpstream) -> None:
     text = f'[server]\nallow_unauthenticated = true\n[ledger]\npath = "{tmp_path / "l.sqlite3"}"\n'
-    cfg = write_config(tmp_path / "open.toml", text + TIER.format(name="small", base_url=upstream.base_url, price_in=0.1, price_out=0.4))
+    cfg = write_config(
+        tmp_path / "open.toml",
+        text + TIER.format(name="small", base_url=upstream.base_url, price_in=0.1, price_out=0.4),
+    )
     async with running(cfg) as client:
         for body in BAD_BODIES:
             r = await client.post("/v1/chat/completions", content=body, headers=JSON)
@@ -88,14 +91,19 @@ def _cpu_s(pid: int) -> float:
 
 
 @pytest.mark.slow
-def test_keyless_megabytes_cost_the_served_process_a_fraction_of_a_parse(tmp_path: Path, upstream: FaultUpstream) -> None:
+def test_keyless_megabytes_cost_the_served_process_a_fraction_of_a_parse(
+    tmp_path: Path, upstream: FaultUpstream
+) -> None:
     cfg, raw = control_config(tmp_path, upstream.base_url, ledger=str(tmp_path / "ledger.sqlite3"), keys={"ana": {}})
     # ~0.95 MB of small objects, the costly shape to parse, under server.max_body_bytes
-    big = json.dumps({"model": "small", "max_tokens": 0, "messages": [{"role": "user", "content": "hi"}] * 27_000}).encode()
+    big = json.dumps(
+        {"model": "small", "max_tokens": 0, "messages": [{"role": "user", "content": "hi"}] * 27_000}
+    ).encode()
     n = 20
-    with serve_process(cfg, log_path=tmp_path / "serve.log", log_level="warning") as (proc, url, _), httpx.Client(
-        timeout=120
-    ) as client:
+    with (
+        serve_process(cfg, log_path=tmp_path / "serve.log", log_level="warning") as (proc, url, _),
+        httpx.Client(timeout=120) as client,
+    ):
         spent = {}
         for who, headers in (("no key", {}), ("wrong key", bearer("trk-not-a-key")), ("valid key", bearer(raw["ana"]))):
             time.sleep(0.5)  # let start-up and the last round's work settle

@@ -36,7 +36,10 @@ def _fill(store: ControlStore) -> int:
         row = sql.run("SELECT ts FROM audit WHERE action = 'key.create'").one()
         assert row is not None
         created = float(row[0])
-        rows = [(created + 1 + i * 1e-3, "root", "key.update", "ana", json.dumps({"usd_per_day": i})) for i in range(UPDATES)]
+        rows = [
+            (created + 1 + i * 1e-3, "root", "key.update", "ana", json.dumps({"usd_per_day": i}))
+            for i in range(UPDATES)
+        ]
         rows[:8] = [(created + 0.5, "root", "key.update", "ana", json.dumps({"usd_per_day": i})) for i in range(8)]
         for values in rows:
             sql.run("INSERT INTO audit (ts, actor, action, target, detail) VALUES (?, ?, ?, ?, ?)", values)

@@ -28,6 +28,9 @@ import pytest
 from router.admission.auth import hash_key, new_key
 from router.cli import main
 from router.config import load_settings
+from router.control.records import KeyRecord
+from router.control.registry import KeyRegistry
+from router.control.store import insert_key
 from router.errors import ConfigError
 from tests.support.accounting import running
 from tests.support.config import write_config
@@ -60,7 +63,9 @@ def upstream() -> Any:
 
 def _cached_config(tmp: Path, upstream: str, server: str) -> Path:
     text = f'[server]\n{server}\n[ledger]\npath = "{tmp / "ledger.sqlite3"}"\n[cache]\nenabled = true\n'
-    return write_config(tmp / "cfg.toml", text + TIER.format(name="small", base_url=upstream, price_in=0.1, price_out=0.4))
+    return write_config(
+        tmp / "cfg.toml", text + TIER.format(name="small", base_url=upstream, price_in=0.1, price_out=0.4)
+    )
 
 
 ASK = {"model": "small", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 4, "temperature": 0}
@@ -96,12 +101,18 @@ async def test_no_key_can_take_a_keyless_servers_name_and_read_its_cache(
 def test_the_cli_and_the_config_refuse_reserved_names(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     cfg, _ = control_config(tmp_path, "http://127.0.0.1:9/v1", ledger=str(tmp_path / "l.sqlite3"))
     for name in RESERVED:
-        for argv in (["keys", "create", name], ["keys", "create", name, "--print-config"], ["keys", "team", "create", name]):
+        for argv in (
+            ["keys", "create", name],
+            ["keys", "create", name, "--print-config"],
+            ["keys", "team", "create", name],
+        ):
             rc = main(["--config", str(cfg), *argv])
             out, err = capsys.readouterr()
             assert rc == 1 and "reserved" in err and "trk-" not in out, (argv, out, err)
         # a [[server.api_keys]] entry by that name: the config itself is refused, naming the key
-        bad, _ = control_config(tmp_path, "http://127.0.0.1:9/v1", ledger=str(tmp_path / "l.sqlite3"), keys={name: {}}, name="bad.toml")
+        bad, _ = control_config(
+            tmp_path, "http://127.0.0.1:9/v1", ledger=str(tmp_path / "l.sqlite3"), keys={name: {}}, name="bad.toml"
+        )
         with pytest.raises(ConfigError, match="reserved"):
             load_settings(bad)
     rc = main(["--config", str(cfg), "keys", "audit"])
@@ -148,10 +159,6 @@ def test_the_cli_refuses_an_unplain_user(capsys: pytest.CaptureFixture[str], tmp
 def test_a_key_stored_before_its_name_was_reserved_is_named_at_start(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from router.control.records import KeyRecord
-    from router.control.registry import KeyRegistry
-    from router.control.store import insert_key
-
     cfg, _ = control_config(tmp_path, "http://127.0.0.1:9/v1", ledger=str(tmp_path / "l.sqlite3"))
     registry = KeyRegistry(load_settings(cfg))
     registry.open()

@@ -67,7 +67,9 @@ def test_a_second_server_on_one_sqlite_ledger_is_refused_and_a_killed_ones_lock_
     (tmp_path / "alias").symlink_to(ledger.parent)
     with FaultUpstream() as upstream:
         cfg, raw = control_config(tmp_path, upstream.base_url, ledger=str(ledger), keys={"ana": {}})
-        alias, _ = control_config(tmp_path, upstream.base_url, ledger=str(tmp_path / "alias" / ledger.name), name="alias.toml")
+        alias, _ = control_config(
+            tmp_path, upstream.base_url, ledger=str(tmp_path / "alias" / ledger.name), name="alias.toml"
+        )
         with serve_process(cfg, log_path=tmp_path / "first.log") as (first, url, _):
             with httpx.Client(timeout=60) as client:
                 assert ask(client, url, raw["ana"]).status_code == 200
