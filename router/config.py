@@ -54,6 +54,22 @@ from router.errors import ConfigError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
 SHADOW_KEY = "_shadow"  # the operator account shadow work is charged to (the ledger's key)
+ANONYMOUS_KEY = "anonymous"  # every caller of a server without keys (its ledger rows, cache scope, feedback)
+# Names the service gives callers and actors of its own. A key or team of one of these names (in
+# any case) would pass for them: a key named 'anonymous' read a formerly keyless server's cache
+# and could label that era's requests; an admin key named 'config' writes audit rows that read
+# as config imports. Refused wherever a key or team is made (router.control.records.check_name).
+RESERVED_NAMES: dict[str, str] = {
+    ANONYMOUS_KEY: "every caller of a server without keys is 'anonymous' (its requests, cache entries and feedback)",
+    "config": "the audit log's actor for keys imported from the config",
+    SHADOW_KEY: "the ledger's key for shadow work",
+}
+
+
+def reserved_name(name: str) -> str | None:
+    """Why `name` is the service's own, or None when a key or team may take it."""
+    why = RESERVED_NAMES.get(name.lower())
+    return None if why is None else f"'{name}' is a reserved name: {why}"
 
 
 def _client_only() -> list[Literal["client", "admin", "metrics"]]:
@@ -85,6 +101,14 @@ class ApiKeyEntry(_Strict):
         "/metrics only (a scraper's key). An admin key sends completions only if it is also a client. "
         "With a ledger, config keys are imported into its database once (docs/keys.md).",
     )
+
+    @field_validator("name", mode="before")  # before the pattern: '_shadow' is refused for what it is
+    @classmethod
+    def _not_reserved(cls, value: Any) -> Any:
+        problem = reserved_name(value) if isinstance(value, str) else None
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     @field_validator("hash")
     @classmethod

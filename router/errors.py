@@ -50,9 +50,13 @@ class ContextLengthError(RequestError):
 
 
 class UnknownModelError(RequestError):
-    def __init__(self, model: str, available: list[str]) -> None:
+    """404. `restricted`: the caller is held to some models, and `available` is what it may use:
+    the message then does not say whether the model exists (OpenAI's words for that case)."""
+
+    def __init__(self, model: str, available: list[str], *, restricted: bool = False) -> None:
+        said = "does not exist or this key may not use it" if restricted else "does not exist"
         super().__init__(
-            f"The model '{model}' does not exist. Available: {', '.join(available)}",
+            f"The model '{model}' {said}. Available: {', '.join(available) or 'none'}",
             param="model",
             code="model_not_found",
         )

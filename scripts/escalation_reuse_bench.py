@@ -179,6 +179,14 @@ def checkout(ref: str, into: Path) -> Path:
     return into
 
 
+def own_ledger(command: str, ledger: Path) -> str:
+    """`command` (a `tierroute serve` line) on a SQLite ledger of its own: the servers run side by
+    side, and one SQLite ledger serves one process (`router.ledger.serve_lock`)."""
+    import shlex
+
+    return shlex.join(["env", f"TIERROUTE_LEDGER__PATH={ledger}", *shlex.split(command)])
+
+
 def command_in(tree: Path, command: str) -> str:
     """`command` (a `python -m router.cli ...` line) run from another tree's code: its directory
     first on the path (`-m` puts the working directory there)."""
@@ -259,7 +267,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         targets: dict[str, Target] = {}
         for name, config in configs.items():
             port = free_port()
-            launch = tierroute_command(config, port)
+            launch = own_ledger(tierroute_command(config, port), Path(tmp) / f"{name}-ledger.sqlite3")
             if name in trees:
                 launch = command_in(trees[name], launch)
             target = Target(f"http://127.0.0.1:{port}/v1", name, launch=launch)

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from router.admission.quota import Quota
-from router.config import ApiKeyEntry, ServerSettings
+from router.config import ANONYMOUS_KEY, ApiKeyEntry, ServerSettings
 from router.control.records import KeyRecord, Snapshot, config_snapshot
 from router.errors import AuthError, ConfigError, OverloadedError
 
@@ -122,6 +122,16 @@ class Principal:
     models: frozenset[str] | None = None
     key_quotas: tuple[Quota, ...] | None = None
 
+    def may_use(self, model: str) -> bool:
+        """Whether the caller may ask for `model` ('auto' or a tier name), served or not."""
+        return self.models is None or model in self.models
+
+    def visible(self, served: list[str]) -> list[str]:
+        """The served models this caller may ask for, in the service's order: all that any route
+        shows it (the model list, a card, the names a refusal offers), so a key held to some
+        models never learns the others' names, upstream models or prices."""
+        return [m for m in served if self.may_use(m)]
+
     @property
     def quotas(self) -> tuple[Quota, ...]:
         if self.key_quotas is not None:
@@ -129,7 +139,7 @@ class Principal:
         return (Quota.of_key(self.entry),) if self.entry is not None else ()
 
 
-ANONYMOUS = Principal("anonymous", None)
+ANONYMOUS = Principal(ANONYMOUS_KEY, None)
 
 
 def is_admin(principal: Principal) -> bool:
@@ -152,7 +162,7 @@ class Authenticator:
         config = config_snapshot(list(server.api_keys))
         self.keys: Callable[[], Snapshot] = keys if keys is not None else (lambda: config)
         self.allow_unauthenticated = server.allow_unauthenticated
-        self.anonymous = Principal("anonymous", None, may_send_tests=server.allow_client_tests_without_keys)
+        self.anonymous = Principal(ANONYMOUS_KEY, None, may_send_tests=server.allow_client_tests_without_keys)
         # the snapshot's keys by digest (built once per snapshot), and what the scan over its
         # salted hashes found, by the presented key's SHA-256: `_found` the name and stored hash of
         # the key it matched (checked again at each use, so it outlives a snapshot), `_missed` those that

@@ -5,6 +5,8 @@ Before any route sees a request, two gates run on the raw ASGI messages: the Hos
 browser by DNS rebinding) and the body guard (size, and JSON that every later step can handle:
 valid UTF-8, no lone surrogates, no NaN or Infinity, not nested past the parser's depth). A body
 the guard refuses gets a 400 in OpenAI's shape instead of failing wherever the bad text lands.
+The guard parses a body only when its request presents a valid key; without one the route sees
+no body and answers 401, so a caller without a key cannot make the service parse megabytes.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import asyncio
 import email.message
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,7 +28,7 @@ from router.api import errors, routes_admin, routes_completions, routes_feedback
 from router.api.deps import AnyPrincipalDep, MetricsReaderDep, Services, ServicesDep
 from router.config import Settings
 from router.engine import Engine
-from router.errors import RequestError
+from router.errors import RequestError, TierrouteError
 from router.metrics import ResponseCounter, RouteTemplates
 from router.pipeline.stages import StageRegistry
 from router.telemetry import setup as telemetry
@@ -107,13 +109,21 @@ def json_problem(body: bytes) -> str | None:
 
 class BodyLimit:
     """413 for bodies over the limit, whether announced by Content-Length or streamed chunked;
-    400 for a JSON body that is not valid text or holds non-finite numbers (see json_problem)."""
+    400 for a JSON body that is not valid text or holds non-finite numbers (see json_problem).
+
+    A body is parsed only for a caller whose key is valid (`authenticate`): every route that takes
+    a body needs one, and parsing a megabyte of JSON costs tens of milliseconds of CPU, twice
+    (here, then FastAPI), which a caller without a key must not be able to spend. A request
+    without a valid key reaches the app with its body withheld, so its route refuses it by its
+    own rules (401; the admin API's audit of refused keys) without reading a byte of it: FastAPI
+    runs a route's key check before it validates the body."""
 
     OFF_LOOP_BYTES = 64 * 1024  # bigger bodies are checked in a worker thread
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, authenticate: Callable[[str | None], Awaitable[Any]]) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.authenticate = authenticate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -146,6 +156,9 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        if body and not await self._keyed(scope):
+            await self.app(scope, _replay([{"type": "http.request", "body": b"", "more_body": False}], receive), send)
+            return
         if body and _is_json(scope):
             small = len(body) <= self.OFF_LOOP_BYTES
             problem = json_problem(body) if small else await asyncio.to_thread(json_problem, body)
@@ -155,6 +168,15 @@ class BodyLimit:
                 return
         replay: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
         await self.app(scope, _replay(replay, receive), send)
+
+    async def _keyed(self, scope: Scope) -> bool:
+        """Whether the request presents a key that is valid now (any caller, on a server without keys)."""
+        raw = next((v for k, v in scope.get("headers", []) if k == b"authorization"), None)
+        try:
+            await self.authenticate(None if raw is None else raw.decode("latin-1"))
+        except TierrouteError:  # a wrong, revoked or expired key, or none; or no scan slot (503 at the route)
+            return False
+        return True
 
     async def _reject(self, send: Send) -> None:
         response = errors.error_response(errors.PayloadTooLarge(f"request body over {self.max_bytes} bytes"))
@@ -219,9 +241,18 @@ def create_app(
             if tracing is not None:
                 await asyncio.to_thread(tracing.close)  # the last spans exported, off the loop
 
-    # FastAPI's own /docs, /redoc and /openapi.json answer anyone: ours go through the keys
+    # FastAPI's own /docs, /redoc and /openapi.json answer anyone: ours go through the keys.
+    # No slash redirects: Starlette builds their Location from the client's own Host header
+    # (`/v1/models/` sent with `Host: evil.example` went to http://evil.example/v1/models), so a
+    # path with a trailing slash is a 404 in OpenAI's shape like any other unknown path.
     app = FastAPI(
-        title="tierroute", version=API_VERSION, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+        title="tierroute",
+        version=API_VERSION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        redirect_slashes=False,
     )
     app.state.services = Services(settings, eng, stages=stages)
     errors.install(app)
@@ -235,7 +266,9 @@ def create_app(
     extra_routes = ["/metrics"]
     if docs_enabled(settings.server):
         extra_routes += _add_docs_routes(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.server.max_body_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.server.max_body_bytes, authenticate=app.state.services.auth.authenticate_async
+    )
     hosts = allowed_hosts(settings.server)
     if hosts is not None:
         app.add_middleware(HostAllowlist, hosts=hosts)

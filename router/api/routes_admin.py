@@ -16,14 +16,15 @@ it without a running service (`scripts/gen_admin_openapi.py` writes it; a test c
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from router.api.deps import AdminDep, Services, ServicesDep
 from router.control.admin import ControlPlane
 from router.control.records import MAX_WHOLE_LIMIT, Limits
+from router.control.store import AUDIT_PAGE_MAX
 from router.errors import RequestError
 
 
@@ -196,6 +197,8 @@ class UserList(Listing):
 
 class AuditList(Listing):
     data: list[AuditOut]
+    has_more: bool = Field(description="Whether older rows are left: ask again with `cursor` = next_cursor.")
+    next_cursor: str | None = Field(description="Where the next page starts (opaque); null on the last page.")
 
 
 def _plane(services: Services) -> ControlPlane:
@@ -309,6 +312,21 @@ async def user_spend(team: str, user: str, services: ServicesDep, admin: AdminDe
 
 
 @router.get("/audit", response_model=AuditList)
-async def audit(services: ServicesDep, admin: AdminDep, since: float | None = None) -> dict[str, Any]:
-    """Every admin action, newest first (at most 1000): who, what, to what, when."""
-    return {"object": "list", "data": await asyncio.to_thread(_plane(services).store.audit, since)}
+async def audit(
+    services: ServicesDep,
+    admin: AdminDep,
+    since: Annotated[float | None, Query(description="Only rows at or after this unix time.")] = None,
+    limit: Annotated[int, Query(ge=1, le=AUDIT_PAGE_MAX, description="Rows in this page.")] = AUDIT_PAGE_MAX,
+    cursor: Annotated[
+        str | None, Query(max_length=64, description="The previous page's next_cursor; none: the newest rows.")
+    ] = None,
+) -> dict[str, Any]:
+    """Every admin action, newest first, a page at a time: who, what, to what, when. Follow
+    `next_cursor` until `has_more` is false to read every row."""
+    page = await asyncio.to_thread(_plane(services).store.audit_page, since, limit, cursor)
+    return {
+        "object": "list",
+        "data": page.rows,
+        "has_more": page.next_cursor is not None,
+        "next_cursor": page.next_cursor,
+    }

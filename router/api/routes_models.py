@@ -1,4 +1,9 @@
-"""GET /v1/models: `auto` (the cascade) and each tier."""
+"""GET /v1/models: `auto` (the cascade) and each tier, as far as the caller's key may use them.
+
+A key held to some models (`models` in its record) sees those alone, in the list, as cards, and
+in the 404 for any other name, which reads the same whether that model exists or not: a card
+carries the tier's upstream model, price and threshold, which are the operator's, not every
+tenant's, to read."""
 
 from __future__ import annotations
 
@@ -43,13 +48,13 @@ def _card(services: ServicesDep, name: str) -> dict[str, Any]:
 
 @router.get("/models")
 async def list_models(services: ServicesDep, principal: PrincipalDep) -> dict[str, Any]:
-    names = [n for n in services.engine.cascade.model_names() if principal.models is None or n in principal.models]
+    names = principal.visible(services.engine.cascade.model_names())
     return {"object": "list", "data": [_card(services, n) for n in names]}
 
 
 @router.get("/models/{model}")
 async def get_model(model: str, services: ServicesDep, principal: PrincipalDep) -> dict[str, Any]:
-    names = services.engine.cascade.model_names()
+    names = principal.visible(services.engine.cascade.model_names())
     if model not in names:
-        raise UnknownModelError(model, names)
+        raise UnknownModelError(model, names, restricted=principal.models is not None)
     return _card(services, model)

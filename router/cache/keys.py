@@ -133,8 +133,12 @@ def _deployment_policies(tier: TierSettings) -> list[str]:
 
 
 def deterministic(body: BaseModel) -> bool:
-    """Whether a repeat asks for the same answer: greedy sampling (temperature 0) or a seed."""
-    return getattr(body, "temperature", None) == 0 or getattr(body, "seed", None) is not None
+    """Whether a repeat asks for the same answer: served greedy, or seeded. Read from the sampling
+    the request is served with (`router.api.requests.BaseRequest.sampling`), not the field as
+    sent: an omitted or null temperature, and one too small to sample with, are served at 0, as
+    greedy as a `"temperature": 0`, whatever OpenAI's own default."""
+    served: dict[str, Any] = body.sampling()  # type: ignore[attr-defined]  # every cached body is a BaseRequest
+    return served["temperature"] == 0 or served["seed"] is not None
 
 
 def scope_of(principal: Principal, scope: Literal["key", "team", "global"]) -> str:

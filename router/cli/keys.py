@@ -17,12 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import time
 from typing import Any
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 
 
 def toml_entry(
@@ -133,8 +130,12 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    if not _NAME.fullmatch(args.name):
-        print("error: a key name is 1-64 characters of letters, digits and _.@-", file=sys.stderr)
+    from router.control.records import ControlError, check_name
+
+    try:
+        check_name("key", args.name)  # the pattern and the reserved names, as the admin API's
+    except ControlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     existing = _configured_names(args)
     if args.name in existing:
@@ -334,7 +335,25 @@ def cmd_keys_user(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_audit(args: argparse.Namespace) -> int:
-    return _with_plane(args, lambda p: _show(p.store.audit()))
+    """One page of the audit log (newest first), with the command for the next on stderr; or,
+    with --all, every row, read a page at a time."""
+    from router.control.store import AUDIT_PAGE_MAX
+
+    if not 1 <= args.limit <= AUDIT_PAGE_MAX:
+        print(f"error: --limit is 1 to {AUDIT_PAGE_MAX} rows a page", file=sys.stderr)
+        return 1
+
+    def show(plane: Any) -> None:
+        page = plane.store.audit_page(args.since, args.limit, args.cursor)
+        rows = list(page.rows)
+        while args.all and page.next_cursor is not None:
+            page = plane.store.audit_page(args.since, args.limit, page.next_cursor)
+            rows += page.rows
+        _show(rows)
+        if page.next_cursor is not None:
+            print(f"more rows: rerun with --cursor {page.next_cursor} (or --all for every row)", file=sys.stderr)
+
+    return _with_plane(args, show)
 
 
 def _limits_of(changes: dict[str, Any]) -> Any:
@@ -439,7 +458,11 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("user")
     _limit_flags(p)
     p.add_argument("--delete", action="store_true", help="remove the user's limits (the team's default applies)")
-    add("audit", "the audit log: every admin action, newest first", cmd_keys_audit, ksub)
+    p = add("audit", "the audit log: every admin action, newest first, a page at a time", cmd_keys_audit, ksub)
+    p.add_argument("--limit", type=int, default=1000, help="rows in this page (1-1000; default 1000)")
+    p.add_argument("--cursor", default=None, help="where to go on: what the last page's 'more rows' line gave")
+    p.add_argument("--since", type=float, default=None, help="only rows at or after this unix time")
+    p.add_argument("--all", action="store_true", help="every row (from --cursor, if given), read a page at a time")
 
 
 def _limit_flags(p: Any) -> None:

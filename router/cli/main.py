@@ -208,10 +208,6 @@ def _stored_keys(settings: Any) -> bool:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from router.api.app import create_app
-
     settings = _settings(args)
     if args.host or args.port is not None:
         server = settings.server.model_copy(
@@ -219,8 +215,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         settings = settings.model_copy(update={"server": server})
     from router.admission.auth import check_bind
+    from router.ledger import serve_lock
 
-    check_bind(settings.server, stored_keys=_stored_keys(settings))
+    # one serving process per SQLite ledger, held until this process ends (router.ledger.serve_lock)
+    held = serve_lock.hold(settings.ledger)
+    try:
+        check_bind(settings.server, stored_keys=_stored_keys(settings))
+        _serve(settings, args)
+    finally:
+        if held is not None:
+            held.release()
+    return 0
+
+
+def _serve(settings: Any, args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from router.api.app import create_app
+
     _return_large_blocks()
     log_config: dict[str, Any] = uvicorn.config.LOGGING_CONFIG
     if settings.logging.format == "json":  # the service's, uvicorn's and each request's lines as JSON
@@ -234,7 +246,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     uvicorn.run(
         app, host=settings.server.host, port=settings.server.port, log_level=args.log_level, log_config=log_config
     )
-    return 0
 
 
 # ---- parser ----------------------------------------------------------------------------------------

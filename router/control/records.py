@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from router.admission.quota import Quota
-from router.config import KEY_NAME_PATTERN, ApiKeyEntry
+from router.config import KEY_NAME_PATTERN, ApiKeyEntry, reserved_name
 from router.errors import RequestError
 
 NAME = re.compile(KEY_NAME_PATTERN)  # fullmatch: a "$" alone also matches before a final newline
@@ -48,14 +48,28 @@ class Conflict(ControlError):
 
 
 def check_name(kind: str, name: str) -> str:
+    """A key's or team's name: the pattern, and none the service uses for itself (`reserved_name`)."""
+    problem = reserved_name(name) if isinstance(name, str) else None
+    if problem is not None:
+        raise ControlError(f"a {kind} may not be named so: {problem}")
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise ControlError(f"a {kind} name is 1-64 characters of letters, digits and _.@- (got {str(name)[:80]!r})")
     return name
 
 
 def check_user(user: str) -> str:
-    if not user or len(user) > USER_MAX_CHARS:
+    """An end user's name as an admin sets it: plain printable text. `str.isprintable` is false
+    for every control character (newline, ESC), format character (U+202E RIGHT-TO-LEFT OVERRIDE,
+    the bidi isolates, U+200B, U+FEFF) and separator but the ASCII space: names that would rewrite
+    a terminal or reorder a log line where the limit rows and the audit target are shown."""
+    if not isinstance(user, str) or not user or len(user) > USER_MAX_CHARS:
         raise ControlError(f"a user is 1-{USER_MAX_CHARS} characters (OpenAI's `user` field), or '*' for every user")
+    bad = next((i for i, c in enumerate(user) if not c.isprintable()), None)
+    if bad is not None:
+        raise ControlError(
+            f"a user is printable text: no control, format or bidi characters (U+{ord(user[bad]):04X} at "
+            f"position {bad}, in {user[:bad][:40]!r})"
+        )
     return user
 
 

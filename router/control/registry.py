@@ -25,7 +25,7 @@ from collections.abc import Iterable
 
 from router.admission.auth import salted_keys
 from router.admission.quota import Quota
-from router.config import Settings
+from router.config import Settings, reserved_name
 from router.control.admin import ControlPlane
 from router.control.records import KeyRecord, Snapshot, config_snapshot
 from router.control.store import ControlStore
@@ -56,6 +56,18 @@ class KeyRegistry:
         self.refresh()
         self._warn_config_drift()
         self._warn_salted()
+        self._warn_reserved()
+
+    def _warn_reserved(self) -> None:
+        """A key or team stored before its name was reserved (`router.config.RESERVED_NAMES`) is
+        still served, but passes for the service's own: say so at every start."""
+        fix = {"key": "revoke it and make its holder a key of another name", "team": "move its keys to another team"}
+        for kind, names in (("key", self.snapshot.keys), ("team", self.snapshot.teams)):
+            for name in sorted(names):
+                problem = reserved_name(name)
+                revoked = kind == "key" and self.snapshot.keys[name].revoked_at is not None
+                if problem is not None and not revoked:
+                    log.warning("keys: the %s '%s' was stored before: %s; %s", kind, name, problem, fix[kind])
 
     def _warn_salted(self) -> None:
         """Keys made before digests were unsalted are still served, but every request with a key

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from router.config import LedgerSettings
-from router.control.records import KeyRecord, Limits, Snapshot, TeamRecord, UserLimit
+from router.control.records import ControlError, KeyRecord, Limits, Snapshot, TeamRecord, UserLimit
 from router.ledger.stores import is_postgres, open_store, password_of
 
 _KEY_COLUMNS = (
@@ -32,6 +34,7 @@ _KEY_COLUMNS = (
     "models, allow_tests, expires_at, revoked_at, created_at, created_by"
 )
 _LIMIT_COLUMNS = ("usd_per_day", "usd_per_month", "requests_per_minute", "tokens_per_minute")
+AUDIT_PAGE_MAX = 1000  # rows in one page of the audit log (the admin API's and the CLI's)
 
 
 class Cursor(Protocol):
@@ -194,16 +197,60 @@ class ControlStore:
                 (time.time(), actor, action, target, json.dumps(detail, sort_keys=True)),
             )
 
-    def audit(self, since: float | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+    def audit(self, since: float | None = None, limit: int = AUDIT_PAGE_MAX) -> list[dict[str, Any]]:
+        """The newest `limit` rows since `since`, newest first (`audit_page` reaches the rest)."""
+        return self.audit_page(since, limit).rows
+
+    def audit_page(
+        self, since: float | None = None, limit: int = AUDIT_PAGE_MAX, cursor: str | None = None
+    ) -> AuditPage:
+        """One page of the audit log, newest first: the `limit` rows after `cursor` (None: from
+        the newest), and the cursor of the next page (None when no row is left).
+
+        The table has no id (PostgreSQL has no rowid, and a column added to both stores would
+        be a migration for a page), and timestamps can tie, so a cursor is the last row's `ts`
+        and how many rows of that `ts` were already given; ties are ordered by every column,
+        so each page continues exactly where the last stopped. Rows written later have a later
+        `ts` and land before the first page, never inside the walk."""
+        at, skip = _cursor(cursor)
+        upto, bound = ("", ()) if at is None else (" AND ts <= ?", (at,))
         with self.transaction() as sql:
             found = sql.run(
-                "SELECT ts, actor, action, target, detail FROM audit WHERE ts >= ? ORDER BY ts DESC LIMIT ?",
-                (since or 0.0, limit),
+                f"SELECT ts, actor, action, target, detail FROM audit WHERE ts >= ?{upto} "
+                "ORDER BY ts DESC, actor, action, target, detail LIMIT ? OFFSET ?",
+                (since or 0.0, *bound, limit + 1, skip),
             ).all()
-        return [
+        more = len(found) > limit
+        rows = [
             {"ts": float(r[0]), "actor": r[1], "action": r[2], "target": r[3], "detail": json.loads(r[4])}
-            for r in found
+            for r in found[:limit]
         ]
+        if not more or not rows:
+            return AuditPage(rows, None)
+        last = rows[-1]["ts"]
+        same = sum(1 for r in rows if r["ts"] == last) + (skip if last == at else 0)
+        return AuditPage(rows, f"{last!r}:{same}")
+
+
+@dataclass(frozen=True)
+class AuditPage:
+    rows: list[dict[str, Any]]
+    next_cursor: str | None  # None: no row is left
+
+
+def _cursor(cursor: str | None) -> tuple[float | None, int]:
+    """(the newest ts a page may hold, None for any; how many rows of exactly that ts to skip)
+    from a cursor `audit_page` made; ControlError for anything else."""
+    if cursor is None:
+        return None, 0
+    at, _, skip = cursor.partition(":")
+    try:
+        found = float(at), int(skip)
+    except ValueError:
+        found = (math.nan, -1)
+    if not math.isfinite(found[0]) or found[1] < 0:
+        raise ControlError(f"cursor: not one this audit log gave (got {cursor[:80]!r}); start without one")
+    return found
 
 
 def record(sql: _Sql, actor: str, action: str, target: str, detail: dict[str, Any]) -> None:

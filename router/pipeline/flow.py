@@ -132,14 +132,17 @@ class Pipeline:
         return await self._live(ctx, call)
 
     async def _parse(self, surface: str, body: BaseRequest, principal: Principal) -> StageContext:
-        plan = self.engine.cascade.plan(body.model)  # 404 for an unknown model, before any work
-        if principal.models is not None and body.model not in principal.models:
+        # a key held to some models: 403 for any other name, before it is looked up, so the refusal
+        # says neither whether that model exists nor what else is served (only what the key may use)
+        if not principal.may_use(body.model):
+            allowed = principal.visible(self.engine.cascade.model_names())
             raise PermissionDenied(
                 f"Key '{principal.key_id}' may not use the model '{body.model}'; it may use: "
-                f"{', '.join(sorted(principal.models))}.",
+                f"{', '.join(allowed) or 'none of the models served here'}.",
                 param="model",
                 code="model_not_allowed",
             )
+        plan = self.engine.cascade.plan(body.model)  # 404 for an unknown model, before any work
         default_max = max(t.settings.max_tokens for t in plan)
         # 403 for tests from a caller the operator has not allowed to send them
         make = functools.partial(body.to_generation, default_max, may_send_tests=principal.may_send_tests)  # type: ignore[attr-defined]

@@ -279,3 +279,29 @@ async def test_the_official_client_reads_a_hit_plain_and_streamed(tmp_path: Path
     assert (hit.model_extra or {})["tierroute"]["cache"] == "hit" and hit.usage == first.usage
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "answer 1 here"
     assert chunks[-1].usage == first.usage and (chunks[-1].model_extra or {})["tierroute"]["cache"] == "hit"
+
+
+async def test_a_request_served_greedy_is_cached_whatever_temperature_it_named(tmp_path: Path) -> None:
+    # an omitted (or null) temperature and one below router.api.requests.GREEDY_BELOW are served
+    # at temperature 0, as greedy as `"temperature": 0`: the cache skipped them as sampled, so a
+    # repeat was generated again
+    cfg, raw = cache_config(tmp_path, KEYS)
+    backend = Counting("small")
+    async with running(cfg, backends={"small": backend}) as client:
+        cache = client.app.state.services.cache  # type: ignore[attr-defined]
+
+        async def ask(content: str, **sampling: Any) -> httpx.Response:
+            body = {"model": "auto", "messages": [{"role": "user", "content": content}], "max_tokens": 8, **sampling}
+            r = await client.post("/v1/chat/completions", json=body, headers=auth(raw["ana"]))
+            await cache.close()
+            return r
+
+        said = {}
+        for name, sampling in (("omitted", {}), ("null", {"temperature": None}), ("tiny", {"temperature": 1e-5})):
+            first, again = await ask(name, **sampling), await ask(name, **sampling)
+            said[name] = [r.json()["tierroute"]["cache"] for r in (first, again)]
+            assert content(first) == content(again), name
+        sampled = [await ask("sampled", temperature=0.5) for _ in range(2)]
+    assert said == {"omitted": ["miss", "hit"], "null": ["miss", "hit"], "tiny": ["miss", "hit"]}
+    assert [r.json()["tierroute"]["cache"] for r in sampled] == ["skip", "skip"]
+    assert backend.calls == 3 + 2

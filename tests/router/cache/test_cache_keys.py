@@ -50,10 +50,13 @@ def test_the_key_is_canonical_and_leaves_out_only_how_the_answer_is_delivered() 
     assert len({key(), *differ}) == len(differ) + 1
 
 
-def test_only_greedy_or_seeded_requests_are_deterministic() -> None:
+def test_only_requests_served_greedy_or_seeded_are_deterministic() -> None:
     assert keys.deterministic(ChatCompletionRequest(**BASE))
     assert keys.deterministic(ChatCompletionRequest(**{**BASE, "temperature": 1.0, "seed": 3}))
-    assert not keys.deterministic(ChatCompletionRequest(**{**BASE, "temperature": None}))  # OpenAI's default is 1
+    # served at temperature 0 (router.api.requests.BaseRequest.sampling), whatever OpenAI's default
+    assert keys.deterministic(ChatCompletionRequest(**{**BASE, "temperature": None}))
+    assert keys.deterministic(ChatCompletionRequest(**{k: v for k, v in BASE.items() if k != "temperature"}))
+    assert keys.deterministic(ChatCompletionRequest(**{**BASE, "temperature": 5e-5}))
     assert not keys.deterministic(ChatCompletionRequest(**{**BASE, "temperature": 0.2}))
 
 
