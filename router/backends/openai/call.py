@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.admission.reservation import completion_token_bound, prompt_token_bound
@@ -53,6 +53,16 @@ class Call:
     # tried (router.backends.openai.failover); None between attempts and once a stream has begun
     attempt_until: float | None = None
     headers: dict[str, str] | None = None  # sent with every attempt: the W3C traceparent when tracing
+    # optional parameters this request alone goes without: refused in words naming them (which a
+    # client can steer, `refusals`), or the tier's own logprobs trimmed for its size (`answer_size`)
+    omitted: set[str] = field(default_factory=set)
+    answer_bytes: int = 0  # the most an honest answer to the last attempt, as sent, takes (`answer_size`)
+    usage_raised: int = 0  # answers whose reported usage was below its floor and raised to it (`reading`)
+
+    def unsent(self, refused: Set[str]) -> set[str]:
+        """The optional parameters not sent on this attempt: those the deployment refuses
+        (`refused`) and those this request goes without."""
+        return {*refused, *self.omitted}
 
     def remaining(self) -> float:
         """Seconds left to the current attempt (the deadline, or sooner: see `attempt_until`)."""
