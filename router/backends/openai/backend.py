@@ -269,7 +269,6 @@ class OpenAIBackend(Backend):
                     )
                 permit.success()
                 where.answered_total += 1
-                self._usage_raised_total += call.usage_raised
             finally:
                 held.cancel()
                 if not opened.let_go:
@@ -277,9 +276,9 @@ class OpenAIBackend(Backend):
                     permit.release()  # no-op when an outcome was reported; covers an abandoned stream
                     where.outstanding -= 1
                 await close_quietly(opened.response)
-        yield dataclasses.replace(
-            acc.generation(call, where.model, ttft_s=ttft), deployment=where.name, deployment_shown=where.shown
-        )
+        final = acc.generation(call, where.model, ttft_s=ttft)  # its usage held to its floors here
+        self._usage_raised_total += call.usage_raised
+        yield dataclasses.replace(final, deployment=where.name, deployment_shown=where.shown)
 
     def _hold_until_deadline(self, call: Call, opened: _OpenStream) -> asyncio.TimerHandle:
         """Let go of a stream's deployment slot and upstream connection once its deadline (and a
