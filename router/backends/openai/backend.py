@@ -16,12 +16,14 @@ One logical request gives one `Generation` or one exception, never both and neve
   if it were complete would pass off a truncated answer.
 - Each attempt passes through its deployment's `CircuitBreaker` (see `router.backends.breaker`):
   every failed attempt counts as a failure; a deliberate answer, including a 4xx rejecting our
-  request, counts as the upstream being alive.
+  request, counts as the upstream being alive, and so does an answer too large for the tier that
+  the request asked for (`router.backends.openai.answer_size`: the request's 400, charged).
 - The answer says which deployment gave it (`Generation.deployment`, and `Delta.deployment` on
   each piece of a stream), for the `tierroute` object, the ledger and /metrics.
 
 When a server refuses `logprobs` or `stream_options` with a 400 naming them, the call is
-repeated once without that parameter, and that deployment stops sending it.
+repeated once without that parameter; the deployment stops sending it only when a probe of the
+tier's own is refused with it (`router.backends.openai.refusals`: a client steers the words).
 
 `score_continuation` (for the `cross_tier` verifier) makes one non-streaming call per attempt
 under the same retries, breaker, deadline and size caps, in the way `tiers[].openai.prompt_logprobs`

@@ -18,7 +18,8 @@ upstream says against the bounds derived here:
 The body passes the client's sampling parameters, stops, tools, `logit_bias`, penalties and
 `response_format` through as they came: the upstream enforces them, or refuses and the client hears
 it, rather than this tier answering without them. The optional parameters a server may refuse
-(`logprobs`, `stream_options`) are left out once the tier has seen them refused.
+(`logprobs`, `stream_options`) are left out once the deployment is known to refuse them, and for
+one request once it was refused in words naming them (`Call.omitted`, `refusals`).
 """
 
 from __future__ import annotations
