@@ -273,7 +273,8 @@ class OpenAIBackendSettings(_Strict):
         4 * 1024 * 1024,
         ge=1024,
         description="Most bytes read from one upstream answer (a body, an error body or a whole "
-        "stream); a larger one is an upstream failure, never unbounded memory.",
+        "stream), never unbounded memory. A larger one is an upstream failure, unless the request asked for "
+        "an answer that large: then its 400, refused at admission where the estimate says so (docs/deployments.md).",
     )
     hosted_prompt_tokens: int = Field(
         4096,

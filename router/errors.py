@@ -6,6 +6,7 @@ TierrouteError
  │    └── IntegrityError         a file's size or sha256 does not match the pin
  ├── RequestError (400)          the request cannot be served as asked
  │    ├── ContextLengthError     prompt + max_tokens exceed the context
+ │    ├── AnswerTooLargeError    its answer cannot fit under a tier's max_response_bytes
  │    ├── UnknownModelError (404)
  │    └── NotFoundError (404)    a thing the request names is not there (for this caller)
  ├── AuthError (401)
@@ -19,6 +20,11 @@ TierrouteError
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from router.generation import Generation
 
 
 class TierrouteError(Exception):
@@ -47,6 +53,17 @@ class RequestError(TierrouteError):
 class ContextLengthError(RequestError):
     def __init__(self, message: str) -> None:
         super().__init__(message, param="messages", code="context_length_exceeded")
+
+
+class AnswerTooLargeError(RequestError):
+    """The answer a request asks for cannot fit under a tier's `max_response_bytes`: said at
+    admission, before any work, or once an upstream's answer was cut there
+    (`router.backends.openai.answer_size`). `spent`: what that answer cost (the cascade records it,
+    and the key is charged), None when nothing was generated."""
+
+    def __init__(self, message: str, *, param: str, spent: Generation | None = None) -> None:
+        super().__init__(message, param=param, code="response_too_large")
+        self.spent = spent
 
 
 class UnknownModelError(RequestError):

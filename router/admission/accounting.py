@@ -107,6 +107,17 @@ def worst_case_tokens(plan: Sequence[Tier], request: GenerationRequest) -> int:
     return total
 
 
+def refuse_oversized(plan: Sequence[Tier], request: GenerationRequest, *, stream: bool) -> None:
+    """400 (`AnswerTooLargeError`, naming the parameter to lower) when a planned tier could not take
+    the answer the client asks for whole: an `openai` tier reads at most `max_response_bytes`, and
+    an answer over it is the request's doing, never the upstream's failure
+    (`router.backends.openai.answer_size`). Each tier is asked with max_tokens as the cascade
+    bounds it; only the last streams live, and a request of n > 1 is never streamed from a tier."""
+    for tier in plan:
+        sent = request.with_(max_tokens=min(request.max_tokens, tier.settings.max_tokens))
+        tier.backend.refuse_oversized(sent, stream=stream and request.n == 1 and tier is plan[-1])
+
+
 def _tier_worst_case(tier: Tier, request: GenerationRequest, tiers: Mapping[str, Tier], *, verify: bool) -> float:
     settings = tier.settings
     sent = request.with_(max_tokens=min(request.max_tokens, settings.max_tokens))  # as the cascade bounds it
@@ -280,7 +291,10 @@ class Accounting:
         """429 when the key's budget cannot take the request's worst case, or its rate is spent;
         otherwise reserve it, and for a stream (or while the ledger fails) start its pending row.
         With shared limits, a limited key's admission waits for `ready`. A cache hit (`cached`)
-        reserves nothing, no dollars and no tokens, and meets the rate limits only."""
+        reserves nothing, no dollars and no tokens, and meets the rate limits only. First, 400
+        when the answer asked for cannot be taken whole from a planned tier (`refuse_oversized`)."""
+        if not cached:
+            refuse_oversized(plan, request, stream=stream)
         reserve = 0.0 if cached else worst_case_usd(plan, request, tiers=self.tiers)
         quotas = self.quotas(principal, user)
         limited_tokens = any(q.tokens_per_minute is not None for q in quotas)

@@ -10,6 +10,9 @@ whether each was its own top choice (the `cross_tier` verifier's signal, and the
 decoding verifies a draft with). Backends that cannot raise `ScoringUnsupportedError`;
 `scoring_support` says so from the tier's settings alone, for `config check`.
 
+Whether its answer can be taken whole: `refuse_oversized`, asked at admission (an `openai` tier
+reads at most `max_response_bytes` of an answer, and a request can ask for more than that).
+
 What a generation can be charged for: `prompt_token_limit` and `completion_token_limit`, the
 most tokens this backend can count for a request (admission reserves their price, so a key's
 budget holds). The defaults are `router.admission.reservation`'s bounds on what is sent; a backend that
@@ -105,6 +108,11 @@ class Backend(abc.ABC):
     def completion_token_limit(self, request: GenerationRequest) -> int:
         """The most completion tokens it can be counted for: `n` choices of `max_tokens`."""
         return completion_token_bound(request)
+
+    def refuse_oversized(self, request: GenerationRequest, *, stream: bool) -> None:  # noqa: B027 - optional
+        """Raise `AnswerTooLargeError` (400) when the answer `request` asks for cannot be taken
+        from this backend whole (an `openai` tier's max_response_bytes); admission asks before any
+        work. A backend with no such limit refuses nothing."""
 
     def reuses(self, other: Backend) -> bool:
         """Whether an answer of `other` that was rejected can be this backend's first draft."""

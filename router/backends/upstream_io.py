@@ -9,7 +9,8 @@
   type through: a wrong type is `Malformed` (retried like a 5xx), text is made valid Unicode, only
   choice 0 is read, logprobs must be finite and at most 0.
 
-Refusals are typed: `Unacceptable` (over a limit: an upstream failure, not retried at that server), `Malformed`
+Refusals are typed: `Unacceptable` (over a limit, or compressed: not retried at that server; an upstream
+failure unless the request asked for an answer that large, `router.backends.openai.answer_size`), `Malformed`
 (not a well-formed answer), `ErrorEvent` (the stream carried an error object).
 """
 
@@ -44,11 +45,15 @@ class Unacceptable(Exception):
     """An answer refused whole: larger than the limits, or compressed. Raised inside the SDK's read,
     so it may reach us wrapped in the SDK's connection error. Its message may reach a client, so it
     holds only our words and numbers; `said`, what the upstream sent that was refused, is for the
-    log alone."""
+    log alone. `size`: an answer (a 2xx body) refused for its bytes alone, which an honest answer
+    to a request asking for much can reach (`router.backends.openai.answer_size` says whose fault).
+    The counts of reads and events are not: an honest server sends about one event a token, and
+    they allow 65,536 by default."""
 
-    def __init__(self, message: str, *, said: str = "") -> None:
+    def __init__(self, message: str, *, said: str = "", size: bool = False) -> None:
         super().__init__(message)
         self.said = said
+        self.size = size
 
 
 class CappedTransport(httpx2.AsyncBaseTransport):
@@ -64,6 +69,7 @@ class CappedTransport(httpx2.AsyncBaseTransport):
         response = await self._inner.handle_async_request(request)
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         declared = response.headers.get("content-length", "").strip()
+        answer = 200 <= response.status_code < 300  # an error body's size says nothing of the request
         refusal = None
         said = ""
         if encoding not in ("", "identity"):
@@ -73,12 +79,12 @@ class CappedTransport(httpx2.AsyncBaseTransport):
             refusal = f"a declared body of {declared[:24]} bytes, over the limit of {self._max_bytes}"
         if refusal is not None:
             await response.aclose()
-            raise Unacceptable(refusal, said=said)
+            raise Unacceptable(refusal, said=said, size=not said and answer)  # `said`: a compressed one
         assert isinstance(response.stream, httpx2.AsyncByteStream)
         return httpx2.Response(
             status_code=response.status_code,
             headers=response.headers,
-            stream=CappedStream(response.stream, self._max_bytes, self._max_reads),
+            stream=CappedStream(response.stream, self._max_bytes, self._max_reads, answer=answer),
             extensions=response.extensions,
         )
 
@@ -100,10 +106,11 @@ class CappedStream(httpx2.AsyncByteStream):
     """A body read through two limits: its bytes, and the number of pieces it comes in (a body
     dribbled a byte per chunk would cost a trip through the event loop per byte)."""
 
-    def __init__(self, inner: httpx2.AsyncByteStream, max_bytes: int, max_reads: int) -> None:
+    def __init__(self, inner: httpx2.AsyncByteStream, max_bytes: int, max_reads: int, *, answer: bool = True) -> None:
         self._inner = inner
         self._max_bytes = max_bytes
         self._max_reads = max_reads
+        self._answer = answer  # a 2xx body: an answer, whose size the request may have asked for
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         read = reads = 0
@@ -111,7 +118,7 @@ class CappedStream(httpx2.AsyncByteStream):
             read += len(chunk)
             reads += 1
             if read > self._max_bytes:
-                raise Unacceptable(f"a body over the limit of {self._max_bytes} bytes")
+                raise Unacceptable(f"a body over the limit of {self._max_bytes} bytes", size=self._answer)
             if reads > self._max_reads:
                 raise Unacceptable(f"a body in more than {self._max_reads} pieces")
             yield chunk

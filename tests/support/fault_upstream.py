@@ -246,6 +246,64 @@ def ok(
     return act
 
 
+# vLLM's words for a top_logprobs over its `--max-logprobs`: they name logprobs, and a client chose them
+VLLM_MAX_LOGPROBS = "Requested sample logprobs of {asked}, which is greater than max allowed: {most}"
+
+
+def honest(
+    token: str | Callable[[Received], str] = " la",
+    *,
+    max_logprobs: int | None = None,
+    usage: dict[str, int] | None = None,
+    logprob: float = -0.05,
+) -> Action:
+    """An honest server's answer, shaped by the request as a real one is: `n` choices of
+    `max_tokens` tokens each (every one `token`, or `token(request)`: a prompt that makes the
+    model repeat), each with its logprob entry and `top_logprobs` alternatives when asked, their
+    `bytes` lists as OpenAI writes them, and true usage (or `usage`, a hostile server's report).
+    `max_logprobs`: a top_logprobs above it is refused in vLLM's words (`--max-logprobs`). Plain
+    answers only (chat and completions); a stream is answered by `ok()`."""
+
+    async def act(conn: _Conn, req: Received) -> bool:
+        if req.streaming:
+            return await ok()(conn, req)
+        asked = int(req.body.get("top_logprobs") or 0) if req.is_chat else int(req.body.get("logprobs") or 0)
+        if max_logprobs is not None and asked > max_logprobs:
+            return await status(400, VLLM_MAX_LOGPROBS.format(asked=asked, most=max_logprobs))(conn, req)
+        piece = token(req) if callable(token) else token
+        n, length = int(req.body.get("n") or 1), int(req.body.get("max_tokens") or 16)
+        want = bool(req.body.get("logprobs"))
+        raw = list(piece.encode())
+
+        def entry() -> dict[str, Any]:
+            alternatives = [
+                {"token": f"{piece}{i}", "logprob": logprob - 1 - i, "bytes": [*raw, 48 + i % 10]} for i in range(asked)
+            ]
+            return {"token": piece, "logprob": logprob, "bytes": raw, "top_logprobs": alternatives}
+
+        choices = []
+        for i in range(n):
+            logprobs = {"content": [entry() for _ in range(length)]} if want else None
+            if req.is_chat:
+                message = {"role": "assistant", "content": piece * length}
+                choices.append({"index": i, "message": message, "finish_reason": "length", "logprobs": logprobs})
+            else:
+                legacy = None
+                if want:
+                    legacy = {
+                        "tokens": [piece] * length,
+                        "token_logprobs": [logprob] * length,
+                        "top_logprobs": [{f"{piece}{j}": logprob - 1 - j for j in range(asked)}] * length,
+                    }
+                choices.append({"index": i, "text": piece * length, "finish_reason": "length", "logprobs": legacy})
+        told = usage or {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": n * length}
+        body = {"id": "honest", "object": "chat.completion", "created": 0, "model": "fake-large", "choices": choices}
+        await conn.reply(200, json.dumps({**body, "usage": told}).encode())
+        return True
+
+    return act
+
+
 def status(
     code: int,
     message: str = "scripted failure",

@@ -16,12 +16,14 @@ One logical request gives one `Generation` or one exception, never both and neve
   if it were complete would pass off a truncated answer.
 - Each attempt passes through its deployment's `CircuitBreaker` (see `router.backends.breaker`):
   every failed attempt counts as a failure; a deliberate answer, including a 4xx rejecting our
-  request, counts as the upstream being alive.
+  request, counts as the upstream being alive, and so does an answer too large for the tier that
+  the request asked for (`router.backends.openai.answer_size`: the request's 400, charged).
 - The answer says which deployment gave it (`Generation.deployment`, and `Delta.deployment` on
   each piece of a stream), for the `tierroute` object, the ledger and /metrics.
 
 When a server refuses `logprobs` or `stream_options` with a 400 naming them, the call is
-repeated once without that parameter, and that deployment stops sending it.
+repeated once without that parameter; the deployment stops sending it only when a probe of the
+tier's own is refused with it (`router.backends.openai.refusals`: a client steers the words).
 
 `score_continuation` (for the `cross_tier` verifier) makes one non-streaming call per attempt
 under the same retries, breaker, deadline and size caps, in the way `tiers[].openai.prompt_logprobs`
@@ -50,16 +52,32 @@ import openai
 from router.backends.base import Backend, ContinuationScore, ScoringUnsupportedError
 from router.backends.breaker import CircuitBreaker, Permit
 from router.backends.openai import failover
-from router.backends.openai.call import Call, completion_limit, prompt_limit, request_params
+from router.backends.openai.answer_size import estimate, refusal
+from router.backends.openai.call import (
+    Call,
+    completion_limit,
+    estimate_tokens,
+    prompt_limit,
+    prompt_text,
+    request_params,
+)
 from router.backends.openai.client import close_quietly, json_body
 from router.backends.openai.deployments import Deployment, Pool
 from router.backends.openai.failures import DEADLINE_RETRY_AFTER_S, Failures, Retryable, refused_param
-from router.backends.openai.reading import read_response
+from router.backends.openai.reading import prompt_floor, read_response
+from router.backends.openai.refusals import PROBE_TIMEOUT_S
 from router.backends.openai.streams import Accumulator, next_piece
 from router.backends.prompt_scoring import ScoredTokens, read_echo, read_vllm, render_chat
 from router.backends.retry import RetryPolicy
 from router.backends.upstream_io import Malformed, SSEReader, first_choice, token_count
-from router.errors import ConfigError, DeadlineError, RequestError, UnavailableError, UpstreamError
+from router.errors import (
+    AnswerTooLargeError,
+    ConfigError,
+    DeadlineError,
+    RequestError,
+    UnavailableError,
+    UpstreamError,
+)
 from router.generation import Delta, Generation, GenerationRequest
 from router.telemetry import spans
 from router.telemetry.attempts import upstream_done, upstream_span
@@ -116,6 +134,7 @@ class OpenAIBackend(Backend):
         self._attempts_total = 0
         self._retries_total = 0
         self._failed_total = 0
+        self._usage_raised_total = 0  # usage counts raised to their floor (`reading`)
         self._closing: set[asyncio.Future[None]] = set()  # upstream streams being closed at their deadline
 
     @classmethod
@@ -136,6 +155,15 @@ class OpenAIBackend(Backend):
 
     def completion_token_limit(self, request: GenerationRequest) -> int:
         return completion_limit(request, self.max_tokens)
+
+    def refuse_oversized(self, request: GenerationRequest, *, stream: bool) -> None:
+        """The 400 for a request whose answer, as the client asks for it, cannot fit under
+        max_response_bytes (`router.backends.openai.answer_size`)."""
+        max_tokens = request.max_tokens if self.max_tokens is None else min(request.max_tokens, self.max_tokens)
+        limit = self.config.max_response_bytes
+        refused = refusal(request, max_tokens=max_tokens, limit=limit, stream=stream, tier=self.name)
+        if refused is not None:
+            raise refused
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -183,6 +211,7 @@ class OpenAIBackend(Backend):
             "upstream_attempts_total": float(self._attempts_total),
             "upstream_retries_total": float(self._retries_total),
             "upstream_failed_requests_total": float(self._failed_total),
+            "usage_raised_total": float(self._usage_raised_total),
         }
 
     def deployment_stats(self) -> dict[str, dict[str, float]]:
@@ -249,9 +278,9 @@ class OpenAIBackend(Backend):
                     permit.release()  # no-op when an outcome was reported; covers an abandoned stream
                     where.outstanding -= 1
                 await close_quietly(opened.response)
-        yield dataclasses.replace(
-            acc.generation(call, where.model, ttft_s=ttft), deployment=where.name, deployment_shown=where.shown
-        )
+        final = acc.generation(call, where.model, ttft_s=ttft)  # its usage held to its floors here
+        self._usage_raised_total += call.usage_raised
+        yield dataclasses.replace(final, deployment=where.name, deployment_shown=where.shown)
 
     def _hold_until_deadline(self, call: Call, opened: _OpenStream) -> asyncio.TimerHandle:
         """Let go of a stream's deployment slot and upstream connection once its deadline (and a
@@ -433,7 +462,7 @@ class OpenAIBackend(Backend):
                 call,
                 tier=self.name,
                 model=where.model,
-                logprobs="logprobs" not in where.refused,
+                logprobs="logprobs" not in call.unsent(where.refused),
             )
         except BaseException as exc:
             mapped = self._settle(permit, exc, call, where)
@@ -444,6 +473,7 @@ class OpenAIBackend(Backend):
             where.outstanding -= 1
         permit.success()
         where.answered_total += 1
+        self._usage_raised_total += call.usage_raised
         return dataclasses.replace(generation, deployment=where.name, deployment_shown=where.shown)
 
     async def _attempt_open_stream(self, call: Call, where: Deployment) -> _OpenStream:
@@ -456,11 +486,12 @@ class OpenAIBackend(Backend):
         try:
             response = await self._open(client, call, where, stream=True)
             events = SSEReader(response.http_response.aiter_raw(), max_events=self.config.max_stream_events)
+            logprobs = "logprobs" not in call.unsent(where.refused)
             acc = Accumulator(
                 chat=call.request.is_chat,
-                logprobs="logprobs" not in where.refused,
+                logprobs=logprobs,
                 tier=self.name,
-                top_k=call.request.top_logprobs if "logprobs" not in where.refused else 0,
+                top_k=call.request.top_logprobs if logprobs else 0,
                 calls={} if call.request.offers_tools else None,
             )
             first = await next_piece(events, acc, call)
@@ -478,11 +509,13 @@ class OpenAIBackend(Backend):
 
     async def _open(self, client: openai.AsyncOpenAI, call: Call, where: Deployment, *, stream: bool) -> Any:
         """Send one call and return the response with its body unread, repeating the call once per
-        optional parameter the server refuses. The body is read by the caller, through the capped
+        optional parameter the server seems to refuse: without it for this request, and for every
+        request only when the deployment refuses it to a request of the tier's own
+        (`router.backends.openai.refusals`). The body is read by the caller, through the capped
         transport, and parsed here rather than by the SDK."""
         endpoint = client.chat.completions if call.request.is_chat else client.completions
         while True:
-            params = request_params(call, model=where.model, refused=where.refused, stream=stream)
+            params = self._sized_params(call, where, stream=stream)
             # The try's share of the time (`call.remaining()`) bounds the open here and each read
             # before the first piece (`next_piece`, `json_body`). The HTTP client's own timeout,
             # which also bounds every later read of a stream, is the whole deadline: once text
@@ -499,8 +532,43 @@ class OpenAIBackend(Backend):
                 refused = refused_param(exc, params)
                 if refused is None:
                     raise
-                log.info("tier %s: deployment %s refuses %s; no longer sent", self.name, where.logged, refused)
-                where.refused.add(refused)
+                # the words may be the client's doing: they decide for this request alone
+                seconds = min(PROBE_TIMEOUT_S, call.remaining())
+                chat = call.request.is_chat
+                if not await where.refusals.refuses(refused, client, where.model, chat=chat, seconds=seconds):
+                    log.info(
+                        "tier %s: deployment %s refused a request in words naming %s; that request goes on without it",
+                        self.name,
+                        where.logged,
+                        refused,
+                    )
+                    call.omitted.add(refused)
+
+    def _sized_params(self, call: Call, where: Deployment, *, stream: bool) -> dict[str, Any]:
+        """The body of one attempt, and what an honest answer to it takes (`call.answer_bytes`). The
+        tier's own logprobs are left out of a request whose answer they would take over
+        max_response_bytes (`router.backends.openai.answer_size`); what the client asked for fits,
+        or admission would have refused it."""
+        limit = self.config.max_response_bytes
+        while True:
+            unsent = call.unsent(where.refused)
+            logprobs = "logprobs" not in unsent
+            size = estimate(
+                call.request,
+                max_tokens=call.max_tokens,
+                logprobs=logprobs,
+                top_k=call.request.top_logprobs if logprobs else 0,
+                stream=stream,
+            )
+            if size.typical <= limit or not logprobs:
+                call.answer_bytes = size.most
+                return request_params(call, model=where.model, refused=unsent, stream=stream)
+            log.info(
+                "tier %s: logprobs left out of a request whose answer they would take past max_response_bytes (%d)",
+                self.name,
+                limit,
+            )
+            call.omitted.add("logprobs")
 
     # -- failures --------------------------------------------------------------------------------
 
@@ -523,7 +591,10 @@ class OpenAIBackend(Backend):
     def _settle(self, permit: Permit, exc: BaseException, call: Call, where: Deployment) -> BaseException:
         """Report an attempt's failure to its deployment's breaker and the log; return what it
         should raise. A `Retry-After` on a retryable failure marks that deployment only."""
-        verdict = where.failures.classify(exc)
+        too_large = None
+        if call.answer_bytes > self.config.max_response_bytes:
+            too_large = functools.partial(self._too_large, call, where)
+        verdict = where.failures.classify(exc, too_large=too_large)
         if verdict is None:  # cancelled, or not the upstream's doing
             permit.release()
             return exc
@@ -543,6 +614,33 @@ class OpenAIBackend(Backend):
         if isinstance(mapped, Retryable) and mapped.retry_after:
             where.mark(mapped.retry_after)
         return mapped
+
+    def _too_large(self, call: Call, where: Deployment) -> AnswerTooLargeError:
+        """What a request hears whose answer, honestly that large, was cut at max_response_bytes, and
+        what it is charged: the usage came at the end of what was not read, so every token it asked
+        for (`n * max_tokens`: an answer that large has used most of them) and the prompt as an
+        upstream without usage is counted (`reading`)."""
+        request = call.request
+        param = ("top_logprobs" if request.is_chat else "logprobs") if request.top_logprobs else None
+        param = param or ("n" if request.n > 1 else "max_tokens")
+        error = AnswerTooLargeError(
+            f"tier {self.name}: the upstream's answer was larger than this tier takes "
+            f"(max_response_bytes = {self.config.max_response_bytes}), as an answer to n={request.n}, "
+            f"max_tokens={call.max_tokens}, top_logprobs={request.top_logprobs} can be; lower {param}",
+            param=param,
+        )
+        error.spent = Generation(
+            text="",
+            finish_reason="length",
+            prompt_tokens=max(estimate_tokens(prompt_text(request)), prompt_floor(call)),
+            completion_tokens=request.n * call.max_tokens,
+            token_logprobs=None,
+            latency_s=time.monotonic() - call.started,
+            model=where.model,
+            deployment=where.name,
+            deployment_shown=where.shown,
+        )
+        return error
 
     def _stream_cut(
         self, permit: Permit, exc: Exception, call: Call, acc: Accumulator, where: Deployment

@@ -18,7 +18,8 @@ upstream says against the bounds derived here:
 The body passes the client's sampling parameters, stops, tools, `logit_bias`, penalties and
 `response_format` through as they came: the upstream enforces them, or refuses and the client hears
 it, rather than this tier answering without them. The optional parameters a server may refuse
-(`logprobs`, `stream_options`) are left out once the tier has seen them refused.
+(`logprobs`, `stream_options`) are left out once the deployment is known to refuse them, and for
+one request once it was refused in words naming them (`Call.omitted`, `refusals`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.admission.reservation import completion_token_bound, prompt_token_bound
@@ -53,6 +54,16 @@ class Call:
     # tried (router.backends.openai.failover); None between attempts and once a stream has begun
     attempt_until: float | None = None
     headers: dict[str, str] | None = None  # sent with every attempt: the W3C traceparent when tracing
+    # optional parameters this request alone goes without: refused in words naming them (which a
+    # client can steer, `refusals`), or the tier's own logprobs trimmed for its size (`answer_size`)
+    omitted: set[str] = field(default_factory=set)
+    answer_bytes: int = 0  # the most an honest answer to the last attempt, as sent, takes (`answer_size`)
+    usage_raised: int = 0  # answers whose reported usage was below its floor and raised to it (`reading`)
+
+    def unsent(self, refused: Set[str]) -> set[str]:
+        """The optional parameters not sent on this attempt: those the deployment refuses
+        (`refused`) and those this request goes without."""
+        return {*refused, *self.omitted}
 
     def remaining(self) -> float:
         """Seconds left to the current attempt (the deadline, or sooner: see `attempt_until`)."""

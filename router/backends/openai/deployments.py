@@ -5,7 +5,8 @@ A tier lists one deployment (its `base_url`) or several (`[[tiers.openai.deploym
 regions or providers serving the same model in the operator's judgement. Each `Deployment` keeps
 what is true of that one server and of no other:
 
-- its SDK client (its own base URL and key), and the optional parameters it has refused;
+- its SDK client (its own base URL and key), and the optional parameters it refuses (learned from
+  requests of the tier's own only, `router.backends.openai.refusals`);
 - its `CircuitBreaker` (`router.backends.breaker`): an open breaker takes no traffic until its
   cool-down ends, when one request probes it (half-open);
 - a `Retry-After` mark: a 429 or 503 that says how long to wait marks this deployment until then,
@@ -51,6 +52,7 @@ from router.backends.breaker import CircuitBreaker
 from router.backends.openai.balancing import STRATEGIES
 from router.backends.openai.client import missing_key, new_client
 from router.backends.openai.failures import Failures
+from router.backends.openai.refusals import Refusals
 from router.errors import CircuitOpenError, ConfigError, OverloadedError
 
 if TYPE_CHECKING:
@@ -100,6 +102,8 @@ class Deployment:
         )
         self.failures = Failures(label, timeout_s=timeout_s, breaker=self.breaker, retry_after_s=retry_after_s)
         self.refused: set[str] = set() if config.logprobs else {"logprobs"}
+        # what it is learned to refuse, only from requests of the tier's own (`refusals`)
+        self.refusals = Refusals(tier, self.logged, self.refused, clock=clock)
         self.outstanding = 0
         self.marked_until = 0.0
         self.probe_ok = True
@@ -156,6 +160,7 @@ class Deployment:
             "failed_attempts_total": float(self.failed_attempts_total),
             "answered_total": float(self.answered_total),
             "key_missing": 1.0 if self.key_missing else 0.0,
+            "refusal_probes_total": float(self.refusals.probes_total),
         }
 
     async def probe(self) -> None:

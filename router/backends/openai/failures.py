@@ -12,7 +12,9 @@ from `router.errors`::
     3xx/401/403/404/other 4xx     -> UpstreamError at once (not retried: tier misconfigured)
     retryable, attempts spent     -> UpstreamError (retry_after as below)
     Retry-After beyond deadline   -> UpstreamError at once, carrying that Retry-After
-    answer over the size limits   -> retryable at another deployment only; none left: UpstreamError
+    answer over the size limits   -> retryable at another deployment only; none left: UpstreamError;
+                                     but AnswerTooLargeError (400, healthy, not retried) when the
+                                     request asks for an answer that large (`answer_size`)
     deadline passed               -> DeadlineError
     breaker open or probing       -> CircuitOpenError (retry_after: remaining cool-down)
     stream cut after text began   -> UpstreamError (DeadlineError if the deadline cut it)
@@ -34,9 +36,12 @@ again, another one may answer.
   dotted hostname has neither, though a hostile upstream can still spell words of its choosing
   in that form, e.g. `db7_corp`); the upstream's own words go to the server log, each failed attempt at
   WARNING (the first 4000 characters: a log line is not a body).
-- A 400, 413 or 422 that names an optional parameter we sent (`logprobs`, `stream_options`) is a
-  refusal of that parameter (`refused_param`): the backend repeats the call once without it, and
-  the tier stops sending it.
+- A 400, 413 or 422 whose words name an optional parameter we sent (`logprobs`, `stream_options`)
+  may be a refusal of that parameter (`refused_param`): the backend repeats that request once
+  without it. Those words are no proof: a client steers them (a `top_logprobs` over a server's
+  `--max-logprobs`, a schema it named `logprobs`), so the deployment stops sending the parameter
+  only when a request of the tier's own, with nothing a client chose, is refused with it and
+  answered without it (`router.backends.openai.refusals`).
 """
 
 from __future__ import annotations
@@ -53,7 +58,14 @@ from router.backends.breaker import CircuitBreaker
 from router.backends.openai.call import Call
 from router.backends.retry import parse_retry_after
 from router.backends.upstream_io import LOG_TEXT_CHARS, ErrorEvent, Malformed, Unacceptable
-from router.errors import ContextLengthError, DeadlineError, RequestError, UnavailableError, UpstreamError
+from router.errors import (
+    AnswerTooLargeError,
+    ContextLengthError,
+    DeadlineError,
+    RequestError,
+    UnavailableError,
+    UpstreamError,
+)
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
 _REQUEST_STATUS = frozenset({400, 413, 422})  # the upstream says our request is the problem
@@ -132,15 +144,24 @@ class Failures:
     breaker: CircuitBreaker
     retry_after_s: float  # cascade.retry_after_s: what a client hears when nothing says better
 
-    def classify(self, exc: BaseException) -> Verdict | None:
+    def classify(
+        self, exc: BaseException, *, too_large: Callable[[], AnswerTooLargeError] | None = None
+    ) -> Verdict | None:
         """What an attempt's exception means: what to raise, whether the upstream looked healthy,
-        and the full story for the log. None: cancelled, or not the upstream's doing."""
+        and the full story for the log. None: cancelled, or not the upstream's doing.
+        `too_large`: given when an honest answer to the request could be over the size limit
+        (`router.backends.openai.answer_size`); an answer refused for its size is then the
+        request's, and this is what the client hears."""
         unacceptable = _cause(exc, Unacceptable)
         if unacceptable is not None:
+            told = f"{unacceptable} ({unacceptable.said})" if unacceptable.said else str(unacceptable)
+            if unacceptable.size and too_large is not None:
+                # the request asked for an answer this large: the upstream did its job, and
+                # another deployment would only generate it again (at the operator's cost)
+                return Verdict(too_large, healthy=True, detail=f"{told}; the request asks for an answer that large")
             # Not retried at this deployment (it would send as much again), but another one of
             # the tier may answer: a hostile or broken deployment must not fail the request.
             summary = f"the upstream's answer was refused: {unacceptable}"
-            told = f"{unacceptable} ({unacceptable.said})" if unacceptable.said else str(unacceptable)
             return Verdict(
                 lambda: Retryable(summary, told, repeat=False),
                 healthy=False,
@@ -286,7 +307,8 @@ def _is_context_length(exc: openai.APIStatusError, detail: str) -> bool:
 
 
 def refused_param(exc: openai.APIStatusError, params: dict[str, Any]) -> str | None:
-    """The optional parameter a 400/422 says the server does not support, if we sent it."""
+    """The optional parameter a 400/413/422 seems to refuse, if we sent it: read from words a client
+    can steer, so good for that request alone (module docstring)."""
     if exc.status_code not in _REQUEST_STATUS:
         return None
     detail = _error_text(exc).lower()

@@ -21,7 +21,12 @@ are bounded first by `router.backends.upstream_io`; what they say is read here, 
   prompt's at most its UTF-8 bytes plus a template allowance, the completion's at most the
   `max_tokens` we sent plus a small slack). Anything else and the whole usage is refused with a
   warning in the log, and the counts are estimated as for a server that reports none (never above
-  `max_tokens`).
+  `max_tokens`). A count may not be too low either: an upstream that reports 0/0 for a 200-token
+  answer would make it free and invisible to token-rate limits. Each count is at least what was
+  sent and delivered must have taken (`prompt_floor`, `completion_floor`): a token per
+  `MAX_BYTES_PER_TOKEN` bytes of text, and one per logprob entry the answer carries; a count below
+  its floor is replaced by the floor, with a warning in the log, and counted
+  (`tierroute_backend_usage_raised_total`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -50,6 +56,9 @@ log = logging.getLogger(__name__)
 
 # A token's text is a few characters; a longer "piece" is an upstream filling memory, cut here.
 MAX_PIECE_CHARS = 64
+# The most bytes of text one token covers, for the floor under reported usage: a vocabulary's
+# longest tokens (runs of spaces, dashes or `=`) are tens of bytes; English averages about four.
+MAX_BYTES_PER_TOKEN = 32
 # An upstream's call names and ids reach the client and the ledger: cut to a sane length.
 _MAX_CALL_NAME_CHARS = 256
 _MAX_CALL_ID_CHARS = 256
@@ -81,6 +90,8 @@ def read_response(
     prompt_tokens, completion_tokens = (0, None) if index else checked_usage(body.get("usage"), call, tier)
     if prompt_tokens is None:
         prompt_tokens = estimate_tokens(prompt_text(call.request))
+    elif not index:
+        prompt_tokens = raised(prompt_tokens, prompt_floor(call), "prompt_tokens", call, tier)
     reported = completion_tokens  # the server's count covers every choice; None: each is estimated
     if completion_tokens is None:
         counted = len(token_lps) if token_lps is not None else estimate_tokens(text)
@@ -97,13 +108,16 @@ def read_response(
         tool_calls=calls,
         constrained=None if call.request.response_format is not None else False,
     )
-    if index > 0 or call.request.n == 1:
+    if index > 0:
         return generation
     others = tuple(
         read_response(body, call, tier=tier, model=model, logprobs=logprobs, index=i) for i in range(1, call.request.n)
     )
     if reported is None:  # no usage from the server: choice 0's estimate alone would under-bill
         completion_tokens = generation.completion_tokens + sum(g.completion_tokens for g in others)
+    else:  # the server's count, but never below what the choices it sent must have taken
+        floor = completion_floor((generation, *others), call)
+        completion_tokens = raised(reported, floor, "completion_tokens", call, tier)
     return replace(generation, completion_tokens=completion_tokens, others=others)
 
 
@@ -137,6 +151,44 @@ def checked_usage(usage: Any, call: Call, tier: str) -> tuple[int | None, int | 
             return None, None
         counts.append(count)
     return counts[0], counts[1]
+
+
+def text_tokens(text: str) -> int:
+    """The fewest tokens `text` can be: a token covers at most `MAX_BYTES_PER_TOKEN` of its bytes."""
+    return -(-len(text.encode("utf-8", "surrogatepass")) // MAX_BYTES_PER_TOKEN)
+
+
+def prompt_floor(call: Call) -> int:
+    """The fewest prompt tokens what was sent can be counted for (the text of every message, call
+    and tool: `call.prompt_text`)."""
+    return text_tokens(prompt_text(call.request))
+
+
+def completion_floor(choices: Iterable[Generation], call: Call) -> int:
+    """The fewest completion tokens the choices delivered can have taken: per choice, its text and
+    calls at `MAX_BYTES_PER_TOKEN`, or its logprob entries (one a token) where more; never above
+    what the request could be counted for (`call.completion_limit`)."""
+    total = 0
+    for g in choices:
+        calls = "".join(c.name + c.arguments for c in g.tool_calls or ())
+        total += max(text_tokens(g.text + calls), len(g.token_logprobs or ()))
+    return min(total, call.completion_limit)
+
+
+def raised(count: int, floor: int, name: str, call: Call, tier: str) -> int:
+    """`count` as the server reported it, or `floor` (with a warning, counted) when it is less."""
+    if count >= floor:
+        return count
+    log.warning(
+        "tier %s: upstream usage %s=%d is below what it delivered (at least %d); counted as %d",
+        tier,
+        name,
+        count,
+        floor,
+        floor,
+    )
+    call.usage_raised += 1
+    return floor
 
 
 # -- top-k alternatives --------------------------------------------------------------------------

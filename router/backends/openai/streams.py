@@ -15,18 +15,28 @@ is cut, and the backend raises.
 
 One piece without logprobs makes the whole answer's logprobs unusable, and one without well-formed
 top-k its top-k: a gap would misplace every later token. Counts the server does not report are
-estimated (about one token per chunk, exactly one per logprob), never above `max_tokens`.
+estimated (about one token per chunk, exactly one per logprob), never above `max_tokens`; counts it
+reports are held to the floors a plain answer's are (`reading`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from router.backends.openai.call import Call, estimate_tokens, prompt_text
-from router.backends.openai.reading import arguments_text, checked_usage, finish_reason, tool_call, top_logprobs
+from router.backends.openai.reading import (
+    arguments_text,
+    checked_usage,
+    completion_floor,
+    finish_reason,
+    prompt_floor,
+    raised,
+    tool_call,
+    top_logprobs,
+)
 from router.backends.upstream_io import (
     Malformed,
     SSEReader,
@@ -193,13 +203,14 @@ class Accumulator:
         logprobs = tuple(self.token_logprobs) if self.token_logprobs is not None and text else None
         tops = tuple(self.tops) if self.top_k and self.tops is not None and text else None
         completion_tokens = self.completion_count(call)
+        prompt_tokens = self.prompt_count(call)
         reason = self.finish_reason
         if reason is None:  # [DONE] without a finish_reason: see the module docstring
             reason = "length" if completion_tokens >= call.max_tokens else "stop"
-        return Generation(
+        generation = Generation(
             text=text,
             finish_reason=finish_reason(reason),
-            prompt_tokens=self.prompt_count(call),
+            prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             token_logprobs=logprobs,
             latency_s=time.monotonic() - call.started,
@@ -209,3 +220,10 @@ class Accumulator:
             tool_calls=self.tool_calls(),
             constrained=None if call.request.response_format is not None else False,
         )
+        # reported usage is never below what was sent and delivered (`reading`: usage floors)
+        if self.usage[0] is not None:
+            prompt_tokens = raised(prompt_tokens, prompt_floor(call), "prompt_tokens", call, self.tier)
+        if self.usage[1] is not None:
+            floor = completion_floor((generation,), call)
+            completion_tokens = raised(completion_tokens, floor, "completion_tokens", call, self.tier)
+        return replace(generation, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)

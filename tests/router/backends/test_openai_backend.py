@@ -30,6 +30,7 @@ from tests.support.fault_upstream import (
     PROMPT_TOKENS,
     TOKENS,
     FaultUpstream,
+    Received,
     broken_stream,
     delayed,
     expected_logprobs,
@@ -133,8 +134,22 @@ async def test_logprobs_off_in_config_are_not_requested(upstream: FaultUpstream)
     assert "logprobs" not in upstream.requests[0].body
 
 
+def refusing(name: str, message: str) -> Any:
+    """A server that refuses `name` in every request that carries it, with `message`, and answers
+    every other (a real refusal of the parameter, not of one request's value of it)."""
+
+    async def act(conn: Any, req: Received) -> bool:
+        if name in req.body:
+            return await status(400, message, param=name)(conn, req)
+        return await ok()(conn, req)
+
+    return act
+
+
 async def test_refused_logprobs_are_dropped_once_and_remembered(upstream: FaultUpstream) -> None:
-    upstream.script(status(400, "logprobs are not supported by this server", param="logprobs"))
+    # the server refuses logprobs in any request: a probe of the tier's own, with nothing a client
+    # chose, is refused with them and answered without them, so the deployment stops sending them
+    upstream.default = refusing("logprobs", "logprobs are not supported by this server")
     async with backend_for(upstream) as backend:
         assert backend.gives_logprobs
         first = await backend.generate(CHAT)
@@ -142,17 +157,20 @@ async def test_refused_logprobs_are_dropped_once_and_remembered(upstream: FaultU
         assert not backend.gives_logprobs
     assert first.text == second.text == TEXT
     assert first.token_logprobs is None and second.token_logprobs is None
-    assert [r.body.get("logprobs") for r in upstream.requests] == [True, None, None]
-    assert [r.body.get("top_logprobs") for r in upstream.requests] == [0, None, None]
+    # the request, the probe with logprobs and without, the request again, then the next one
+    assert [r.body.get("logprobs") for r in upstream.requests] == [True, True, None, None, None]
+    assert [r.body.get("top_logprobs") for r in upstream.requests] == [0, 0, None, None, None]
+    assert [r.body["messages"][-1]["content"] for r in upstream.requests[1:3]] == ["Say OK."] * 2
 
 
 async def test_refused_stream_options_are_dropped_and_tokens_counted(upstream: FaultUpstream) -> None:
-    upstream.script(status(400, "Unrecognized request argument supplied: stream_options"))
+    upstream.default = refusing("stream_options", "Unrecognized request argument supplied: stream_options")
     async with backend_for(upstream) as backend:
         pieces, gen = await collect(backend, CHAT)
+        assert "stream_options" in backend.pool.deployments[0].refused
     assert pieces == list(TOKENS)
     assert gen.completion_tokens == len(TOKENS)
-    assert ["stream_options" in r.body for r in upstream.requests] == [True, False]
+    assert ["stream_options" in r.body for r in upstream.requests] == [True, True, False, False]
 
 
 async def test_concurrent_requests_each_get_exactly_one_answer(upstream: FaultUpstream) -> None:

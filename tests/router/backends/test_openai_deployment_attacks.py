@@ -14,7 +14,7 @@ import pytest
 
 from router.backends.openai import OpenAIBackend
 from router.config import DeploymentSettings, OpenAIBackendSettings
-from router.errors import DeadlineError, OverloadedError, UpstreamError
+from router.errors import AnswerTooLargeError, DeadlineError, OverloadedError
 from router.generation import Delta, Generation, GenerationRequest, Message
 from tests.support.fault_upstream import (
     TOKENS,
@@ -55,9 +55,9 @@ async def tier(*servers: FaultUpstream, timeout_s: float = 4.0, **config: Any) -
         await backend.close()
 
 
-async def streamed(backend: OpenAIBackend) -> tuple[str, Generation]:
+async def streamed(backend: OpenAIBackend, request: GenerationRequest = CHAT) -> tuple[str, Generation]:
     pieces, final = [], None
-    async for item in backend.stream(CHAT):
+    async for item in backend.stream(request):
         if isinstance(item, Delta):
             pieces.append(item.text)
         else:
@@ -135,14 +135,18 @@ async def test_an_oversized_answer_at_one_deployment_is_answered_by_the_other(
     # Found: a deployment answering 200 with a body over max_response_bytes failed the request at
     # once ("not retried": the same server would send it again), though the tier's other
     # deployment was healthy and never asked. Another deployment is not the same server: the
-    # request moves there, and the oversized one is not tried again for this request.
+    # request moves there, and the oversized one is not tried again for this request. (A request
+    # for 16 tokens: no honest answer to it is near the limit, so an answer 4x over it is the
+    # upstream's doing; one asking for an answer that large is another matter,
+    # tests/router/backends/test_openai_answer_size.py.)
     upstream.default = oversized(LIMIT * 4, declare=declare)
+    small = CHAT.with_(max_tokens=16)
     async with tier(upstream, second, max_response_bytes=LIMIT) as backend:
         if way == "plain":
-            answer = await backend.generate(CHAT)
+            answer = await backend.generate(small)
             text, where = answer.text, answer.deployment
         else:
-            text, final = await streamed(backend)
+            text, final = await streamed(backend, small)
             where = final.deployment
         assert backend.pool.deployments[0].breaker.consecutive_failures == 1
     assert text == TEXT and where == "d1"
@@ -164,10 +168,11 @@ async def test_a_stream_of_empty_events_past_the_event_limit_moves_before_its_fi
 async def test_an_endless_stream_after_its_first_token_still_ends_there(
     upstream: FaultUpstream, second: FaultUpstream
 ) -> None:
-    # Text had reached the client: the limit ends the stream, no other deployment is asked.
+    # Text had reached the client: the limit ends the stream, no other deployment is asked. (A
+    # million tokens asked for: an honest answer could be that large, so it is the request's 400.)
     upstream.script(Endless())
     async with tier(upstream, second, max_response_bytes=LIMIT, max_stream_events=10**6) as backend:
-        with pytest.raises(UpstreamError, match="refused"):
+        with pytest.raises(AnswerTooLargeError, match="max_response_bytes"):
             async for _ in backend.stream(CHAT.with_(max_tokens=10**6)):
                 pass
     assert (len(upstream.requests), len(second.requests)) == (1, 0)

@@ -1,0 +1,96 @@
+"""How large an honest answer to a request can be, and so whose fault an answer over the limit is.
+
+An `openai` tier reads at most `max_response_bytes` of one answer (and at most `max_stream_events`
+events of a stream): past that it stops reading, never buffering without bound. What an honest
+upstream sends grows with what the request asks for, and all of that is the client's choice: `n`
+choices of `max_tokens` tokens, each token with its logprob entry and `top_logprobs` alternatives.
+A request for 8 choices of 512 tokens with 20 alternatives each is answered honestly with about
+5 MB. Counting such a refusal as the upstream failing let one key open every deployment's breaker
+for every tenant (issue 38). So the size of an answer is judged against the request:
+
+- `estimate` is what an honest answer to a request, as sent, takes: per token, its text, its logprob
+  entry (when logprobs are asked) and each alternative, and per streamed token its event's
+  envelope; plus each choice's and the body's own. `typical` is generous for what servers send
+  (llama-cpp-python's server measured a quarter to a third below it); `most` allows every token
+  to be as long as a token can be (`HONEST_MARGIN`).
+- Admission refuses a request whose answer, as the client asked for it, is estimated over the
+  limit (`refusal`, on its `typical` size; asked through `Backend.refuse_oversized` by
+  `router.admission.accounting`): a 400 in OpenAI's shape naming the parameter to lower
+  (`top_logprobs`, or `logprobs` on completions, then `n`, then `max_tokens`), before any work or
+  charge.
+- The tier's own additions (the logprobs it asks for its confidence verifier) are trimmed for a
+  request whose typical answer they alone would push over (`OpenAIBackend`): that request goes
+  without them.
+- An answer over the limit is then the upstream's failure (a breaker failure; the request moves to
+  another deployment) only when no honest answer to the request could be that large: its `most`
+  fits. Otherwise the answer may be an honest one of long tokens, so it is the request's: the
+  breaker hears nothing against the upstream, no other deployment is asked (it would generate it
+  again, at the operator's cost), and the client gets a 400 (`AnswerTooLargeError`) and is charged
+  for what the upstream generated (`OpenAIBackend._too_large`: `n * max_tokens` completion tokens,
+  all it can have generated, since its usage, at the body's end, never arrived). An error body
+  over the limit says nothing of the request: always the upstream's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from router.errors import AnswerTooLargeError
+from router.generation import GenerationRequest
+
+# An honest answer's bytes per token, JSON-escaped as servers send it. Measured on llama-cpp-python's
+# server (SmolLM2, 128 tokens of a story; docs/deployments.md): 146 a token with its logprob entry,
+# 58 an alternative, 272-390 a stream event's envelope; these leave a third or more above that.
+TEXT_BYTES_PER_TOKEN = 8
+ENTRY_BYTES = 192
+ALTERNATIVE_BYTES = 80
+STREAM_EVENT_BYTES = 448
+CHOICE_BYTES = 512  # a choice's own keys: index, message, role, finish_reason
+BODY_BYTES = 2048  # the body's: id, model, usage, and a stream's role chunk, usage chunk and [DONE]
+# How much more than the estimate a token's text, entry and alternatives can honestly take: a token
+# of 64 bytes (`reading.MAX_PIECE_CHARS`, the longest piece this tier takes for one token), written
+# as text and again in its entry's `bytes` list at up to 4 bytes a byte, takes about 5x the figures
+# above. The envelopes (body, choice, stream event) do not grow with a token's length.
+HONEST_MARGIN = 6
+
+
+@dataclass(frozen=True)
+class Size:
+    """An answer's size: `typical` as servers send it, `most` with every token as long as one can be."""
+
+    typical: int
+    most: int
+
+
+def estimate(request: GenerationRequest, *, max_tokens: int, logprobs: bool, top_k: int, stream: bool) -> Size:
+    """The bytes an honest answer to `request` takes when asked for `max_tokens` per choice, with
+    logprobs (and `top_k` alternatives per token) or without, streamed or not."""
+    tokens = request.n * max(0, max_tokens)
+    fixed = BODY_BYTES + request.n * CHOICE_BYTES + (tokens * STREAM_EVENT_BYTES if stream else 0)
+    grows = tokens * (TEXT_BYTES_PER_TOKEN + (ENTRY_BYTES + top_k * ALTERNATIVE_BYTES if logprobs else 0))
+    return Size(fixed + grows, fixed + HONEST_MARGIN * grows)
+
+
+def refusal(
+    request: GenerationRequest, *, max_tokens: int, limit: int, stream: bool, tier: str
+) -> AnswerTooLargeError | None:
+    """The 400 for a request whose answer, as the client asked for it (`request.top_logprobs`: the
+    alternatives it wants shown, 0 without logprobs), is estimated over `limit`; None if it fits."""
+    k = request.top_logprobs
+
+    def fits(r: GenerationRequest, top_k: int) -> bool:
+        return estimate(r, max_tokens=max_tokens, logprobs=top_k > 0, top_k=top_k, stream=stream).typical <= limit
+
+    if fits(request, k):
+        return None
+    if k > 0 and fits(request, 0):
+        param = "top_logprobs" if request.is_chat else "logprobs"
+    elif request.n > 1 and fits(request.with_(n=1), k):
+        param = "n"
+    else:
+        param = "max_tokens"
+    return AnswerTooLargeError(
+        f"tier {tier}: the answer asked for (n={request.n}, max_tokens={max_tokens}, top_logprobs={k}) "
+        f"would be larger than this tier takes from its upstream (max_response_bytes = {limit}); lower {param}",
+        param=param,
+    )
