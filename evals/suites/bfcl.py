@@ -10,7 +10,9 @@ Each item is asked as a chat request with the functions as OpenAI `tools` (`tool
 as a caller leaves it). BFCL's schemas are written in Python's words; they are sent in JSON
 Schema's (`dict` -> `object`, `float` -> `number`, `tuple` -> `array`, `any` -> no type), and a
 dotted function name (`math.factorial`) is sent with its dots as underscores, as the leaderboard
-does for OpenAI's API, which refuses dots in names. The grader maps the names back.
+does for OpenAI's API, which refuses dots in names. The grader maps the names back. The tools are
+part of the item (`Item.tools`) and of its identity: 98 `multiple` items ask a `simple` item's
+question among more functions, and must not be served that item's stored answer.
 
 Grading follows BFCL's AST checker (`evals/bfcl_checks.py`): the answer's calls, read from its
 text as the service reads them (`router.structured.tools.parse_tool_calls`), must be exactly the
@@ -133,7 +135,6 @@ class BFCL(Suite):
     def __init__(self, root: Path = DATA, categories: tuple[str, ...] = ("simple", "multiple", "parallel")) -> None:
         self.root = root
         self.categories = categories
-        self._tools: dict[str, tuple[ToolSpec, ...]] = {}
 
     def load(self, cache_dir: Path | None = None) -> list[Item]:
         items = []
@@ -164,15 +165,13 @@ class BFCL(Suite):
                         }
                     ),
                     group=category,
+                    tools=tools,
                 )
-                self._tools[item.id] = tools
                 items.append(item)
         return items
 
     def request(self, item: Item, request: GenerationRequest) -> GenerationRequest:
-        if not self._tools:
-            self.load()
-        return request.with_(tools=self._tools[item.id], tool_choice="auto")
+        return request.with_(tools=item.tools, tool_choice="auto")
 
     async def grade(self, item: Item, text: str) -> Grade:
         return grade_calls(text, item.answer_key.reference)

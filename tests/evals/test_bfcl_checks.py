@@ -1,7 +1,7 @@
 """The BFCL suite's grader on answers whose verdict is known: the suite's own items, answered right,
 wrong in each way BFCL's AST checker tells apart, and with hostile text (a huge or deeply nested
-argument, a function that was not offered); and the whole ground truth, written as Qwen writes
-calls, graded right by its own grader."""
+argument, a function that was not offered); the whole ground truth, written as Qwen writes calls,
+graded right by its own grader; and each item asked with its own tools."""
 
 from __future__ import annotations
 
@@ -16,10 +16,17 @@ import pytest
 
 from evals.bfcl_checks import as_qwen_answer, canonical_calls, grade_calls, standardize
 from evals.grading import Grade
+from evals.runner import EvalPlan, run_eval
+from evals.store import RunStore
 from evals.suites import get_suite
 from evals.suites.base import Item
 from evals.suites.bfcl import BFCL, CATEGORIES, DATA
+from evals.sweep import load_table
+from router.config import load_settings
 from router.errors import ConfigError
+from tests.support.evals import ScriptedBackend, write_config
+from verifiers.base import Registry
+from verifiers.tool_call import make_tool_call
 
 
 @pytest.fixture(scope="module")
@@ -245,3 +252,29 @@ def test_a_ground_truth_name_that_is_no_offered_function_is_refused(tmp_path: Pa
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     with pytest.raises(ConfigError, match=r"bfcl simple_3: ground truth names 'no_such_function'"):
         BFCL(root, ("simple",)).load()
+
+
+def test_an_item_is_asked_with_its_own_tools_and_never_served_anothers_answer(tmp_path: Path) -> None:
+    # multiple_function_96 asks simple_4's question among more functions: keyed by the messages
+    # alone, the runner served it simple_4's stored answer (made with one function offered)
+    suite = get_suite("bfcl")
+    loaded = {it.id: it for it in suite.load()}
+    assert len({it.prompt_sha for it in loaded.values()}) == 800
+    pair = [loaded["bfcl/simple_4"], loaded["bfcl/multiple_function_96"]]
+    assert pair[0].messages == pair[1].messages and len(pair[0].tools) == 1 < len(pair[1].tools)
+    settings = load_settings(write_config(tmp_path, verifier='name = "tool_call"'))
+    plan = EvalPlan(suite=suite, items=pair, settings=settings, tiers=["small"])
+    backend = ScriptedBackend("small", lambda request: f"{len(request.tools)} tools offered")
+    reg = Registry()
+    reg.register("tool_call", make_tool_call)
+    with RunStore(tmp_path / "run") as store:
+        asyncio.run(run_eval(plan, store, registry=reg, backends={"small": backend}))
+    table = load_table(RunStore(tmp_path / "run"))
+    assert {it.id: it.tiers[0].text for it in table.items} == {
+        "bfcl/simple_4": "1 tools offered",
+        "bfcl/multiple_function_96": f"{len(pair[1].tools)} tools offered",
+    }
+    # an item that offers no tools keeps the identity of its messages, as every stored run has it
+    gsm8k = {it.id: it.prompt_sha for it in get_suite("gsm8k").load()}
+    committed = json.loads((Path(__file__).resolve().parents[2] / "evals/results/gsm8k/manifest.json").read_text())
+    assert all(gsm8k[e["id"]] == e["prompt_sha"] for e in committed["items"])
