@@ -11,8 +11,8 @@ as a caller leaves it). BFCL's schemas are written in Python's words; they are s
 Schema's (`dict` -> `object`, `float` -> `number`, `tuple` -> `array`, `any` -> no type), and a
 dotted function name (`math.factorial`) is sent with its dots as underscores, as the leaderboard
 does for OpenAI's API, which refuses dots in names. The grader maps the names back. The tools are
-part of the item (`Item.tools`) and of its identity: 98 `multiple` items ask a `simple` item's
-question among more functions, and must not be served that item's stored answer.
+part of the item (`Item.tools`) and of its identity: 100 of the 200 `multiple` items ask a `simple`
+item's question among more functions, and must not be served that item's stored answer.
 
 Grading follows BFCL's AST checker (`evals/bfcl_checks.py`): the answer's calls, read from its
 text as the service reads them (`router.structured.tools.parse_tool_calls`), must be exactly the

@@ -255,8 +255,8 @@ def test_a_ground_truth_name_that_is_no_offered_function_is_refused(tmp_path: Pa
 
 
 def test_an_item_is_asked_with_its_own_tools_and_never_served_anothers_answer(tmp_path: Path) -> None:
-    # multiple_function_96 asks simple_4's question among more functions: keyed by the messages
-    # alone, the runner served it simple_4's stored answer (made with one function offered)
+    # multiple_function_96 asks simple_4's question among more functions (100 multiple items do so):
+    # keyed by the messages alone, the runner served it simple_4's stored answer (one function offered)
     suite = get_suite("bfcl")
     loaded = {it.id: it for it in suite.load()}
     assert len({it.prompt_sha for it in loaded.values()}) == 800
