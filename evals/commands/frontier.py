@@ -1,7 +1,9 @@
 """`tierroute eval frontier`: what the local small tier saves in front of frontier models whose
 per-item answers were published (see `evals.frontier`): imports them as eval runs under
 `--runs-dir`, joins them with the small tier's stored runs, writes the report to `--out`, headed
-by the command that regenerates it.
+by the command that regenerates it. The bfcl suite's published tiers are GPT-4o and GPT-4-turbo's
+per-item correctness (`evals.frontier.bfcl`, read from `--bfcl-data`), reported in `bfcl.md` and
+`bfcl.csv` beside the others.
 """
 
 from __future__ import annotations
@@ -35,10 +37,24 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     if not local:
         raise ConfigError("eval frontier needs at least one --local SUITE=RUN_DIR")
     reports = []
+    paths: list[Path] = []
     for suite_name, runs in local.items():
         stores = [RunStore(Path(r)) for r in runs]
         for s in stores:
             s.manifest()  # a ConfigError naming a missing run
+        if suite_name == "bfcl":
+            from evals.frontier import bfcl
+
+            rep = bfcl.build(
+                get_suite(suite_name),
+                stores,
+                Path(args.runs_dir),
+                data_dir=Path(args.bfcl_data),
+                seed=args.seed,
+                fraction=args.fraction,
+            )
+            paths += bfcl.write(rep, Path(args.out), command=_command(args))
+            continue
         reports.append(
             build(
                 get_suite(suite_name),
@@ -49,7 +65,9 @@ def cmd_frontier(args: argparse.Namespace) -> int:
                 fraction=args.fraction,
             )
         )
-    for path in write(reports, Path(args.out), command=_command(args)):
+    if reports:
+        paths = write(reports, Path(args.out), command=_command(args)) + paths
+    for path in paths:
         print(path)
     return 0
 
@@ -60,14 +78,18 @@ def _command(args: argparse.Namespace) -> str:
     parts = ["tierroute", "eval", "frontier"]
     for spec in args.local:
         parts += ["--local", spec]
-    parts += ["--data", args.data, "--runs-dir", args.runs_dir, "--out", args.out, *split_options(args)]
+    parts += ["--data", args.data]
+    if "bfcl" in _local(args.local):
+        parts += ["--bfcl-data", args.bfcl_data]
+    parts += ["--runs-dir", args.runs_dir, "--out", args.out, *split_options(args)]
     return " ".join(shlex.quote(p) for p in parts)
 
 
 def register(esub: Any, add: Any) -> None:
     p = add(
         "frontier",
-        "what the small tier saves in front of published frontier tiers (GPT-4-1106, Mixtral): import and report",
+        "what the small tier saves in front of published frontier tiers (GPT-4-1106, Mixtral; GPT-4o and "
+        "GPT-4-turbo on bfcl): import and report",
         cmd_frontier,
         esub,
     )
@@ -76,10 +98,15 @@ def register(esub: Any, add: Any) -> None:
         action="append",
         default=[],
         metavar="SUITE=RUN_DIR[,RUN_DIR...]",
-        help="the small tier's stored runs of a suite (repeatable; gsm8k and mmlu have published frontier results); "
-        "the first run that holds an item gives it, and its measured throughput prices the small tier",
+        help="the small tier's stored runs of a suite (repeatable; gsm8k, mmlu and bfcl have published frontier "
+        "results); the first run that holds an item gives it, and its measured throughput prices the small tier",
     )
     p.add_argument("--data", default="evals/data/routellm", help="the published subset (default: the committed one)")
+    p.add_argument(
+        "--bfcl-data",
+        default="evals/data/bfcl",
+        help="BFCL's published correctness and token estimates (default: committed)",
+    )
     p.add_argument("--runs-dir", default="runs", help="where the imported frontier runs are written (default ./runs)")
     p.add_argument("--out", default="frontier-report", help="output directory (default ./frontier-report)")
     p.add_argument("--seed", type=int, default=0, help="fixes the calibration split (default 0)")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from evals.grading import Grade
-from router.generation import GenerationRequest, Message
+from router.generation import GenerationRequest, Message, ToolSpec
 
 
 @dataclass(frozen=True)
@@ -37,11 +37,18 @@ class Item:
     messages: tuple[Message, ...]
     answer_key: AnswerKey = field(repr=False)
     group: str = ""  # a subject or category, for stratified sampling and per-group results
+    tools: tuple[ToolSpec, ...] = ()  # the functions a caller offers with the messages (`Suite.request` sends them)
 
     @property
     def prompt_sha(self) -> str:
-        """Identity of what the model is asked: part of every cache key."""
-        payload = json.dumps([[m.role, m.content] for m in self.messages], ensure_ascii=False)
+        """Identity of what the model is asked, the messages and the tools offered with them: part of
+        every cache key, so two items that ask one question with other tools (BFCL's `multiple`
+        category repeats `simple` questions among more functions) never share a generation. An item
+        that offers no tools keeps the identity of its messages alone, as every stored run has it."""
+        asked: list[Any] = [[m.role, m.content] for m in self.messages]
+        if self.tools:
+            asked.append([[t.name, t.description, t.parameters_json, t.strict] for t in self.tools])
+        payload = json.dumps(asked, ensure_ascii=False)
         return hashlib.sha256(payload.encode()).hexdigest()
 
 

@@ -14,8 +14,9 @@ system prompt written for this project (`fallback_system_prompt`), its history's
 that form and tool results passed as user turns in `<tool_response>` tags, so one reader serves
 every local model. The reader (`parse_tool_calls`) is forgiving of what small models do (a missing
 closing tag at the very end, `parameters` for `arguments`, arguments given as a JSON string) and
-strict about the rest: a block that is not a JSON object with a string `name` is reported as
-malformed, never guessed at, so the `tool_call` verifier can fail the answer and it escalates.
+strict about the rest: a block that is not a JSON object with a string `name`, or that nests more
+than `MAX_NESTING` deep, is reported as malformed, never guessed at, so the `tool_call` verifier can
+fail the answer and it escalates.
 
 `answer` is the one place that decides what an answer's calls are: a backend that received calls
 as data (an upstream's `tool_calls`) sets `Generation.tool_calls` and those are taken as they are;
@@ -62,6 +63,9 @@ _FENCED = re.compile(r"\s*```(?:json)?[ \t]*\n?(.*?)\n?```\s*\Z", re.S)
 # how an answer of untagged calls begins (see _bare_calls); an answer that may still begin so is held
 _BARE_STARTS = ("{", "```json", "```\n{", "```{")
 MAX_CALLS = 128  # calls read from one answer; more is a model looping, not a plan
+# arguments nested deeper than this are refused as malformed: no function's parameters go near it, and
+# JSON a thousand deep is past what Python's own decoder (RecursionError) and every later reader can walk
+MAX_NESTING = 64
 ARGUMENT_FRAGMENT_CHARS = 32  # streamed arguments arrive in pieces about this long, as OpenAI's do
 
 
@@ -226,7 +230,7 @@ def _bare_calls(text: str) -> tuple[tuple[ToolCall, ...], str]:
             return tuple(calls), ""
         try:
             value, end = decoder.raw_decode(text, at)
-        except ValueError:
+        except (ValueError, RecursionError):
             return ((), "") if not calls or text[at] != "{" else (tuple(calls), text[at:].strip())
         if not (isinstance(value, dict) and "name" in value and set(value) <= {"name", "arguments", "parameters"}):
             return ((), "") if not calls or not isinstance(value, dict) else (tuple(calls), text[at:].strip())
@@ -249,6 +253,10 @@ def _read_block(body: str) -> tuple[ToolCall | None, str]:
         value = json.loads(_undoubled(body))
     except ValueError as exc:
         return None, f"not JSON ({exc})"
+    except RecursionError:
+        return None, f"nested more than {MAX_NESTING} deep"
+    if _nesting(value) > MAX_NESTING:
+        return None, f"nested more than {MAX_NESTING} deep"
     if not isinstance(value, dict):
         return None, f"a JSON {type(value).__name__}, not an object"
     name = value.get("name")
@@ -260,6 +268,18 @@ def _read_block(body: str) -> tuple[ToolCall | None, str]:
     else:
         text = json.dumps(arguments, ensure_ascii=False)
     return ToolCall(new_call_id(), name, text), ""
+
+
+def _nesting(value: Any) -> int:
+    """How deep a decoded JSON value nests (a scalar is 0), walked without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth + 1)
+            if depth < MAX_NESTING:  # deep enough to refuse: no need to walk further
+                stack.extend((v, depth + 1) for v in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 def answer(request: GenerationRequest, generation: Generation) -> ToolAnswer:

@@ -3,6 +3,7 @@ prompt), calls read back from the text, and the stream filter that holds back wh
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from router.generation import Generation, GenerationRequest, Message, NamedTool, ToolCall, ToolSpec
 from router.structured import tools
 from verifiers.jsonschema_check import first_error
+from verifiers.tool_call import ToolCallVerifier
 
 WEATHER = ToolSpec(
     "get_weather",
@@ -88,6 +90,21 @@ def test_untagged_calls_are_read_when_the_answer_is_nothing_else() -> None:
 def test_a_malformed_block_is_reported_and_the_text_stays_content(text: str, why: str) -> None:
     found = tools.parse_tool_calls(text)
     assert found.calls == () and found.content == text and why in found.malformed[0]
+
+
+def test_arguments_nested_past_the_bound_are_malformed_not_a_crash() -> None:
+    # JSON some thousand deep raised RecursionError out of the reader (json's own decoder), so the
+    # tool_call verifier and the response renderer raised too; a few hundred tokens of brackets do it
+    deep = '{"name": "get_weather", "arguments": {"city": ' + "[" * 5000 + "]" * 5000 + "}}"
+    found = tools.parse_tool_calls(f"<tool_call>\n{deep}\n</tool_call>")
+    assert found.calls == () and f"nested more than {tools.MAX_NESTING} deep" in found.malformed[0]
+    assert tools.parse_tool_calls(deep).calls == ()  # untagged, as Qwen writes calls: plain text, no call
+    over = '{"name": "get_weather", "arguments": {"city": ' + "[" * 64 + "]" * 64 + "}}"
+    assert "nested more than" in tools.parse_tool_calls(f"<tool_call>{over}</tool_call>").malformed[0]
+    within = '{"name": "get_weather", "arguments": {"city": ' + "[" * 62 + "]" * 62 + "}}"
+    assert len(tools.parse_tool_calls(f"<tool_call>{within}</tool_call>").calls) == 1
+    score = asyncio.run(ToolCallVerifier().score(request(), gen(f"<tool_call>{deep}</tool_call>")))
+    assert score.value == 0.0 and "nested more than" in score.reason
 
 
 def test_answer_uses_an_upstreams_calls_and_keeps_one_when_parallel_calls_are_off() -> None:
