@@ -286,12 +286,16 @@ def json_format(text: str, args: Args) -> bool:
     return True
 
 
-_TITLE = re.compile(r"<<([^\n]+?)>>")
-
-
 def title(text: str, args: Args) -> bool:
-    """A title in double angular brackets, on one line, with text inside: ``<<poem of joy>>``."""
-    return any(m.group(1).strip("<> \t") for m in _TITLE.finditer(text))
+    """A title in double angular brackets, on one line, with text inside: ``<<poem of joy>>``.
+    (Scanned line by line, from a line's first ``<<`` to its last ``>>``: a regex would retry every
+    ``<<`` of a long line.)"""
+    for line in text.split("\n"):
+        opening = line.find("<<")
+        closing = line.rfind(">>")
+        if 0 <= opening and opening + 2 <= closing and line[opening + 2 : closing].strip("<> \t"):
+            return True
+    return False
 
 
 _OPTIONS = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
@@ -376,10 +380,14 @@ RESTATED_SHARE = 0.8
 def restates(text: str, prompt: str, repeated: str | None = None) -> bool:
     """Whether `text` restates `prompt` instead of answering it: `RESTATED_SHARE` or more of the
     prompt's six-word runs reappear in it, once a requested repetition of `repeated` (the request
-    to repeat, when the prompt asks for one) is taken off its start."""
+    to repeat, when the prompt asks for one) is taken off its start; or, after that repetition,
+    that share of what the prompt says besides the request (the instruction to repeat it)."""
     body = text.strip()
     if repeated and body.lower().startswith(repeated.strip().lower()):
         body = body[len(repeated.strip()) :]
+        rest = prompt.replace(repeated.strip(), " ")  # what the prompt says besides the request
+        if rest != prompt and units.echoed_share(body, rest) >= RESTATED_SHARE:
+            return True
     return units.echoed_share(body, prompt) >= RESTATED_SHARE
 
 

@@ -37,9 +37,9 @@ import re
 # Runs of word characters; `re`'s \w is Unicode-aware, as in the published grader.
 _WORD = re.compile(r"\w+")
 
-# A candidate sentence end: end punctuation, then closers, then white space or the end.
-_END = re.compile(r"(?:\.{2,}|…|[.?!])+[\"'”’)\]}*_]*(?=\s|$)")
-_TOKEN_BEFORE = re.compile(r"(\S*?)(?:\.{2,}|…|[.?!])+[\"'”’)\]}*_]*$")
+# A candidate sentence end: a run of end punctuation (from its start: a run is tried once, so a
+# long run that ends inside a word costs its length, not its square), closers, then white space.
+_END = re.compile(r"(?<![.?!…])[.?!…]+[\"'”’)\]}*_]*(?=\s|$)")
 _NEXT_WORD = re.compile(r"\s+[\"'“‘(\[*_]*(\S+)")
 _NUMBER = re.compile(r"^[-+]?[\d,.]*\d$")
 _INITIAL = re.compile(r"^[^\W\d_]$")
@@ -93,13 +93,23 @@ def _ends_sentence(token: str, marks: str, following: str | None) -> bool:
     return True
 
 
+_LONGEST_TOKEN = 200  # how far back a sentence end's token is looked for
+
+
+def _token_before(text: str, start: int, end: int) -> str:
+    """The white-space-delimited piece of `text` that ends at `end`, looked for from `start`."""
+    i = end
+    while i > start and not text[i - 1].isspace():
+        i -= 1
+    return text[i:end]
+
+
 def sentences(text: str) -> list[str]:
     """The text's sentences, as defined in the module docstring (stripped, none empty)."""
     out: list[str] = []
     start = 0
     for m in _END.finditer(text):
-        before = _TOKEN_BEFORE.search(text, max(start, m.start() - 200), m.end())
-        token = before.group(1) if before else ""
+        token = _token_before(text, max(start, m.start() - _LONGEST_TOKEN), m.start())
         after = _NEXT_WORD.match(text, m.end())
         following = after.group(1) if after else None
         if _ends_sentence(token, m.group(), following):
@@ -116,7 +126,7 @@ def sentences(text: str) -> list[str]:
 # A word tokenizer's split of English, enough to say which tokens are in capitals: the text is cut
 # at white space, the punctuation around each piece is dropped, and clitics become tokens.
 _EDGE_PUNCT = "\"'“”‘’`()[]{}<>*_,;:!?.#@$%&~|=+^"
-_CLITIC = re.compile(r"(?i)^(.+?)(n't|'s|'m|'d|'ll|'re|'ve|n’t|’s|’m|’d|’ll|’re|’ve)$")
+_CLITIC_ENDINGS = ("n't", "'s", "'m", "'d", "'ll", "'re", "'ve", "n’t", "’s", "’m", "’d", "’ll", "’re", "’ve")
 
 
 def word_tokens(text: str) -> list[str]:
@@ -126,9 +136,10 @@ def word_tokens(text: str) -> list[str]:
         core = piece.strip(_EDGE_PUNCT)
         if not core:
             continue
-        m = _CLITIC.match(core)
-        if m:
-            tokens.extend((m.group(1), m.group(2)))
+        low = core.lower()
+        ending = next((e for e in _CLITIC_ENDINGS if low.endswith(e) and len(core) > len(e)), None)
+        if ending:
+            tokens.extend((core[: -len(ending)], core[-len(ending) :]))
         else:
             tokens.append(core)
     return tokens
