@@ -65,7 +65,8 @@ _ALL_CAPS = re.compile(
 )
 _LOWER = re.compile(
     r"\b(?:in|all|only|use|using|with|be)\s+(?:\w+\s+)?lower[ -]?case(?:d|s)?\b|"
-    r"\blower[ -]?case\s+(?:letters|english|only)\b|\ball letters lowercased\b|\bno capitali[sz]ations?\b|"
+    r"\blower[ -]?case\s+(?:letters|english|only)\b|\bletters\s+(?:are|be|in)\s+lower[ -]?case\b|"
+    r"\ball letters lowercased\b|\bno capitali[sz]ations?\b|"
     r"\b(?:no |without (?:using )?(?:any )?|not contain any |not use any )capital letters\b|"
     r"\bnot a single letter\b[^.!?\n]{0,60}\bcapitali[sz]ed\b",
     _I,
