@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from evals.ifeval_agreement import grading_agreement, rows
 from evals.ifeval_checks import KINDS, InstructionError, follows
 from evals.suites.ifeval import IFEval
 from verifiers.instructions import text as units
@@ -45,31 +45,12 @@ THRESHOLDS = {
 
 
 def _rows(name: str) -> list[dict]:
-    return [json.loads(line) for line in (DATA / name).read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def _agreement() -> tuple[Counter[str], Counter[str], dict[tuple[int, str], tuple[bool, bool]]]:
-    items = {r["prompt"]: r for r in _rows("input_data.jsonl")}
-    total: Counter[str] = Counter()
-    agree: Counter[str] = Counter()
-    differ: dict[tuple[int, str], tuple[bool, bool]] = {}
-    for graded in _rows("eval_results_strict.jsonl"):
-        item = items[graded["prompt"]]
-        assert graded["instruction_id_list"] == item["instruction_id_list"]
-        for kind, kwargs, theirs in zip(
-            item["instruction_id_list"], item["kwargs"], graded["follow_instruction_list"], strict=True
-        ):
-            ours = follows(kind, kwargs, graded["response"], prompt=item["prompt"])
-            total[kind] += 1
-            if ours == theirs:
-                agree[kind] += 1
-            else:
-                differ[(item["key"], kind)] = (ours, theirs)
-    return total, agree, differ
+    return rows(name)
 
 
 def test_agreement_with_the_published_strict_grading_per_kind() -> None:
-    total, agree, differ = _agreement()
+    measured = grading_agreement()
+    total, agree, differ = measured.total, measured.agree, measured.differ
     assert set(total) == set(KINDS)  # all 25 kinds are graded
     assert sum(total.values()) == 832
     for kind in total:

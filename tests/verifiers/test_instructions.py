@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from evals.ifeval_agreement import STATS, reader_accuracy, rows
 from evals.ifeval_checks import follows
 from evals.measures import auroc
 from router.generation import Generation, GenerationRequest, Message
@@ -51,72 +51,17 @@ FLOORS: dict[str, tuple[float, float, float, float]] = {  # kind P, kind R, args
 
 
 def _rows(name: str) -> list[dict]:
-    return [json.loads(line) for line in (DATA / name).read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def _norm(value: Any) -> Any:
-    if isinstance(value, str):
-        return value.strip().lower()
-    if isinstance(value, list):
-        return tuple(sorted({v.strip().lower() for v in value}))
-    return value
-
-
-def _args(kwargs: dict) -> tuple:
-    return tuple(sorted((k, _norm(v)) for k, v in kwargs.items() if v is not None))
-
-
-def _ratio(hit: int, other: int) -> float:
-    return hit / (hit + other) if hit + other else 1.0
-
-
-def measure() -> dict[str, dict[str, float]]:
-    """Precision and recall of the reader against IFEval's key, overall ("") and per kind."""
-    tp: Counter[str] = Counter()
-    fp: Counter[str] = Counter()
-    fn: Counter[str] = Counter()
-    atp: Counter[str] = Counter()
-    afp: Counter[str] = Counter()
-    afn: Counter[str] = Counter()
-    for row in _rows("input_data.jsonl"):
-        key = [(k, _args(a)) for k, a in zip(row["instruction_id_list"], row["kwargs"], strict=True)]
-        got = [(c.kind, _args(c.args)) for c in read_constraints(row["prompt"])]
-        key_kinds, got_kinds = Counter(k for k, _ in key), Counter(k for k, _ in got)
-        for kind in key_kinds | got_kinds:
-            hit = min(key_kinds[kind], got_kinds[kind])
-            tp[kind] += hit
-            fp[kind] += got_kinds[kind] - hit
-            fn[kind] += key_kinds[kind] - hit
-        key_args, got_args = Counter(key), Counter(got)
-        for pair in key_args | got_args:
-            hit = min(key_args[pair], got_args[pair])
-            atp[pair[0]] += hit
-            afp[pair[0]] += got_args[pair] - hit
-            afn[pair[0]] += key_args[pair] - hit
-    out = {}
-    for kind in [*sorted(tp | fn | fp), ""]:
-
-        def pick(c: Counter[str], kind: str = kind) -> int:
-            return sum(c.values()) if kind == "" else c[kind]
-
-        out[kind] = {
-            "kind_precision": _ratio(pick(tp), pick(fp)),
-            "kind_recall": _ratio(pick(tp), pick(fn)),
-            "args_precision": _ratio(pick(atp), pick(afp)),
-            "args_recall": _ratio(pick(atp), pick(afn)),
-        }
-    return out
+    return rows(name)
 
 
 def test_the_reader_against_ifevals_answer_key() -> None:
-    measured = measure()
+    measured = reader_accuracy()
     for stat, floor in OVERALL.items():
         assert measured[""][stat] >= floor, (stat, measured[""])
-    names = ("kind_precision", "kind_recall", "args_precision", "args_recall")
     for kind, stats in measured.items():
         if kind:
             floors = FLOORS.get(kind, (1.0, 1.0, 1.0, 1.0))
-            for name, floor in zip(names, floors, strict=True):
+            for name, floor in zip(STATS, floors, strict=True):
                 assert stats[name] >= floor, (kind, name, stats)
     assert len(measured) == 26  # all 25 kinds are read on some prompt
 
@@ -339,3 +284,21 @@ async def test_it_ranks_gpt4s_ifeval_answers_as_the_grader_does() -> None:
     assert auroc(labels, by_fraction) >= 0.99
     assert auroc(labels, by_all) >= 0.99
     assert sum((s == 1.0) == ok for s, ok in zip(by_all, labels, strict=True)) / len(labels) >= 0.98
+
+
+HOSTILE_PROMPTS = {
+    "forbidden words": "Do not use the word " * 50_000,
+    "quotes": '"' * 1_000_000,
+    "keyword lists": "include the keywords 'a', " * 40_000,
+    "dots": "." * 1_000_000 + "a",
+    "sections": "Section 1 and Section 2 " * 40_000,
+    "repeats": "repeat the request " * 50_000,
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_PROMPTS))
+async def test_a_huge_or_hostile_prompt_is_read_in_bounded_time(name: str) -> None:
+    started = time.process_time()
+    score = await InstructionsVerifier().score(ask(HOSTILE_PROMPTS[name]), answer("A short answer."))
+    assert score.value is None or 0.0 <= score.value <= 1.0
+    assert time.process_time() - started < 10  # read on its first and last 10,000 characters
