@@ -21,6 +21,7 @@ from verifiers.cross_tier import make_cross_tier
 from verifiers.degeneration import make_degeneration
 from verifiers.execution import make_execution
 from verifiers.format import make_format
+from verifiers.instructions import make_instructions
 from verifiers.judge import make_judge
 from verifiers.learned import make_learned
 from verifiers.math_answer import make_math_answer
@@ -40,6 +41,7 @@ BUILTINS: dict[str, VerifierFactory] = {
     "execution": make_execution,
     "tool_call": make_tool_call,
     "arithmetic": make_arithmetic,
+    "instructions": make_instructions,
 }
 
 
@@ -47,7 +49,8 @@ BUILTINS: dict[str, VerifierFactory] = {
 # are keyed by the version (evals.runner.verifier_fingerprint), so a rerun rescores exactly these.
 # code_tests 2: examples stated in prose (`f(x) == y`, `f(x) ➞ y`, "should return", Input/Output).
 # code_tests 3: abstains on code in another language instead of scoring it a syntax error.
-VERSIONS: dict[str, int] = {"code_tests": 3}
+# instructions 1: the first reader of constraints; bump it when the reader or a check changes.
+VERSIONS: dict[str, int] = {"code_tests": 3, "instructions": 1}
 
 
 # what a verifier needs of the machine: the reason it cannot run here, or None

@@ -223,3 +223,54 @@ async def test_mmlu_answer_key_never_reaches_choice_or_cross_tier(tmp_path: Path
         assert not {"reference", "answer_key", "correct_answer", "letters"} & set(req.metadata)
         text = everything_in(req)
         assert "AnswerKey" not in text and "correct_answer" not in text
+
+
+async def test_ifeval_answer_key_never_reaches_the_instructions_verifier(tmp_path: Path) -> None:
+    """The `instructions` verifier reads constraints from the prompt; IFEval's key (the ids and
+    arguments of each item's instructions) stays with the grader."""
+    specs = [VerifierSpec(name="instructions")]
+    items, seen, asked, _ = await model_using_run(tmp_path, "ifeval", lambda r: "a short answer", specs)
+    assert len(seen) == 2 * 3  # both tiers' answers to 3 items
+    for req in seen + asked:
+        assert set(req.metadata) == {"task", "client_code"}
+        text = everything_in(req)
+        item = next(i for i in items if i.messages[0].content == req.last_user_text())
+        for instruction in item.answer_key.reference["instructions"]:
+            assert instruction["id"] not in text  # "punctuation:no_comma", ...
+        assert "AnswerKey" not in text and "instruction_id_list" not in text
+
+
+async def test_the_instructions_verifier_scores_the_same_with_the_answer_key_beside_it() -> None:
+    """Were it to read the request's metadata, a key placed there would move its score: on 40
+    IFEval items, a key that contradicts the prompt (every instruction swapped for another kind)
+    changes nothing."""
+    from evals.suites.ifeval import IFEval
+    from verifiers.instructions import InstructionsVerifier
+
+    verifier = InstructionsVerifier()
+    items = IFEval().load()[:40]
+    candidate = Generation('"A short answer, in quotes."', "stop", 10, 10, None, 0.0)
+    for item in items:
+        plain = GenerationRequest(messages=item.messages, metadata={"task": "text", "client_code": False})
+        key = {"instructions": [{"id": "startend:quotation", "kwargs": {}}], "reference": item.answer_key.reference}
+        poisoned = plain.with_(metadata={**plain.metadata, "answer_key": key, "instructions": key["instructions"]})
+        a, b = await verifier.score(plain, candidate), await verifier.score(poisoned, candidate)
+        assert (a.value, a.reason, a.details) == (b.value, b.reason, b.details), item.id
+
+
+def test_the_instructions_verifier_has_no_code_that_reads_grader_fields() -> None:
+    """What the verifier may read of a request is its messages and prompt: no file of it names
+    the request's metadata or an answer key, so none can start to without this test failing."""
+    import ast
+
+    package = Path(__file__).resolve().parents[2] / "verifiers" / "instructions"
+    forbidden = {"metadata", "answer_key", "reference", "AnswerKey"}
+    for path in sorted(package.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {a.name.split(".")[-1] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert not names & forbidden, (path.name, names & forbidden)
+        assert "evals" not in {
+            n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+        }
