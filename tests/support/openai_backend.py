@@ -8,8 +8,8 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from router.backends.breaker import CircuitBreaker
 from router.backends.openai import OpenAIBackend
+from router.backends.openai.breaker import CircuitBreaker
 from router.config import OpenAIBackendSettings
 from router.generation import Delta, Generation, GenerationRequest
 from tests.support.fault_upstream import PROMPT_TOKENS, TOKENS, FaultUpstream

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from verifiers.cgroup_box import SERVICE_LEAF, BoxCgroups, Delegation, cgroup2_mount, find_delegation, own_cgroup
+from verifiers.sandbox.cgroup import SERVICE_LEAF, BoxCgroups, Delegation, cgroup2_mount, find_delegation, own_cgroup
 
 PID = 4242
 HYBRID_CGROUP = "4:memory:/process_api/abc\n1:cpu:/\n0::/\n"

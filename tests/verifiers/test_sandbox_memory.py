@@ -5,7 +5,7 @@ Before these rules one code_tests run held 1,768 MiB of host memory in 120 socke
 raised buffers while its processes were capped at 512 MiB, a box bound a vsock port that was then
 taken on the host, and a box took the host's ``fs.aio-nr`` to its maximum. The memory test
 compares the host's MemAvailable while the box holds everything it could queue with the bound
-`verifiers.box_memory.bound_mb` states; other work on the machine moves MemAvailable too, so the
+`verifiers.sandbox.memory.bound_mb` states; other work on the machine moves MemAvailable too, so the
 attack is sized to exceed that bound several times over were a rule missing.
 """
 
@@ -28,10 +28,11 @@ from pathlib import Path
 
 import pytest
 
-from verifiers import box_memory, sandbox
-from verifiers.box_memory import MemoryMode
-from verifiers.cgroup_box import BoxCgroup, BoxCgroups
+from verifiers import sandbox
 from verifiers.sandbox import Limits, available, memory_mode, run_python_async, start_python
+from verifiers.sandbox import memory as box_memory
+from verifiers.sandbox.cgroup import BoxCgroup, BoxCgroups
+from verifiers.sandbox.memory import MemoryMode
 
 # every box counts against uid 65534's process limit: these boxes must not run beside another
 # worker's (pytest-xdist --dist loadgroup), or a box cannot fork and exits early

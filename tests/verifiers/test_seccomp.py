@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from verifiers import seccomp
+from verifiers.sandbox import seccomp
 
 X86_64 = seccomp.AUDIT_ARCH_X86_64
 ALLOW = "allow"

@@ -7,7 +7,7 @@ job, each saying in its docstring which part of that promise it keeps:
 - `backend`: `OpenAIBackend`, the request flow: tries within a deadline, the circuit breakers,
   streams retried only until their first piece of text, optional parameters a server refuses,
   scoring a given answer for `cross_tier`.
-- `client`: the SDK client, over `router.backends.upstream_io.CappedTransport` (every byte read
+- `client`: the SDK client, over `router.backends.openai.upstream_io.CappedTransport` (every byte read
   through a size cap, nothing compressed, no redirect followed).
 - `call`: one request's deadline, the bounds its answer is held to, and the body sent for it.
 - `reading`: a plain answer's choices, usage, logprobs, top-k and tool calls, checked and clamped.

@@ -7,14 +7,14 @@ One logical request gives one `Generation` or one exception, never both and neve
   408/409/429/5xx, and a 200 whose body is not a well-formed completion) is tried again by
   `router.backends.openai.failover`: at once on another deployment of the tier when it has several
   (`router.backends.openai.deployments`), else after a backoff with jitter that honours
-  `Retry-After` (`router.backends.retry.RetryPolicy`), never past the deadline:
+  `Retry-After` (`router.backends.openai.retry.RetryPolicy`), never past the deadline:
   `request.deadline` or now + the tier's `timeout_s`, whichever is sooner. Each attempt may use
   only the time that remains.
 - `generate` makes one non-streaming call per attempt: cheaper, and retryable as a whole.
 - `stream` retries only until the first piece of text has been yielded. After that a failure
   raises, because retrying would repeat text the caller already has, and returning what arrived as
   if it were complete would pass off a truncated answer.
-- Each attempt passes through its deployment's `CircuitBreaker` (see `router.backends.breaker`):
+- Each attempt passes through its deployment's `CircuitBreaker` (see `router.backends.openai.breaker`):
   every failed attempt counts as a failure; a deliberate answer, including a 4xx rejecting our
   request, counts as the upstream being alive, and so does an answer too large for the tier that
   the request asked for (`router.backends.openai.answer_size`: the request's 400, charged).
@@ -27,7 +27,7 @@ tier's own is refused with it (`router.backends.openai.refusals`: a client steer
 
 `score_continuation` (for the `cross_tier` verifier) makes one non-streaming call per attempt
 under the same retries, breaker, deadline and size caps, in the way `tiers[].openai.prompt_logprobs`
-names; the answer is read, and clamped, by `router.backends.prompt_scoring`.
+names; the answer is read, and clamped, by `router.backends.openai.prompt_scoring`.
 
 The rest is in the package's other modules: `client` (the SDK client over the capped transport),
 `call` (one request's deadline, bounds and body), `reading` and `streams` (what an answer says,
@@ -50,9 +50,9 @@ from urllib.parse import urlsplit
 import openai
 
 from router.backends.base import Backend, ContinuationScore, ScoringUnsupportedError
-from router.backends.breaker import CircuitBreaker, Permit
 from router.backends.openai import failover
 from router.backends.openai.answer_size import estimate, refusal
+from router.backends.openai.breaker import CircuitBreaker, Permit
 from router.backends.openai.call import (
     Call,
     completion_limit,
@@ -64,12 +64,12 @@ from router.backends.openai.call import (
 from router.backends.openai.client import close_quietly, json_body
 from router.backends.openai.deployments import Deployment, Pool
 from router.backends.openai.failures import DEADLINE_RETRY_AFTER_S, Failures, Retryable, refused_param
+from router.backends.openai.prompt_scoring import ScoredTokens, read_echo, read_vllm, render_chat
 from router.backends.openai.reading import prompt_floor, read_response
 from router.backends.openai.refusals import PROBE_TIMEOUT_S
+from router.backends.openai.retry import RetryPolicy
 from router.backends.openai.streams import Accumulator, next_piece
-from router.backends.prompt_scoring import ScoredTokens, read_echo, read_vllm, render_chat
-from router.backends.retry import RetryPolicy
-from router.backends.upstream_io import Malformed, SSEReader, first_choice, token_count
+from router.backends.openai.upstream_io import Malformed, SSEReader, first_choice, token_count
 from router.errors import (
     AnswerTooLargeError,
     ConfigError,

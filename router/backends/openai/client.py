@@ -30,7 +30,7 @@ import httpx2
 import openai
 
 from router.backends.openai.call import Call
-from router.backends.upstream_io import CappedTransport, environment_proxy, json_object
+from router.backends.openai.upstream_io import CappedTransport, environment_proxy, json_object
 from router.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ what is true of that one server and of no other:
 
 - its SDK client (its own base URL and key), and the optional parameters it refuses (learned from
   requests of the tier's own only, `router.backends.openai.refusals`);
-- its `CircuitBreaker` (`router.backends.breaker`): an open breaker takes no traffic until its
+- its `CircuitBreaker` (`router.backends.openai.breaker`): an open breaker takes no traffic until its
   cool-down ends, when one request probes it (half-open);
 - a `Retry-After` mark: a 429 or 503 that says how long to wait marks this deployment until then,
   and no other (the tier's other deployments go on answering);
@@ -48,8 +48,8 @@ from urllib.parse import urlsplit
 
 import openai
 
-from router.backends.breaker import CircuitBreaker
 from router.backends.openai.balancing import STRATEGIES
+from router.backends.openai.breaker import CircuitBreaker
 from router.backends.openai.client import missing_key, new_client
 from router.backends.openai.failures import Failures
 from router.backends.openai.refusals import Refusals

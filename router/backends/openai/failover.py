@@ -32,7 +32,7 @@ from typing import TypeVar
 from router.backends.openai.call import Call
 from router.backends.openai.deployments import Deployment, Pool
 from router.backends.openai.failures import Retryable
-from router.backends.retry import RetryPolicy
+from router.backends.openai.retry import RetryPolicy
 
 _T = TypeVar("_T")
 

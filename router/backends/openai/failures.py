@@ -24,7 +24,7 @@ well-formed completion, and an error event in a stream; and an answer over the s
 only at another deployment of the tier (`Retryable.repeat`): the same server would send as much
 again, another one may answer.
 
-- `Retry-After` is clamped by `router.backends.retry.parse_retry_after` to [0, the tier's timeout],
+- `Retry-After` is clamped by `router.backends.openai.retry.parse_retry_after` to [0, the tier's timeout],
   and retries never sleep past the deadline whatever it says. A client whose request failed at
   this tier gets one rule, for plain and streamed requests alike (`Failures.client_retry_after`):
   the upstream's value or the breaker's remaining cool-down, whichever is longer; when neither
@@ -54,10 +54,10 @@ from typing import Any
 import httpx2
 import openai
 
-from router.backends.breaker import CircuitBreaker
+from router.backends.openai.breaker import CircuitBreaker
 from router.backends.openai.call import Call
-from router.backends.retry import parse_retry_after
-from router.backends.upstream_io import LOG_TEXT_CHARS, ErrorEvent, Malformed, Unacceptable
+from router.backends.openai.retry import parse_retry_after
+from router.backends.openai.upstream_io import LOG_TEXT_CHARS, ErrorEvent, Malformed, Unacceptable
 from router.errors import (
     AnswerTooLargeError,
     ContextLengthError,

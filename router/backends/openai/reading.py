@@ -1,7 +1,7 @@
 """Reading an upstream's answer: choices, usage, logprobs, top-k and tool calls, checked and clamped.
 
 An upstream is not trusted any more than a client is (docs/design.md, security boundary). Its bytes
-are bounded first by `router.backends.upstream_io`; what they say is read here, for a plain answer
+are bounded first by `router.backends.openai.upstream_io`; what they say is read here, for a plain answer
 (`read_response`) and, piece by piece, for a stream (`router.backends.openai.streams`).
 
 - Shape. The SDK builds the request and maps error statuses; answers are parsed here from the raw
@@ -40,7 +40,7 @@ from dataclasses import replace
 from typing import Any
 
 from router.backends.openai.call import Call, estimate_tokens, prompt_text
-from router.backends.upstream_io import (
+from router.backends.openai.upstream_io import (
     Malformed,
     clean_text,
     first_choice,

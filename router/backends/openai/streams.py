@@ -2,7 +2,7 @@
 
 Each chunk is read as a plain answer is (`router.backends.openai.reading`: types checked, text made
 valid Unicode, logprobs and top-k clamped, usage held to what the request could cost), and the
-stream as a whole is bounded: `router.backends.upstream_io.SSEReader` caps its events at
+stream as a whole is bounded: `router.backends.openai.upstream_io.SSEReader` caps its events at
 `max_stream_events`, and pieces of text and tool-call fragments are capped at `Call.piece_limit`
 (twice `max_tokens`, plus a slack), so an upstream that ignores `max_tokens` is stopped there. Too
 much is `Unacceptable`: an upstream failure, tried again only at another deployment.
@@ -37,7 +37,7 @@ from router.backends.openai.reading import (
     tool_call,
     top_logprobs,
 )
-from router.backends.upstream_io import (
+from router.backends.openai.upstream_io import (
     Malformed,
     SSEReader,
     Unacceptable,

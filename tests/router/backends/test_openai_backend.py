@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from router.backends.breaker import CircuitBreaker
 from router.backends.openai import OpenAIBackend
+from router.backends.openai.breaker import CircuitBreaker
 from router.config import OpenAIBackendSettings, PriceSettings, Settings, TierSettings
 from router.errors import (
     CircuitOpenError,

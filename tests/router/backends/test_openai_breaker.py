@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.backends.breaker import CircuitBreaker
+from router.backends.openai.breaker import CircuitBreaker
 from router.errors import CircuitOpenError
 
 

@@ -7,7 +7,7 @@ from email.utils import format_datetime
 
 import pytest
 
-from router.backends.retry import RetryPolicy, parse_retry_after
+from router.backends.openai.retry import RetryPolicy, parse_retry_after
 
 
 class Flaky(Exception):

@@ -15,7 +15,7 @@ import pytest
 
 from router.backends.base import ScoringUnsupportedError
 from router.backends.openai import OpenAIBackend
-from router.backends.prompt_scoring import LOGPROB_FLOOR, render_chat
+from router.backends.openai.prompt_scoring import LOGPROB_FLOOR, render_chat
 from router.config import OpenAIBackendSettings
 from router.errors import UpstreamError
 from router.generation import GenerationRequest, Message

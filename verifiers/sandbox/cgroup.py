@@ -6,7 +6,7 @@ kernel allocates on their behalf and charges to them: tmpfs pages, pipe buffers,
 inodes and dentries, TCP and UDP socket buffers. It does not cap ``AF_UNIX`` socket buffers (the
 kernel charges socket memory to a cgroup only for the protocols that keep a memory account, TCP
 and UDP among them), which is why the seccomp rules on socket buffers apply in both modes
-(`verifiers.seccomp`).
+(`verifiers.sandbox.seccomp`).
 
 Where: only where the service was given a cgroup subtree to manage, which this module must
 recognise rather than assume. As root every cgroup directory is writable, so "writable" does not

@@ -4,7 +4,7 @@ Two modes, chosen once per process (`choose`), logged at start-up and named in e
 ``isolation``:
 
 - ``cgroup-memory``, where the service was given a cgroup v2 subtree with the memory and pids
-  controllers (`verifiers.cgroup_box`): each box gets ``memory.max`` = memory_mb + disk_mb + 1 MiB
+  controllers (`verifiers.sandbox.cgroup`): each box gets ``memory.max`` = memory_mb + disk_mb + 1 MiB
   (/dev/shm) + 32 MiB (bubblewrap, page tables, the stdlib's page cache), ``memory.swap.max`` 0 and
   ``pids.max`` = max_procs + 2 (bubblewrap's two processes). Processes, tmpfs, pipes and kernel
   objects made for the box are counted together.
@@ -18,7 +18,7 @@ Two modes, chosen once per process (`choose`), logged at start-up and named in e
   of one 64 MiB process held 103 MiB of them; the arithmetic once assumed dense mappings, 128 KiB).
 
 In both modes what the kernel keeps outside any process or cgroup count is held down by the
-seccomp filter (`verifiers.seccomp`: no socket but AF_UNIX stream ones, no listen, no socket
+seccomp filter (`verifiers.sandbox.seccomp`: no socket but AF_UNIX stream ones, no listen, no socket
 buffer resizing, no pipe resizing, no vmsplice, splice, tee or sendfile, no AIO, inotify or
 fanotify, no extended attributes written) and by RLIMIT_NOFILE = 64: a socket holds at most about
 2 x ``net.core.wmem_default`` (one message may pass the buffer's size before the sender blocks), a
@@ -43,7 +43,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from verifiers.cgroup_box import BoxCgroups, find_delegation
+from verifiers.sandbox.cgroup import BoxCgroups, find_delegation
 
 log = logging.getLogger(__name__)
 

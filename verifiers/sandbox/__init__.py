@@ -26,7 +26,7 @@ What every run gets (a run that cannot have all of it does not run; see `availab
   no groups before any of the answer's code exists: the code runs as host uid 65534 with no
   capabilities. When the service is an ordinary user, bubblewrap makes a user namespace where the
   code is uid 65534; on the host it is then the service's uid, confined by the namespaces above;
-- a seccomp filter (`verifiers.seccomp`, a classic BPF program; other architectures are refused)
+- a seccomp filter (`verifiers.sandbox.seccomp`, a classic BPF program; other architectures are refused)
   that denies memfd_create and SysV shared memory, message queues and semaphores (RAM outside
   RLIMIT_AS), ptrace, process_vm_readv/writev, pidfd_open/getfd/send_signal, keyctl and friends,
   bpf, perf_event_open, userfaultfd, io_uring and the AIO calls, mount and the new mount API,
@@ -41,13 +41,13 @@ What every run gets (a run that cannot have all of it does not run; see `availab
   empty environment (three thread-count variables aside); a wall-clock timeout after which the
   namespace is killed;
 - where the service was given a delegated cgroup v2 subtree, a cgroup per box with ``memory.max``
-  and ``pids.max`` (`verifiers.box_memory` says which mode runs, logs it at start-up and puts it
+  and ``pids.max`` (`verifiers.sandbox.memory` says which mode runs, logs it at start-up and puts it
   last in ``isolation``: ``cgroup-memory`` or ``rlimit-memory``).
 
 What it does not give: without the cgroup, RLIMIT_AS is per process, so a run can hold about
 ``max_procs * memory_mb``, up to twice that again in page tables (RLIMIT_AS does not see how sparse
 mappings lie), plus its tmpfs caps plus the kernel buffers of its pipes and sockets
-(`verifiers.box_memory.bound_mb` computes the whole bound for either mode). Time measured by CPU
+(`verifiers.sandbox.memory.bound_mb` computes the whole bound for either mode). Time measured by CPU
 rlimits is per process too; the wall timeout bounds the whole. Kernel bugs reachable through the
 allowed syscalls are out of scope; run the service in a VM or gVisor where that matters.
 RLIMIT_NPROC counts a host uid's processes: concurrent boxes share uid 65534's count (the
@@ -77,9 +77,10 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from verifiers import box_memory, seccomp
-from verifiers.box_memory import MemoryMode
-from verifiers.cgroup_box import BoxCgroup
+from verifiers.sandbox import memory as box_memory
+from verifiers.sandbox import seccomp
+from verifiers.sandbox.cgroup import BoxCgroup
+from verifiers.sandbox.memory import MemoryMode
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ class Limits:
 
 
 def seccomp_program(machine: str | None = None) -> bytes:
-    """The filter (`verifiers.seccomp`) as ``struct sock_filter[]`` bytes, for bwrap's ``--seccomp FD``."""
+    """The filter (`verifiers.sandbox.seccomp`) as ``struct sock_filter[]`` bytes, for bwrap's ``--seccomp FD``."""
     try:
         return seccomp.program(machine)
     except seccomp.UnsupportedArchitectureError as exc:
@@ -287,7 +288,7 @@ def available() -> str | None:
 
 
 def memory_mode() -> MemoryMode:
-    """How this host bounds a box's memory (`verifiers.box_memory`); decided, set up and logged
+    """How this host bounds a box's memory (`verifiers.sandbox.memory`); decided, set up and logged
     once per process, with the first sandboxed run or availability check."""
     return _setup()[1]
 

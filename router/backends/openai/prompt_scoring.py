@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from router.backends.upstream_io import Malformed
+from router.backends.openai.upstream_io import Malformed
 from router.generation import Message
 
 LOGPROB_FLOOR = -1000.0
