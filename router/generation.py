@@ -111,6 +111,26 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class Tenant:
+    """Who a request is served for, as the API authenticated it: the key's name and its team (or
+    'anonymous' and no team on a server without keys: one tenant). State a request leaves behind
+    that another could read or time (the response cache, a local tier's prompt KV) is kept per
+    tenant, and `scope` is the one rule that names whose it is."""
+
+    key: str
+    team: str | None = None
+
+    def scope(self, kind: Literal["key", "team", "global"]) -> str:
+        """Who shares with this tenant: 'key', the key alone ('key:NAME'); 'team', the key's team
+        ('team:NAME'; a key without a team is its own); 'global', everyone ('*')."""
+        if kind == "global":
+            return "*"
+        if kind == "team" and self.team is not None:
+            return f"team:{self.team}"
+        return f"key:{self.key}"
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """One generation, chat (messages) or plain completion (prompt): exactly one is set."""
 
@@ -132,6 +152,10 @@ class GenerationRequest:
     frequency_penalty: float = 0.0  # subtracted per earlier occurrence of the token
     n: int = 1  # samples of the same prompt; a backend returns them as one Generation (`others`)
     metadata: dict[str, Any] = field(default_factory=dict, compare=False)
+    # the API's caller (set by the route from the authenticated key); None: the service's own work
+    # (evals, the command line), one tenant of its own. Work done for a request (verifiers asking a
+    # tier, shadow comparisons) carries its tenant on.
+    tenant: Tenant | None = None
     # the span this work reports under (a tier attempt's; router.telemetry.spans): a backend's
     # upstream call and the verifiers hang theirs under it; None while tracing is off
     trace: Span | None = field(default=None, compare=False, repr=False)

@@ -33,6 +33,7 @@ from router.admission.quota import Quota
 from router.config import ANONYMOUS_KEY, ApiKeyEntry, ServerSettings
 from router.control.records import KeyRecord, Snapshot, config_snapshot
 from router.errors import AuthError, ConfigError, OverloadedError
+from router.generation import Tenant
 
 KEY_PREFIX = "trk-"
 # a key is 'trk-' and 43 characters; one an operator hashed by hand is allowed up to this. A
@@ -131,6 +132,11 @@ class Principal:
         shows it (the model list, a card, the names a refusal offers), so a key held to some
         models never learns the others' names, upstream models or prices."""
         return [m for m in served if self.may_use(m)]
+
+    @property
+    def tenant(self) -> Tenant:
+        """Whose state (cached answers, a local tier's prompt KV) this caller reads and leaves."""
+        return Tenant(self.key_id, self.team)
 
     @property
     def quotas(self) -> tuple[Quota, ...]:

@@ -41,6 +41,7 @@ from router.generation import (
     GenerationRequest,
     Message,
     NamedTool,
+    Tenant,
     ToolCall,
     ToolChoice,
     ToolSpec,
@@ -300,9 +301,12 @@ class ChatCompletionRequest(BaseRequest):
             raise RequestError("logprobs must be set to true if top_logprobs is used", param="top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def to_generation(self, default_max_tokens: int, *, may_send_tests: bool = False) -> GenerationRequest:
+    def to_generation(
+        self, default_max_tokens: int, *, may_send_tests: bool = False, tenant: Tenant | None = None
+    ) -> GenerationRequest:
         """The typed request. `may_send_tests` is the caller's permission (Principal.may_send_tests):
-        without it a request carrying tierroute.tests is refused with 403."""
+        without it a request carrying tierroute.tests is refused with 403. `tenant` is the caller
+        (Principal.tenant): whose prompt KV a local tier may reuse for it."""
         self._check_schema_bytes()  # before any of them is checked
         messages = self._messages()
         self._check_text_size(
@@ -320,6 +324,7 @@ class ChatCompletionRequest(BaseRequest):
             tool_choice=choice,
             parallel_tool_calls=self.parallel_tool_calls is not False,
             metadata=self.metadata(may_send_tests),
+            tenant=tenant,
             **self.sampling(),
             **self.decoding(),
         )
@@ -430,8 +435,10 @@ class CompletionRequest(BaseRequest):
             )
         return self.logprobs
 
-    def to_generation(self, default_max_tokens: int, *, may_send_tests: bool = False) -> GenerationRequest:
-        """The typed request; `may_send_tests` as for chat."""
+    def to_generation(
+        self, default_max_tokens: int, *, may_send_tests: bool = False, tenant: Tenant | None = None
+    ) -> GenerationRequest:
+        """The typed request; `may_send_tests` and `tenant` as for chat."""
         prompt = self.prompt
         if isinstance(prompt, list):
             if len(prompt) != 1:
@@ -451,6 +458,7 @@ class CompletionRequest(BaseRequest):
             stop=self.stops(),
             top_logprobs=self.backend_top_logprobs(),
             metadata=self.metadata(may_send_tests),
+            tenant=tenant,
             **self.sampling(),
             **self.decoding(),
         )

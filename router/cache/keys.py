@@ -23,9 +23,10 @@ serving the old model's answers.
 
 The scope is part of the key and is also stored beside the entry and matched on reading, so even
 two equal hashes could not cross tenants. `scope_of` is the one place a scope is chosen: per API
-key by default, or per team (a key without a team keeps its own); `has_share` says whether that
-scope is held to its own share of the entries, so that one tenant's many distinct requests evict
-only its own.
+key by default, or per team (a key without a team keeps its own), named by `Tenant.scope` (the
+rule a local tier's prefix cache names its tenants by too); `has_share` says whether that scope
+is held to its own share of the entries, so that one tenant's many distinct requests evict only
+its own.
 """
 
 from __future__ import annotations
@@ -145,11 +146,7 @@ def scope_of(principal: Principal, scope: Literal["key", "team", "global"]) -> s
     """Whose entries a caller reads and writes. 'key': the API key's name (without keys, every
     caller is 'anonymous', one tenant); 'team': the key's team, shared by its keys (a key without
     a team is its own tenant); 'global': everyone's."""
-    if scope == "global":
-        return "*"
-    if scope == "team" and principal.team is not None:
-        return f"team:{principal.team}"
-    return f"key:{principal.key_id}"
+    return principal.tenant.scope(scope)
 
 
 def has_share(principal: Principal, scope: Literal["key", "team", "global"]) -> bool:

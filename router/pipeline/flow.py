@@ -124,6 +124,8 @@ class Pipeline:
             if stored is not None:
                 stored = dataclasses.replace(stored, source=f"stored answer from stage {stage.name}")
                 return await self._replayed(ctx, call, stored, from_cache=False)
+        if ctx.request.tenant != principal.tenant:  # a stage rewrites what is generated, never for whom
+            ctx.request = ctx.request.with_(tenant=principal.tenant)
         # n > 1 is answered whole (the cascade judges the request once its n choices exist), so its
         # stream is the finished answer in OpenAI's chunks, choice by choice; so is every stream
         # when a stage must see answers before they are sent
@@ -144,8 +146,14 @@ class Pipeline:
             )
         plan = self.engine.cascade.plan(body.model)  # 404 for an unknown model, before any work
         default_max = max(t.settings.max_tokens for t in plan)
-        # 403 for tests from a caller the operator has not allowed to send them
-        make = functools.partial(body.to_generation, default_max, may_send_tests=principal.may_send_tests)  # type: ignore[attr-defined]
+        # 403 for tests from a caller the operator has not allowed to send them; the tenant goes with
+        # the request to every tier and verifier, so that what it leaves behind is kept as its own
+        make = functools.partial(
+            body.to_generation,  # type: ignore[attr-defined]
+            default_max,
+            may_send_tests=principal.may_send_tests,
+            tenant=principal.tenant,
+        )
         # a schema not checked before costs up to a second of CPU: checked in a worker, never on the loop
         new = body.new_schemas()
         if new:
