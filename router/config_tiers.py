@@ -118,7 +118,20 @@ class LlamaCppSettings(_Strict):
     n_parallel: int = Field(4, ge=1, le=64, description="Sequences decoded together in one step.")
     max_queue: int = Field(64, ge=1, description="Requests waiting for a slot before 503.")
     prefix_cache_slots: int = Field(
-        4, ge=0, le=64, description="Prompt prefixes kept in the KV cache for reuse; 0 turns it off."
+        4,
+        ge=0,
+        le=64,
+        description="Prompt prefixes kept in the KV cache after a request, for reuse by later requests "
+        "of the same tenant (prefix_cache_scope); 0 keeps none (concurrent requests of one tenant still "
+        "share their prompts).",
+    )
+    prefix_cache_scope: Literal["key", "team", "global"] = Field(
+        "key",
+        description="Who reuses whose prompt KV, kept or running: 'key', each API key only its own "
+        "(a server without keys is one tenant); 'team', the keys of one team (a key without a team "
+        "keeps its own); 'global', everyone. A prefix reused is a prompt answered sooner, so whoever "
+        "shares a scope can tell by timing whether a guess of another's prompt (a system prompt, "
+        "word by word) was sent before: 'team' and 'global' let teammates, or every caller, do that.",
     )
     kv_cache_type: Literal["f16", "q8_0", "q4_0"] = Field(
         "f16", description="KV cache precision; quantized types halve or quarter its memory."

@@ -351,6 +351,7 @@ class ExecutionVerifier:
             max_tokens=self.max_tokens,
             temperature=self.temperature,
             seed=self.seed,
+            tenant=request.tenant,  # the client's problem: a local tier keeps its KV as the client's
         )
 
     def worst_cost(self, request: GenerationRequest) -> VerifierCost:

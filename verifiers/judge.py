@@ -126,6 +126,7 @@ class JudgeVerifier:
             temperature=self.temperature,
             seed=self.seed,
             deadline=time.monotonic() + self.timeout_s,
+            tenant=request.tenant,  # the client's text: a local judge tier keeps its KV as the client's
         )
         try:
             reply = await backend.generate(judge_request)

@@ -29,6 +29,10 @@ under sampling the same distribution. Each answer reports what was drafted and a
 source (`Generation.drafts`: "model", "rejected", and "scored" for the start a scoring verified).
 With `spec_cascade` (research mode) the draft model's tokens a deferral rule keeps are not
 checked, and the answer is no longer this model's alone (source "cascade").
+
+Prompt KV is reused only within a tenant: every job carries its request's tenant under the tier's
+`prefix_cache_scope` (`sharer`), the engine copies KV only between jobs of one, and the recent
+scorings are remembered per tenant too (a scoring found ready is an answer scored sooner).
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ class LlamaCppBackend(Backend):
         super().__init__(name)
         self.model_path = model_path
         self.reuse_rejected = settings.reuse_rejected
+        self.prefix_scope = settings.prefix_cache_scope
         self.engine = LlamaEngine(
             model_path,
             n_ctx=settings.n_ctx,
@@ -115,8 +120,9 @@ class LlamaCppBackend(Backend):
         self.model_name = settings.model
         # recent scorings by their tokens: two cross_tier verifiers (say `mean` and `min`, or one
         # inside `learned`) reading the same answer share one prefill; concurrent askers share the
-        # one in flight. Each still reports the full cost: it is what that score costs alone.
-        self._scored: OrderedDict[tuple[int, ...], asyncio.Future[ContinuationScore]] = OrderedDict()
+        # one in flight. Each still reports the full cost: it is what that score costs alone. Kept
+        # per tenant (the key's first item, `sharer`): none reads another's, as with prompt KV.
+        self._scored: OrderedDict[tuple[str, tuple[int, ...]], asyncio.Future[ContinuationScore]] = OrderedDict()
 
     @classmethod
     def from_settings(cls, tier: TierSettings, settings: Settings) -> LlamaCppBackend:
@@ -176,6 +182,14 @@ class LlamaCppBackend(Backend):
             "tokens_read": float(self.engine.tokens_read),  # through the model's decode, drafts included
             "engine_restarts": float(self.engine.restarts),  # after failures of the shared decode step
         }
+
+    def sharer(self, request: GenerationRequest) -> str:
+        """Whose prompt KV a request may start from and leaves behind (`Job.tenant`): its tenant as
+        this tier's `prefix_cache_scope` names it; the service's own work (no tenant) is one of its
+        own, and under 'global' every request is everyone's."""
+        if self.prefix_scope == "global":
+            return "*"
+        return "" if request.tenant is None else request.tenant.scope(self.prefix_scope)
 
     def draft_counts(self) -> dict[str, tuple[int, int]]:
         return {source: (c[0], c[1]) for source, c in self.engine.draft_counts.items()}
@@ -310,7 +324,7 @@ class LlamaCppBackend(Backend):
         tokens, score_from = await asyncio.to_thread(self.scoring_tokens, request, continuation)
         if request.remaining() == 0.0:
             raise DeadlineError(f"tier '{self.name}' did not score the answer before the deadline")
-        key = (score_from, *tokens)
+        key = (self.sharer(request), (score_from, *tokens))
         known = self._scored.get(key)
         if known is not None and not (known.done() and known.exception() is not None):
             self._scored.move_to_end(key)
@@ -342,6 +356,7 @@ class LlamaCppBackend(Backend):
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),
             score_from=score_from,
+            tenant=self.sharer(request),
         )
         events = self._events(job, request, "score the answer")
         try:
@@ -372,14 +387,14 @@ class LlamaCppBackend(Backend):
             return ()
         return tuple(self.engine.tokenize(rejected, add_special=False, parse_special=False))
 
-    def _scored_start(self, prompt: list[int], answer: tuple[int, ...]) -> tuple[float, ...] | None:
-        """What a finished scoring of exactly these tokens (a `cross_tier` verifier's, on this
-        tier) learned about the rejected answer: the logprobs of its leading tokens that were this
+    def _scored_start(self, tenant: str, prompt: list[int], answer: tuple[int, ...]) -> tuple[float, ...] | None:
+        """What a finished scoring of exactly these tokens for this tenant (a `cross_tier`
+        verifier's, on this tier) learned about the rejected answer: the logprobs of its leading tokens that were this
         model's own top choice. None when none was scored here, or another tokenization of it (a
         clipped candidate): the engine then reads the answer as a draft itself."""
         if not answer:
             return None
-        known = self._scored.get((len(prompt), *prompt, *answer))
+        known = self._scored.get((tenant, (len(prompt), *prompt, *answer)))
         if known is None or not known.done() or known.cancelled() or known.exception() is not None:
             return None
         score = known.result()
@@ -411,7 +426,8 @@ class LlamaCppBackend(Backend):
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
             reuse_tokens=reuse,
-            reuse_scored=self._scored_start(tokens, answer),
+            reuse_scored=self._scored_start(self.sharer(request), tokens, answer),
+            tenant=self.sharer(request),
         )
         events = self._events(job, request, "finish")
         try:

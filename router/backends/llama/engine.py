@@ -449,8 +449,9 @@ class LlamaEngine(Scoring, Drafting):
 
     def _admit(self, running: list[Seq], free_ids: list[int], reserved: int) -> list[Seq]:
         """Take newcomers from the queue (caller holds the lock) while a slot and their worst-case
-        KV cells are free. A newcomer sharing a prompt prefix with a sequence still prefilling waits
-        a step, so it can copy that KV instead of computing it again (self-consistency samples)."""
+        KV cells are free. A newcomer sharing a prompt prefix with a sequence of its own tenant still
+        prefilling waits a step, so it can copy that KV instead of computing it again
+        (self-consistency samples); another tenant's is no reason to wait, since it cannot copy it."""
         admitted: list[Seq] = []
         deferred: list[Job] = []
         while self._pending and len(admitted) < len(free_ids):
@@ -468,7 +469,12 @@ class LlamaEngine(Scoring, Drafting):
             if any(
                 common_prefix(job.prompt_tokens, o.job.prompt_tokens) > o.n_prefilled + PrefixCache.MIN and o.prefilling
                 for o in running
-            ) or any(common_prefix(job.prompt_tokens, a.job.prompt_tokens) >= PrefixCache.MIN for a in admitted):
+                if o.job.tenant == job.tenant
+            ) or any(
+                common_prefix(job.prompt_tokens, a.job.prompt_tokens) >= PrefixCache.MIN
+                for a in admitted
+                if a.job.tenant == job.tenant
+            ):
                 deferred.append(job)
                 continue
             seq = Seq(job=job, seq_id=free_ids[-1 - len(admitted)], started=time.monotonic(), reserved=need)
@@ -486,12 +492,13 @@ class LlamaEngine(Scoring, Drafting):
         return admitted
 
     def _reuse_prefix(self, seq: Seq, running: list[Seq]) -> None:
-        """Start a newcomer from the longest cached or running prompt prefix it shares."""
+        """Start a newcomer from the longest prompt prefix it shares with its own tenant's cached
+        entries or running sequences (never another tenant's: `prefix_cache`)."""
         import llama_cpp as lc
 
-        prompt = seq.job.prompt_tokens
-        sources = [(e.seq_id, e.tokens) for e in self.prefix.entries]
-        sources += [(o.seq_id, o.job.prompt_tokens[: o.n_prefilled]) for o in running]
+        prompt, tenant = seq.job.prompt_tokens, seq.job.tenant
+        sources = [(e.seq_id, e.tokens) for e in self.prefix.of(tenant)]
+        sources += [(o.seq_id, o.job.prompt_tokens[: o.n_prefilled]) for o in running if o.job.tenant == tenant]
         best_id, best = -1, 0
         for sid, tokens in sources:
             n = common_prefix(prompt, tokens)
@@ -515,7 +522,7 @@ class LlamaEngine(Scoring, Drafting):
             # before it, which later requests share): the start of this model's own answer if the
             # candidate is rejected and escalates here (`_take_scored`)
             end = None if seq.job.score_from is None else seq.job.score_from + leading(seq.top1)
-            self.prefix.store(self._mem, seq.seq_id, seq.job.prompt_tokens[:end])
+            self.prefix.store(self._mem, seq.seq_id, seq.job.prompt_tokens[:end], seq.job.tenant)
         lc.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
         if self._dmem is not None:
             lc.llama_memory_seq_rm(self._dmem, seq.seq_id, -1, -1)

@@ -94,6 +94,11 @@ class Job:
     # greedy job takes those tokens as its answer's start, without a pass of its own, when their
     # KV is still in the prefix cache (the scoring job left it there); else it drafts as usual.
     reuse_scored: tuple[float, ...] | None = None
+    # whose prompt KV this job may start from, and whose it leaves behind: KV is copied only between
+    # jobs of one tenant, kept or running (the request's tenant under the tier's prefix_cache_scope;
+    # "" for the service's own work). A prefix reused answers sooner, so across tenants it would
+    # tell one whether another had sent a prompt that starts as a guess of it does.
+    tenant: str = ""
 
     @property
     def reshapes_logits(self) -> bool:

@@ -41,9 +41,9 @@ class Scoring(TokenTaking):
         """Start a greedy newcomer whose rejected answer a scoring job already read from where that
         reading stopped agreeing: the answer begins with the rejected answer's tokens the scoring
         found to be the argmax (greedy decoding would have kept exactly those), their KV copied
-        from the prefix cache, and only the last of them is read again, for the next token's
-        logits. False, changing nothing, when the job is not such a one or the KV has been evicted;
-        it then drafts from the rejected answer as usual."""
+        from the prefix cache (the job's own tenant's entries), and only the last of them is read
+        again, for the next token's logits. False, changing nothing, when the job is not such a one
+        or the KV has been evicted; it then drafts from the rejected answer as usual."""
         import llama_cpp as lc
 
         job = seq.job
@@ -56,7 +56,7 @@ class Scoring(TokenTaking):
             seq.reuse_next, seq.reuse_pause = None, 1
             return False
         known = [*prompt, *job.reuse_tokens[:agreed]]
-        shared = ((e.seq_id, common_prefix(known, e.tokens)) for e in self.prefix.entries)
+        shared = ((e.seq_id, common_prefix(known, e.tokens)) for e in self.prefix.of(job.tenant))
         sid, have = max(shared, key=lambda entry: entry[1], default=(-1, 0))
         if have < len(known) - 1:
             return False
