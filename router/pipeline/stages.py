@@ -4,7 +4,8 @@ A stage sees one request through a typed `StageContext` and may, before generati
 
 - refuse it (raise `StageRefused`, or any `RequestError`: a 400 in the surface's error shape, before
   any tier has worked and before anything is charged beyond the admission the key already passed);
-- rewrite what is generated (`ctx.request = ctx.request.with_(...)`: a redaction, a system prompt);
+- rewrite what is generated (`ctx.request = ctx.request.with_(...)`: a redaction, a system prompt),
+  never for whom: the request goes on as the caller's (`GenerationRequest.tenant`) however it was made;
 - narrow the plan (`ctx.narrow(names)`: a router that picks tiers before generation; a stage can
   only take tiers away, never add one the client did not already reach);
 - answer it from a stored answer (return a `CachedAnswer`: a semantic cache), served and recorded

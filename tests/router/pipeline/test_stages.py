@@ -19,7 +19,7 @@ from router.cache.answer import CachedAnswer
 from router.cascade import CascadeResult
 from router.config import load_settings
 from router.errors import ConfigError
-from router.generation import GenerationRequest, Message
+from router.generation import GenerationRequest, Message, Tenant
 from router.pipeline import Stage, StageContext, StageRefused
 from router.pipeline.builtin import register_builtin_stages
 from router.pipeline.stages import StageRegistry, build_stages
@@ -70,6 +70,14 @@ class Rewrite(Stage):
         return None
 
 
+class Afresh(Stage):
+    """Replaces the request with one it builds itself, naming no tenant."""
+
+    async def before(self, ctx: StageContext) -> CachedAnswer | None:
+        ctx.request = GenerationRequest(messages=(Message("user", "Rewritten."),), max_tokens=8)
+        return None
+
+
 class LargeOnly(Stage):
     async def before(self, ctx: StageContext) -> CachedAnswer | None:
         ctx.narrow(["large"])
@@ -98,6 +106,7 @@ class HoldBack(Stage):
 
 STAGES = {"note": Note, "refuse": Refuse, "rewrite": Rewrite, "large_only": LargeOnly, "stored": Stored}
 STAGES["hold_back"] = HoldBack
+STAGES["afresh"] = Afresh
 
 
 def registry() -> StageRegistry:
@@ -169,6 +178,17 @@ async def test_a_stage_rewrites_what_the_tiers_are_sent(tmp_path: Path) -> None:
         r = await client.post("/v1/chat/completions", json=chat("Hi"))
     assert r.status_code == 200
     assert small.last is not None and [m.role for m in small.last.messages or ()] == ["system", "user"]
+
+
+async def test_a_request_a_stage_builds_afresh_is_still_the_callers(tmp_path: Path) -> None:
+    # the tenant decides whose prompt KV a local tier may reuse (docs/security.md): a stage that
+    # dropped it would have its requests share one another's
+    ctx, small, _ = await serve(tmp_path, stage("afresh"))
+    async with ctx as client:
+        r = await client.post("/v1/chat/completions", json=chat("Hi"))
+    assert r.status_code == 200
+    assert small.last is not None and small.last.last_user_text() == "Rewritten."
+    assert small.last.tenant == Tenant("anonymous")  # a keyless server's one tenant
 
 
 async def test_a_stage_narrows_the_plan_and_the_cascade_tries_only_what_is_left(tmp_path: Path) -> None:
