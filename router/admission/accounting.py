@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -253,11 +254,14 @@ class Accounting:
         stream: bool,
         user: str | None = None,
         cached: bool = False,
+        surface: str | None = None,
     ) -> RequestAccount:
         """Admit the request (429 before any work) and give its account, which the route enters
         once (`router.admission.lifecycle`). `cached`: a cache hit, which generates nothing, so
-        it reserves nothing and only the key's rate limit can refuse it."""
+        it reserves nothing and only the key's rate limit can refuse it. `surface`: the API it
+        came through ("chat.completions", "responses", ...), kept in its ledger row."""
         ticket = self.admit(principal, request_id, request, plan, model, stream=stream, user=user, cached=cached)
+        ticket.surface = surface
         return RequestAccount(self, principal, ticket)
 
     def admit(
@@ -422,7 +426,7 @@ class Accounting:
         hold = ticket.hold
         try:
             latency_s = self.limits.monotonic() - hold.started
-            entry = make(latency_s)
+            entry = dataclasses.replace(make(latency_s), surface=ticket.surface)
             failed = None
             if self.ledger is not None:
                 if ticket.written is not None:  # its pending row first, or the settled row could come before it

@@ -110,6 +110,9 @@ class LedgerEntry:
     user: str | None = None  # OpenAI's `user` request field: the client's own end-user id, unchecked
     team: str | None = None  # the key's team at admission (router.control); its spend is the team's
     deployment: str | None = None  # which deployment of the answering tier answered; None: a local tier
+    # the API surface it came through: "chat.completions", "completions", "responses", "messages";
+    # None in rows written before surfaces were recorded, and for shadow generations
+    surface: str | None = None
 
     @property
     def prompt_tokens(self) -> int:

@@ -134,6 +134,15 @@ TABLES: tuple[Table, ...] = (
                 sqlite=CONTROL_SQLITE,
                 postgres=CONTROL_POSTGRES,
             ),
+            Column(
+                "surface",
+                "text",
+                "the API it came through: chat.completions, completions, responses or messages; NULL: a "
+                "shadow generation, or a row written before surfaces were recorded",
+                null=True,
+                sqlite=11,
+                postgres=8,
+            ),
         ),
         ("request_id",),
         sqlite=1,
@@ -403,7 +412,11 @@ TABLES: tuple[Table, ...] = (
             Column("cache_key", "text", "SHA-256 of the canonical request, its scope and the tier policy version"),
             Column("scope", "text", "whose entry it is (the API key's name under scope 'key'); read back only by it"),
             Column("policy", "text", "the tier policy version it was answered under (router.cache.keys)"),
-            Column("shape", "text", "chat.completion | text_completion: the endpoint that answered"),
+            Column(
+                "shape",
+                "text",
+                "chat.completion | text_completion | response | message: the endpoint that answered",
+            ),
             Column("tier", "text", "the tier that answered"),
             Column("request_id", "text", "the request whose answer it is"),
             Column("created", "real", "unix seconds (UTC) when it was stored: the oldest are evicted first"),

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 # the SQLite schema version recorded in `meta`: the latest the description names (2: the pending
 # table; 3: requests.task and task_why; 4: shadow_pairs; 5: requests.user; 6: requests.deployment;
 # then the response cache's cache_entries; the control plane's keys, teams, user limits and audit,
-# with requests.team (router.control); feedback; 10: cache_entries' (scope, created) index)
+# with requests.team (router.control); feedback; 10: cache_entries' (scope, created) index; 11:
+# requests.surface, the API a request came through)
 SCHEMA_VERSION = schema.latest("sqlite")
 
 _INSERT_REQUEST = rows.insert("requests", "sqlite")
