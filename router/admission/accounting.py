@@ -395,6 +395,12 @@ class Accounting:
             if ticket.reserved and self.shared is not None:
                 ticket.reserved = False
                 self.shared.drop(ticket.request_id)
+            elif ticket.written is not None and self.ledger is not None:
+                # a stream that ended with nothing recorded and nothing spent (a tier refused it
+                # before any output: a prompt over its context, a token outside its vocabulary):
+                # its pending row would count its reservation against the key for the day
+                written, ticket.written = ticket.written, None
+                self.ledger.drop_after(written, ticket.request_id)
 
     async def record(self, principal: Principal, ticket: Ticket, result: CascadeResult) -> None:
         # shielded: a client that hangs up now has still cost what it cost, so the write, the

@@ -259,6 +259,9 @@ class LedgerStore(Protocol):
     def write(self, entry: LedgerEntry) -> None:
         """Store the entry and its attempts, and drop its pending row, atomically: all or nothing."""
 
+    def drop(self, request_id: str) -> None:
+        """Drop the pending row of a request that ended without an entry and cost nothing."""
+
     def spend_by_key(self, since: float) -> dict[str, float]:
         """USD per limit subject (a key's name; the SQLite store also 'team:T' and 'user:T:U', see
         `router.admission.quota.Quota.subject`) at or after `since` (unix seconds): settled requests

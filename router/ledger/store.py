@@ -92,6 +92,10 @@ class SQLiteStore:
     def write(self, entry: LedgerEntry) -> None:
         self._transaction(lambda: self._insert(entry))
 
+    def drop(self, request_id: str) -> None:
+        # one statement: its own transaction in autocommit mode
+        self.conn.execute("DELETE FROM pending WHERE request_id = ?", (request_id,))
+
     def _transaction(self, work: Callable[[], None]) -> None:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")

@@ -10,6 +10,7 @@ not exist, the large one calls it right), because the 135M model does not call f
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import httpx
 
 from router.api.app import create_app
 from router.config import load_settings
+from router.ledger.store import SQLiteStore
 from tests.support.accounting import ESCALATE_ON_MARK, registry
 from tests.support.config import smol_config
 from tests.support.servers import UvicornThread
@@ -54,6 +56,22 @@ def tools_server(tmp: Path) -> UvicornThread:
 def ledger_of(srv: UvicornThread) -> Path:
     """The SQLite ledger a served router writes."""
     return Path(srv.server.config.app.state.services.settings.ledger.path)  # type: ignore[attr-defined]
+
+
+def assert_no_pending(ledger: Path, wait_s: float = 10.0) -> None:
+    """No request is left pending in the ledger (waiting up to `wait_s` for rows being settled)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        store = SQLiteStore(ledger, read_only=True)
+        store.open()
+        try:
+            left = [p.request_id for p in store.pending()]
+        finally:
+            store.close()
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert left == [], f"requests left pending: {left}"
 
 
 def openai_error(r: httpx.Response) -> dict[str, Any]:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import anthropic
 import httpx
+import pytest
 
 from tests.support.accounting import MARK, read_ledger
 from tests.support.servers import UvicornThread
-from tests.support.surfaces import ANTHROPIC_WEATHER, CAPITAL, QUESTION, ledger_of
+from tests.support.surfaces import ANTHROPIC_WEATHER, CAPITAL, QUESTION, assert_no_pending, ledger_of
 
 
 def client(srv: UvicornThread) -> anthropic.Anthropic:
@@ -73,3 +74,12 @@ def test_count_tokens_and_the_x_api_key_header(smol: UvicornThread) -> None:
     assert counted.input_tokens == m.usage.input_tokens  # the local tier's own template and tokenizer
     r = httpx.post(f"{smol.url}/v1/messages/count_tokens", json={"model": "small", "messages": []})
     assert r.status_code == 400 and r.json()["type"] == "error"
+
+
+def test_a_stream_a_tier_refuses_leaves_no_pending_row(smol: UvicornThread) -> None:
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client(smol).messages.create(
+            model="small", max_tokens=8, messages=[{"role": "user", "content": "word " * 3000}], stream=True
+        )
+    assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert_no_pending(ledger_of(smol))

@@ -9,12 +9,13 @@ import json
 
 import openai
 import pydantic
+import pytest
 from agents import Agent, RunConfig, Runner, function_tool
 from agents.models.openai_provider import OpenAIProvider
 
 from tests.support.accounting import MARK, read_ledger
 from tests.support.servers import UvicornThread
-from tests.support.surfaces import CAPITAL, QUESTION, RESPONSES_WEATHER, ledger_of
+from tests.support.surfaces import CAPITAL, QUESTION, RESPONSES_WEATHER, assert_no_pending, ledger_of
 
 
 def client(srv: UvicornThread) -> openai.OpenAI:
@@ -96,3 +97,14 @@ def test_agents_sdk_default_model_with_a_function_tool(tools: UvicornThread) -> 
     provider = OpenAIProvider(openai_client=openai.AsyncOpenAI(base_url=f"{tools.url}/v1", api_key="unused"))
     result = Runner.run_sync(agent, QUESTION, run_config=RunConfig(model_provider=provider, tracing_disabled=True))
     assert asked == ["Paris"] and result.final_output == "It is 21 C in Paris."
+
+
+def test_a_stream_a_tier_refuses_leaves_no_pending_row(smol: UvicornThread) -> None:
+    """A prompt over the small tier's context is refused (400) once the stream's account is open:
+    its pending row, written ahead of the stream, is dropped again rather than left to count its
+    reservation against the key for the rest of the day."""
+    c = client(smol)
+    with pytest.raises(openai.BadRequestError) as refused:
+        c.responses.create(model="small", input="word " * 3000, stream=True)
+    assert refused.value.code == "context_length_exceeded" and refused.value.param == "input"
+    assert_no_pending(ledger_of(smol))

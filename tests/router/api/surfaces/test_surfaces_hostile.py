@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import pytest
 
-from router.ledger.store import SQLiteStore
 from tests.support.accounting import assert_no_partial_requests, read_ledger
 from tests.support.servers import UvicornThread
 from tests.support.surfaces import (
@@ -19,6 +18,7 @@ from tests.support.surfaces import (
     QUESTION,
     RESPONSES_WEATHER,
     anthropic_error,
+    assert_no_pending,
     ledger_of,
     named_events,
     openai_error,
@@ -170,12 +170,7 @@ def test_dropped_streams_keep_their_ledger_rows(tools: UvicornThread) -> None:
     rows = read_ledger(ledger)
     assert {rows[i].surface for i in ids} == {"responses", "messages"}
     assert_no_partial_requests(ledger)
-    store = SQLiteStore(ledger, read_only=True)
-    store.open()
-    try:
-        assert list(store.pending()) == []
-    finally:
-        store.close()
+    assert_no_pending(ledger)
     assert httpx.get(f"{tools.url}/healthz", timeout=5).status_code == 200
 
 
