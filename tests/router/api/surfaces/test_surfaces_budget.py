@@ -113,6 +113,7 @@ def upstream() -> Iterator[FaultUpstream]:
         yield server
 
 
+@pytest.mark.slow  # a served router and a dozen requests through it: seconds, not the fast loop's
 def test_each_surface_is_reserved_and_refused_as_its_chat_twin(tmp_path: Path, upstream: FaultUpstream) -> None:
     worst = worst_cases(tmp_path / "probe", upstream)
     for shape, by_surface in worst.items():
