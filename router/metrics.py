@@ -117,6 +117,13 @@ class Metrics:
             ["tier", "outcome", "task"],
             registry=r,
         )
+        self.surfaces = Counter(
+            "tierroute_surface_requests",
+            "Requests settled, by the API surface they came through (chat.completions, completions, responses,"
+            " messages).",
+            ["surface"],
+            registry=r,
+        )
         self.refused = Counter(
             "tierroute_requests_refused", "Requests refused before generation, by reason.", ["reason"], registry=r
         )
@@ -188,6 +195,8 @@ class Metrics:
         # the label takes only the five task names, so a series count never grows with traffic
         task = entry.task if entry.task in TASKS else "open_ended"
         self.requests.labels(entry.tier, outcome, task).inc()
+        if entry.surface is not None:
+            self.surfaces.labels(entry.surface).inc()
         self.key_cost.labels(entry.key_id).inc(entry.cost_usd)
         self.counterfactual.inc(entry.counterfactual_usd)
         self.request_latency.labels(entry.tier).observe(entry.latency_ms / 1000)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -269,11 +270,14 @@ class Accounting:
         stream: bool,
         user: str | None = None,
         cached: bool = False,
+        surface: str | None = None,
     ) -> RequestAccount:
         """Admit the request (429 before any work) and give its account, which the route enters
         once (`router.admission.lifecycle`). `cached`: a cache hit, which generates nothing, so
-        it reserves nothing and only the key's rate limit can refuse it."""
+        it reserves nothing and only the key's rate limit can refuse it. `surface`: the API it
+        came through ("chat.completions", "responses", ...), kept in its ledger row."""
         ticket = self.admit(principal, request_id, request, plan, model, stream=stream, user=user, cached=cached)
+        ticket.surface = surface
         return RequestAccount(self, principal, ticket)
 
     def admit(
@@ -436,6 +440,12 @@ class Accounting:
             if ticket.reserved and self.shared is not None:
                 ticket.reserved = False
                 self.shared.drop(ticket.request_id)
+            elif ticket.written is not None and self.ledger is not None:
+                # a stream that ended with nothing recorded and nothing spent (a tier refused it
+                # before any output: a prompt over its context, a token outside its vocabulary):
+                # its pending row would count its reservation against the key for the day
+                written, ticket.written = ticket.written, None
+                self.ledger.drop_after(written, ticket.request_id)
 
     async def record(self, principal: Principal, ticket: Ticket, result: CascadeResult) -> None:
         # shielded: a client that hangs up now has still cost what it cost, so the write, the
@@ -467,7 +477,7 @@ class Accounting:
         hold = ticket.hold
         try:
             latency_s = self.limits.monotonic() - hold.started
-            entry = make(latency_s)
+            entry = dataclasses.replace(make(latency_s), surface=ticket.surface)
             failed = None
             if self.ledger is not None:
                 if ticket.written is not None:  # its pending row first, or the settled row could come before it

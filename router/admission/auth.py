@@ -309,11 +309,23 @@ class Authenticator:
         return found
 
 
+def credentials(authorization: str | None, api_key: str | None) -> str | None:
+    """The Authorization header a request presents, with Anthropic's `x-api-key: KEY` (what its
+    clients send) read as `Bearer KEY`. A request that presents two different keys is refused
+    rather than answered under either (401)."""
+    if api_key is None:
+        return authorization
+    bearer = f"Bearer {api_key.strip()}"
+    if authorization is not None and authorization.strip() != bearer:
+        raise AuthError("Two different API keys presented (Authorization and x-api-key); send one.")
+    return bearer
+
+
 def _presented(authorization: str | None) -> str:
     """The key an Authorization header presents (AuthError for none, a malformed header or a key
     longer than any stored one could be)."""
     if not authorization:
-        raise AuthError("You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.")
+        raise AuthError("You didn't provide an API key. Send it as 'Authorization: Bearer KEY' (or 'x-api-key: KEY').")
     scheme, _, key = authorization.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise AuthError("Malformed Authorization header; expected 'Bearer KEY'.")

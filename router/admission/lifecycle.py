@@ -45,6 +45,7 @@ class Ticket:
     team: str | None = None  # the key's team at admission: the ledger row's, and its spend's
     reserved_tokens: int = 0  # the most tokens (input + output) it can use: its token-rate reservation
     budget: bool = True  # False: a cache hit, admitted by its rate limit alone (it costs nothing)
+    surface: str | None = None  # the API it came through: its ledger row's, its metrics' and its span's
 
     @property
     def request_id(self) -> str:
@@ -97,6 +98,7 @@ class RequestAccount:
             self.telemetry.request_id = ticket.request_id
             self.telemetry.key = principal.key_id
             self.telemetry.model = ticket.pending.model
+            self.telemetry.surface = ticket.surface
 
     @property
     def request_id(self) -> str:

@@ -4,7 +4,8 @@ Before any route sees a request, two gates run on the raw ASGI messages: the Hos
 (a keyless loopback server answers only loopback names, so a web page cannot drive it through the
 browser by DNS rebinding) and the body guard (size, and JSON that every later step can handle:
 valid UTF-8, no lone surrogates, no NaN or Infinity, not nested past the parser's depth). A body
-the guard refuses gets a 400 in OpenAI's shape instead of failing wherever the bad text lands.
+the guard refuses gets a 400 in its surface's error shape (OpenAI's, or Anthropic's under
+/v1/messages) instead of failing wherever the bad text lands.
 The guard parses a body only when its request presents a valid key; without one the route sees
 no body and answers 401, so a caller without a key cannot make the service parse megabytes.
 """
@@ -23,8 +24,17 @@ from fastapi import FastAPI, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from router.admission.auth import allowed_hosts, docs_enabled
-from router.api import errors, routes_admin, routes_completions, routes_feedback, routes_health, routes_models
+from router.admission.auth import allowed_hosts, credentials, docs_enabled
+from router.api import (
+    errors,
+    routes_admin,
+    routes_completions,
+    routes_feedback,
+    routes_health,
+    routes_messages,
+    routes_models,
+    routes_responses,
+)
 from router.api.deps import AnyPrincipalDep, MetricsReaderDep, Services, ServicesDep
 from router.config import Settings
 from router.engine import Engine
@@ -56,7 +66,7 @@ class HostAllowlist:
                 exc = RequestError(
                     f"{shown} is not served here (server.allowed_hosts)", param=None, code="host_not_allowed"
                 )
-                await errors.error_response(exc)(scope, receive, send)
+                await errors.error_response(exc, errors.dialect(scope.get("path")))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -136,7 +146,7 @@ class BodyLimit:
                 except ValueError:
                     too_big = False
                 if too_big:
-                    await self._reject(send)
+                    await self._reject(scope, send)
                     return
         # read the body here (at most max_bytes of it), so an over-long chunked body is refused
         # before any parser sees it, then replay it to the app
@@ -150,7 +160,7 @@ class BodyLimit:
             body = message.get("body", b"")
             seen += len(body)
             if seen > self.max_bytes:
-                await self._reject(send)
+                await self._reject(scope, send)
                 return
             chunks.append(body)
             if not message.get("more_body", False):
@@ -163,23 +173,34 @@ class BodyLimit:
             small = len(body) <= self.OFF_LOOP_BYTES
             problem = json_problem(body) if small else await asyncio.to_thread(json_problem, body)
             if problem is not None:
-                response = errors.error_response(RequestError(problem, code="invalid_body"))
+                response = errors.error_response(
+                    RequestError(problem, code="invalid_body"), errors.dialect(scope.get("path"))
+                )
                 await response(scope, _replay([], receive), send)
                 return
         replay: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
         await self.app(scope, _replay(replay, receive), send)
 
     async def _keyed(self, scope: Scope) -> bool:
-        """Whether the request presents a key that is valid now (any caller, on a server without keys)."""
-        raw = next((v for k, v in scope.get("headers", []) if k == b"authorization"), None)
+        """Whether the request presents a key that is valid now (any caller, on a server without keys),
+        read from its headers as the routes read it (`Authorization`, or Anthropic's `x-api-key`)."""
+        headers: dict[bytes, bytes] = {}
+        for name, value in scope.get("headers", []):
+            headers.setdefault(name, value)  # the first of a repeated header, as Starlette's headers.get reads it
+        auth, api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
         try:
-            await self.authenticate(None if raw is None else raw.decode("latin-1"))
+            presented = credentials(
+                None if auth is None else auth.decode("latin-1"), None if api_key is None else api_key.decode("latin-1")
+            )
+            await self.authenticate(presented)
         except TierrouteError:  # a wrong, revoked or expired key, or none; or no scan slot (503 at the route)
             return False
         return True
 
-    async def _reject(self, send: Send) -> None:
-        response = errors.error_response(errors.PayloadTooLarge(f"request body over {self.max_bytes} bytes"))
+    async def _reject(self, scope: Scope, send: Send) -> None:
+        response = errors.error_response(
+            errors.PayloadTooLarge(f"request body over {self.max_bytes} bytes"), errors.dialect(scope.get("path"))
+        )
         await send({"type": "http.response.start", "status": 413, "headers": response.raw_headers})
         await send({"type": "http.response.body", "body": response.body})
 
@@ -260,6 +281,8 @@ def create_app(
     app.include_router(routes_health.router)
     app.include_router(routes_models.router)
     app.include_router(routes_completions.router)
+    app.include_router(routes_responses.router)
+    app.include_router(routes_messages.router)
     app.include_router(routes_feedback.router)
     app.include_router(routes_admin.router)
     _add_metrics_route(app, settings)

@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from router.admission.accounting import Accounting
-from router.admission.auth import Authenticator, Principal, is_admin, is_client
+from router.admission.auth import Authenticator, Principal, credentials, is_admin, is_client
 from router.api.errors import PermissionDenied
 from router.cache.service import ResponseCache
 from router.config import Settings
@@ -54,6 +54,12 @@ class Services:
 # compared with every older salted hash, is handed to the authenticator's scanning thread.
 
 
+def cache_control(http: Request) -> str | None:
+    """The client's Cache-Control, every line of it: HTTP reads repeated lines as one list (RFC
+    9110, 5.3), and a `no-store` on the second line must count as much as on the first."""
+    return ", ".join(http.headers.getlist("cache-control")) or None
+
+
 async def get_services(request: Request) -> Services:
     return request.app.state.services  # type: ignore[no-any-return]
 
@@ -61,9 +67,15 @@ async def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
+def presented(request: Request) -> str | None:
+    """The key a request presents, as an Authorization header: `Authorization: Bearer KEY`, or
+    Anthropic's `x-api-key: KEY` (router.admission.auth.credentials)."""
+    return credentials(request.headers.get("authorization"), request.headers.get("x-api-key"))
+
+
 async def get_any_principal(request: Request, services: ServicesDep) -> Principal:
     """Any valid key, whatever its roles (the OpenAPI schema, the same for every caller)."""
-    return await services.auth.authenticate_async(request.headers.get("authorization"))
+    return await services.auth.authenticate_async(presented(request))
 
 
 AnyPrincipalDep = Annotated[Principal, Depends(get_any_principal)]
@@ -91,7 +103,7 @@ async def get_admin(request: Request, services: ServicesDep) -> Principal:
     at /admin/ filled, stalling every route that needs one."""
     route = getattr(request.scope.get("route"), "path", request.url.path[:200])
     try:
-        principal = await services.auth.authenticate_async(request.headers.get("authorization"))
+        principal = await services.auth.authenticate_async(presented(request))
     except AuthError as exc:
         await _refused(services, exc.key_id, request.method, route, 401, exc.reason)
         raise

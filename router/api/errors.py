@@ -1,19 +1,28 @@
-"""Every error leaves the service in OpenAI's shape, with its status chosen here, by exception type.
+"""Every error leaves the service in its API surface's shape, with its status chosen here, by exception type.
 
-    {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+    OpenAI (chat, completions, Responses, everything else):
+        {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+    Anthropic (`/v1/messages` and below):
+        {"type": "error", "error": {"type": ..., "message": ...}}
 
-Nothing else in the app picks a status, and no stack trace ever reaches a client.
+The status, the headers and the words are chosen once, by exception type (`error_response`); the
+dialect only spells them (`dialect` picks it from the request's path, so the body guard and the
+host check, which run before any route, answer a Messages client in its own shape too). An
+Anthropic error has no `param`: the field is named in its message (at its start when the words do
+not already name it, as Anthropic's own errors do: "max_tokens: Field required"). Nothing else in
+the app picks a status, and no stack trace ever reaches a client.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router.control.records import Conflict, NotFound
@@ -66,12 +75,52 @@ def retry_after(seconds: float, cap: int = MAX_RETRY_AFTER_S) -> str:
     return str(min(cap, max(1, math.ceil(seconds))))
 
 
+Dialect = Literal["openai", "anthropic"]
+ANTHROPIC_PREFIX = "/v1/messages"  # the Messages API's routes: /v1/messages, /v1/messages/count_tokens
+
+# Anthropic's error types by status (its API reference's list); 503 is ours for a tier or the
+# ledger that cannot answer now, which Anthropic's clients retry as they retry its overload
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def dialect(path: str | None) -> Dialect:
+    """The error shape a request's path speaks: Anthropic's under /v1/messages, else OpenAI's."""
+    if path is not None and (path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")):
+        return "anthropic"
+    return "openai"
+
+
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def error_response(exc: BaseException) -> JSONResponse:
-    """Map one of our exceptions to its response."""
+def anthropic_body(status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI-shaped error body (`error_body`) as Anthropic spells it, for `status`."""
+    error = body["error"]
+    message, param = str(error.get("message")), error.get("param")
+    if param and param not in message:
+        message = f"{param}: {message}"
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
+
+
+def spelt(status: int, body: dict[str, Any], headers: dict[str, str] | None, speaks: Dialect) -> JSONResponse:
+    """The response for an error already chosen (status, OpenAI-shaped body), in `speaks`."""
+    shown = anthropic_body(status, body) if speaks == "anthropic" else body
+    return JSONResponse(shown, status_code=status, headers=headers)
+
+
+def error_response(exc: BaseException, speaks: Dialect = "openai") -> JSONResponse:
+    """Map one of our exceptions to its response, in the dialect of the surface it answers."""
     headers: dict[str, str] = {}
     if isinstance(exc, NotFound):
         status, body = 404, error_body(str(exc), "invalid_request_error", exc.param, "not_found")
@@ -111,7 +160,7 @@ def error_response(exc: BaseException) -> JSONResponse:
     else:
         log.error("unhandled error", exc_info=exc)
         status, body = 500, error_body("The server had an error while processing your request.", "server_error")
-    return JSONResponse(body, status_code=status, headers=headers)
+    return spelt(status, body, headers, speaks)
 
 
 _TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
@@ -127,9 +176,16 @@ def _is_field(part: object) -> bool:
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
+    return validation_message(list(exc.errors()))
+
+
+def validation_message(errors: list[Any], prefix: str | None = None) -> tuple[str, str | None]:
+    """The words and the parameter of pydantic's errors (the deepest one), the parameter under
+    `prefix` when given (a surface's item validated on its own: 'input.3')."""
+    if prefix is not None:
+        errors = [{**e, "loc": (*prefix.split("."), *e.get("loc", ()))} for e in errors]
     if not errors:
-        return "invalid request", None
+        return "invalid request", prefix
     # the deepest error is the most specific: for a union, the member that got furthest
     first = max(errors, key=lambda e: len([p for p in e.get("loc", ()) if _is_field(p)]))
     kind = first.get("type")
@@ -154,24 +210,63 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 def install(app: FastAPI) -> None:
     @app.exception_handler(TierrouteError)
     async def _ours(request: Request, exc: TierrouteError) -> JSONResponse:
-        return error_response(exc)
+        return error_response(exc, dialect(request.url.path))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return JSONResponse(error_body(message, "invalid_request_error", param, None), status_code=400)
+        return spelt(400, error_body(message, "invalid_request_error", param, None), None, dialect(request.url.path))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = (
             str(exc.detail) if exc.status_code != 404 else f"Unknown request URL: {request.method} {request.url.path}"
         )
-        return JSONResponse(
-            error_body(message, "invalid_request_error", None, None),
-            status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
-        )
+        body = error_body(message, "invalid_request_error", None, None)
+        return spelt(exc.status_code, body, getattr(exc, "headers", None), dialect(request.url.path))
 
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
-        return error_response(exc)
+        return error_response(exc, dialect(request.url.path))
+
+
+class _OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIError(BaseModel):
+    """An error as OpenAI's APIs (and tierroute's other routes) send it."""
+
+    error: _OpenAIErrorDetail
+
+
+class _AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicError(BaseModel):
+    """An error as Anthropic's Messages API sends it."""
+
+    type: Literal["error"]
+    error: _AnthropicErrorDetail
+
+
+_STATUS_WHY = {
+    400: "Invalid request: a parameter, a body that is not valid JSON or Unicode, a field not supported (named)",
+    401: "No valid API key",
+    403: "The key may not do this (a model it may not use, tests it may not send)",
+    404: "Unknown model",
+    413: "Body over the size limit",
+    429: "A rate limit or budget is spent",
+    503: "A tier or the cost ledger cannot answer now (Retry-After)",
+}
+
+
+def openapi_errors(speaks: Dialect) -> dict[int | str, dict[str, Any]]:
+    """The error responses of a route in `speaks`, for its OpenAPI entry."""
+    model = AnthropicError if speaks == "anthropic" else OpenAIError
+    return {status: {"model": model, "description": why} for status, why in _STATUS_WHY.items()}

@@ -3,7 +3,14 @@
 A response, a stream's chunk or a stream's last chunk is made by one call here from the request,
 the cascade's result, the tool answers and the logprobs the client asked to see; nothing edits it
 afterwards. The chat and legacy completions endpoints differ only in these shapes, so each is a
-`Shape` (CHAT, COMPLETION) that the route is given and serves with one body of code.
+`Shape` (CHAT, COMPLETION) that the route is given and serves with one body of code. A live stream
+is rendered through the shape's `writer` (router.api.sse.StreamWriter): here OpenAI's data-only
+chunks and `[DONE]`; the Responses and Messages surfaces (router.api.surfaces) name their events.
+
+A shape's `response` and `cached` make the form the response cache stores (OpenAI's chat or
+completions body); `shown` turns it into what the client receives, the same object for the two
+OpenAI endpoints, and the surface's own response for the Responses and Messages APIs, which are
+rendered from the chat form.
 
 Tool calls reach the client as OpenAI gives them: a message's `tool_calls` with content null when
 the answer is only calls, finish_reason `tool_calls` when it ended on its own, and in a stream one
@@ -21,13 +28,16 @@ refuses them) the field is null.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from router.api.errors import error_response
 from router.api.extension import cached_extension, extension
+from router.api.sse import StreamWriter, sse
 from router.cache.answer import CachedAnswer
 from router.cascade import CascadeResult
 from router.generation import Generation, GenerationRequest, TokenLogprob, ToolCall
@@ -186,13 +196,25 @@ class Shape(ABC):
     ) -> dict[str, Any]: ...
 
     def response(
-        self, rid: str, request: GenerationRequest, result: CascadeResult, wanted: int | None, cache: str | None = None
+        self,
+        rid: str,
+        request: GenerationRequest,
+        result: CascadeResult,
+        wanted: int | None,
+        cache: str | None = None,
+        *,
+        found: ToolAnswer | None = None,
     ) -> dict[str, Any]:
         """The answer whole: per choice its text or tool calls, and its logprobs (`wanted`: how many
-        alternatives the client asked to see; None: no logprobs)."""
+        alternatives the client asked to see; None: no logprobs). `found`: the first choice's tool
+        answer when a stream has read it already (its calls' ids are the ones the client was sent)."""
         choices = []
+        given = found
         for i, g in enumerate(result.generation.choices):
-            found = tools.answer(request, g) if request.offers_tools else None
+            if i == 0 and given is not None:
+                found = given
+            else:
+                found = tools.answer(request, g) if request.offers_tools else None
             logprobs = None
             if wanted is not None and g.top_logprobs is not None:
                 shown, _ = shown_tokens(g.top_logprobs, 0, len(g.text))
@@ -220,6 +242,18 @@ class Shape(ABC):
             "usage": dict(hit.usage),
             "tierroute": cached_extension(rid, hit, stages),
         }
+
+    def shown(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """What the client receives of a `response` or `cached` body: the body itself here."""
+        return payload
+
+    def writer(self, rid: str, tier: str, request: GenerationRequest) -> StreamWriter:
+        """The renderer of one live stream: OpenAI's chunks, then [DONE]."""
+        return ChunkWriter(self, rid, tier)
+
+    def replay_events(self, payload: dict[str, Any], include_usage: bool) -> list[bytes]:
+        """A whole answer (`response`'s or `cached`'s) as the stream of it a client receives."""
+        return [*(sse(chunk) for chunk in self.replay(payload, include_usage)), sse("[DONE]")]
 
     def opening(self, rid: str, tier: str) -> dict[str, Any] | None:
         """The chunk a stream begins with, before any text; None: it begins with its text."""
@@ -330,6 +364,35 @@ class CompletionShape(Shape):
                 completion_chunk(rid, tier, "", choice["finish_reason"], choice=i, tail=tail),
             ]
         return chunks
+
+
+class ChunkWriter(StreamWriter):
+    """A live stream in OpenAI's chunks (`Shape.opening`, `delta`, `final`), then [DONE]; an
+    error after output began is a last `data: {"error": ...}` event."""
+
+    def __init__(self, shape: Shape, rid: str, tier: str) -> None:
+        self.shape, self.rid, self.tier = shape, rid, tier
+
+    def opening(self) -> list[bytes]:
+        opening = self.shape.opening(self.rid, self.tier)
+        return [] if opening is None else [sse(opening)]
+
+    def text(self, text: str, logprobs: dict[str, Any] | None) -> list[bytes]:
+        return [sse(self.shape.delta(self.rid, self.tier, text, logprobs))]
+
+    def held(self, found: ToolAnswer, text: str, sent: int) -> list[bytes]:
+        return [sse(chunk) for chunk in tool_answer_chunks(self.rid, self.tier, found, text, sent)]
+
+    def final(
+        self, result: CascadeResult, found: ToolAnswer | None, *, include_usage: bool, cache: str | None
+    ) -> list[bytes]:
+        return [sse(self.shape.final(self.rid, self.tier, result, found, include_usage=include_usage, cache=cache))]
+
+    def done(self) -> list[bytes]:
+        return [sse("[DONE]")]
+
+    def failed(self, exc: BaseException) -> list[bytes]:
+        return [sse(json.loads(bytes(error_response(exc).body)))]
 
 
 def _replay_tail(payload: dict[str, Any], include_usage: bool) -> dict[str, Any]:

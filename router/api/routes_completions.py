@@ -12,17 +12,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from router.api.deps import PrincipalDep, ServicesDep
+from router.api.deps import PrincipalDep, ServicesDep, cache_control
 from router.api.requests import ChatCompletionRequest, CompletionRequest
 from router.api.responses import CHAT, COMPLETION, new_id
 
 router = APIRouter(prefix="/v1")
-
-
-def _cache_control(http: Request) -> str | None:
-    """The client's Cache-Control, every line of it: HTTP reads repeated lines as one list (RFC
-    9110, 5.3), and a `no-store` on the second line must count as much as on the first."""
-    return ", ".join(http.headers.getlist("cache-control")) or None
 
 
 @router.post("/chat/completions")
@@ -30,10 +24,10 @@ async def chat_completions(
     body: ChatCompletionRequest, services: ServicesDep, principal: PrincipalDep, http: Request
 ) -> Any:
     rid = new_id("chatcmpl")
-    return await services.pipeline.handle("chat.completions", body, principal, rid, CHAT, _cache_control(http))
+    return await services.pipeline.handle("chat.completions", body, principal, rid, CHAT, cache_control(http))
 
 
 @router.post("/completions")
 async def completions(body: CompletionRequest, services: ServicesDep, principal: PrincipalDep, http: Request) -> Any:
     rid = new_id("cmpl")
-    return await services.pipeline.handle("completions", body, principal, rid, COMPLETION, _cache_control(http))
+    return await services.pipeline.handle("completions", body, principal, rid, COMPLETION, cache_control(http))

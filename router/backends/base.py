@@ -105,6 +105,11 @@ class Backend(abc.ABC):
         a token per byte of what is sent, plus a chat template's few (`router.admission.reservation`)."""
         return prompt_token_bound(request)
 
+    async def count_prompt_tokens(self, request: GenerationRequest) -> int | None:
+        """The prompt tokens a generation of `request` here would read, counted without generating
+        (the Messages API's count_tokens); None when this backend cannot count them itself."""
+        return None
+
     def completion_token_limit(self, request: GenerationRequest) -> int:
         """The most completion tokens it can be counted for: `n` choices of `max_tokens`."""
         return completion_token_bound(request)

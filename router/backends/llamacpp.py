@@ -246,6 +246,11 @@ class LlamaCppBackend(Backend):
         added = bool(getattr(rendered, "added_special", False))
         return self.engine.tokenize(rendered.prompt, add_special=not added, parse_special=True)
 
+    async def count_prompt_tokens(self, request: GenerationRequest) -> int | None:
+        """The chat template rendered and tokenized, in a worker thread (nothing decoded)."""
+        await self._ready()
+        return len(await asyncio.to_thread(self.prompt_tokens, request))
+
     def grammar(self, request: GenerationRequest) -> str | None:
         """The GBNF the answer is decoded under, None for free text; RequestError (400) when the
         request's format cannot be one. Blocking (a first conversion, llama.cpp's parse): call it

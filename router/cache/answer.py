@@ -152,7 +152,8 @@ def decode(
     choices = data.get("choices")
     if not isinstance(choices, list) or not 1 <= len(choices) <= MAX_CHOICES:
         raise InvalidEntry("choices missing, empty or too many")
-    check = _chat_choice if shape == "chat.completion" else _completion_choice
+    # the Responses and Messages surfaces store the chat form of their answers (router.api.surfaces)
+    check = _completion_choice if shape == "text_completion" else _chat_choice
     tier = _name(data.get("tier"), "tier")
     if tier not in tiers:
         raise InvalidEntry("tier is not a configured tier")

@@ -111,6 +111,9 @@ class LedgerEntry:
     user: str | None = None  # OpenAI's `user` request field: the client's own end-user id, unchecked
     team: str | None = None  # the key's team at admission (router.control); its spend is the team's
     deployment: str | None = None  # which deployment of the answering tier answered; None: a local tier
+    # the API surface it came through: "chat.completions", "completions", "responses", "messages";
+    # None in rows written before surfaces were recorded, and for shadow generations
+    surface: str | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -268,6 +271,9 @@ class LedgerStore(Protocol):
 
     def write(self, entry: LedgerEntry) -> None:
         """Store the entry and its attempts, and drop its pending row, atomically: all or nothing."""
+
+    def drop(self, request_id: str) -> None:
+        """Drop the pending row of a request that ended without an entry and cost nothing."""
 
     def spend_by_key(self, since: float) -> dict[str, float]:
         """USD per limit subject (a key's name; the SQLite store also 'team:T' and 'user:T:U', see

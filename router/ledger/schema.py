@@ -36,6 +36,9 @@ CONTROL_POSTGRES = 5
 # who gave a label (feedback.role and feedback.team): calibration reads whose labels it uses by them
 FEEDBACK_GIVER_SQLITE = 11
 FEEDBACK_GIVER_POSTGRES = 8
+# the API surface a request came through (requests.surface)
+SURFACE_SQLITE = 12
+SURFACE_POSTGRES = 9
 # each kind's type name in each dialect (SQLite's REAL and PostgreSQL's DOUBLE PRECISION are both
 # 8-byte IEEE floats: a cost reads back as the same float from either store)
 _TYPES: dict[Store, dict[Kind, str]] = {
@@ -136,6 +139,15 @@ TABLES: tuple[Table, ...] = (
                 null=True,
                 sqlite=CONTROL_SQLITE,
                 postgres=CONTROL_POSTGRES,
+            ),
+            Column(
+                "surface",
+                "text",
+                "the API it came through: chat.completions, completions, responses or messages; NULL: a "
+                "shadow generation, or a row written before surfaces were recorded",
+                null=True,
+                sqlite=SURFACE_SQLITE,
+                postgres=SURFACE_POSTGRES,
             ),
         ),
         ("request_id",),
@@ -423,7 +435,11 @@ TABLES: tuple[Table, ...] = (
             Column("cache_key", "text", "SHA-256 of the canonical request, its scope and the tier policy version"),
             Column("scope", "text", "whose entry it is (the API key's name under scope 'key'); read back only by it"),
             Column("policy", "text", "the tier policy version it was answered under (router.cache.keys)"),
-            Column("shape", "text", "chat.completion | text_completion: the endpoint that answered"),
+            Column(
+                "shape",
+                "text",
+                "chat.completion | text_completion | response | message: the endpoint that answered",
+            ),
             Column("tier", "text", "the tier that answered"),
             Column("request_id", "text", "the request whose answer it is"),
             Column("created", "real", "unix seconds (UTC) when it was stored: the oldest are evicted first"),

@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 # the SQLite schema version recorded in `meta`: the latest the description names (2: the pending
 # table; 3: requests.task and task_why; 4: shadow_pairs; 5: requests.user; 6: requests.deployment;
 # then the response cache's cache_entries; the control plane's keys, teams, user limits and audit,
-# with requests.team (router.control); feedback; 10: cache_entries' (scope, created) index; then
-# feedback.role and team, who gave each label)
+# with requests.team (router.control); feedback; 10: cache_entries' (scope, created) index; 11:
+# feedback.role and team, who gave each label; 12: requests.surface, the API a request came through)
 SCHEMA_VERSION = schema.latest("sqlite")
 
 _INSERT_REQUEST = rows.insert("requests", "sqlite")
@@ -91,6 +91,10 @@ class SQLiteStore:
 
     def write(self, entry: LedgerEntry) -> None:
         self._transaction(lambda: self._insert(entry))
+
+    def drop(self, request_id: str) -> None:
+        # one statement: its own transaction in autocommit mode
+        self.conn.execute("DELETE FROM pending WHERE request_id = ?", (request_id,))
 
     def _transaction(self, work: Callable[[], None]) -> None:
         conn = self.conn

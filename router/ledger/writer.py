@@ -92,6 +92,18 @@ class Ledger:
         """Write the pending row; the future is done once it is committed (or has failed)."""
         return self._submit(self._begin, pending)
 
+    def drop_after(self, written: asyncio.Future[None], request_id: str) -> None:
+        """Once its pending row's write is done, drop that row again: its request ended with
+        nothing recorded and nothing spent (a tier refused it before any output). A row that
+        cannot be dropped stands at its reservation, as a crashed request's does."""
+
+        def then(done: asyncio.Future[None]) -> None:
+            if done.cancelled() or done.exception() is not None or self._pool is None:
+                return  # not written, or the ledger closed since: the row, if any, stands
+            self._submit(self.store.drop, request_id).add_done_callback(_logged(request_id))
+
+        written.add_done_callback(then)
+
     async def record(self, entry: LedgerEntry) -> None:
         """Return once the entry is committed; on failure it is kept for a later write."""
         # a span under the request's own (router.telemetry; a no-op when tracing is off)
@@ -227,3 +239,11 @@ class Ledger:
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._submit(fn, *args)
+
+
+def _logged(request_id: str) -> Callable[[asyncio.Future[None]], None]:
+    def check(done: asyncio.Future[None]) -> None:
+        if not done.cancelled() and done.exception() is not None:
+            log.warning("ledger: pending row of %s not dropped: %s", request_id, done.exception())
+
+    return check

@@ -14,9 +14,10 @@
     settle    the ledger row committed before the client sees the answer; limits released; the
               cache offered the answer and shadow escalation started once it is sent
 
-A surface (chat completions, completions; the Responses and Messages APIs to come) is a parser
-into the service's request (its pydantic body's `to_generation`) and a `Shape` out of the
-cascade's result; the lifecycle between is this module's, and a route only calls `handle`.
+A surface (chat completions, completions, the Responses and Messages APIs) is a parser into the
+service's request (its pydantic body's `to_generation`; the Responses and Messages bodies are
+read into their chat twin, router.api.surfaces) and a `Shape` out of the cascade's result; the
+lifecycle between is this module's, and a route only calls `handle`.
 """
 
 from __future__ import annotations
@@ -133,6 +134,17 @@ class Pipeline:
             return await self._whole(ctx, call)
         return await self._live(ctx, call)
 
+    async def prompt_tokens(self, surface: str, body: BaseRequest, principal: Principal) -> int:
+        """The prompt tokens of a request at the first tier it would reach (the Messages API's
+        count_tokens): parsed and checked as a request is (404, 403, 400), refused while its rate
+        is spent (429), nothing generated and nothing charged. A tier that cannot count its own
+        (a remote one) gives the bound its admission reserves (router.admission.reservation)."""
+        ctx = await self._parse(surface, body, principal)
+        self.accounting.refuse_spent_rate(principal, body.user)
+        backend = ctx.plan[0].backend
+        counted = await backend.count_prompt_tokens(ctx.request)
+        return counted if counted is not None else backend.prompt_token_limit(ctx.request)
+
     async def _parse(self, surface: str, body: BaseRequest, principal: Principal) -> StageContext:
         # a key held to some models: 403 for any other name, before it is looked up, so the refusal
         # says neither whether that model exists nor what else is served (only what the key may use)
@@ -176,6 +188,7 @@ class Pipeline:
             stream=stream,
             user=body.user,
             cached=cached,
+            surface=ctx.surface,
         )
 
     async def _after(self, ctx: StageContext, result: CascadeResult) -> None:
@@ -191,8 +204,9 @@ class Pipeline:
             result = await self.engine.cascade.run(ctx.request, body.model, spent=account.spent, plan=ctx.plan)
             await account.record(result)  # committed before the client sees it
         await self._after(ctx, result)  # a refusal here: the answer is not sent, its cost is recorded
-        payload = shape.response(call.rid, ctx.request, result, call.wanted, call.cache)
-        self.cache.offer(call.lookup, payload, result)  # in the background: its row is committed
+        stored = shape.response(call.rid, ctx.request, result, call.wanted, call.cache)
+        self.cache.offer(call.lookup, stored, result)  # in the background: its row is committed
+        payload = shape.shown(stored)
         # shadow escalation starts once the response is sent: never on the client's path
         after = BackgroundTask(self.shadow.offered, call.rid, ctx.request, result)
         headers = _headers(result.final.tier, result.escalated, call.lookup)
@@ -256,7 +270,7 @@ class Pipeline:
             await account.record_replayed(hit)
         if from_cache:
             self.cache.served()
-        payload = call.shape.cached(call.rid, hit, ctx.notes)
+        payload = call.shape.shown(call.shape.cached(call.rid, hit, ctx.notes))
         headers = {**_headers(hit.tier, False), "x-tierroute-cache": "hit" if from_cache else "stage"}
         if call.body.stream:
             return StreamingResponse(

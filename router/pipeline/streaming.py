@@ -1,25 +1,25 @@
 """A cascade's events as Server-Sent Events: the body of a live-streamed answer.
 
 Only the answering tier streams live (`router.cascade`); its text is relayed as it comes, with
-the logprobs of the tokens it completes. With tools offered, text that may be a call is held back
-and read whole at the end (router.structured.tools: the calls a client gets are the ones that
+the logprobs of the tokens it completes, through the surface's stream writer (`Shape.writer`:
+OpenAI's chunks, or the Responses and Messages APIs' named events). With tools offered, text that
+may be a call is held back and read whole at the end (router.structured.tools: the calls a client gets are the ones that
 were verified). The ledger row is committed before the last chunk (the finish reason and cost) is
 sent: a failed write, or an after-generation stage that refuses, ends the stream with an error
-event instead, and no [DONE].
+event instead (the surface's: OpenAI's `data: {"error": ...}` and no [DONE], a Responses
+`response.failed`, a Messages `error` event).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from router.api.errors import error_response
-from router.api.responses import Shape, shown_tokens, tool_answer_chunks
+from router.api.responses import Shape, shown_tokens
 from router.cascade import Answering, CascadeResult, Final
 from router.generation import Delta, GenerationRequest, TokenLogprob
 from router.structured import tools
@@ -27,16 +27,11 @@ from router.structured import tools
 log = logging.getLogger(__name__)
 
 
-def sse(payload: dict[str, Any] | str) -> bytes:
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
-
-
 async def replay(shape: Shape, payload: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes]:
-    """A whole answer streamed in the endpoint's chunks, then [DONE]."""
-    for chunk in shape.replay(payload, include_usage):
-        yield sse(chunk)
-    yield sse("[DONE]")
+    """A whole answer streamed as the surface streams one (OpenAI's chunks then [DONE], or the
+    surface's named events)."""
+    for event in shape.replay_events(payload, include_usage):
+        yield event
 
 
 class SettledStream(StreamingResponse):
@@ -86,9 +81,9 @@ async def live_events(
     after-generation stages (their notes reach the last chunk), then the last chunk is sent;
     `delivered` runs once [DONE] is sent (the client has it all: shadow, the cache offer)."""
     tier = first.tier
-    opening = shape.opening(rid, tier)
-    if opening is not None:
-        yield sse(opening)
+    writer = shape.writer(rid, tier, request)
+    for out in writer.opening():
+        yield out
     sent = 0  # characters of text streamed so far
     pending: list[TokenLogprob] = []  # tokens whose text has not been streamed yet
     pending_at = 0  # where the first of them begins
@@ -106,22 +101,26 @@ async def live_events(
                     pending_at += sum(len(t.token) for _, t in shown)
                     logprobs = shape.logprobs(shown, wanted)
                 if text or not event.text:
-                    yield sse(shape.delta(rid, tier, text, logprobs))
+                    for out in writer.text(text, logprobs):
+                        yield out
             elif isinstance(event, Final):
                 result = event.result
                 found = None
                 if content is not None:
                     found = tools.answer(request, result.generation)
-                    for extra in tool_answer_chunks(rid, tier, found, result.generation.text, sent):
-                        yield sse(extra)
+                    for out in writer.held(found, result.generation.text, sent):
+                        yield out
                 await record(result)
                 await after(result)
-                yield sse(shape.final(rid, tier, result, found, include_usage=include_usage, cache=cache))
-        yield sse("[DONE]")
-        if result is not None:  # resumed after [DONE] was sent: the client has it all
+                for out in writer.final(result, found, include_usage=include_usage, cache=cache):
+                    yield out
+        for out in writer.done():
+            yield out
+        if result is not None:  # resumed after the last event was sent: the client has it all
             await delivered(result)
     except Exception as exc:  # output has begun: report in-band, the status is already sent
         log.warning("stream %s failed mid-way: %s", rid, exc)
-        yield sse(json.loads(bytes(error_response(exc).body)))
+        for out in writer.failed(exc):
+            yield out
     finally:
         await settle()

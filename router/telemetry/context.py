@@ -23,6 +23,7 @@ class RequestRecord:
     request_id: str | None = None
     key: str | None = None
     model: str | None = None
+    surface: str | None = None  # the API it came through: "chat.completions", "responses", "messages", ...
     facts: dict[str, Any] = field(default_factory=dict)  # the settled answer's: tiers, tokens, cost
 
 

@@ -101,6 +101,8 @@ def _span_attributes(record: RequestRecord, status: int) -> dict[str, Any]:
         out["tierroute.key"] = record.key
     if record.model is not None:
         out["gen_ai.request.model"] = record.model
+    if record.surface is not None:
+        out["tierroute.surface"] = record.surface
     facts = record.facts
     if facts:
         out |= {
@@ -123,6 +125,7 @@ def _log_line(record: RequestRecord, method: str, path: str, status: int, latenc
         "method": method,
         "path": path,
         "model": record.model,
+        "surface": record.surface,
         "status": status,
         "latency_ms": round(latency_s * 1000.0, 3),
         **(record.facts or _UNSETTLED),

@@ -10,7 +10,7 @@ a 400 in OpenAI's error shape.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,40 +21,9 @@ import pytest
 from router.api.app import create_app
 from router.backends.base import Backend
 from router.config import load_settings
-from router.generation import Delta, Generation, GenerationRequest
 from tests.support.config import smol_config
 from tests.support.servers import UvicornThread
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-GOOD_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-BAD_CALL = '<tool_call>\n{"name": "get_wether", "arguments": {"town": "Paris"}}\n</tool_call>'
-TOOL_CALL_VERIFIER = '[[tiers.verifiers]]\nname = "tool_call"\n'
-
-
-class ToolScript(Backend):
-    """Answers as a local model that uses tools: `call` (its text) while the last message is the
-    user's, a sentence quoting the result once a `tool` message brings it; in pieces of a few
-    characters, as an engine streams them."""
-
-    def __init__(self, name: str, call: str) -> None:
-        super().__init__(name)
-        self.call = call
-
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta | Generation]:
-        assert request.messages is not None
-        last = request.messages[-1]
-        text = f"It is {last.content} in Paris." if last.role == "tool" else self.call
-        pieces = [text[i : i + 5] for i in range(0, len(text), 5)]
-        for piece in pieces:
-            yield Delta(piece)
-        yield Generation(text, "stop", 20, len(pieces), None, 0.001, model="script")
+from tests.support.tool_script import BAD_CALL, GOOD_CALL, TOOL_CALL_VERIFIER, WEATHER, ToolScript
 
 
 def serve(tmp: Path, small: Backend | None, large: Backend | None) -> UvicornThread:
