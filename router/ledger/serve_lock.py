@@ -6,10 +6,15 @@ against the whole budget: the outside review ran two on one ledger and they spen
 $0.02 team budget between them. Several replicas share limits only through PostgreSQL
 (`ledger.url`), where admission is decided in the database.
 
-`serve` takes an exclusive `flock` on a file beside the ledger (`<ledger>.serve-lock`) and holds
-it for the process's life. The kernel drops it when the process ends however it ends (`kill -9`
-too), so a crashed server never blocks the next start, and nothing has to be cleaned up; the
-file itself stays, holding the last holder's pid for the error message. The lock is the
+`serve` takes an exclusive `flock` on the ledger's database file itself and holds it for the
+process's life: a lock on the file, not on a name, so every spelling of one ledger takes the same
+lock (a relative path, a symlink, and a hard link or a bind mount too, which resolve to another
+name but are the same file; the outside review started a second server through a hard link when
+the lock was a file named after the ledger). SQLite's own locks are POSIX record locks, which
+Linux keeps apart from `flock`'s, so this lock never blocks SQLite's. The kernel drops it when the
+process ends however it ends (`kill -9` too), so a crashed server never blocks the next start,
+and nothing has to be cleaned up. The holder's pid is written to a file beside the ledger
+(`<ledger>.serve-lock`) for the message a second server prints. The lock is the
 serving process's alone: the CLI's reads and writes (`report`, `keys list`, `keys create`) take
 no lock and run beside a server, as SQLite's WAL mode lets them. The descriptor is not inherited
 by the processes the service starts (schema workers, sandboxes: Python opens it close-on-exec),
@@ -54,17 +59,19 @@ def hold(settings: LedgerSettings) -> ServeLock | None:
     at all); ConfigError, naming ledger.path and the process holding it, when another has it."""
     if not settings.enabled or settings.url is not None:
         return None
-    path = lock_path(Path(settings.path))
+    ledger = Path(settings.path).expanduser()
+    path = lock_path(ledger)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        ledger.parent.mkdir(parents=True, exist_ok=True)
+        # an empty file is an empty SQLite database: the ledger opens it as it would have made it
+        fd = os.open(ledger, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        raise ConfigError(f"ledger.path: cannot create the serving lock {path}: {exc}") from None
+        raise ConfigError(f"ledger.path: cannot open {ledger} to lock it: {exc}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = _holder(fd)
         os.close(fd)
+        holder = _holder(path)
         raise ConfigError(
             f"ledger.path: {settings.path} is already served by another `tierroute serve`{holder}. A SQLite "
             "ledger serves one process: budgets and rate limits are enforced inside it, so two would each "
@@ -75,14 +82,13 @@ def hold(settings: LedgerSettings) -> ServeLock | None:
         os.close(fd)
         raise ConfigError(f"ledger.path: cannot lock {path}: {exc}") from None
     with contextlib.suppress(OSError):  # only for the message a second server prints
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        path.write_text(f"{os.getpid()}\n")
     return ServeLock(fd, path)
 
 
-def _holder(fd: int) -> str:
+def _holder(path: Path) -> str:
     try:
-        text = os.pread(fd, 32, 0).decode("ascii").strip()
+        text = path.read_text(encoding="ascii")[:32].strip()
     except (OSError, UnicodeDecodeError):
         return ""
     return f" (pid {text})" if text.isdigit() else ""

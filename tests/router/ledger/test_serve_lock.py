@@ -3,7 +3,7 @@
 A SQLite ledger's budgets are enforced inside the serving process, so the outside review's two
 servers on one file each admitted against a $0.02 team budget and spent $0.031 between them.
 What must hold: a second `serve` on the same file (under the same path, or another spelling of
-it through a symlink) exits at start with an error naming ledger.path and PostgreSQL, and never
+it through a symlink or a hard link) exits at start with an error naming ledger.path and PostgreSQL, and never
 answers; the first keeps serving; the CLI's commands (`report costs`, `keys list`, `keys create`)
 run beside it; and once the first dies by `kill -9`, the next `serve` starts at once (the lock
 died with its process).
@@ -73,12 +73,21 @@ def test_a_second_server_on_one_sqlite_ledger_is_refused_and_a_killed_ones_lock_
         with serve_process(cfg, log_path=tmp_path / "first.log") as (first, url, _):
             with httpx.Client(timeout=60) as client:
                 assert ask(client, url, raw["ana"]).status_code == 200
-                for spelling in (cfg, alias):
+                # a hard link is the same file under a name of its own (the outside review's way
+                # round a lock named after the ledger)
+                (tmp_path / "other").mkdir()
+                os.link(ledger, tmp_path / "other" / "hard.sqlite3")
+                hard, _ = control_config(
+                    tmp_path, upstream.base_url, ledger=str(tmp_path / "other" / "hard.sqlite3"), name="hard.toml"
+                )
+                for spelling in (cfg, alias, hard):
                     refused = second_serve(spelling)
                     assert refused.returncode == 1, (refused.returncode, refused.stderr[-2000:])
                     said = refused.stderr
                     assert "ledger.path" in said and "PostgreSQL" in said and "ledger.url" in said, said
-                    assert f"pid {first.pid}" in said and "Traceback" not in said, said
+                    assert "Traceback" not in said, said
+                    if spelling is not hard:  # the holder's pid is written beside the name it served
+                        assert f"pid {first.pid}" in said, said
                 # the CLI runs beside the server, reads and writes alike
                 report = cli(cfg, "report", "costs")
                 assert report.returncode == 0, report.stderr
