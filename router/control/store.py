@@ -245,7 +245,9 @@ def _cursor(cursor: str | None) -> tuple[float | None, int]:
         return None, 0
     at, _, skip = cursor.partition(":")
     try:
-        found = float(at), int(skip)
+        # ASCII digits only (int() reads other scripts' digits too), and a skip no page could need:
+        # SQLite's OFFSET is a 64-bit integer, and a larger one was a 500
+        found = float(at), int(skip) if skip.isascii() and skip.isdigit() and len(skip) <= 9 else -1
     except ValueError:
         found = (math.nan, -1)
     if not math.isfinite(found[0]) or found[1] < 0:

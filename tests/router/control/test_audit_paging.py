@@ -90,7 +90,15 @@ async def test_every_audit_row_is_reachable_through_the_admin_api(
         first = (await client.get("/admin/audit", headers=bearer(raw["root"]))).json()
         assert len(first["data"]) == 1000 and first["has_more"] is True  # the default page, as before
 
-        for bad in ({"limit": 0}, {"limit": 1001}, {"cursor": "nonsense"}, {"cursor": "1e400:0"}, {"cursor": "1:-1"}):
+        forged = ({"cursor": "1:9223372036854775808"}, {"cursor": "1:" + "9" * 20}, {"cursor": "1:\u0661\u0662"})
+        for bad in (
+            {"limit": 0},
+            {"limit": 1001},
+            {"cursor": "nonsense"},
+            {"cursor": "1e400:0"},
+            {"cursor": "1:-1"},
+            *forged,
+        ):
             r = await client.get("/admin/audit", params=bad, headers=bearer(raw["root"]))
             assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", (bad, r.text)
 
