@@ -118,9 +118,19 @@ class BaseRequest(Lenient):
     @classmethod
     def _user(cls, v: str | None) -> str | None:
         # written to the ledger, and a limit subject on PostgreSQL, whose TEXT takes no NUL: a row
-        # that cannot be written would come back first in the writer's retry queue for good
-        if v is not None and any(ord(c) < 32 or ord(c) == 127 for c in v):
-            raise ValueError("user must not contain control characters")
+        # that cannot be written would come back first in the writer's retry queue for good. Held
+        # to the rule an admin's user names are (router.control.records.check_user): printable text,
+        # no control, format or bidi characters, which would reorder or rewrite the report, log and
+        # limit lines the name is shown in; and '*' names a team's row for every user
+        if v is None:
+            return v
+        bad = next((i for i, c in enumerate(v) if not c.isprintable()), None)
+        if bad is not None:
+            raise ValueError(
+                f"user must be printable text: no control, format or bidi characters (U+{ord(v[bad]):04X})"
+            )
+        if v == "*":
+            raise ValueError("user '*' is reserved: it names a team's limits for every user")
         return v
 
     @field_validator("logit_bias")
