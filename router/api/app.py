@@ -38,7 +38,7 @@ from router.api import (
 from router.api.deps import AnyPrincipalDep, MetricsReaderDep, Services, ServicesDep
 from router.config import Settings
 from router.engine import Engine
-from router.errors import RequestError, TierrouteError
+from router.errors import RequestError, TierrouteError, UnavailableError
 from router.metrics import ResponseCounter, RouteTemplates
 from router.pipeline.stages import StageRegistry
 from router.telemetry import setup as telemetry
@@ -166,7 +166,12 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        if body and not await self._keyed(scope):
+        try:
+            keyed = bool(body) and await self._keyed(scope)
+        except UnavailableError as exc:  # no slot to check the key in now: the route would say 503 too
+            await errors.error_response(exc, errors.dialect(scope.get("path")))(scope, _replay([], receive), send)
+            return
+        if body and not keyed:
             await self.app(scope, _replay([{"type": "http.request", "body": b"", "more_body": False}], receive), send)
             return
         if body and _is_json(scope):
@@ -193,7 +198,9 @@ class BodyLimit:
                 None if auth is None else auth.decode("latin-1"), None if api_key is None else api_key.decode("latin-1")
             )
             await self.authenticate(presented)
-        except TierrouteError:  # a wrong, revoked or expired key, or none; or no scan slot (503 at the route)
+        except UnavailableError:  # no scan slot: a valid key must not lose its body to the load (503)
+            raise
+        except TierrouteError:  # a wrong, revoked or expired key, or none
             return False
         return True
 
