@@ -70,7 +70,7 @@ def check_resources(
             except ModelError as exc:
                 problems.append(f"{key}.llamacpp.model: {exc}")
             else:
-                from router.backends.llamacpp import draft_problem
+                from router.backends.llama.backend import draft_problem
 
                 if (why := draft_problem(tier.llamacpp, settings.models.cache_dir)) is not None:
                     problems.append(f"{key}.llamacpp.draft_model: {why}")

@@ -16,7 +16,7 @@ import time
 
 import llama_cpp
 
-from router.backends.llamacpp import LlamaCppBackend
+from router.backends.llama.backend import LlamaCppBackend
 from router.config import LlamaCppSettings
 from router.generation import GenerationRequest, Message
 from router.models.catalog import CATALOG, ModelStore

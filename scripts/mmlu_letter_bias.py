@@ -81,7 +81,7 @@ def offline(run_dir: Path) -> None:
 
 
 def probe(n: int) -> None:
-    from router.backends.llamacpp import LlamaCppBackend
+    from router.backends.llama.backend import LlamaCppBackend
     from router.config import LlamaCppSettings
     from router.generation import GenerationRequest, Message
     from router.models.catalog import resolve_model

@@ -14,7 +14,7 @@ import argparse
 import asyncio
 import time
 
-from router.backends.llamacpp import LlamaCppBackend
+from router.backends.llama.backend import LlamaCppBackend
 from router.config import LlamaCppSettings
 from router.generation import Delta, GenerationRequest
 from router.models.catalog import CATALOG, ModelStore

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def _llamacpp(tier: TierSettings, settings: Settings) -> Backend:
-    from router.backends.llamacpp import LlamaCppBackend
+    from router.backends.llama.backend import LlamaCppBackend
 
     return LlamaCppBackend.from_settings(tier, settings)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from router.backends.llamacpp import LlamaCppBackend
+    from router.backends.llama.backend import LlamaCppBackend
     from router.config import LlamaCppSettings
 
 SMOL = "smollm2-135m-instruct-q4_1"
@@ -36,7 +36,7 @@ async def started(
     """A started local backend (answers capped at 512 tokens), closed on the way out whatever the
     test did. Imported here, not at the top: conftest imports this module, and a run that loads no
     model should not import the engine."""
-    from router.backends.llamacpp import LlamaCppBackend
+    from router.backends.llama.backend import LlamaCppBackend
 
     b = LlamaCppBackend(name, path, settings, 512, draft)
     await b.start()

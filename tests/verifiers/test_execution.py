@@ -325,7 +325,7 @@ async def test_second_opinion_is_not_asked_without_a_numeric_answer_or_when_off(
 
 @pytest.fixture(scope="module")
 async def smol(smol_path: Path):
-    from router.backends.llamacpp import LlamaCppBackend
+    from router.backends.llama.backend import LlamaCppBackend
     from router.config import LlamaCppSettings
 
     b = LlamaCppBackend(

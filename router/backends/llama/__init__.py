@@ -1,4 +1,5 @@
-"""The llama.cpp backend's engine, in parts: one thread owns the model and decodes many sequences per step.
+"""The llama.cpp backend (`backend`: the Backend a tier uses) and its engine, in parts: one thread owns
+the model and decodes many sequences per step.
 
 `engine` holds the thread, the queue and the decode loop (`LlamaEngine`); what each step does for
 one sequence lives beside it, one concern a module, as parts `LlamaEngine` inherits: `sampling`

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from router.backends.llamacpp import LlamaCppBackend
+from router.backends.llama.backend import LlamaCppBackend
 from router.generation import GenerationRequest, Message, Tenant
 from tests.support.local_tiers import ask, drafts, engine_settings, started
 

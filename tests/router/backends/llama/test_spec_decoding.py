@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from router.backends.llama.backend import LlamaCppBackend, draft_problem
 from router.backends.llama.engine import LlamaEngine
-from router.backends.llamacpp import LlamaCppBackend, draft_problem
 from router.config import LlamaCppSettings
 from router.errors import ModelError
 from router.generation import Delta, Generation, GenerationRequest, Message, ResponseFormat

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from router.backends.base import ContinuationScore
-from router.backends.llamacpp import LlamaCppBackend
+from router.backends.llama.backend import LlamaCppBackend
 from router.config import LlamaCppSettings
 from router.errors import ContextLengthError, DeadlineError, RequestError
 from router.generation import GenerationRequest, Message

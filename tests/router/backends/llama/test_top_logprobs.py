@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from router.backends.llamacpp import LlamaCppBackend
+from router.backends.llama.backend import LlamaCppBackend
 from router.config import LlamaCppSettings
 from router.generation import Delta, Generation, GenerationRequest, Message, TokenLogprob
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from router.backends.llamacpp import LlamaCppBackend
+from router.backends.llama.backend import LlamaCppBackend
 from router.config import LlamaCppSettings
 from router.errors import RequestError
 from router.generation import GenerationRequest, Message, ResponseFormat

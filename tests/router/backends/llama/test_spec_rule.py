@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from router.backends.llama.backend import LlamaCppBackend
 from router.backends.llama.drafting import speculative_accept
-from router.backends.llamacpp import LlamaCppBackend
 from router.config import LlamaCppSettings
 from router.generation import GenerationRequest, Message
 

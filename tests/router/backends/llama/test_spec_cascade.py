@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from router.backends.llama.backend import LlamaCppBackend
 from router.backends.llama.drafting import speculative_accept
 from router.backends.llama.spec_cascade import cascade_defers, total_variation
-from router.backends.llamacpp import LlamaCppBackend
 from router.config import LlamaCppSettings
 from router.errors import ConfigError
 from router.generation import Generation, GenerationRequest, Message

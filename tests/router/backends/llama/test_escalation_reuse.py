@@ -14,7 +14,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from router.backends.llamacpp import LlamaCppBackend
+from router.backends.llama.backend import LlamaCppBackend
 from router.generation import Delta, Generation
 from tests.support.local_tiers import ASK, ask, ask_auto, drafts, engine_settings, started, two_tier_service
 from tests.support.metrics import samples, value

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from router.backends.llamacpp import LlamaCppBackend
+from router.backends.llama.backend import LlamaCppBackend
 from router.config import LlamaCppSettings
 from router.generation import Delta, GenerationRequest, Message
 

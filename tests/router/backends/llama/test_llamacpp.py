@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from router.backends.llamacpp import LlamaCppBackend
+from router.backends.llama.backend import LlamaCppBackend
 from router.config import LlamaCppSettings
 from router.errors import ContextLengthError, DeadlineError, ModelError, OverloadedError, UnavailableError
 from router.generation import Delta, Generation, GenerationRequest, Message

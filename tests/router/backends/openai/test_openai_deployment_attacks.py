@@ -138,7 +138,7 @@ async def test_an_oversized_answer_at_one_deployment_is_answered_by_the_other(
     # request moves there, and the oversized one is not tried again for this request. (A request
     # for 16 tokens: no honest answer to it is near the limit, so an answer 4x over it is the
     # upstream's doing; one asking for an answer that large is another matter,
-    # tests/router/backends/test_openai_answer_size.py.)
+    # tests/router/backends/openai/test_openai_answer_size.py.)
     upstream.default = oversized(LIMIT * 4, declare=declare)
     small = CHAT.with_(max_tokens=16)
     async with tier(upstream, second, max_response_bytes=LIMIT) as backend:
