@@ -18,7 +18,7 @@ learned estimator):
 
 When the scoring tier is local and the answer is rejected and escalates there, the same prefill
 serves the escalation: the tier's answer starts with the candidate's tokens it found to be its own
-top choice, without reading them again (`router.backends.llamacpp`; greedy requests).
+top choice, without reading them again (`router.backends.llama.backend`; greedy requests).
 
 The verifier abstains, with the reason, when it cannot speak: an empty candidate, a tier that is not
 configured or cannot score, a scoring failure or deadline. An abstention is not a reject: the tier's

@@ -28,7 +28,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from router.control.records import Conflict, NotFound
 from router.errors import (
     AuthError,
-    ContextLengthError,
     NotFoundError,
     QuotaError,
     RateLimitError,
@@ -128,8 +127,6 @@ def error_response(exc: BaseException, speaks: Dialect = "openai") -> JSONRespon
         status, body = 409, error_body(str(exc), "invalid_request_error", exc.param, "conflict")
     elif isinstance(exc, UnknownModelError | NotFoundError):
         status, body = 404, error_body(str(exc), "invalid_request_error", exc.param, exc.code)
-    elif isinstance(exc, ContextLengthError):
-        status, body = 400, error_body(str(exc), "invalid_request_error", exc.param, exc.code)
     elif isinstance(exc, RequestError):
         status, body = 400, error_body(str(exc), "invalid_request_error", exc.param, exc.code)
     elif isinstance(exc, AuthError):
