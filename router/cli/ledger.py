@@ -47,8 +47,8 @@ def cmd_ledger_migrate(args: argparse.Namespace) -> int:
     store.open()  # opening a ledger read-write applies what it lacks
     store.close()
     if is_postgres(location):
-        from router.ledger.postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
         from router.ledger.postgres import PostgresStore
+        from router.ledger.postgres_migrations import SCHEMA_VERSION as PG_SCHEMA_VERSION
 
         done = store.migrated if isinstance(store, PostgresStore) else []
         print(f"{location}: applied migrations {done or 'none (up to date)'}; schema version {PG_SCHEMA_VERSION}")

@@ -13,7 +13,7 @@ that store (SQLite's `meta`, PostgreSQL's shared limits), and on a column or ind
 means it came with its table. The latest version of each store is the highest one named here.
 
 PostgreSQL migrations that were released are applied as they were written, never regenerated
-(`router.ledger.postgres.RELEASED`); a test holds the description to them token for token. A
+(`router.ledger.postgres_migrations.RELEASED`); a test holds the description to them token for token. A
 later change is one edit here: a nullable column, a table or an index with the next version in
 each store gives SQLite files their `ALTER TABLE` and PostgreSQL its next migration. Anything
 else (a type change, a dropped column) is refused by the generator: write that migration by hand.

@@ -25,7 +25,7 @@ from fastapi import FastAPI
 
 from router.api.app import create_app
 from router.config import load_settings
-from router.ledger.postgres import SCHEMA_VERSION
+from router.ledger.postgres_migrations import SCHEMA_VERSION
 from tests.support import servers
 from tests.support.control import bearer, control_config
 from tests.support.fault_upstream import FaultUpstream

@@ -23,7 +23,8 @@ from router.config import ApiKeyEntry, load_settings
 from router.errors import ConfigError, QuotaError, RateLimitError, UnavailableError
 from router.ledger import schema
 from router.ledger.entries import DuplicateEntry, Feedback, LabelCount, PendingEntry, ShadowPair
-from router.ledger.postgres import MIGRATIONS, PostgresStore
+from router.ledger.postgres import PostgresStore
+from router.ledger.postgres_migrations import MIGRATIONS
 from router.ledger.store import SQLiteStore
 from router.ledger.stores import open_store
 from tests.support.accounting import auth, chat, config_with_keys, running, tierroute_of

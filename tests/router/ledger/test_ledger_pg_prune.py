@@ -24,7 +24,8 @@ import pytest
 from router.admission.limits import Reservation, SharedLimits, day_start, month_start
 from router.admission.quota import Quota
 from router.errors import QuotaError
-from router.ledger.postgres import _PRUNE_LOCK, PostgresStore
+from router.ledger.postgres import PostgresStore
+from router.ledger.postgres_limits import _PRUNE_LOCK
 from tests.support.accounting import running
 from tests.support.control import control_config
 from tests.support.fault_upstream import FaultUpstream

@@ -16,7 +16,7 @@ import pytest
 
 from router.ledger import rows, schema
 from router.ledger.entries import AttemptEntry, Feedback, LedgerEntry, PendingEntry, ShadowPair
-from router.ledger.postgres import MIGRATIONS, RELEASED
+from router.ledger.postgres_migrations import MIGRATIONS, RELEASED
 from router.ledger.store import SCHEMA_VERSION, SQLiteStore
 
 # What each store has that the other has not, on purpose: SQLite keeps its version in `meta`;
