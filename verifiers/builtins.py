@@ -24,6 +24,7 @@ from verifiers.format import make_format
 from verifiers.judge import make_judge
 from verifiers.learned import make_learned
 from verifiers.math_answer import make_math_answer
+from verifiers.steps import make_steps
 from verifiers.tool_call import make_tool_call
 
 BUILTINS: dict[str, VerifierFactory] = {
@@ -40,6 +41,7 @@ BUILTINS: dict[str, VerifierFactory] = {
     "execution": make_execution,
     "tool_call": make_tool_call,
     "arithmetic": make_arithmetic,
+    "steps": make_steps,
 }
 
 

@@ -24,6 +24,7 @@ from verifiers.builtins import BUILTINS
         ("math_answer", {}, False),
         ("format", {}, False),
         ("arithmetic", {}, False),
+        ("steps", {}, False),
     ],
 )
 def test_uses_a_model(name: str, params: dict, uses: bool) -> None:

@@ -18,6 +18,7 @@ NAMES = {
     "execution",
     "tool_call",
     "arithmetic",
+    "steps",
 }
 MINIMAL = {"format": {"json": True}, "judge": {"tier": "big"}, "cross_tier": {"tier": "big"}}
 
