@@ -46,6 +46,7 @@ from evals.store import RunStore
 from evals.suites.base import Suite
 from evals.sweep import OraclePolicy, ResultTable, evaluate
 from router.config import PriceSettings
+from router.errors import ConfigError
 from router.pricing import describe
 
 LIST_PRICE = "gpt-4-1106-preview"  # the price point that is the frontier tier's own
@@ -318,6 +319,8 @@ def _headlines(
 ) -> list[Headline]:
     """Both shares of one cascade over the splits (seeds seed + 1 on), with the finer grid."""
     masks = splits.split_masks([it.id for it in table.items], n_splits, fraction, first=seed + 1)
+    if not (masks.any(axis=1).all() and (~masks).any(axis=1).all()):
+        raise ConfigError(f"{suite}: {len(table.items)} items leave one side of some of {n_splits} random splits empty")
     cascades = splits.priced_cascades(table, free)
     if name == VERIFIED:  # refit on every split's calibration half, never the fixed split's fit
         learned = next(c for c in cascades if c.verifier == verified.LEARNED)

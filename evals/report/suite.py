@@ -163,7 +163,15 @@ def build(
         breakeven = analyse(table, top_free or table, calibrations)
     studied = None
     if local_free is not None and calibrations:
-        studied = study_splits(table, local_free, target, calibrations, seed=seed, fraction=fraction, n_splits=n_splits)
+        masks = splits.split_masks([it.id for it in table.items], n_splits, fraction, first=seed + 1)
+        if masks.any(axis=1).all() and (~masks).any(axis=1).all():
+            studied = study_splits(
+                table, local_free, target, calibrations, seed=seed, fraction=fraction, n_splits=n_splits
+            )
+        else:
+            notes.append(
+                f"No random splits: {len(table.items)} items leave one side of some of {n_splits} splits empty."
+            )
     return SuiteReport(
         table=table,
         tiers=rows,
