@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import re
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from evals.sweep import (
     CascadePolicy,
@@ -32,8 +35,10 @@ from evals.sweep import (
     PreRoutePolicy,
     ResultTable,
     accuracy_of,
+    cascade_arrays,
     evaluate,
     evaluate_cascades,
+    evaluate_settings,
 )
 from router.errors import ConfigError
 
@@ -79,15 +84,78 @@ def split(table: ResultTable, seed: int = 0, fraction: float = 0.5) -> tuple[Res
     return table.subset(calib), table.subset(held)
 
 
-def candidate_thresholds(table: ResultTable, verifier: str, tier: int, max_points: int) -> list[float]:
-    """Each distinct score on these items (or `max_points` quantiles of them), within [0, 1]:
-    the values a config's `threshold` can take."""
-    scored = (it.tiers[tier].scores[verifier] for it in table.items)
-    values = sorted({min(1.0, max(0.0, v)) for v in scored if v is not None} | {0.0, 1.0})
+MAX_POINTS = 101  # candidate thresholds per tier: a 4x finer grid moves no committed headline by a point
+
+
+def candidate_values(scores: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarray:
+    """Each distinct score (NaN, an abstention, ignored), clamped to [0, 1], with 0 and 1 (or
+    `max_points` quantiles of them, 0 and 1 kept): the values a config's `threshold` can take, in
+    order. Every distinct routing of these items is one of them until there are more than
+    `max_points`."""
+    present = np.asarray(scores, dtype=float)
+    present = present[~np.isnan(present)]
+    values = np.unique(np.concatenate([np.clip(present, 0.0, 1.0), [0.0, 1.0]]))
     if len(values) > max_points:
-        idx = sorted({round(i * (len(values) - 1) / (max_points - 1)) for i in range(max_points)})
-        values = [values[i] for i in idx]
+        idx = np.unique(np.round(np.arange(max_points) * (len(values) - 1) / (max_points - 1)).astype(int))
+        values = values[idx]
     return values
+
+
+def candidate_thresholds(table: ResultTable, verifier: str, tier: int, max_points: int) -> list[float]:
+    """`candidate_values` of one tier's scores on these items, as a list."""
+    scored = [it.tiers[tier].scores[verifier] for it in table.items]
+    return [float(v) for v in candidate_values(np.array([math.nan if v is None else v for v in scored]), max_points)]
+
+
+def setting_grid(grids: Sequence[np.ndarray]) -> np.ndarray:
+    """Every combination of one candidate per tier, settings x tiers, in `itertools.product`'s
+    order (the first tier's threshold varies slowest)."""
+    if not grids:
+        return np.zeros((1, 0))
+    mesh = np.meshgrid(*grids, indexing="ij")
+    return np.stack([m.reshape(-1) for m in mesh], axis=1)
+
+
+def pick_setting(
+    accuracy: np.ndarray,
+    cost_per_1k: np.ndarray,
+    escalation: np.ndarray,
+    settings: np.ndarray,
+    target: Target,
+    goal: float,
+) -> tuple[int, bool]:
+    """The rule that chooses a setting for a target, over arrays (one entry per candidate setting):
+    the index of the chosen setting, and whether it meets the target. Among the settings that meet
+    it: for an accuracy target the cheapest (then the most accurate), for the other kinds the most
+    accurate (then the cheapest). When none meets it, the nearest miss: the most accurate (an
+    accuracy target), the cheapest (`max-cost`) or the least escalating (`max-escalation`). Ties go
+    to the lowest thresholds, the first tier's first. `choose`, `eval calibrate`, the reports and
+    the split study (`evals.splits`) all choose with this one function."""
+    meets = _meets_arrays(accuracy, cost_per_1k, escalation, target, goal)
+    feasible = bool(meets.any())
+    pool = np.flatnonzero(meets) if feasible else np.arange(len(accuracy))
+    if target.kind in ("min-accuracy", "min-pgr"):
+        first, second = (cost_per_1k, -accuracy) if feasible else (-accuracy, cost_per_1k)
+    elif feasible:
+        first, second = -accuracy, cost_per_1k
+    elif target.kind == "max-cost":
+        first, second = cost_per_1k, -accuracy
+    else:
+        first, second = escalation, -accuracy
+    ties = [settings[pool, j] for j in reversed(range(settings.shape[1]))]
+    order = np.lexsort([*ties, second[pool], first[pool]])  # the last key sorts first
+    return int(pool[order[0]]), feasible
+
+
+def _meets_arrays(
+    accuracy: np.ndarray, cost_per_1k: np.ndarray, escalation: np.ndarray, target: Target, goal: float
+) -> np.ndarray:
+    """`_meets`, setting by setting."""
+    if target.kind in ("min-accuracy", "min-pgr"):
+        return np.asarray(accuracy >= goal - 1e-12)
+    if target.kind == "max-cost":
+        return np.asarray(cost_per_1k <= goal + 1e-12)
+    return np.asarray(escalation <= goal + 1e-12)
 
 
 @dataclass(frozen=True)
@@ -124,17 +192,25 @@ def _meets(r: PolicyResult, target: Target, goal: float) -> bool:
 
 
 def choose(
-    table: ResultTable, verifier: str, target: Target, *, max_points: int = 101
+    table: ResultTable, verifier: str, target: Target, *, max_points: int = MAX_POINTS
 ) -> tuple[tuple[float, ...], PolicyResult, bool]:
-    """The thresholds (one per tier but the last) that best meet `target` on `table`."""
+    """The thresholds (one per tier but the last) that best meet `target` on `table`: every
+    combination of `max_points` candidates per tier (`candidate_values`), weighed through the
+    decision rule's table form (`evaluate_settings`) and chosen by `pick_setting`."""
     if verifier not in table.verifiers:
         raise ConfigError(f"run {table.run}: no '{verifier}' scores on every item; have: {', '.join(table.verifiers)}")
-    k = max(1, table.top)
-    per_tier = max_points if k == 1 else max(5, int(max_points ** (1 / k)))
-    grids = [candidate_thresholds(table, verifier, t, per_tier) for t in range(k)]
-    settings = [(ths, ths[0]) for ths in itertools.product(*grids)]
-    results = list(zip([ths for ths, _ in settings], evaluate_cascades(table, verifier, settings), strict=True))
-    return _pick(table, results, target)
+    arrays = cascade_arrays(table, verifier)
+    if table.top == 0:  # one tier: its threshold decides nothing, but a config still gets one
+        grids = [np.array(candidate_thresholds(table, verifier, 0, max_points))]
+    else:
+        grids = [candidate_values(arrays.scores[:, t], max_points) for t in range(table.top)]
+    settings = setting_grid(grids)
+    weighed = evaluate_settings(arrays, settings[:, : table.top])  # the cost summed exactly: `weigh_settings`
+    index, met = pick_setting(
+        weighed.accuracy, weighed.cost_per_1k, weighed.escalation, settings, target, _goal(table, target)
+    )
+    ths = tuple(float(x) for x in settings[index])
+    return ths, evaluate_cascades(table, verifier, [(ths, ths[0])])[0], met
 
 
 def goal(target: Target, weak: float, strong: float) -> float:
@@ -152,26 +228,19 @@ def _goal(table: ResultTable, target: Target) -> float:
 def _pick(
     table: ResultTable, results: list[tuple[tuple[float, ...], PolicyResult]], target: Target
 ) -> tuple[tuple[float, ...], PolicyResult, bool]:
-    """The setting that best meets `target` among `results` (each a setting and its outcome)."""
-    goal = _goal(table, target)
-    feasible = [(ths, r) for ths, r in results if _meets(r, target, goal)]
-    pool = feasible or results
-    key: Callable[[tuple[tuple[float, ...], PolicyResult]], tuple[float, float]]
-    if target.kind in ("min-accuracy", "min-pgr"):
-        # cheapest that meets it; else the most accurate
-        key = (
-            (lambda x: (x[1].cost_per_1k, -x[1].accuracy))
-            if feasible
-            else (lambda x: (-x[1].accuracy, x[1].cost_per_1k))
-        )
-    elif feasible:
-        key = lambda x: (-x[1].accuracy, x[1].cost_per_1k)  # noqa: E731
-    elif target.kind == "max-cost":
-        key = lambda x: (x[1].cost_per_1k, -x[1].accuracy)  # noqa: E731
-    else:
-        key = lambda x: (x[1].escalation_rate, -x[1].accuracy)  # noqa: E731
-    best_ths, best = min(pool, key=lambda x: (*key(x), x[0]))
-    return best_ths, best, bool(feasible)
+    """The setting that best meets `target` among `results` (each a setting and its outcome), by
+    `pick_setting`."""
+    settings = np.array([ths for ths, _ in results], dtype=float).reshape(len(results), -1)
+    index, met = pick_setting(
+        np.array([r.accuracy for _, r in results]),
+        np.array([r.cost_per_1k for _, r in results]),
+        np.array([r.escalation_rate for _, r in results]),
+        settings,
+        target,
+        _goal(table, target),
+    )
+    ths, best = results[index]
+    return ths, best, met
 
 
 def calibrate(

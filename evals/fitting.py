@@ -43,12 +43,24 @@ def _folds(y: np.ndarray, k: int, seed: int) -> list[tuple[np.ndarray, np.ndarra
 
 
 def fit_model(x: np.ndarray, y: np.ndarray, n_dense: int, *, seed: int = 0) -> LinearModel:
+    """`fit_with_out_of_fold`'s model."""
+    return fit_with_out_of_fold(x, y, n_dense, seed=seed)[0]
+
+
+def fit_with_out_of_fold(
+    x: np.ndarray, y: np.ndarray, n_dense: int, *, seed: int = 0
+) -> tuple[LinearModel, np.ndarray]:
     """Standardise the dense columns; choose, by `FOLDS`-fold cross-validated log-loss, the
     regularisation strength and how much the hashed prompt grams may weigh: as they are, scaled
     up (a gram's normalised count is small, so the penalty holds its weight down more than a
     standardised column's), or not at all (on a few hundred rows they may only add noise; the
     model then has zero weight there); fit Platt's map on the cross-validated logits; refit on
-    all rows. With fewer than two rows of either outcome, the smoothed base rate."""
+    all rows. With fewer than two rows of either outcome, the smoothed base rate.
+
+    Beside the model, each row's out-of-fold probability: Platt's map of the cross-validated logit
+    the chosen setting gave it (from a fit that did not see the row; the choice of setting and the
+    map saw every row), what a threshold is calibrated on without a second round of fits (the
+    base rate for every row where the model is the base rate)."""
     from sklearn.linear_model import LogisticRegression
 
     y = np.asarray(y, dtype=int)
@@ -61,7 +73,8 @@ def fit_model(x: np.ndarray, y: np.ndarray, n_dense: int, *, seed: int = 0) -> L
         scale[:n_dense] = np.where(sd > 1e-12, sd, 1.0)
     minority = int(min(y.sum(), len(y) - y.sum()))
     if minority < 2:
-        return _constant(mean, scale, y, "fewer than two right or two wrong answers to learn from")
+        model = _constant(mean, scale, y, "fewer than two right or two wrong answers to learn from")
+        return model, np.full(len(y), sigmoid(np.array([model.platt_b]))[0] if len(y) else 0.5)
     k = min(FOLDS, minority)
     folds = _folds(y, k, seed)
     gains = (1.0,) if n_dense == width else GRAM_GAINS
@@ -86,13 +99,14 @@ def fit_model(x: np.ndarray, y: np.ndarray, n_dense: int, *, seed: int = 0) -> L
     platt = LogisticRegression(C=100.0, max_iter=_MAX_ITER).fit(d.reshape(-1, 1), y)
     a, b = float(platt.coef_[0, 0]), float(platt.intercept_[0])
     if a <= 0:  # the cross-validated logits rank no better than chance: claim nothing beyond the base rate
-        return _constant(mean, scale, y, "cross-validated scores do not rank the answers")
+        model = _constant(mean, scale, y, "cross-validated scores do not rank the answers")
+        return model, np.full(len(y), sigmoid(np.array([model.platt_b]))[0])
     cols = width if gain > 0 else n_dense
     scale = _with_gain(scale, n_dense, gain)
     clf = LogisticRegression(C=c, max_iter=_MAX_ITER).fit((x[:, :cols] - mean[:cols]) / scale[:cols], y)
     coef = np.zeros(width)
     coef[:cols] = clf.coef_[0]
-    return LinearModel(
+    model = LinearModel(
         mean,
         scale,
         coef,
@@ -108,6 +122,7 @@ def fit_model(x: np.ndarray, y: np.ndarray, n_dense: int, *, seed: int = 0) -> L
             "positives": int(y.sum()),
         },
     )
+    return model, sigmoid(a * d + b)
 
 
 def log_loss(y: np.ndarray, p: np.ndarray) -> float:

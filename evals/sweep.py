@@ -475,30 +475,117 @@ def sweep(table: ResultTable, verifier: str, thresholds: Sequence[float] | None 
     return evaluate_cascades(table, verifier, [((th,) * k, th) for th in grid])
 
 
+@dataclass(frozen=True)
+class CascadeArrays:
+    """A cascade's items as arrays, for evaluating many settings (or many splits) at once: per item
+    and answering tier, what the cascade's route to that answer costs, how long it takes and whether
+    the answer is right (each priced once by `route_cost`, as `evaluate` prices it), and the scores
+    the cascade reads (every tier but the last; NaN where the verifier abstained)."""
+
+    cost: np.ndarray  # items x tiers, USD
+    latency: np.ndarray  # items x tiers, s
+    right: np.ndarray  # items x tiers, bool
+    scores: np.ndarray  # items x (tiers - 1)
+
+
+def cascade_arrays(table: ResultTable, verifier: str) -> CascadeArrays:
+    """`table`'s cascade with `verifier` as arrays (see `CascadeArrays`). A cascade item can only be
+    answered by one of its tiers, each along one route, so these arrays hold every outcome any
+    setting of the thresholds can give it."""
+    n = len(table.items)
+    last = table.top
+    priced = [[route_cost(it, _cascade_route(it, k, verifier)) for k in range(last + 1)] for it in table.items]
+    return CascadeArrays(
+        cost=np.array([[c for c, _, _ in row] for row in priced], dtype=float).reshape(n, last + 1),
+        latency=np.array([[lat for _, lat, _ in row] for row in priced], dtype=float).reshape(n, last + 1),
+        right=np.array([[ok for _, _, ok in row] for row in priced], dtype=bool).reshape(n, last + 1),
+        scores=np.array(
+            [
+                [math.nan if (v := it.tiers[t].scores[verifier]) is None else v for t in range(last)]
+                for it in table.items
+            ],
+            dtype=float,
+        ).reshape(n, last),
+    )
+
+
+@dataclass(frozen=True)
+class SettingOutcomes:
+    """Many settings of one cascade on the same items: per setting, its accuracy, mean cost per 1k
+    requests and escalation rate, as `evaluate` computes them for that setting (the cost summed
+    exactly, see `weigh_settings`)."""
+
+    accuracy: np.ndarray
+    cost_per_1k: np.ndarray
+    escalation: np.ndarray
+
+
+PICO = 1e12  # costs are summed as whole pico-dollars: exact in float64, so no sum depends on its order
+_CHUNK = 1 << 21  # settings x items weighed at once, at most
+
+
+def weigh_settings(arrays: CascadeArrays, settings: np.ndarray, masks: np.ndarray) -> list[SettingOutcomes]:
+    """Every setting (a settings x tiers-but-the-last array of thresholds) on each set of items
+    `masks` names (sets x items, booleans), through the decision rule's table form
+    (`router.policy.answering_tiers`) applied once to all items: how a calibration weighs all its
+    candidates, and how the split study (`evals.splits`) weighs them on two hundred calibration
+    halves at once, one matrix product per quantity.
+
+    Every sum is exact, so it does not depend on the order of its terms or on which other items
+    are summed beside it: counts are integers, and a cost is summed as whole pico-dollars (each
+    item's cost rounded to 1e-12 USD, far below any price's precision; the sums stay below 2^53).
+    So a setting weighed on a table's calibration half and the same setting weighed on the whole
+    table with that half's mask give the same figures to the bit, and choose the same."""
+    masks = np.asarray(masks, dtype=bool).reshape(-1, len(arrays.scores))
+    counts = masks.sum(axis=1)
+    if (counts == 0).any():
+        raise ValueError("no items to evaluate the settings on")
+    n = len(arrays.scores)
+    pico = np.round(arrays.cost * PICO)
+    right_flat = np.ascontiguousarray(arrays.right.T).reshape(-1).astype(np.float32)
+    pico_flat = np.ascontiguousarray(pico.T).reshape(-1)
+    offsets = np.arange(n)
+    m32, m64 = masks.T.astype(np.float32), masks.T.astype(np.float64)
+    right_sum, pico_sum, escalated = [], [], []
+    step = max(1, _CHUNK // max(1, n * max(1, arrays.scores.shape[1])))
+    for start in range(0, len(settings), step):
+        answered = policy.answering_tiers(arrays.scores, settings[start : start + step])
+        flat = answered * n + offsets
+        right_sum.append(right_flat[flat] @ m32)  # 0/1 counts below 2^24: exact in float32
+        pico_sum.append(pico_flat[flat] @ m64)
+        escalated.append((answered != 0).astype(np.float32) @ m32)
+    rights, picos, escs = (np.concatenate(x, axis=0).T for x in (right_sum, pico_sum, escalated))
+    return [
+        SettingOutcomes(
+            accuracy=rights[k].astype(np.float64) / counts[k],
+            cost_per_1k=1000.0 * picos[k] / counts[k] / PICO,
+            escalation=escs[k].astype(np.float64) / counts[k],
+        )
+        for k in range(len(masks))
+    ]
+
+
+def evaluate_settings(arrays: CascadeArrays, settings: np.ndarray) -> SettingOutcomes:
+    """Every setting on all of `arrays`' items (`weigh_settings` with one set: all of them)."""
+    return weigh_settings(arrays, settings, np.ones((1, len(arrays.scores)), dtype=bool))[0]
+
+
 def evaluate_cascades(
     table: ResultTable, verifier: str, settings: Sequence[tuple[tuple[float, ...], float | None]]
 ) -> list[PolicyResult]:
     """`evaluate(CascadePolicy(verifier, thresholds), table, param)` for each (thresholds, param),
     the same results to the bit, in one pass per setting over arrays instead of a route per item:
-    a report sweeps thousands of settings over thousands of items. A cascade item can only be
-    answered by one of its tiers, each along one route, so each item's (cost, latency, correct)
-    per answering tier is priced once (by `route_cost`, as `evaluate` prices it); a setting then
-    only picks a column per item. The means and percentiles are numpy's over the same values in
-    the same order as `evaluate`'s lists, so they are equal, not merely close."""
+    a report sweeps thousands of settings over thousands of items. Each item's outcome per
+    answering tier is priced once (`cascade_arrays`); a setting then only picks a column per item.
+    The means and percentiles are numpy's over the same values in the same order as `evaluate`'s
+    lists, so they are equal, not merely close."""
     n = len(table.items)
     if n == 0:
         raise ValueError(f"run {table.run}: no complete items to evaluate")
     last = table.top
     name = CascadePolicy(verifier, ()).name
-    priced = [[route_cost(it, _cascade_route(it, k, verifier)) for k in range(last + 1)] for it in table.items]
-    cost = np.array([[c for c, _, _ in row] for row in priced])
-    latency = np.array([[lat for _, lat, _ in row] for row in priced])
-    right = np.array([[ok for _, _, ok in row] for row in priced], dtype=bool)
-    # the scores the cascade reads (all tiers but the last); an abstention (None) accepts nothing
-    scores = np.array(
-        [[math.nan if (v := it.tiers[t].scores[verifier]) is None else v for t in range(last)] for it in table.items],
-        dtype=float,
-    ).reshape(n, last)
+    arrays = cascade_arrays(table, verifier)
+    cost, latency, right, scores = arrays.cost, arrays.latency, arrays.right, arrays.scores
     rows = np.arange(n)
     top_c1k = top_cost_per_1k(table)
     out = []

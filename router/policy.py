@@ -79,21 +79,31 @@ def accepts(score: float | None, threshold: float) -> bool:
     return score is not None and score >= threshold
 
 
-def answering_tiers(scores: Any, thresholds: Sequence[float]) -> Any:
+def answering_tiers(scores: Any, thresholds: Any) -> Any:
     """`accepts` over many items at once: `scores` is an items x tiers array of the combined scores
     of every tier but the last (NaN where the score is None, which accepts nothing, as above); the
     answer is each item's answering tier, the first that accepts, else the last (`len(thresholds)`),
-    whose answer stands unverified. For offline sweeps over whole tables (`evals.sweep`)."""
+    whose answer stands unverified. For offline sweeps over whole tables (`evals.sweep`).
+
+    `thresholds` is one setting (one threshold per tier but the last) or a settings x tiers array
+    of many; with many, the answer is settings x items, row s the answering tiers at setting s
+    (how a calibration weighs every candidate setting on the same items at once)."""
     import numpy as np
 
     table = np.asarray(scores, dtype=float)
-    last = len(thresholds)
+    ths = np.asarray(thresholds, dtype=float)
+    if ths.ndim not in (1, 2):
+        raise ValueError(f"thresholds of shape {ths.shape}: one setting, or settings x tiers")
+    last = ths.shape[-1]
     if table.ndim != 2 or table.shape[1] != last:
         raise ValueError(f"{last} thresholds for scores of shape {table.shape}: one per tier but the last")
     if last == 0:
-        return np.zeros(len(table), dtype=int)
-    accepted = table >= np.asarray(thresholds, dtype=float)  # NaN >= x is False
-    return np.where(accepted.any(axis=1), accepted.argmax(axis=1), last)
+        return np.zeros(ths.shape[:-1] + (len(table),), dtype=int)
+    # NaN >= x is False: an abstention accepts nothing
+    accepted = table >= ths if ths.ndim == 1 else table[np.newaxis, :, :] >= ths[:, np.newaxis, :]
+    if last == 1:  # the common two-tier cascade, without the search for a first acceptance
+        return np.where(accepted[..., 0], 0, 1)
+    return np.where(accepted.any(axis=-1), accepted.argmax(axis=-1), last)
 
 
 def skips(probability: float, threshold: float) -> bool:

@@ -25,6 +25,7 @@ from verifiers.instructions import make_instructions
 from verifiers.judge import make_judge
 from verifiers.learned import make_learned
 from verifiers.math_answer import make_math_answer
+from verifiers.steps import make_steps
 from verifiers.tool_call import make_tool_call
 
 BUILTINS: dict[str, VerifierFactory] = {
@@ -42,6 +43,7 @@ BUILTINS: dict[str, VerifierFactory] = {
     "tool_call": make_tool_call,
     "arithmetic": make_arithmetic,
     "instructions": make_instructions,
+    "steps": make_steps,
 }
 
 

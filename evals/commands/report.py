@@ -10,21 +10,36 @@ from pathlib import Path
 from typing import Any
 
 from evals.commands.common import ESTIMATORS_HELP, add_runs_dir, table_of
+from router.errors import ConfigError
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from evals.breakeven import scaled_top_prices
     from evals.calibrate import Target
     from evals.report.pages import write
-    from evals.report.suite import build
+    from evals.report.suite import build, local_prices
 
     target = Target.parse(args.target)
+    if args.splits < 200:
+        raise ConfigError("--splits: at least 200 random splits make a median and a 95% range")
     reports = []
     for run in args.runs:
         table = table_of(args, run)
         # the same run with the top tier free: the part of each cost that does not scale with its price
         top_free = table_of(args, run, scaled_top_prices(table, 0.0)) if len(table.tiers) > 1 else None
-        reports.append(build(table, target, seed=args.seed, fraction=args.fraction, top_free=top_free))
+        # the same run with the local machine free: the part of each cost its price per busy hour scales
+        local_free = table_of(args, run, local_prices(table, 0.0)) if len(table.tiers) > 1 else None
+        reports.append(
+            build(
+                table,
+                target,
+                seed=args.seed,
+                fraction=args.fraction,
+                top_free=top_free,
+                local_free=local_free,
+                n_splits=args.splits,
+            )
+        )
     if args.estimators:
         from evals.learned_comparison import compare
 
@@ -45,6 +60,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _report_command(args: argparse.Namespace) -> str:
     """The command that regenerates this report, spelled the same however it was typed."""
     from evals.calibrate import split_options
+    from evals.splits import SPLITS
 
     parts = [
         "tierroute",
@@ -59,6 +75,8 @@ def _report_command(args: argparse.Namespace) -> str:
         args.target,
     ]
     parts += split_options(args)
+    if args.splits != SPLITS:
+        parts += ["--splits", str(args.splits)]
     if args.estimators:
         parts += ["--estimators", args.estimators]
     return " ".join(shlex.quote(p) for p in parts)
@@ -75,4 +93,5 @@ def register(esub: Any, add: Any) -> None:
     p.add_argument("--tiers", default=None, help="comma-separated subset of the runs' tiers, cheapest first")
     p.add_argument("--reprice", action="store_true", help="price with the config's price sheet, not the runs'")
     p.add_argument("--estimators", default=None, metavar="DIR", help=ESTIMATORS_HELP)
+    p.add_argument("--splits", type=int, default=200, help="random calibration/held-out splits (default 200)")
     p.add_argument("--command-line", default=None, help=argparse.SUPPRESS)

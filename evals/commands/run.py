@@ -117,6 +117,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             for line in summary.failed[:20]:
                 print(f"  {line}", file=sys.stderr)
     if args.report and status == 0 and runs:
+        from evals.splits import SPLITS
+
         report_args = argparse.Namespace(
             runs=runs,
             runs_dir=args.runs_dir,
@@ -129,6 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             config=args.config,
             command_line=None,
             estimators=args.estimators,
+            splits=SPLITS,
         )
         cmd_report(report_args)
     return status

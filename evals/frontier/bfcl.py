@@ -51,10 +51,11 @@ from evals import measures
 from evals.bfcl_checks import canonical_calls
 from evals.calibrate import Calibration
 from evals.formatting import md_table, num, pct, th, usd
-from evals.frontier.cascade import BOOTSTRAP, SHARES, Interval, Row, calibrations, held_out_row, join, local_table
+from evals.frontier.cascade import SHARES, Row, calibrations, held_out_row, join, local_table
 from evals.frontier.page import csv_text
 from evals.frontier.published import ListPrice
 from evals.frontier.report import SuiteFrontier, TierLine, cascade_name
+from evals.splits import BOOTSTRAP, Interval
 from evals.store import GenerationRecord, GradeRecord, RunStore, digest, generation_key, grade_key
 from evals.suites.base import Item, Suite
 from evals.sweep import ResultTable, load_table

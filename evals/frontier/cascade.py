@@ -33,6 +33,7 @@ import numpy as np
 
 from evals.calibrate import Calibration, Target, calibrate, split
 from evals.frontier.published import GPT4, MIXTRAL, TOP_PRICE_POINTS
+from evals.splits import Interval, bootstrap
 from evals.store import RunStore
 from evals.sweep import (
     CascadePolicy,
@@ -52,11 +53,12 @@ from router.generation import GenerationRequest, Message
 from router.pricing import describe
 
 SHARES = (0.95, 0.99)
-BOOTSTRAP = 1000
 AGREES = "agrees with small"  # how the Mixtral tier decides, as the page names it
 
 
-def local_table(stores: Sequence[RunStore], tier: str = "small") -> tuple[ResultTable, list[str]]:
+def local_table(
+    stores: Sequence[RunStore], tier: str = "small", *, price: PriceSettings | None = None, scale: float = 1.0
+) -> tuple[ResultTable, list[str]]:
     """One tier's stored results over several runs of the same suite (the first run that holds an
     item gives it), with the verifiers every item was scored with; and the verifiers left out
     because another tier did their work.
@@ -64,8 +66,11 @@ def local_table(stores: Sequence[RunStore], tier: str = "small") -> tuple[Result
     Pricing: a local tier is charged for its measured busy time, and busy time measured on a
     loaded machine (or inside a batch) can be many times a quiet run's. So every item is charged
     per token at the rate the first run measured (its priced cost over its tokens): the same
-    hourly price at that run's throughput, whichever run the item came from."""
-    tables = [load_table(s, tiers=[tier]) for s in stores]
+    hourly price at that run's throughput, whichever run the item came from. `price` replaces the
+    runs' price sheet for the tier (the large local tier priced as local busy time, not as the
+    hosted model it stands for in its runs); `scale` multiplies the rate (0: the local work free,
+    how the price sensitivity separates it)."""
+    tables = [load_table(s, tiers=[tier], prices=None if price is None else {tier: price}) for s in stores]
     suites = {t.suite for t in tables}
     if len(suites) != 1:
         raise ConfigError(f"local runs of different suites: {', '.join(sorted(suites))}")
@@ -75,7 +80,7 @@ def local_table(stores: Sequence[RunStore], tier: str = "small") -> tuple[Result
     first = tables[0]
     spent = math.fsum(it.tiers[0].cost_usd for it in first.items)
     tokens = sum(it.tiers[0].prompt_tokens + it.tiers[0].completion_tokens for it in first.items)
-    rate = spent / tokens if tokens else 0.0
+    rate = scale * spent / tokens if tokens else 0.0
     items: dict[str, ItemOutcome] = {}
     for t in tables:
         for it in t.items:
@@ -155,12 +160,6 @@ def join(
 
 
 @dataclass(frozen=True)
-class Interval:
-    low: float
-    high: float
-
-
-@dataclass(frozen=True)
 class Row:
     """One cascade, one verifier, one target, one price sheet: held-out figures."""
 
@@ -218,7 +217,7 @@ def held_out_row(
     right = np.array([ok for _, _, ok in per_item], dtype=float)
     top_cost = np.array([it.tiers[top].cost_usd for it in held.items])
     top_right = np.array([it.tiers[top].correct for it in held.items], dtype=float)
-    ratio, ratio_ci, saved, saved_ci = _bootstrap(cost, right, top_cost, top_right, seed)
+    ratio, ratio_ci, saved, saved_ci = bootstrap(cost, right, top_cost, top_right, seed)
     result = evaluate(policy, held, cal.thresholds[table.tiers[0].name])
     small_mean = float(np.mean([it.tiers[0].cost_usd for it in table.items]))
     top_mean = float(np.mean([it.tiers[top].cost_usd for it in table.items]))
@@ -262,23 +261,3 @@ def priced(frontier_store: RunStore, point: str) -> ResultTable:
     """The frontier run with its top tier charged at the named price point."""
     price: PriceSettings = TOP_PRICE_POINTS[point].settings(point)
     return load_table(frontier_store, prices={GPT4: price})
-
-
-def _bootstrap(
-    cost: np.ndarray, right: np.ndarray, top_cost: np.ndarray, top_right: np.ndarray, seed: int
-) -> tuple[float, Interval, float, Interval]:
-    """Accuracy relative to the top tier and the share of its cost saved, on these items, with 95%
-    percentile intervals over `BOOTSTRAP` resamples of them (the same resamples for both)."""
-    n = len(cost)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(BOOTSTRAP, n))
-    top_acc = top_right[idx].mean(axis=1)
-    ratios = np.divide(right[idx].mean(axis=1), top_acc, out=np.zeros(BOOTSTRAP), where=top_acc > 0)
-    saved = 1.0 - cost[idx].sum(axis=1) / top_cost[idx].sum(axis=1)
-
-    def ci(x: np.ndarray) -> Interval:
-        lo, hi = np.percentile(x, [2.5, 97.5])
-        return Interval(float(lo), float(hi))
-
-    ratio = float(right.mean() / top_right.mean()) if top_right.mean() > 0 else 0.0
-    return ratio, ci(ratios), float(1.0 - cost.sum() / top_cost.sum()), ci(saved)

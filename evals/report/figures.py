@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from evals import measures
 from evals.breakeven import log_grid
 from evals.learned_comparison import PREROUTER
 from evals.report.suite import SuiteReport
-from evals.sweep import preroute_sweep
+from evals.splits import SplitOutcomes
+from evals.sweep import CONFIG, preroute_sweep
 
 
 def figures(r: SuiteReport) -> dict[str, bytes]:
@@ -151,3 +153,51 @@ def figures(r: SuiteReport) -> dict[str, bytes]:
         ax.legend(fontsize=7, loc="lower right")
         save(fig, f"{suite}-breakeven.png")
     return out
+
+
+def price_png(lines: Sequence[tuple[str, SplitOutcomes, str, bool, str]], title: str) -> bytes:
+    """The median held-out saving over the splits against the multiple of today's local price per
+    busy hour (log scale, 1x to 20x), one line per (label, outcomes, line style, with its band: the
+    range 95% of the splits fall in, and a group: lines of one group share a colour); the
+    break-even is where a line crosses zero."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
+
+    grid = [math.exp(math.log(20.0) * i / 59) for i in range(60)]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    groups: dict[str, str] = {}
+    for label, o, style, band, group in lines:
+        colour = groups.setdefault(group, palette[len(groups) % len(palette)])
+        spreads = [o.saved_spread(m) for m in grid]
+        ax.plot(grid, [s.median for s in spreads], style, color=colour, linewidth=1.4, label=label)
+        if band:
+            ax.fill_between(grid, [s.low for s in spreads], [s.high for s in spreads], color=colour, alpha=0.12, lw=0)
+    ax.axhline(0.0, color="k", linewidth=0.8)
+    for m in (2.6, 5.0):
+        ax.axvline(m, color="grey", linewidth=0.6, linestyle=":")
+    ax.set_xscale("log")
+    ax.set_xlabel("local price per busy hour, × today's (= 1 / utilisation)")
+    ax.set_ylabel("saved vs the top tier alone, held out (median over splits)")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.legend(fontsize=6.5, loc="lower left")
+    ax.set_title(title, fontsize=9)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=90, metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def split_figures(r: SuiteReport) -> dict[str, bytes]:
+    """The price sensitivity of the policy deployed over the splits (and of `config`)."""
+    sp = r.splits
+    if sp is None:
+        return {}
+    lines: list[tuple[str, SplitOutcomes, str, bool, str]] = [("policy chosen afresh", sp.deployed, "-", True, "0")]
+    lines += [(o.label, o, "--", False, "1") for o in sp.per_verifier if o.label == CONFIG]
+    title = f"{r.table.suite}: savings as the local machine's price moves ({sp.n_splits} splits; band: 95% of them)"
+    return {f"{r.table.suite}-price.png": price_png(lines, title)}

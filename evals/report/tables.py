@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from evals import measures
+from evals import measures, splits
 from evals.breakeven import RATIOS
 from evals.formatting import num, pct, sec, th, usd
 from evals.report.suite import SuiteReport
+from evals.sweep import CONFIG
 
 
 def tier_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
@@ -284,3 +285,100 @@ def summary_rows(reports: Sequence[SuiteReport]) -> list[dict[str, Any]]:
                     }
                 )
     return rows
+
+
+def _spread(s: splits.Spread) -> str:
+    return f"{pct(s.median)} [{pct(s.low)}, {pct(s.high)}]"
+
+
+def splits_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
+    """Each verifier's calibrated cascade over the random splits, and the policy the report's rule
+    deploys on each, beside the fixed split's own figure and bootstrap interval."""
+    sp = r.splits
+    assert sp is not None
+    header = [
+        "verifier",
+        "met on calibration (splits)",
+        "accuracy (held-out)",
+        "savings vs top (held-out)",
+        "target met (held-out, splits)",
+        "fixed split: savings [bootstrap]",
+        "deployed (splits)",
+    ]
+    deployed = dict(sp.deployed.most_deployed())
+    rows = []
+    for o in [sp.deployed, *sp.per_verifier]:
+        mine = o is sp.deployed
+        fixed = None if mine else sp.fixed.get(o.label)
+        if mine and r.best is not None:
+            fixed = sp.fixed.get(r.best)
+        rows.append(
+            [
+                "*policy chosen afresh (best AUROC on the calibration half)*" if mine else o.label,
+                pct(float(o.met.mean())),
+                _spread(splits.Spread.of(o.accuracy)),
+                _spread(o.saved_spread()),
+                pct(1 - o.missed_share),
+                "–" if fixed is None else f"{pct(fixed.saved)} [{pct(fixed.saved_ci.low)}, {pct(fixed.saved_ci.high)}]",
+                "–" if mine else pct(deployed.get(o.label, 0.0)),
+            ]
+        )
+    return header, rows
+
+
+def price_table(r: SuiteReport) -> tuple[list[str], list[list[str]]]:
+    """The median held-out savings as the local machine's price per busy hour moves, for the policy
+    deployed on each split and for `config`, with the break-even multiple."""
+    sp = r.splits
+    assert sp is not None
+    header = [
+        "policy",
+        *(f"{m:g}× today's ({pct(1 / m, 0)} busy)" for m in splits.MULTIPLIERS),
+        "break-even (median savings 0)",
+    ]
+    shown = [sp.deployed, *(o for o in sp.per_verifier if o.label == CONFIG)]
+    rows = []
+    for o in shown:
+        be = o.break_even()
+        rows.append(
+            [
+                "policy chosen afresh" if o is sp.deployed else o.label,
+                *(pct(o.saved_spread(m).median) for m in splits.MULTIPLIERS),
+                "saves nothing at today's price"
+                if be is None
+                else (f"above {be:g}×" if be >= 1000 else f"{be:.2f}× ({pct(1 / be, 0)} busy)"),
+            ]
+        )
+    return header, rows
+
+
+def splits_rows(reports: Sequence[SuiteReport]) -> list[dict[str, Any]]:
+    """splits.csv: each policy's spread over the splits at each local price multiple."""
+    out: list[dict[str, Any]] = []
+    for r in reports:
+        sp = r.splits
+        if sp is None:
+            continue
+        for o in [sp.deployed, sp.finer, *sp.per_verifier]:
+            name = "deployed" if o is sp.deployed else ("deployed, finer grid" if o is sp.finer else o.label)
+            acc = splits.Spread.of(o.accuracy)
+            for m in splits.MULTIPLIERS:
+                saved = o.saved_spread(m)
+                out.append(
+                    {
+                        "suite": r.table.suite,
+                        "policy": name,
+                        "target": str(r.target),
+                        "splits": sp.n_splits,
+                        "local_price_multiple": m,
+                        "savings_median": saved.median,
+                        "savings_low": saved.low,
+                        "savings_high": saved.high,
+                        "accuracy_median": acc.median,
+                        "accuracy_low": acc.low,
+                        "accuracy_high": acc.high,
+                        "held_out_target_met": 1 - o.missed_share,
+                        "met_on_calibration": float(o.met.mean()),
+                    }
+                )
+    return out

@@ -161,7 +161,7 @@ def test_committed_runs_report_the_break_even(tmp_path: Path, monkeypatch: pytes
     monkeypatch.chdir(REPO)  # the command's other paths are the repository's, as written
     assert main(args) == 0
     # the pages name the directory they were written to; the rest is the committed text exactly
-    for name in ("README.md", "report.html", "summary.csv", "sweep.csv"):
+    for name in ("README.md", "report.html", "summary.csv", "sweep.csv", "splits.csv"):
         made = (tmp_path / "out" / name).read_text(encoding="utf-8").replace(str(tmp_path / "out"), "docs/eval")
         assert made == (committed / name).read_text(encoding="utf-8"), f"docs/eval/{name} is not what its command gives"
     md = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
@@ -174,6 +174,9 @@ def test_committed_runs_report_the_break_even(tmp_path: Path, monkeypatch: pytes
         assert "| config" in section.split("Break-even price ratio", 1)[1]
         assert "savings at r = 10" in section and "savings at r = 100" in section
         assert (tmp_path / "out" / f"{suite}-breakeven.png").stat().st_size > 1000
+        assert (tmp_path / "out" / f"{suite}-price.png").stat().st_size > 1000
+        assert "### Over 200 random splits: `min-pgr=0.8`" in section
+        assert "### Price sensitivity: the local machine's price per busy hour" in section
     with open(tmp_path / "out" / "summary.csv", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert {"breakeven_ratio", "savings_r10", "savings_r100"} <= set(rows[0])

@@ -181,14 +181,54 @@ def test_target_is_a_share_of_the_top_tier_on_the_calibration_half(gsm8k_tables:
 
 
 def _summary(markdown: str, after: str) -> list[str]:
+    """The first table after `after` (the text between them, if any, skipped)."""
     section = markdown.split(after, 1)[1]
-    lines = section.lstrip("\n").splitlines()
+    lines = section.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
     table = []
-    for line in lines:
+    for line in lines[start:]:
         if not line.startswith("|"):
             break
         table.append(line)
     return table
+
+
+def _summary_rows(markdown: str) -> list[dict[str, str]]:
+    lines = _summary(markdown, "## Summary\n")
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True)) for line in lines[2:]]
+
+
+def test_the_summary_is_over_200_splits_and_says_which_tier_answers_how_often() -> None:
+    report = (COMMITTED / "README.md").read_text(encoding="utf-8")
+    assert "over 200 random calibration / held-out splits" in report
+    rows = _summary_rows(report)
+    assert {r["cascade"] for r in rows} >= {"small → gpt-4-1106", "small → mixtral-8x7b → gpt-4-1106"}
+    for r in rows:
+        tiers = r["cascade"].removesuffix(", verified").split(" → ")
+        shares = r["answered by (median)"].split(" · ")
+        # every tier of the cascade is named with its median share: a tier that never answers says 0%
+        assert [s.rsplit(" ", 1)[0] for s in shares] == tiers, r
+        assert all(s.rsplit(" ", 1)[1].endswith("%") for s in shares)
+        assert r["prices"] and "per 1M" in r["prices"]
+        if tiers[0] == "small":
+            assert "per busy hour" in r["prices"]
+    three = [r for r in rows if r["cascade"] == "small → mixtral-8x7b → gpt-4-1106"]
+    assert three and any(r["answered by (median)"].startswith("small 0%") for r in three)
+
+
+def test_a_finer_threshold_grid_moves_no_headline_by_a_point() -> None:
+    """The committed reports compare the grid they use with one 4x finer on the same splits."""
+    report = (COMMITTED / "README.md").read_text(encoding="utf-8")
+    moved = float(report.split("the largest move of a median saving or accuracy ratio is ", 1)[1].split(" ", 1)[0])
+    assert moved <= 1.0
+    for line in report.split("## The threshold grid", 1)[1].split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| ") and cells[4].replace(".", "").replace("-", "").isdigit():
+            assert abs(float(cells[4])) <= 1.0, line
+    evals = (REPO / "docs/eval/README.md").read_text(encoding="utf-8")
+    moves = [float(m.split(" points", 1)[0]) for m in evals.split("median savings move by ")[1:]]
+    assert len(moves) == 4 and max(moves) <= 1.0
 
 
 def test_the_readme_quotes_the_report_cell_for_cell() -> None:
@@ -218,10 +258,11 @@ def test_the_committed_report_is_what_its_command_gives(tmp_path: Path, monkeypa
     args[args.index("--runs-dir") + 1] = str(runs)
     monkeypatch.chdir(REPO)
     assert main(args) == 0
-    for name in ("README.md", "frontier.csv"):
+    for name in ("README.md", "frontier.csv", "splits.csv"):
         made = (out / name).read_text(encoding="utf-8")
         made = made.replace(str(out), "docs/eval/frontier").replace(str(runs), original_runs)
         assert made == (COMMITTED / name).read_text(encoding="utf-8"), f"docs/eval/frontier/{name} is stale"
+    assert (out / "price-sensitivity.png").stat().st_size > 10_000
     # the imported frontier tiers are eval runs the other commands read
     assert (runs / "routellm-gsm8k" / "manifest.json").is_file()
     assert main(["eval", "sweep", str(runs / "routellm-gsm8k")]) == 0

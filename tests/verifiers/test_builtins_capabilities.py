@@ -25,6 +25,7 @@ from verifiers.builtins import BUILTINS
         ("format", {}, False),
         ("arithmetic", {}, False),
         ("instructions", {}, False),
+        ("steps", {}, False),
     ],
 )
 def test_uses_a_model(name: str, params: dict, uses: bool) -> None:

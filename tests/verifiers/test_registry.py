@@ -19,6 +19,7 @@ NAMES = {
     "tool_call",
     "arithmetic",
     "instructions",
+    "steps",
 }
 MINIMAL = {"format": {"json": True}, "judge": {"tier": "big"}, "cross_tier": {"tier": "big"}}
 
