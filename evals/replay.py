@@ -15,6 +15,7 @@ tier's policy for it exactly as it does for a detected task.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,25 @@ class StoredVerifier:
             raise ConfigError(f"verifier {self.name}: no stored score for item {request.prompt!r}")
         cost = VerifierCost(rec.cost_prompt_tokens, rec.cost_completion_tokens, rec.cost_seconds, rec.cost_tier)
         return Score(rec.value, rec.reason, dict(rec.details), cost)
+
+
+@dataclass
+class StoredPreRouter:
+    """A pre-router whose probability for an item is a stored score of the tier's answer to it
+    (what `evals.sweep.PreRoutePolicy` reads under the same label); no score reads as NaN, which
+    skips nothing, as a missing probability skips nothing offline."""
+
+    label: str
+    threshold: float
+    scores: Mapping[str, ScoreRecord]  # item id -> record
+
+    @property
+    def version(self) -> str:
+        return f"stored:{self.label}"
+
+    def probability(self, request: GenerationRequest) -> float:
+        rec = self.scores.get(request.prompt or "")
+        return math.nan if rec is None or rec.value is None else rec.value
 
 
 class Replay:
@@ -123,11 +143,17 @@ class Replay:
         *,
         settings: CascadeSettings | None = None,
         tasks: Mapping[str, Sequence[float]] | None = None,
+        prerouter: str | None = None,
+        skip_below: Sequence[float] = (),
     ) -> Cascade:
         """The run's tiers in order, each but the last verified by `label` at its threshold, the
         last by its own configured verifiers (run on every answer it gives, as in the service).
         `tasks` gives tiers policies per task: the same verifiers at other thresholds (one per
-        tier but the last), used for requests of that task."""
+        tier but the last), used for requests of that task. `prerouter` puts a pre-router in front
+        of each tier but the last, its probability the stored score labelled so, skipping below
+        that tier's `skip_below`."""
+        if prerouter is not None and len(skip_below) != len(self.snapshots) - 1:
+            raise ValueError("one skip_below per tier but the last")
         if len(thresholds) != max(1, len(self.snapshots) - 1):
             raise ValueError("one threshold per tier but the last")
         if any(len(ths) != len(thresholds) for ths in (tasks or {}).values()):
@@ -151,7 +177,10 @@ class Replay:
             for task, ths in (tasks or {}).items():
                 at = ths[min(i, len(ths) - 1)] if i < last or last == 0 else 0.0
                 judges[task] = Judge(verifiers, at, task)
-            tiers.append(Tier(ts, self.backend(name), verifiers, tasks=judges))
+            pre = None
+            if prerouter is not None and i < last:
+                pre = StoredPreRouter(prerouter, skip_below[i], self.verifier(name, prerouter).scores)
+            tiers.append(Tier(ts, self.backend(name), verifiers, prerouter=pre, tasks=judges))
         return Cascade(tiers, settings or CascadeSettings())
 
     def _snap(self, tier: str) -> dict[str, Any]:

@@ -268,11 +268,13 @@ class CascadePolicy:
         verified: list[tuple[int, str]] = []
         last = len(item.tiers) - 1
         for i, outcome in enumerate(item.tiers):
-            if i == last:
-                return Route(i, tuple(range(i + 1)), (*verified, *_last_checks(item, last)))
-            verified.append((i, self.verifier))
-            if policy.accepts(outcome.scores[self.verifier], self.thresholds[i]):
-                return Route(i, tuple(range(i + 1)), tuple(verified))
+            # the last tier's score is not this policy's to read: its answer stands (policy.decide)
+            score, threshold = (None, 0.0) if i == last else (outcome.scores[self.verifier], self.thresholds[i])
+            if i < last:
+                verified.append((i, self.verifier))
+            if policy.decide(score, threshold, last=i == last) != "escalate":
+                checks = _last_checks(item, last) if i == last else ()
+                return Route(i, tuple(range(i + 1)), (*verified, *checks))
         raise AssertionError("unreachable")
 
 
@@ -299,17 +301,19 @@ class PreRoutePolicy:
         verified: list[tuple[int, str]] = []
         last = len(item.tiers) - 1
         for i, outcome in enumerate(item.tiers):
-            probability = outcome.scores[self.prerouter]
-            if i < last and probability is not None and policy.skips(probability, self.skip_below[i]):
+            is_last = i == last
+            if not is_last and policy.skipped(outcome.scores[self.prerouter], self.skip_below[i], last=is_last):
                 continue
             ran.append(i)
-            if i == last:
-                return Route(i, tuple(ran), (*verified, *_last_checks(item, last)))
-            if self.verifier is None:
-                return Route(i, tuple(ran), tuple(verified))
-            verified.append((i, self.verifier))
-            if policy.accepts(outcome.scores[self.verifier], self.thresholds[i]):
-                return Route(i, tuple(ran), tuple(verified))
+            score, threshold = None, 0.0  # the last tier's answer stands whatever its score (policy.decide)
+            if not is_last:
+                if self.verifier is None:  # pre-route only: the first tier not skipped answers
+                    return Route(i, tuple(ran), tuple(verified))
+                verified.append((i, self.verifier))
+                score, threshold = outcome.scores[self.verifier], self.thresholds[i]
+            if policy.decide(score, threshold, last=is_last) != "escalate":
+                checks = _last_checks(item, last) if is_last else ()
+                return Route(i, tuple(ran), (*verified, *checks))
         raise AssertionError("unreachable")
 
 

@@ -225,7 +225,7 @@ class Cascade:
                 attempt = Attempt(tier=tier.name, threshold=judge.threshold)
                 attempts.append(attempt)
                 span = traced.begin(attempt, tier.settings.backend, min(request.max_tokens, tier.settings.max_tokens))
-                if tier.prerouter is not None and not last and self._skip(tier.prerouter, request, attempt):
+                if tier.prerouter is not None and self._skip(tier.prerouter, request, attempt, last=last):
                     continue
                 tier_request = self._bound(request, tier, span)
                 announced = False  # has this tier's text started reaching the client?
@@ -270,10 +270,11 @@ class Cascade:
                 attempt.generation = gen
                 attempt.cost_usd = tier.cost_of(gen)
                 await self._verify(tier, judge.verifiers, tier_request, gen, attempt)
-                if policy.accepts(attempt.score, judge.threshold):
+                decision = policy.decide(attempt.score, judge.threshold, last=last)
+                if decision == "accept":
                     attempt.accepted = True
                     attempt.reason = attempt.reason or "score reached the threshold"
-                elif last:
+                elif decision == "last":
                     attempt.accepted = True
                     attempt.reason = "last tier: accepted without passing" if judge.verifiers else "last tier"
                 else:
@@ -296,10 +297,12 @@ class Cascade:
             traced.end()
 
     @staticmethod
-    def _skip(prerouter: PreRouter, request: GenerationRequest, attempt: Attempt) -> bool:
+    def _skip(prerouter: PreRouter, request: GenerationRequest, attempt: Attempt, *, last: bool) -> bool:
+        if last:  # the last tier always runs: its pre-router is not even asked
+            return False
         p = prerouter.probability(request)
         attempt.prerouter = {"version": prerouter.version, "probability": round(p, 6), "threshold": prerouter.threshold}
-        if not policy.skips(p, prerouter.threshold):
+        if not policy.skipped(p, prerouter.threshold, last=last):
             return False
         attempt.skipped = True
         attempt.reason = f"skipped by pre-router p={p:.3f} < {prerouter.threshold:g} ({prerouter.version})"

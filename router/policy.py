@@ -79,6 +79,25 @@ def accepts(score: float | None, threshold: float) -> bool:
     return score is not None and score >= threshold
 
 
+Decision = Literal["accept", "last", "escalate"]
+
+
+def decide(score: float | None, threshold: float, *, last: bool) -> Decision:
+    """One tier's step in the cascade, given its answer's combined score: `accept` when the score
+    reaches the threshold; else `last` when the tier is the last (its answer stands, unverified:
+    the last tier is never skipped and never escalates); else `escalate` to the next tier. The live
+    cascade and the offline policies (`evals.sweep`) walk the tiers by this step alone."""
+    if accepts(score, threshold):
+        return "accept"
+    return "last" if last else "escalate"
+
+
+def skipped(probability: float | None, threshold: float, *, last: bool) -> bool:
+    """Whether a pre-router skips its tier before it generates: its probability is below the
+    threshold, and the tier is not the last (the last tier always runs). No probability: not skipped."""
+    return not last and probability is not None and skips(probability, threshold)
+
+
 def answering_tiers(scores: Any, thresholds: Any) -> Any:
     """`accepts` over many items at once: `scores` is an items x tiers array of the combined scores
     of every tier but the last (NaN where the score is None, which accepts nothing, as above); the
