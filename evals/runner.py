@@ -42,8 +42,7 @@ from router.admission.slots import Slots, host_sandboxes
 from router.config import Settings, TierSettings, VerifierSpec
 from router.errors import ConfigError, ModelError, RequestError, UnavailableError
 from router.generation import GenerationRequest
-from router.policy import TaskPolicy, task_policy
-from router.pricing import describe
+from router.policy import TaskPolicy, describe, task_policy
 from router.tasks import task_of_suite
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from evals.runner import verifier_fingerprint
 from evals.store import RunStore, generation_key, grade_key, score_key
 from router import policy
 from router.config import PriceSettings
-from router.pricing import Usage, describe
+from router.policy import Usage, describe
 
 CONFIG = "config"  # the pseudo-verifier: each tier's configured verifiers, combined as configured
 

@@ -22,7 +22,7 @@ from router.backends.base import Backend
 from router.config import CascadeSettings, TierSettings
 from router.errors import AnswerTooLargeError, UnavailableError, UnknownModelError
 from router.generation import Delta, Generation, GenerationRequest
-from router.pricing import Usage
+from router.policy import Usage
 from router.tasks import TaskClassifier, TaskLabel, detect_task
 from router.telemetry import context as telemetry
 from router.telemetry.attempts import cascade_spans

@@ -13,6 +13,11 @@ it: calibration, the estimators' policies, the reports) call these functions and
 threshold calibrated offline means in the service exactly what it meant in the simulator. A replay
 test (tests/evals/test_parity.py) holds the two together on the committed eval runs.
 
+Prices (what used to be `router.policy`): token-priced tiers (hosted APIs) cost input and output
+tokens; time-priced tiers (self-hosted hardware) cost their hourly price times the measured busy
+time of the work, and where a backend cannot measure busy time (a remote server), wall latency
+stands in for it (`cost_usd`, `generation_cost`, `verification_cost`; `describe` says it in words).
+
 A verifier may abstain (its score is None: "does not apply to this answer"). The combination
 ignores abstentions; when every verifier abstains there is no evidence either way, the combined
 score is None, and the tier does not accept (the answer goes up, or, on the last tier, is returned
@@ -27,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from router.config import PriceSettings, TierSettings, VerifierSpec
-from router.pricing import Usage, cost_usd
 
 Combine = Literal["mean", "min"]
 
@@ -148,3 +152,30 @@ def verification_cost(parts: Iterable[tuple[PriceSettings, Usage]]) -> float:
     """What a tier's verifying cost: each verifier's extra work priced at the tier that did it
     (a `self_consistency` on the tier itself, a `judge` on another tier), summed."""
     return math.fsum(cost_usd(price, usage) for price, usage in parts)
+
+
+# ---- prices ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+
+
+def cost_usd(price: PriceSettings, usage: Usage) -> float:
+    if price.usd_per_hour is not None:
+        return price.usd_per_hour * max(0.0, usage.seconds) / 3600.0
+    assert price.usd_per_1m_input_tokens is not None and price.usd_per_1m_output_tokens is not None
+    return (
+        usage.prompt_tokens * price.usd_per_1m_input_tokens + usage.completion_tokens * price.usd_per_1m_output_tokens
+    ) / 1_000_000
+
+
+def describe(price: PriceSettings) -> str:
+    if price.usd_per_hour is not None:
+        basis = f"${price.usd_per_hour:g}/hour of measured busy time"
+    else:
+        basis = f"${price.usd_per_1m_input_tokens:g} / ${price.usd_per_1m_output_tokens:g} per 1M input / output tokens"
+    return f"{basis} ({price.stands_for})" if price.stands_for else basis

@@ -61,7 +61,7 @@ from evals.suites.base import Item, Suite
 from evals.sweep import ResultTable, load_table
 from router.errors import ConfigError
 from router.generation import GenerationRequest
-from router.pricing import describe
+from router.policy import describe
 
 DATA_DIR = Path("evals/data/bfcl")
 CORRECT_FILE = "per_item_correct.csv"

@@ -50,7 +50,7 @@ from evals.sweep import (
 from router.config import PriceSettings
 from router.errors import ConfigError
 from router.generation import GenerationRequest, Message
-from router.pricing import describe
+from router.policy import describe
 
 SHARES = (0.95, 0.99)
 AGREES = "agrees with small"  # how the Mixtral tier decides, as the page names it

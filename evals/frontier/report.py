@@ -47,7 +47,7 @@ from evals.suites.base import Suite
 from evals.sweep import OraclePolicy, ResultTable, evaluate
 from router.config import PriceSettings
 from router.errors import ConfigError
-from router.pricing import describe
+from router.policy import describe
 
 LIST_PRICE = "gpt-4-1106-preview"  # the price point that is the frontier tier's own
 VERIFIED = f"{MIXTRAL} → {GPT4}, verified"  # the anchors' setup, as the page names it

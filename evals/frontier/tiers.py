@@ -29,7 +29,7 @@ from typing import Any
 from evals.frontier.published import MODELS, PRICES, TIERS, Published
 from evals.store import GenerationRecord, GradeRecord, RunStore, digest, generation_key, grade_key
 from evals.suites.base import Suite
-from router.pricing import describe
+from router.policy import describe
 
 MAX_EXAMPLES = 6  # disagreements kept, with both readings, per tier
 

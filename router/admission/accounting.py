@@ -63,7 +63,7 @@ from router.ledger.entries import LedgerEntry, PendingEntry
 from router.ledger.stores import open_store
 from router.ledger.writer import Ledger
 from router.metrics import Metrics
-from router.pricing import Usage, cost_usd
+from router.policy import Usage, cost_usd
 from router.verification import VerifierSet, worst_cost
 
 log = logging.getLogger(__name__)

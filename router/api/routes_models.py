@@ -14,7 +14,7 @@ from fastapi import APIRouter
 
 from router.api.deps import PrincipalDep, ServicesDep
 from router.errors import UnknownModelError
-from router.pricing import describe
+from router.policy import describe
 
 router = APIRouter(prefix="/v1")
 

@@ -146,7 +146,7 @@ def _settings_and_ledger(args: argparse.Namespace) -> tuple[Settings | None, str
 
 def _ledger_and_prices(args: argparse.Namespace) -> tuple[str, list[tuple[str, str]], LedgerSettings | None]:
     """The ledger to read (--ledger, else the config's) and the config's price sheet, if any."""
-    from router.pricing import describe
+    from router.policy import describe
 
     settings, location = _settings_and_ledger(args)
     prices = [(t.name, describe(t.price)) for t in settings.tiers] if settings is not None else []
