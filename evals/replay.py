@@ -24,10 +24,11 @@ from evals.runner import verifier_fingerprint
 from evals.store import GenerationRecord, RunStore, ScoreRecord, generation_key, score_key
 from evals.sweep import CONFIG
 from router.backends.base import Backend
-from router.cascade import Cascade, Judge, Tier
+from router.cascade import Cascade, Tier
 from router.config import CascadeSettings, PriceSettings, TierSettings
 from router.errors import ConfigError
 from router.generation import Delta, Generation, GenerationRequest
+from router.policy import TaskPolicy
 from router.tasks import TaskLabel, task_of_suite
 from router.verification import Score, VerifierCost, VerifierSet, WeightedVerifier
 
@@ -176,7 +177,7 @@ class Replay:
             judges = {}
             for task, ths in (tasks or {}).items():
                 at = ths[min(i, len(ths) - 1)] if i < last or last == 0 else 0.0
-                judges[task] = Judge(verifiers, at, task)
+                judges[task] = TaskPolicy(verifiers, verifiers.combine, at, task)  # type: ignore[arg-type]  # combine: a checked str
             pre = None
             if prerouter is not None and i < last:
                 pre = StoredPreRouter(prerouter, skip_below[i], self.verifier(name, prerouter).scores)

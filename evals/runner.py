@@ -172,7 +172,7 @@ class EvalPlan:
             raise ConfigError(f"unknown tier(s): {', '.join(unknown)}; configured: {', '.join(sorted(known))}")
         return [t for t in self.settings.tiers if t.name in self.tiers]
 
-    def judging(self, tier: TierSettings) -> TaskPolicy:
+    def judging(self, tier: TierSettings) -> TaskPolicy[tuple[VerifierSpec, ...]]:
         """How the service judges this suite's items at `tier`: the tier's policy for the suite's task."""
         return task_policy(tier, task_of_suite(self.suite.task))
 

@@ -22,7 +22,7 @@ from router.backends.base import Backend
 from router.config import CascadeSettings, TierSettings
 from router.errors import AnswerTooLargeError, UnavailableError, UnknownModelError
 from router.generation import Delta, Generation, GenerationRequest
-from router.policy import Usage
+from router.policy import TaskPolicy, Usage
 from router.tasks import TaskClassifier, TaskLabel, detect_task
 from router.telemetry import context as telemetry
 from router.telemetry.attempts import cascade_spans
@@ -42,31 +42,23 @@ class PreRouter(Protocol):
     def probability(self, request: GenerationRequest) -> float: ...
 
 
-@dataclass(frozen=True)
-class Judge:
-    """A tier's verifiers and threshold for one task (`router.policy.task_policy`, built)."""
-
-    verifiers: VerifierSet
-    threshold: float
-    task: str | None = None  # the task whose own policy this is; None: the tier's own settings
-
-
 @dataclass
 class Tier:
     settings: TierSettings
     backend: Backend
     verifiers: VerifierSet
     prerouter: PreRouter | None = None  # loaded from settings.prerouter by router.engine.load_prerouter
-    tasks: Mapping[str, Judge] = field(default_factory=dict)  # the tier's policies per task
+    tasks: Mapping[str, TaskPolicy[VerifierSet]] = field(default_factory=dict)  # the tier's policies per task
 
     @property
     def name(self) -> str:
         return self.settings.name
 
-    def judge(self, task: str | None) -> Judge:
-        """How this tier judges answers to `task`: its policy for the task, else its own settings."""
+    def judge(self, task: str | None) -> TaskPolicy[VerifierSet]:
+        """How this tier judges answers to `task`: its policy for the task (built by the engine from
+        `policy.task_policy`), else its own settings, read by that same function."""
         found = self.tasks.get(task) if task is not None else None
-        return found if found is not None else Judge(self.verifiers, self.settings.threshold)
+        return found if found is not None else policy.task_policy(self.settings, None).built(self.verifiers)
 
     def cost_of(self, gen: Generation) -> float:
         """What generating `gen` cost on this tier."""

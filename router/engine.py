@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 from router import policy
 from router.admission.slots import Slots, host_sandboxes
 from router.backends.base import Backend
-from router.cascade import Cascade, Judge, Tier
+from router.cascade import Cascade, Tier
 from router.config import Settings, TierSettings, VerifierSpec
 from router.errors import ConfigError, ModelError
 from router.plugins import BackendRegistry, SharedRegistry, VerifierRegistry
+from router.policy import TaskPolicy
 from router.tasks import TaskClassifier
 from router.verification import VerifierContext, VerifierError, VerifierSet, WeightedVerifier
 
@@ -160,7 +161,7 @@ class Engine:
                 tier=t.name, backend=built[t.name], backends=built, registry=shared, sandboxes=sandboxes
             )
             members = _members(t.verifiers, shared, ctx, f"tiers ({t.name}).verifiers")
-            tasks: dict[str, Judge] = {}
+            tasks: dict[str, TaskPolicy[VerifierSet]] = {}
             for task, own in t.tasks.items():
                 p = policy.task_policy(t, task)
                 # a policy that keeps the tier's verifiers shares their instances (and their scores)
@@ -170,7 +171,7 @@ class Engine:
                     else _members(p.verifiers, shared, ctx, f"tiers ({t.name}).tasks.{task}.verifiers")
                 )
                 try:
-                    tasks[task] = Judge(VerifierSet(mine, p.combine), p.threshold, task)
+                    tasks[task] = p.built(VerifierSet(mine, p.combine))
                 except VerifierError as exc:
                     raise ConfigError(f"tiers ({t.name}).tasks.{task}: {exc}") from None
             tiers.append(Tier(t, built[t.name], VerifierSet(members, t.combine), load_prerouter(t), tasks))

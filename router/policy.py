@@ -29,24 +29,34 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from router.config import PriceSettings, TierSettings, VerifierSpec
 
 Combine = Literal["mean", "min"]
+V = TypeVar("V")
+W = TypeVar("W")
 
 
 @dataclass(frozen=True)
-class TaskPolicy:
-    """The verifiers, combination and threshold that judge one task's answers at one tier."""
+class TaskPolicy(Generic[V]):
+    """The verifiers, combination and threshold that judge one task's answers at one tier: as
+    configured (`verifiers` the specs, `task_policy`), or as the service runs it (`built`: the
+    verifiers made, a `router.verification.VerifierSet`). One type for both, so the policy a
+    simulation reads and the one the cascade applies cannot differ in anything but the made
+    verifiers."""
 
-    verifiers: tuple[VerifierSpec, ...]
+    verifiers: V
     combine: Combine
     threshold: float
     task: str | None  # the task whose own policy this is; None: the tier's own settings
 
+    def built(self, verifiers: W) -> TaskPolicy[W]:
+        """The same policy with its verifiers made."""
+        return TaskPolicy(verifiers, self.combine, self.threshold, self.task)
 
-def task_policy(tier: TierSettings, task: str | None) -> TaskPolicy:
+
+def task_policy(tier: TierSettings, task: str | None) -> TaskPolicy[tuple[VerifierSpec, ...]]:
     """The tier's policy for `task`: its `tasks.<task>` entry, each unset field the tier's own;
     the tier's own settings for a task without an entry (or no task)."""
     own = tier.tasks.get(task) if task is not None else None  # type: ignore[call-overload]

@@ -15,9 +15,10 @@ from router.admission.accounting import lifetime_s, unreserved_verifiers, worst_
 from router.admission.reservation import prompt_token_bound, sent_bytes
 from router.backends.instant import InstantBackend
 from router.backends.openai import OpenAIBackend
-from router.cascade import Judge, Tier
+from router.cascade import Tier
 from router.config import load_settings
 from router.generation import GenerationRequest, Message, NamedTool, ResponseFormat, ToolCall, ToolSpec
+from router.policy import TaskPolicy
 from router.verification import VerifierContext, VerifierCost, VerifierSet, WeightedVerifier, worst_cost
 from tests.support.config import write_config
 from verifiers.consistency import make_self_consistency
@@ -155,7 +156,10 @@ def test_the_costliest_task_policy_is_reserved(tmp_path: Path) -> None:
     plain = worst_case_usd([large], BASE, tiers=t)
     ctx = VerifierContext(tier="large", backend=large.backend, backends={n: x.backend for n, x in t.items()})
     costly = VerifierSet([WeightedVerifier(make_self_consistency({"k": 8}, ctx), 1.0)])
-    large.tasks = {"maths": Judge(costly, 0.5, "maths"), "code": Judge(VerifierSet([]), 0.5, "code")}
+    large.tasks = {
+        "maths": TaskPolicy(costly, "mean", 0.5, "maths"),
+        "code": TaskPolicy(VerifierSet([]), "mean", 0.5, "code"),
+    }
     per_sample = (prompt_token_bound(BASE) + 50 * 10.0) / 1e6
     assert worst_case_usd([large], BASE, tiers=t) == pytest.approx(plain + 6 * per_sample)
 
