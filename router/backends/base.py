@@ -15,7 +15,7 @@ reads at most `max_response_bytes` of an answer, and a request can ask for more 
 
 What a generation can be charged for: `prompt_token_limit` and `completion_token_limit`, the
 most tokens this backend can count for a request (admission reserves their price, so a key's
-budget holds). The defaults are `router.admission.reservation`'s bounds on what is sent; a backend that
+budget holds). The defaults are `router.wire`'s bounds on what is sent; a backend that
 may count more (a hosted API's own system prompt) or knows a tighter cap (a context size) says so.
 
 Another: `reuses(other)` and `stream_reusing`, answering with a lower tier's rejected answer as
@@ -33,9 +33,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from router.admission.reservation import completion_token_bound, prompt_token_bound
 from router.errors import TierrouteError
 from router.generation import Delta, Generation, GenerationRequest, merge_choices
+from router.wire import completion_token_bound, prompt_token_bound
 
 if TYPE_CHECKING:
     from router.config import TierSettings
@@ -102,7 +102,7 @@ class Backend(abc.ABC):
 
     def prompt_token_limit(self, request: GenerationRequest) -> int:
         """The most prompt tokens a generation of `request` here can be counted (and charged) for:
-        a token per byte of what is sent, plus a chat template's few (`router.admission.reservation`)."""
+        a token per byte of what is sent, plus a chat template's few (`router.wire`)."""
         return prompt_token_bound(request)
 
     async def count_prompt_tokens(self, request: GenerationRequest) -> int | None:

@@ -138,7 +138,7 @@ class Pipeline:
         """The prompt tokens of a request at the first tier it would reach (the Messages API's
         count_tokens): parsed and checked as a request is (404, 403, 400), refused while its rate
         is spent (429), nothing generated and nothing charged. A tier that cannot count its own
-        (a remote one) gives the bound its admission reserves (router.admission.reservation)."""
+        (a remote one) gives the bound its admission reserves (router.wire)."""
         ctx = await self._parse(surface, body, principal)
         self.accounting.refuse_spent_rate(principal, body.user)
         backend = ctx.plan[0].backend

@@ -6,7 +6,7 @@ deadline (`request.deadline` or now + the tier's `timeout_s`, whichever is soone
 upstream says against the bounds derived here:
 
 - Usage. The prompt's token count is at most the UTF-8 bytes of everything it was sent (a
-  tokenizer gives at most one token per byte; `router.admission.reservation`: messages, calls,
+  tokenizer gives at most one token per byte; `router.wire`: messages, calls,
   tools, schema) plus an allowance per message for the chat template and one for a system prompt a
   hosted API may add; the completion's at most the `max_tokens` we sent, for each of `n` choices,
   plus a small slack for a stop sequence or end-of-text token a server counts. Admission reserves
@@ -30,8 +30,8 @@ from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.admission.reservation import completion_token_bound, prompt_token_bound
-from router.generation import GenerationRequest, Message, NamedTool
+from router.generation import GenerationRequest, NamedTool
+from router.wire import completion_token_bound, message_json, prompt_token_bound
 
 # Tokens a server may count past max_tokens: a stop sequence or end-of-text token it includes.
 _COMPLETION_SLACK = 8
@@ -134,7 +134,7 @@ def request_params(call: Call, *, model: str, refused: Set[str], stream: bool) -
     if request.stop:
         params["stop"] = list(request.stop)
     if request.messages is not None:
-        params["messages"] = [_upstream_message(m) for m in request.messages]
+        params["messages"] = [message_json(m) for m in request.messages]
         params.update(_tool_params(request))
     else:
         params["prompt"] = request.prompt
@@ -164,19 +164,6 @@ def request_params(call: Call, *, model: str, refused: Set[str], stream: bool) -
         if "stream_options" not in refused:
             params["stream_options"] = {"include_usage": True}
     return params
-
-
-def _upstream_message(m: Message) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": m.role, "content": m.content}
-    if m.tool_calls:
-        out["content"] = m.content or None  # as OpenAI's own: an answer of calls alone has no content
-        out["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in m.tool_calls
-        ]
-    if m.tool_call_id is not None:
-        out["tool_call_id"] = m.tool_call_id
-    return out
 
 
 def _tool_params(request: GenerationRequest) -> dict[str, Any]:

@@ -18,7 +18,6 @@ import openai
 import pytest
 
 from router.admission.accounting import worst_case_usd
-from router.admission.reservation import prompt_token_bound
 from router.api.app import create_app
 from router.backends.instant import InstantBackend
 from router.cascade import Tier
@@ -26,6 +25,7 @@ from router.config import load_settings
 from router.generation import GenerationRequest, Message
 from router.ledger.entries import LedgerEntry
 from router.ledger.store import SQLiteStore
+from router.wire import prompt_token_bound
 from tests.support.accounting import auth, keys_section, read_ledger
 from tests.support.config import write_config
 from tests.support.model import SMOL

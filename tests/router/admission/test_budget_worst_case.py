@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from router.admission.accounting import lifetime_s, unreserved_verifiers, worst_case_usd
-from router.admission.reservation import prompt_token_bound, sent_bytes
 from router.backends.instant import InstantBackend
 from router.backends.openai import OpenAIBackend
 from router.cascade import Tier
@@ -20,6 +19,7 @@ from router.config import load_settings
 from router.generation import GenerationRequest, Message, NamedTool, ResponseFormat, ToolCall, ToolSpec
 from router.policy import TaskPolicy
 from router.verification import VerifierContext, VerifierCost, VerifierSet, WeightedVerifier, worst_cost
+from router.wire import prompt_token_bound, sent_bytes
 from tests.support.config import write_config
 from verifiers.consistency import make_self_consistency
 from verifiers.cross_tier import make_cross_tier

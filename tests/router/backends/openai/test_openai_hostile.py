@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from router.admission.reservation import sent_bytes
 from router.backends.openai import OpenAIBackend
 from router.config import OpenAIBackendSettings
 from router.errors import (
@@ -28,6 +27,7 @@ from router.errors import (
     UpstreamError,
 )
 from router.generation import Delta, GenerationRequest, Message
+from router.wire import sent_bytes
 from tests.support.fault_upstream import (
     PROMPT_TOKENS,
     TOKENS,

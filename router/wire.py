@@ -1,4 +1,9 @@
-"""The most tokens a generation can be counted for, read from exactly what a tier is sent.
+"""What a tier is sent, as the JSON an OpenAI-compatible server receives, and the most tokens a
+generation can be counted for, read from exactly that.
+
+One serialiser of messages (`message_json`) serves both the openai backend, which sends it, and
+admission, which prices it: what is reserved is measured on the very text that is sent (a test
+holds them to each other on every message shape: tool calls, tool results, names, empty content).
 
 A key's budget holds only if what admission reserves is at least what the request can then be
 charged (`router.admission.accounting.worst_case_usd` prices these bounds; the shadow budget uses the same
@@ -16,8 +21,8 @@ local model whose template rewrites tools) says so with its own allowance, or it
 The completion bound is `n` choices of `max_tokens` each; the prompt is counted once for all n,
 as every backend here counts it (`router.generation.merge_choices`, OpenAI's `usage`).
 
-This module imports only the request types, so backends (which state their limits with it) and
-admission (which prices them) both build on it.
+This module imports only the request types, so backends (which send with it and state their
+limits with it) and admission (which prices them) both build on it, beside `router.generation`.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ def sent_json(request: GenerationRequest) -> str:
     """Everything in `request` that shapes what a model reads, as one JSON text."""
     value: dict[str, Any] = {}
     if request.messages is not None:
-        value["messages"] = [_message(m) for m in request.messages]
+        value["messages"] = [message_json(m) for m in request.messages]
     else:
         value["prompt"] = request.prompt
     if request.tools:
@@ -53,9 +58,12 @@ def sent_json(request: GenerationRequest) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _message(m: Message) -> dict[str, Any]:
+def message_json(m: Message) -> dict[str, Any]:
+    """One message as OpenAI's API carries it: an answer of calls alone has no content (null), as
+    OpenAI's own; calls and the id of the call a tool result answers, as given."""
     out: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.tool_calls:
+        out["content"] = m.content or None
         out["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c in m.tool_calls
