@@ -12,10 +12,11 @@ for every tenant (issue 38). So the size of an answer is judged against the requ
   entry (when logprobs are asked) and each alternative, and per streamed token its event's
   envelope; plus each choice's and the body's own. `typical` is generous for what servers send
   (llama-cpp-python's server measured a quarter to a third below it); `most` allows every token
-  to be as long as the tier's reader takes one (`reading.MAX_PIECE_CHARS` characters), each
-  character as JSON can spell it at its longest (`ESCAPED_CHAR_BYTES`), in its text, in its logprob
-  entry and in each alternative, with each entry's `bytes` list at its longest too. It is a bound,
-  not an estimate: an answer past it cannot be an honest one, whatever the tokenizer or the server.
+  to be as long as the tier's reader takes one (`reading.MAX_PIECE_CHARS`), each of its bytes as
+  JSON can spell it at its longest (`ESCAPED_BYTES_PER_BYTE`), in its text, in its logprob entry
+  and in each alternative, with each entry's `bytes` list at its longest too. It is a bound, not an
+  estimate: an answer past it is no honest one, whatever the tokenizer or the server (short of
+  a vocabulary with long runs of control bytes, which JSON writes six bytes each).
 - Admission refuses a request whose answer, as the client asked for it, is estimated over the
   limit (`refusal`, on its `typical` size; asked through `Backend.refuse_oversized` by
   `router.admission.accounting`): a 400 in OpenAI's shape naming the parameter to lower
@@ -52,12 +53,13 @@ STREAM_EVENT_BYTES = 448
 CHOICE_BYTES = 512  # a choice's own keys: index, message, role, finish_reason
 BODY_BYTES = 2048  # the body's: id, model, usage, and a stream's role chunk, usage chunk and [DONE]
 # The most one token can honestly take, derived from the longest token the reader takes
-# (`reading.MAX_PIECE_CHARS` characters: a longer piece is an upstream filling memory, cut there):
-# each character as JSON spells it at its longest (a character outside the BMP, ensure_ascii, as two
-# `\uXXXX` escapes), and in an entry's `bytes` list its UTF-8 bytes (4 at most) as `255, ` each.
-ESCAPED_CHAR_BYTES = 12
-TOKEN_TEXT_MOST = MAX_PIECE_CHARS * ESCAPED_CHAR_BYTES
-TOKEN_BYTES_LIST_MOST = MAX_PIECE_CHARS * 4 * len("255, ")
+# (`reading.MAX_PIECE_CHARS`: no vocabulary's token is longer, in characters or in UTF-8 bytes; its
+# longest are ASCII runs of `=`, spaces or tabs): each of its UTF-8 bytes as JSON spells it at its
+# longest (a 2-byte character as `\uXXXX` under ensure_ascii is 3 a byte, a tab or a newline 2),
+# and in an entry's `bytes` list each byte as `255, `.
+ESCAPED_BYTES_PER_BYTE = 3
+TOKEN_TEXT_MOST = MAX_PIECE_CHARS * ESCAPED_BYTES_PER_BYTE
+TOKEN_BYTES_LIST_MOST = MAX_PIECE_CHARS * len("255, ")
 
 
 @dataclass(frozen=True)

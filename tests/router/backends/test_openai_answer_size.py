@@ -141,11 +141,15 @@ async def test_an_honest_answer_of_the_longest_tokens_without_logprobs_is_the_re
 
 
 def test_the_most_is_at_least_the_longest_token_the_reader_takes_as_json_can_spell_it() -> None:
-    # the bound comes from the reader's own constant: each token MAX_PIECE_CHARS characters, each
-    # character JSON-escaped at its longest (an astral character as two \\uXXXX escapes)
+    # the bound comes from the reader's own constant: each token MAX_PIECE_CHARS bytes of UTF-8, as
+    # JSON spells them at their longest (ensure_ascii escapes, tabs, newlines), in its text and
+    # again in each logprob entry and alternative
+    n = MAX_PIECE_CHARS
+    longest = max(
+        len(json.dumps(t)) - 2 for t in ("=" * n, "\t" * n, "\n" * n, "\u00e9" * (n // 2), "\u20ac" * (n // 3))
+    )
     request = GenerationRequest(messages=(Message("user", "x"),), n=2, max_tokens=100)
     for logprobs, top_k in ((False, 0), (True, 0), (True, 5)):
         size = estimate(request, max_tokens=100, logprobs=logprobs, top_k=top_k, stream=False)
-        token = json.dumps("\U0001f600" * MAX_PIECE_CHARS)  # ensure_ascii: 12 bytes a character
-        copies = 1 + (1 + top_k if logprobs else 0)  # the text, and again in each entry and alternative
-        assert size.most >= 2 * 100 * copies * len(token), (logprobs, top_k)
+        copies = 1 + (1 + top_k if logprobs else 0)
+        assert size.most >= 2 * 100 * copies * longest, (logprobs, top_k)
