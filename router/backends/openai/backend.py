@@ -17,7 +17,9 @@ One logical request gives one `Generation` or one exception, never both and neve
 - Each attempt passes through its deployment's `CircuitBreaker` (see `router.backends.openai.breaker`):
   every failed attempt counts as a failure; a deliberate answer, including a 4xx rejecting our
   request, counts as the upstream being alive, and so does an answer too large for the tier that
-  the request asked for (`router.backends.openai.answer_size`: the request's 400, charged).
+  the request asked for (`router.backends.openai.answer_size`: the request's 400, charged), and a
+  5xx or an error event while the deployment answers a one-token request of the tier's own
+  (`router.backends.openai.outages`: the request's 502, not retried, charged).
 - The answer says which deployment gave it (`Generation.deployment`, and `Delta.deployment` on
   each piece of a stream), for the `tierroute` object, the ledger and /metrics.
 
