@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from router import policy
 from router.backends.base import Backend
 from router.config import CascadeSettings, TierSettings
-from router.errors import AnswerTooLargeError, UnavailableError, UnknownModelError
+from router.errors import AnswerTooLargeError, UnavailableError, UnknownModelError, UpstreamRefusedError
 from router.generation import Delta, Generation, GenerationRequest
 from router.policy import TaskPolicy, Usage
 from router.tasks import TaskClassifier, TaskLabel, detect_task
@@ -315,14 +315,17 @@ class Cascade:
         """Fill `spent` when the cascade ends without an answer after work was done: the
         interrupted attempt is priced for what it streamed (tokens and compute as the backend
         counted them; where it cannot, a token per piece and the elapsed time), or for the answer
-        a backend had to refuse for its size (`AnswerTooLargeError.spent`)."""
+        a backend had to refuse for its size, or whose upstream refused it (`spent` of
+        `AnswerTooLargeError`, `UpstreamRefusedError`)."""
         if spent is None:
             return
         gone = isinstance(exc, (GeneratorExit, asyncio.CancelledError))
-        if attempt.generation is None and not pieces and isinstance(exc, AnswerTooLargeError) and exc.spent is not None:
-            # an answer too large to take was generated all the same: priced as the backend counts it
-            attempt.generation = exc.spent
-            attempt.cost_usd = tier.cost_of(exc.spent)
+        charged = exc.spent if isinstance(exc, (AnswerTooLargeError, UpstreamRefusedError)) else None
+        if attempt.generation is None and not pieces and charged is not None:
+            # an answer too large to take was generated all the same, or a refused request's prompt
+            # read: priced as the backend counts it
+            attempt.generation = charged
+            attempt.cost_usd = tier.cost_of(charged)
         if attempt.generation is None and pieces:
             last = pieces[-1]
             completion = last.completion_tokens if last.completion_tokens is not None else len(pieces)

@@ -12,6 +12,7 @@ TierrouteError
  ├── AuthError (401)
  ├── RateLimitError (429)        a key's, team's or user's request or token rate; carries retry_after
  ├── QuotaError (429)            a key's, team's or user's budget spent (OpenAI's insufficient_quota)
+ ├── UpstreamRefusedError (502)  an upstream failed this request alone (it answers the tier's own)
  └── UnavailableError (503)      a tier cannot answer now; carries retry_after
       ├── OverloadedError        a local tier's queue is full
       ├── CircuitOpenError       the tier's breaker is open
@@ -63,6 +64,18 @@ class AnswerTooLargeError(RequestError):
 
     def __init__(self, message: str, *, param: str, spent: Generation | None = None) -> None:
         super().__init__(message, param=param, code="response_too_large")
+        self.spent = spent
+
+
+class UpstreamRefusedError(TierrouteError):
+    """An upstream answered this request with a 5xx (or an error event) while it answers a request
+    of the tier's own: the failure is the request's, not the deployment's
+    (`router.backends.openai.outages`). Not retried, not counted against a breaker; 502, because the
+    upstream failed it and a 400 would claim more than is known. `spent`: what it cost (the cascade
+    records it, and the key is charged), None when the text it streamed says so."""
+
+    def __init__(self, message: str, *, spent: Generation | None = None) -> None:
+        super().__init__(message)
         self.spent = spent
 
 

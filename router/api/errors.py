@@ -35,6 +35,7 @@ from router.errors import (
     TierrouteError,
     UnavailableError,
     UnknownModelError,
+    UpstreamRefusedError,
 )
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,8 @@ def error_response(exc: BaseException, speaks: Dialect = "openai") -> JSONRespon
     elif isinstance(exc, UnavailableError):
         status, body = 503, error_body(str(exc), "server_error", None, "service_unavailable")
         headers["Retry-After"] = retry_after(exc.retry_after)
+    elif isinstance(exc, UpstreamRefusedError):  # no Retry-After: nothing is unavailable
+        status, body = 502, error_body(str(exc), "server_error", None, "upstream_refused_request")
     elif isinstance(exc, PayloadTooLarge):
         status, body = 413, error_body(str(exc), "invalid_request_error", None, "payload_too_large")
     else:
@@ -259,6 +262,7 @@ _STATUS_WHY = {
     404: "Unknown model",
     413: "Body over the size limit",
     429: "A rate limit or budget is spent",
+    502: "The tier's upstream failed this request alone (it answers the tier's own): not retried",
     503: "A tier or the cost ledger cannot answer now (Retry-After)",
 }
 

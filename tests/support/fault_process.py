@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     stop = {signal.SIGTERM, signal.SIGINT}
     signals = {*stop, signal.SIGUSR1}
     signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # before the server's thread starts: it inherits the mask
-    with FaultUpstream(default=action(args.mode, args.delay), bind_port=args.port) as upstream:
+    # its mode is the server's state: the tier's outage probe meets it as every request does
+    with FaultUpstream(default=action(args.mode, args.delay), bind_port=args.port, outage_probe=None) as upstream:
         while signal.sigwait(signals) not in stop:
             if args.then:
                 upstream.default = action(args.then, args.delay)

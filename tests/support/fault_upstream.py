@@ -10,6 +10,12 @@ test runs in, and it binds 127.0.0.1 only.
         upstream.script(status(500), reset(), ok())
         ...  # point a backend at upstream.base_url
         assert len(upstream.requests) == 3
+
+A scripted fault is the server's, as an outage is: the tier's probe of whether a 5xx is the
+deployment's or the request's (`router.backends.openai.outages`, known by its fixed text) is
+answered with a 500 (`outage_probe`), takes nothing from the script and is recorded apart
+(`outage_probes`), so a script means what it always meant. A test of a failure that is the
+request's own sets `outage_probe=None`: the probe is then answered, and recorded, as any request.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from router.backends.openai.outages import PROBE_TEXT
 
 TOKENS = ("Hello", ",", " world", "!")
 PROMPT_TOKENS = 7
@@ -58,6 +66,13 @@ class Received:
     @property
     def is_chat(self) -> bool:
         return self.path.endswith("/chat/completions")
+
+    @property
+    def outage_probe(self) -> bool:
+        """The tier's own one-token request asking whether a 5xx was the deployment's."""
+        messages = self.body.get("messages")
+        said = messages[0].get("content") if isinstance(messages, list) and messages else self.body.get("prompt")
+        return said == PROBE_TEXT and self.body.get("max_tokens") == 1
 
 
 @dataclass
@@ -540,6 +555,9 @@ def paused_stream(after: int, seconds: float, *, tokens: tuple[str, ...] = TOKEN
 class FaultUpstream:
     default: Action = field(default_factory=ok)
     requests: list[Received] = field(default_factory=list)
+    # how the tier's outage probe is answered (module docstring); None: as any other request
+    outage_probe: Action | None = field(default_factory=lambda: status(500, "scripted outage"))
+    outage_probes: list[Received] = field(default_factory=list)
     bind_port: int = 0  # 0: any free port (a child process given its port binds that one)
 
     def __post_init__(self) -> None:
@@ -603,6 +621,11 @@ class FaultUpstream:
                 req = await _read_request(reader)
                 if req is None:
                     break
+                if req.outage_probe and self.outage_probe is not None:
+                    self.outage_probes.append(req)
+                    if not await self.outage_probe(_Conn(reader, writer), req):
+                        break
+                    continue
                 self.requests.append(req)
                 if not await self._next_action()(_Conn(reader, writer), req):
                     break

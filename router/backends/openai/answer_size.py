@@ -12,7 +12,11 @@ for every tenant (issue 38). So the size of an answer is judged against the requ
   entry (when logprobs are asked) and each alternative, and per streamed token its event's
   envelope; plus each choice's and the body's own. `typical` is generous for what servers send
   (llama-cpp-python's server measured a quarter to a third below it); `most` allows every token
-  to be as long as a token can be (`HONEST_MARGIN`).
+  to be as long as the tier's reader takes one (`reading.MAX_PIECE_CHARS`), each of its bytes as
+  JSON can spell it at its longest (`ESCAPED_BYTES_PER_BYTE`), in its text, in its logprob entry
+  and in each alternative, with each entry's `bytes` list at its longest too. It is a bound, not an
+  estimate: an answer past it is no honest one, whatever the tokenizer or the server (short of
+  a vocabulary with long runs of control bytes, which JSON writes six bytes each).
 - Admission refuses a request whose answer, as the client asked for it, is estimated over the
   limit (`refusal`, on its `typical` size; asked through `Backend.refuse_oversized` by
   `router.admission.accounting`): a 400 in OpenAI's shape naming the parameter to lower
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from router.backends.openai.reading import MAX_PIECE_CHARS
 from router.errors import AnswerTooLargeError
 from router.generation import GenerationRequest
 
@@ -47,11 +52,14 @@ ALTERNATIVE_BYTES = 80
 STREAM_EVENT_BYTES = 448
 CHOICE_BYTES = 512  # a choice's own keys: index, message, role, finish_reason
 BODY_BYTES = 2048  # the body's: id, model, usage, and a stream's role chunk, usage chunk and [DONE]
-# How much more than the estimate a token's text, entry and alternatives can honestly take: a token
-# of 64 bytes (`reading.MAX_PIECE_CHARS`, the longest piece this tier takes for one token), written
-# as text and again in its entry's `bytes` list at up to 4 bytes a byte, takes about 5x the figures
-# above. The envelopes (body, choice, stream event) do not grow with a token's length.
-HONEST_MARGIN = 6
+# The most one token can honestly take, derived from the longest token the reader takes
+# (`reading.MAX_PIECE_CHARS`: no vocabulary's token is longer, in characters or in UTF-8 bytes; its
+# longest are ASCII runs of `=`, spaces or tabs): each of its UTF-8 bytes as JSON spells it at its
+# longest (a 2-byte character as `\uXXXX` under ensure_ascii is 3 a byte, a tab or a newline 2),
+# and in an entry's `bytes` list each byte as `255, `.
+ESCAPED_BYTES_PER_BYTE = 3
+TOKEN_TEXT_MOST = MAX_PIECE_CHARS * ESCAPED_BYTES_PER_BYTE
+TOKEN_BYTES_LIST_MOST = MAX_PIECE_CHARS * len("255, ")
 
 
 @dataclass(frozen=True)
@@ -67,8 +75,12 @@ def estimate(request: GenerationRequest, *, max_tokens: int, logprobs: bool, top
     logprobs (and `top_k` alternatives per token) or without, streamed or not."""
     tokens = request.n * max(0, max_tokens)
     fixed = BODY_BYTES + request.n * CHOICE_BYTES + (tokens * STREAM_EVENT_BYTES if stream else 0)
-    grows = tokens * (TEXT_BYTES_PER_TOKEN + (ENTRY_BYTES + top_k * ALTERNATIVE_BYTES if logprobs else 0))
-    return Size(fixed + grows, fixed + HONEST_MARGIN * grows)
+    typical = TEXT_BYTES_PER_TOKEN + (ENTRY_BYTES + top_k * ALTERNATIVE_BYTES if logprobs else 0)
+    # the longest token spelt out: its text, and with logprobs again (with its bytes) in its entry
+    # and in each alternative, each of which keeps its envelope
+    spelt = TOKEN_TEXT_MOST + TOKEN_BYTES_LIST_MOST
+    most = TOKEN_TEXT_MOST + ((ENTRY_BYTES + spelt) + top_k * (ALTERNATIVE_BYTES + spelt) if logprobs else 0)
+    return Size(fixed + tokens * typical, fixed + tokens * most)
 
 
 def refusal(

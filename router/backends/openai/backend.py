@@ -17,7 +17,9 @@ One logical request gives one `Generation` or one exception, never both and neve
 - Each attempt passes through its deployment's `CircuitBreaker` (see `router.backends.openai.breaker`):
   every failed attempt counts as a failure; a deliberate answer, including a 4xx rejecting our
   request, counts as the upstream being alive, and so does an answer too large for the tier that
-  the request asked for (`router.backends.openai.answer_size`: the request's 400, charged).
+  the request asked for (`router.backends.openai.answer_size`: the request's 400, charged), and a
+  5xx or an error event while the deployment answers a one-token request of the tier's own
+  (`router.backends.openai.outages`: the request's 502, not retried, charged).
 - The answer says which deployment gave it (`Generation.deployment`, and `Delta.deployment` on
   each piece of a stream), for the `tierroute` object, the ledger and /metrics.
 
@@ -50,28 +52,26 @@ from urllib.parse import urlsplit
 import openai
 
 from router.backends.base import Backend, ContinuationScore, ScoringUnsupportedError
-from router.backends.openai import failover
+from router.backends.openai import failover, unanswered
 from router.backends.openai.answer_size import estimate, refusal
 from router.backends.openai.breaker import CircuitBreaker, Permit
 from router.backends.openai.call import (
     Call,
     completion_limit,
-    estimate_tokens,
     prompt_limit,
-    prompt_text,
     request_params,
 )
 from router.backends.openai.client import close_quietly, json_body
 from router.backends.openai.deployments import Deployment, Pool
 from router.backends.openai.failures import DEADLINE_RETRY_AFTER_S, Failures, Retryable, refused_param
+from router.backends.openai.outages import judged
 from router.backends.openai.prompt_scoring import ScoredTokens, read_echo, read_vllm, render_chat
-from router.backends.openai.reading import prompt_floor, read_response
+from router.backends.openai.reading import read_response
 from router.backends.openai.refusals import PROBE_TIMEOUT_S
 from router.backends.openai.retry import RetryPolicy
 from router.backends.openai.streams import Accumulator, next_piece
 from router.backends.openai.upstream_io import Malformed, SSEReader, first_choice, token_count
 from router.errors import (
-    AnswerTooLargeError,
     ConfigError,
     DeadlineError,
     RequestError,
@@ -231,6 +231,7 @@ class OpenAIBackend(Backend):
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta | Generation]:
         call = self._new_call(request)
+        call.streamed = True
         with self._traced(call):
             opened = await self._with_retries(call, self._attempt_open_stream)
             events, acc, permit, where = opened.events, opened.acc, opened.permit, opened.deployment
@@ -251,7 +252,7 @@ class OpenAIBackend(Backend):
                     try:
                         piece = await next_piece(events, acc, call)
                     except Exception as exc:
-                        mapped = self._stream_cut(permit, exc, call, acc, where)
+                        mapped = await self._stream_cut(permit, exc, call, acc, where)
                         if mapped is exc:
                             raise
                         raise mapped from exc
@@ -270,7 +271,7 @@ class OpenAIBackend(Backend):
                         retry_after=where.failures.client_retry_after(None),
                     )
                 permit.success()
-                where.answered_total += 1
+                where.answered()
             finally:
                 held.cancel()
                 if not opened.let_go:
@@ -412,14 +413,14 @@ class OpenAIBackend(Backend):
             counted = token_count(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
             prompt_tokens = counted if counted is not None and counted <= limit else min(scored.echoed_tokens, limit)
         except BaseException as exc:
-            mapped = self._settle(permit, exc, call, where)
+            mapped = await self._settle(permit, exc, call, where)
             if mapped is exc:
                 raise
             raise mapped from exc
         finally:
             where.outstanding -= 1
         permit.success()
-        where.answered_total += 1
+        where.answered()
         return scored, prompt_tokens
 
     # -- attempts --------------------------------------------------------------------------------
@@ -465,14 +466,14 @@ class OpenAIBackend(Backend):
                 logprobs="logprobs" not in call.unsent(where.refused),
             )
         except BaseException as exc:
-            mapped = self._settle(permit, exc, call, where)
+            mapped = await self._settle(permit, exc, call, where)
             if mapped is exc:
                 raise
             raise mapped from exc
         finally:
             where.outstanding -= 1
         permit.success()
-        where.answered_total += 1
+        where.answered()
         self._usage_raised_total += call.usage_raised
         return dataclasses.replace(generation, deployment=where.name, deployment_shown=where.shown)
 
@@ -501,7 +502,7 @@ class OpenAIBackend(Backend):
             where.outstanding -= 1
             if response is not None:
                 await close_quietly(response)
-            mapped = self._settle(permit, exc, call, where)
+            mapped = await self._settle(permit, exc, call, where)
             if mapped is exc:
                 raise
             raise mapped from exc
@@ -588,21 +589,47 @@ class OpenAIBackend(Backend):
             hosted_prompt_tokens=self.config.hosted_prompt_tokens,
         )
 
-    def _settle(self, permit: Permit, exc: BaseException, call: Call, where: Deployment) -> BaseException:
+    async def _settle(
+        self, permit: Permit, exc: BaseException, call: Call, where: Deployment, *, chars: int | None = None
+    ) -> BaseException:
         """Report an attempt's failure to its deployment's breaker and the log; return what it
-        should raise. A `Retry-After` on a retryable failure marks that deployment only."""
+        should raise. A `Retry-After` on a retryable failure marks that deployment only. A 5xx or an
+        error event is the deployment's only when it fails a request of the tier's own too
+        (`router.backends.openai.outages`); `chars`: the text a stream gave before it failed."""
         too_large = None
         if call.answer_bytes > self.config.max_response_bytes:
-            too_large = functools.partial(self._too_large, call, where)
-        verdict = where.failures.classify(exc, too_large=too_large)
+            too_large = functools.partial(unanswered.too_large, self.name, self.config.max_response_bytes, call, where)
+        refused, undecided = None, False
+        if judged(exc):
+            try:
+                answers = await where.outages.answers(
+                    where.ensure_client(),
+                    where.model,
+                    where.refused,
+                    chat=call.request.is_chat,
+                    stream=call.streamed,
+                    seconds=call.deadline - time.monotonic(),
+                )
+            except BaseException:
+                permit.release()
+                raise
+            undecided = answers is None
+            if answers:
+                refused = functools.partial(unanswered.refused, self.name, call, where, exc, chars)
+        verdict = where.failures.classify(exc, too_large=too_large, refused=refused)
         if verdict is None:  # cancelled, or not the upstream's doing
             permit.release()
             return exc
-        if verdict.healthy:
+        if undecided:  # no verdict before the deadline: the breaker hears nothing either way
+            permit.release()
+        elif verdict.healthy:
             permit.success()
+            where.outages.answered()
         else:
             permit.failure()
             where.failed_attempts_total += 1
+            if not judged(exc):
+                where.outages.failed()
         log.warning(
             "tier %s: upstream attempt %d (deployment %s) failed: %s",
             self.name,
@@ -615,37 +642,10 @@ class OpenAIBackend(Backend):
             where.mark(mapped.retry_after)
         return mapped
 
-    def _too_large(self, call: Call, where: Deployment) -> AnswerTooLargeError:
-        """What a request hears whose answer, honestly that large, was cut at max_response_bytes, and
-        what it is charged: the usage came at the end of what was not read, so every token it asked
-        for (`n * max_tokens`: an answer that large has used most of them) and the prompt as an
-        upstream without usage is counted (`reading`)."""
-        request = call.request
-        param = ("top_logprobs" if request.is_chat else "logprobs") if request.top_logprobs else None
-        param = param or ("n" if request.n > 1 else "max_tokens")
-        error = AnswerTooLargeError(
-            f"tier {self.name}: the upstream's answer was larger than this tier takes "
-            f"(max_response_bytes = {self.config.max_response_bytes}), as an answer to n={request.n}, "
-            f"max_tokens={call.max_tokens}, top_logprobs={request.top_logprobs} can be; lower {param}",
-            param=param,
-        )
-        error.spent = Generation(
-            text="",
-            finish_reason="length",
-            prompt_tokens=max(estimate_tokens(prompt_text(request)), prompt_floor(call)),
-            completion_tokens=request.n * call.max_tokens,
-            token_logprobs=None,
-            latency_s=time.monotonic() - call.started,
-            model=where.model,
-            deployment=where.name,
-            deployment_shown=where.shown,
-        )
-        return error
-
-    def _stream_cut(
+    async def _stream_cut(
         self, permit: Permit, exc: Exception, call: Call, acc: Accumulator, where: Deployment
     ) -> BaseException:
-        mapped = self._settle(permit, exc, call, where)
+        mapped = await self._settle(permit, exc, call, where, chars=len(acc.text))
         if isinstance(mapped, (UnavailableError, Retryable)):  # refused whole, or broken: it failed
             self._failed_total += 1
         return where.failures.mid_stream(mapped, call, len(acc.text))

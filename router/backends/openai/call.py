@@ -50,6 +50,7 @@ class Call:
     max_tokens: int  # what the upstream is asked for
     hosted_prompt_tokens: int  # what the server may add to the prompt (the tier's setting)
     attempts: int = 0
+    streamed: bool = False  # its attempts stream (`stream`), rather than answer whole (`generate`)
     # the current attempt's own end, sooner than the deadline when other deployments remain to be
     # tried (router.backends.openai.failover); None between attempts and once a stream has begun
     attempt_until: float | None = None

@@ -7,6 +7,8 @@ what is true of that one server and of no other:
 
 - its SDK client (its own base URL and key), and the optional parameters it refuses (learned from
   requests of the tier's own only, `router.backends.openai.refusals`);
+- whether a 5xx it gives is its failure or the request's, also asked of a request of the tier's own
+  (`router.backends.openai.outages`);
 - its `CircuitBreaker` (`router.backends.openai.breaker`): an open breaker takes no traffic until its
   cool-down ends, when one request probes it (half-open);
 - a `Retry-After` mark: a 429 or 503 that says how long to wait marks this deployment until then,
@@ -52,6 +54,7 @@ from router.backends.openai.balancing import STRATEGIES
 from router.backends.openai.breaker import CircuitBreaker
 from router.backends.openai.client import missing_key, new_client
 from router.backends.openai.failures import Failures
+from router.backends.openai.outages import Outages
 from router.backends.openai.refusals import Refusals
 from router.errors import CircuitOpenError, ConfigError, OverloadedError
 
@@ -104,6 +107,8 @@ class Deployment:
         self.refused: set[str] = set() if config.logprobs else {"logprobs"}
         # what it is learned to refuse, only from requests of the tier's own (`refusals`)
         self.refusals = Refusals(tier, self.logged, self.refused, clock=clock)
+        # whether a 5xx it gives is its own or the request's, asked of a request of the tier's own
+        self.outages = Outages(tier, self.logged, clock=clock)
         self.outstanding = 0
         self.marked_until = 0.0
         self.probe_ok = True
@@ -136,6 +141,11 @@ class Deployment:
     def available(self) -> bool:
         return self.admits and not self.full and not self.marked and self.probe_ok
 
+    def answered(self) -> None:
+        """An attempt here was answered."""
+        self.answered_total += 1
+        self.outages.answered()
+
     def mark(self, seconds: float) -> None:
         """A `Retry-After` from this deployment: steer requests elsewhere for that long."""
         self.marked_until = max(self.marked_until, self._clock() + seconds)
@@ -161,6 +171,7 @@ class Deployment:
             "answered_total": float(self.answered_total),
             "key_missing": 1.0 if self.key_missing else 0.0,
             "refusal_probes_total": float(self.refusals.probes_total),
+            "outage_probes_total": float(self.outages.probes_total),
         }
 
     async def probe(self) -> None:

@@ -15,12 +15,16 @@ from `router.errors`::
     answer over the size limits   -> retryable at another deployment only; none left: UpstreamError;
                                      but AnswerTooLargeError (400, healthy, not retried) when the
                                      request asks for an answer that large (`answer_size`)
+    5xx, or an error event, while the deployment answers a request of the tier's own
+                                  -> UpstreamRefusedError (502, healthy, not retried): the
+                                     request's doing (`router.backends.openai.outages`)
     deadline passed               -> DeadlineError
     breaker open or probing       -> CircuitOpenError (retry_after: remaining cool-down)
     stream cut after text began   -> UpstreamError (DeadlineError if the deadline cut it)
 
 Retryable: connection errors, timeouts, HTTP 408/409/429/5xx, a 200 whose body is not a
-well-formed completion, and an error event in a stream; and an answer over the size limits, but
+well-formed completion, and an error event in a stream (a 5xx and an error event only when a probe
+of the tier's own fails too: else they are the request's, above); and an answer over the size limits, but
 only at another deployment of the tier (`Retryable.repeat`): the same server would send as much
 again, another one may answer.
 
@@ -65,6 +69,7 @@ from router.errors import (
     RequestError,
     UnavailableError,
     UpstreamError,
+    UpstreamRefusedError,
 )
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
@@ -145,13 +150,23 @@ class Failures:
     retry_after_s: float  # cascade.retry_after_s: what a client hears when nothing says better
 
     def classify(
-        self, exc: BaseException, *, too_large: Callable[[], AnswerTooLargeError] | None = None
+        self,
+        exc: BaseException,
+        *,
+        too_large: Callable[[], AnswerTooLargeError] | None = None,
+        refused: Callable[[], UpstreamRefusedError] | None = None,
     ) -> Verdict | None:
         """What an attempt's exception means: what to raise, whether the upstream looked healthy,
         and the full story for the log. None: cancelled, or not the upstream's doing.
         `too_large`: given when an honest answer to the request could be over the size limit
         (`router.backends.openai.answer_size`); an answer refused for its size is then the
-        request's, and this is what the client hears."""
+        request's, and this is what the client hears. `refused`: given when the failure is a 5xx or
+        an error event and the deployment answers a request of the tier's own
+        (`router.backends.openai.outages`): the failure is then the request's, and this is what
+        the client hears."""
+        if refused is not None and _cause(exc, Unacceptable) is None:
+            told = f"{_told(exc)}; the deployment answers a request of the tier's own: this request's doing"
+            return Verdict(refused, healthy=True, detail=told)
         unacceptable = _cause(exc, Unacceptable)
         if unacceptable is not None:
             told = f"{unacceptable} ({unacceptable.said})" if unacceptable.said else str(unacceptable)
@@ -288,6 +303,13 @@ def _error_text(exc: openai.APIStatusError) -> str:
     if isinstance(body, str) and body.strip():
         return body.strip()[:LOG_TEXT_CHARS]
     return str(exc.message)[:LOG_TEXT_CHARS]
+
+
+def _told(exc: BaseException) -> str:
+    """What a 5xx or an error event said, for the log."""
+    if isinstance(exc, openai.APIStatusError):
+        return f"HTTP {exc.status_code}: {_error_text(exc)}"
+    return f"error event in the stream: {exc}"
 
 
 def _param(value: Any) -> str | None:

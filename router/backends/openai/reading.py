@@ -24,9 +24,18 @@ are bounded first by `router.backends.openai.upstream_io`; what they say is read
   `max_tokens`). A count may not be too low either: an upstream that reports 0/0 for a 200-token
   answer would make it free and invisible to token-rate limits. Each count is at least what was
   sent and delivered must have taken (`prompt_floor`, `completion_floor`): a token per
-  `MAX_BYTES_PER_TOKEN` bytes of text, and one per logprob entry the answer carries; a count below
+  `MAX_PIECE_CHARS` characters of text, and one per logprob entry the answer carries; a count below
   its floor is replaced by the floor, with a warning in the log, and counted
-  (`tierroute_backend_usage_raised_total`).
+  (`tierroute_backend_usage_raised_total`). The same floors hold for counts the tier estimates, and
+  for a stream at every piece, so a stream cut short is priced no lower (`streams`).
+  Why characters over `MAX_PIECE_CHARS`: the floor must be a bound, or an honest server's count
+  is raised above the truth. No token the tier takes is longer than `MAX_PIECE_CHARS` (the reader
+  cuts a longer piece as an upstream filling memory, and `answer_size` bounds answers by it), so
+  no tokenizer can count fewer; any tighter figure (English's four characters a token, or the 32
+  bytes used before, which a vocabulary's runs of `=` or spaces exceed) is an estimate, and it
+  would charge an honest count of long tokens more than the upstream did. The cost: an upstream
+  that lies about usage can cut an English answer's count to about a sixteenth where no logprob
+  entries count it exactly (the tier asks for them by default, one a token).
 """
 
 from __future__ import annotations
@@ -54,11 +63,11 @@ from router.structured.tools import MAX_CALLS, new_call_id
 
 log = logging.getLogger(__name__)
 
-# A token's text is a few characters; a longer "piece" is an upstream filling memory, cut here.
+# The longest token the tier takes, in characters: a token's text is a few characters (a
+# vocabulary's longest, runs of spaces, dashes or `=`, tens); a longer "piece" is an upstream filling
+# memory, cut here. The one figure for a token's length: the usage floors count a token per this
+# many characters, and `answer_size` bounds an honest answer with it.
 MAX_PIECE_CHARS = 64
-# The most bytes of text one token covers, for the floor under reported usage: a vocabulary's
-# longest tokens (runs of spaces, dashes or `=`) are tens of bytes; English averages about four.
-MAX_BYTES_PER_TOKEN = 32
 # An upstream's call names and ids reach the client and the ledger: cut to a sane length.
 _MAX_CALL_NAME_CHARS = 256
 _MAX_CALL_ID_CHARS = 256
@@ -89,7 +98,7 @@ def read_response(
     # usage covers every choice: choice 0 carries it (merged below), the others count their own
     prompt_tokens, completion_tokens = (0, None) if index else checked_usage(body.get("usage"), call, tier)
     if prompt_tokens is None:
-        prompt_tokens = estimate_tokens(prompt_text(call.request))
+        prompt_tokens = max(estimate_tokens(prompt_text(call.request)), prompt_floor(call))
     elif not index:
         prompt_tokens = raised(prompt_tokens, prompt_floor(call), "prompt_tokens", call, tier)
     reported = completion_tokens  # the server's count covers every choice; None: each is estimated
@@ -113,10 +122,11 @@ def read_response(
     others = tuple(
         read_response(body, call, tier=tier, model=model, logprobs=logprobs, index=i) for i in range(1, call.request.n)
     )
+    floor = completion_floor((generation, *others), call)
     if reported is None:  # no usage from the server: choice 0's estimate alone would under-bill
-        completion_tokens = generation.completion_tokens + sum(g.completion_tokens for g in others)
+        estimated = max(generation.completion_tokens + sum(g.completion_tokens for g in others), floor)
+        completion_tokens = min(estimated, call.request.n * call.max_tokens)  # an estimate: never past asked
     else:  # the server's count, but never below what the choices it sent must have taken
-        floor = completion_floor((generation, *others), call)
         completion_tokens = raised(reported, floor, "completion_tokens", call, tier)
     return replace(generation, completion_tokens=completion_tokens, others=others)
 
@@ -154,8 +164,13 @@ def checked_usage(usage: Any, call: Call, tier: str) -> tuple[int | None, int | 
 
 
 def text_tokens(text: str) -> int:
-    """The fewest tokens `text` can be: a token covers at most `MAX_BYTES_PER_TOKEN` of its bytes."""
-    return -(-len(text.encode("utf-8", "surrogatepass")) // MAX_BYTES_PER_TOKEN)
+    """The fewest tokens `text` can be (module docstring, usage)."""
+    return chars_tokens(len(text))
+
+
+def chars_tokens(chars: int) -> int:
+    """The fewest tokens `chars` characters of text can be: none is longer than `MAX_PIECE_CHARS`."""
+    return -(-chars // MAX_PIECE_CHARS)
 
 
 def prompt_floor(call: Call) -> int:
@@ -166,8 +181,8 @@ def prompt_floor(call: Call) -> int:
 
 def completion_floor(choices: Iterable[Generation], call: Call) -> int:
     """The fewest completion tokens the choices delivered can have taken: per choice, its text and
-    calls at `MAX_BYTES_PER_TOKEN`, or its logprob entries (one a token) where more; never above
-    what the request could be counted for (`call.completion_limit`)."""
+    calls at `MAX_PIECE_CHARS` characters a token, or its logprob entries (one a token) where more;
+    never above what the request could be counted for (`call.completion_limit`)."""
     total = 0
     for g in choices:
         calls = "".join(c.name + c.arguments for c in g.tool_calls or ())

@@ -16,21 +16,23 @@ is cut, and the backend raises.
 One piece without logprobs makes the whole answer's logprobs unusable, and one without well-formed
 top-k its top-k: a gap would misplace every later token. Counts the server does not report are
 estimated (about one token per chunk, exactly one per logprob), never above `max_tokens`; counts it
-reports are held to the floors a plain answer's are (`reading`).
+reports, and those estimated, are held to the floors a plain answer's are (`reading`), by one rule
+(`Accumulator.so_far`) for every piece, for a stream cut short (priced from its last piece) and for
+the final answer: a usage chunk of 0/0 early in a stream that is then cut costs what was delivered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.backends.openai.call import Call, estimate_tokens, prompt_text
 from router.backends.openai.reading import (
     arguments_text,
+    chars_tokens,
     checked_usage,
-    completion_floor,
     finish_reason,
     prompt_floor,
     raised,
@@ -90,6 +92,8 @@ class Accumulator:
     prompt_estimate: int | None = None  # when the server reports no usage
     calls: dict[int, _StreamedCall] | None = None  # streamed tool calls by index; None: not read
     call_fragments: int = 0
+    delivered_chars: int = 0  # of text and tool calls: what the completion floor counts
+    prompt_min: int | None = None  # the prompt's floor (made once per call)
 
     @property
     def text(self) -> str:
@@ -130,6 +134,7 @@ class Accumulator:
         piece = clean_text(piece)
         if piece:
             self.parts.append(piece)
+            self.delivered_chars += len(piece)
             if len(self.parts) > call.piece_limit:
                 raise Unacceptable(
                     f"a stream of more than {call.piece_limit} pieces of text for max_tokens={call.max_tokens}"
@@ -150,9 +155,12 @@ class Accumulator:
             entry = self.calls.setdefault(index, _StreamedCall())
             entry.id = entry.id or typed_field(raw, "id", str)
             # OpenAI sends the name once; llama-cpp-python's server repeats it in every fragment
+            named = bool(entry.name)
             entry.name = entry.name or typed_field(function, "name", str) or ""
             arguments = function.get("arguments")
-            entry.arguments += arguments if isinstance(arguments, str) else arguments_text(arguments)
+            fragment = arguments if isinstance(arguments, str) else arguments_text(arguments)
+            entry.arguments += fragment
+            self.delivered_chars += len(fragment) + (0 if named else len(entry.name))
             self.call_fragments += 1
             if self.call_fragments > call.piece_limit:
                 raise Unacceptable(
@@ -193,21 +201,38 @@ class Accumulator:
         counted = len(self.token_logprobs) if self.token_logprobs else len(self.parts)
         return min(counted, call.max_tokens)
 
+    def floors(self, call: Call) -> tuple[int, int]:
+        """The fewest (prompt, completion) tokens what was sent and delivered so far can be
+        (`reading`, usage floors)."""
+        if self.prompt_min is None:
+            self.prompt_min = prompt_floor(call)
+        delivered = max(chars_tokens(self.delivered_chars), len(self.token_logprobs or ()))
+        return self.prompt_min, min(delivered, call.completion_limit)
+
     def so_far(self, call: Call) -> tuple[int, int]:
-        """(prompt, completion) tokens spent so far, counted as `generation` counts them (a
-        stream cut short is priced from these)."""
-        return self.prompt_count(call), self.completion_count(call)
+        """(prompt, completion) tokens spent so far: as reported, else estimated, and never below
+        their floors. The one rule for every piece, a stream cut short (priced from these) and the
+        final answer (`generation`)."""
+        prompt_min, completion_min = self.floors(call)
+        completion = max(self.completion_count(call), completion_min)
+        if self.usage[1] is None:  # an estimate: never more than was asked for
+            completion = min(completion, call.max_tokens)
+        return max(self.prompt_count(call), prompt_min), completion
 
     def generation(self, call: Call, default_model: str, *, ttft_s: float | None) -> Generation:
         text = self.text
         logprobs = tuple(self.token_logprobs) if self.token_logprobs is not None and text else None
         tops = tuple(self.tops) if self.top_k and self.tops is not None and text else None
-        completion_tokens = self.completion_count(call)
-        prompt_tokens = self.prompt_count(call)
+        prompt_tokens, completion_tokens = self.so_far(call)
         reason = self.finish_reason
         if reason is None:  # [DONE] without a finish_reason: see the module docstring
             reason = "length" if completion_tokens >= call.max_tokens else "stop"
-        generation = Generation(
+        # a reported count below its floor is said in the log and counted (`reading`: usage floors)
+        names = ("prompt_tokens", "completion_tokens")
+        for reported, floor, name in zip(self.usage, self.floors(call), names, strict=True):
+            if reported is not None:
+                raised(reported, floor, name, call, self.tier)
+        return Generation(
             text=text,
             finish_reason=finish_reason(reason),
             prompt_tokens=prompt_tokens,
@@ -220,10 +245,3 @@ class Accumulator:
             tool_calls=self.tool_calls(),
             constrained=None if call.request.response_format is not None else False,
         )
-        # reported usage is never below what was sent and delivered (`reading`: usage floors)
-        if self.usage[0] is not None:
-            prompt_tokens = raised(prompt_tokens, prompt_floor(call), "prompt_tokens", call, self.tier)
-        if self.usage[1] is not None:
-            floor = completion_floor((generation,), call)
-            completion_tokens = raised(completion_tokens, floor, "completion_tokens", call, self.tier)
-        return replace(generation, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)

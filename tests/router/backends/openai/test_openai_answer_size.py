@@ -4,6 +4,7 @@ the `openai` backend against scripted and honest upstreams on loopback."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from router.backends.openai import OpenAIBackend
 from router.backends.openai.answer_size import estimate
+from router.backends.openai.reading import MAX_PIECE_CHARS
 from router.config import DeploymentSettings, OpenAIBackendSettings
 from router.errors import AnswerTooLargeError, UpstreamError
 from router.generation import GenerationRequest, Message
@@ -29,8 +31,7 @@ async def two(first: FaultUpstream, second: FaultUpstream, **config: Any) -> Asy
         model="fake-large",
         deployments=[DeploymentSettings(base_url=u.base_url, name=f"d{i}") for i, u in enumerate((first, second))],
         strategy="ordered_failover",
-        max_response_bytes=LIMIT,
-        **config,
+        **{"max_response_bytes": LIMIT, **config},
     )
     backend = OpenAIBackend("large", settings, timeout_s=10)
     await backend.start()
@@ -120,3 +121,35 @@ async def test_admission_names_the_parameter_to_lower(
     with pytest.raises(AnswerTooLargeError, match="lower logprobs"):
         backend.refuse_oversized(on_completions, stream=False)
     assert len(upstream.requests) == 0
+
+
+async def test_an_honest_answer_of_the_longest_tokens_without_logprobs_is_the_requests(
+    upstream: FaultUpstream, second: FaultUpstream
+) -> None:
+    # Found by the outside review: without logprobs the estimate's `most` allowed 48 bytes a token,
+    # but the reader takes tokens of 64 characters (`reading.MAX_PIECE_CHARS`): 8 choices of 512
+    # such tokens are an honest 263 KB, over 256 KiB and over that `most` (203 KB), so the answer
+    # was blamed on the upstream (a breaker failure at each deployment, tried at both)
+    upstream.default = second.default = honest("=" * MAX_PIECE_CHARS)
+    request = GenerationRequest(messages=(Message("user", "Repeat it."),), n=8, max_tokens=512)
+    async with two(upstream, second, max_response_bytes=256 * 1024, logprobs=False) as backend:
+        with pytest.raises(AnswerTooLargeError) as info:
+            await backend.generate(request)
+        stats = backend.deployment_stats()
+    assert info.value.code == "response_too_large"
+    assert stats["d0"]["consecutive_failures"] == 0 and (len(upstream.requests), len(second.requests)) == (1, 0)
+
+
+def test_the_most_is_at_least_the_longest_token_the_reader_takes_as_json_can_spell_it() -> None:
+    # the bound comes from the reader's own constant: each token MAX_PIECE_CHARS bytes of UTF-8, as
+    # JSON spells them at their longest (ensure_ascii escapes, tabs, newlines), in its text and
+    # again in each logprob entry and alternative
+    n = MAX_PIECE_CHARS
+    longest = max(
+        len(json.dumps(t)) - 2 for t in ("=" * n, "\t" * n, "\n" * n, "\u00e9" * (n // 2), "\u20ac" * (n // 3))
+    )
+    request = GenerationRequest(messages=(Message("user", "x"),), n=2, max_tokens=100)
+    for logprobs, top_k in ((False, 0), (True, 0), (True, 5)):
+        size = estimate(request, max_tokens=100, logprobs=logprobs, top_k=top_k, stream=False)
+        copies = 1 + (1 + top_k if logprobs else 0)
+        assert size.most >= 2 * 100 * copies * longest, (logprobs, top_k)

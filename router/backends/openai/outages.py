@@ -1,0 +1,160 @@
+"""Whether an upstream's 5xx is the deployment failing or one request's doing: a probe of the tier's own.
+
+A 5xx says the server failed; it does not say why, and a client can make a server fail. llama-cpp-python's
+server answers every request it cannot validate with HTTP 500: a message of role `developer`, a
+`response_format` of type `json_schema`, both OpenAI-standard. Counted against the deployment's
+breaker, two such requests of one key opened it, and every other tenant got 503 for the cool-down
+while the key paid nothing (issue 38, the outside review of its fixes). The same holds for an error
+event in a stream: vLLM sends one when a request's own grammar or tool parser fails mid-answer.
+
+So a 5xx (or an error event) is the deployment's failure only when the deployment also fails a
+request of the tier's own: a fixed one-token request with nothing a client chose (`probe_params`:
+the tier's own additions, logprobs and a stream's usage, as the deployment is sent them now, and
+of the same kind, chat or completions, streamed or not). One probe per kind runs at a time per
+deployment; failures that arrive meanwhile wait for it, and its verdict is remembered for
+`REMEMBERED_FOR_S`, so a client sending such requests makes at most one probe per kind per
+deployment in that time (each costs the operator one token of output; counted in
+`tierroute_deployment_outage_probes_total`).
+
+- The probe fails too (any status but 2xx, an error event, no answer in `PROBE_TIMEOUT_S`): an
+  outage. The failure counts against the breaker and the request fails over, as it always did.
+- The probe is answered: the failure was this request's. It is not retried anywhere (another
+  deployment would fail it the same way, at the operator's cost), the breaker hears the
+  deployment as alive, and the client hears 502 naming the upstream's refusal
+  (`UpstreamRefusedError`), charged for what was spent.
+- No verdict within what is left of the request's deadline (the probe goes on for the others): the
+  breaker hears nothing either way, and the request fails as its deadline says.
+
+What is remembered is corrected by what the deployment does next: an answer clears a remembered
+failure, and a failure the probe does not judge (a timeout, a reset) clears a remembered success.
+The window is short because a real outage that begins just after a probe was answered is taken
+for the request's doing until it ends: for at most `REMEMBERED_FOR_S`, its 5xx are not failed over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Set
+from typing import Any
+
+import openai
+
+from router.backends.openai.client import close_quietly
+from router.backends.openai.upstream_io import ErrorEvent, SSEReader, event_object, json_object
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 5.0  # a probe's own bound (a request waits for it at most until its deadline)
+REMEMBERED_FOR_S = 10.0  # how long a probe's verdict stands for later failures of its kind
+PROBE_TEXT = "Reply with the word OK."  # not refusals' text: a test upstream tells the two apart
+_PROBE_BYTES = 64 * 1024  # a one-token answer is a few hundred bytes; more is not an answer
+
+Kind = tuple[bool, bool]  # (chat, stream)
+
+
+def judged(exc: BaseException) -> bool:
+    """Whether a failed attempt is one a probe decides: an HTTP 5xx or an error event in a stream."""
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code >= 500
+    return isinstance(exc, ErrorEvent)
+
+
+class Outages:
+    """One deployment's probes of whether a 5xx is its own (see the module docstring)."""
+
+    def __init__(self, tier: str, deployment: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.tier = tier
+        self.deployment = deployment  # as the log names it
+        self._clock = clock
+        self._verdicts: dict[Kind, tuple[bool, float]] = {}  # kind -> (answered, when)
+        self._probing: dict[Kind, asyncio.Future[bool]] = {}
+        self.probes_total = 0
+
+    def answered(self) -> None:
+        """The deployment answered a request: a remembered failure no longer stands."""
+        if any(not ok for ok, _ in self._verdicts.values()):
+            self._verdicts = {kind: v for kind, v in self._verdicts.items() if v[0]}
+
+    def failed(self) -> None:
+        """The deployment failed in a way no probe judges (a timeout, a reset): nor does a success."""
+        if any(ok for ok, _ in self._verdicts.values()):
+            self._verdicts = {kind: v for kind, v in self._verdicts.items() if not v[0]}
+
+    async def answers(
+        self, client: openai.AsyncOpenAI, model: str, refused: Set[str], *, chat: bool, stream: bool, seconds: float
+    ) -> bool | None:
+        """Whether the deployment answers a request of the tier's own now: True (the failure was
+        the request's), False (an outage), None (no verdict within `seconds`)."""
+        kind = (chat, stream)
+        seen = self._verdicts.get(kind)
+        if seen is not None and self._clock() - seen[1] < REMEMBERED_FOR_S:
+            return seen[0]
+        probing = self._probing.get(kind)
+        if probing is None:
+            params = probe_params(model, refused, chat=chat, stream=stream)
+            probing = asyncio.ensure_future(self._probe(kind, client, params))
+            self._probing[kind] = probing
+            probing.add_done_callback(lambda _: self._probing.pop(kind, None))
+        try:
+            # shielded: a request that goes away, or whose deadline comes first, leaves the probe
+            # to finish for the others
+            async with asyncio.timeout(max(0.0, seconds)):
+                return await asyncio.shield(probing)
+        except TimeoutError:
+            return None
+
+    async def _probe(self, kind: Kind, client: openai.AsyncOpenAI, params: dict[str, Any]) -> bool:
+        self.probes_total += 1
+        answered = await _answered(client, params, chat=kind[0], stream=kind[1])
+        self._verdicts[kind] = (answered, self._clock())
+        if answered:
+            log.warning(
+                "tier %s: deployment %s answers a request of the tier's own: a 5xx it gave was that request's "
+                "alone, not counted against its breaker",
+                self.tier,
+                self.deployment,
+            )
+        return answered
+
+
+def probe_params(model: str, refused: Set[str], *, chat: bool, stream: bool) -> dict[str, Any]:
+    """A one-token request of the tier's own: nothing a client chose, and the tier's own optional
+    parameters as the deployment is sent them (those it refuses, `refused`, left out)."""
+    params: dict[str, Any] = {"model": model, "max_tokens": 1, "temperature": 0.0}
+    if chat:
+        params["messages"] = [{"role": "user", "content": PROBE_TEXT}]
+    else:
+        params["prompt"] = PROBE_TEXT
+    if "logprobs" not in refused:
+        params.update({"logprobs": True, "top_logprobs": 0} if chat else {"logprobs": 1})
+    if stream:
+        params["stream"] = True
+        if "stream_options" not in refused:
+            params["stream_options"] = {"include_usage": True}
+    return params
+
+
+async def _answered(client: openai.AsyncOpenAI, params: dict[str, Any], *, chat: bool, stream: bool) -> bool:
+    """True: answered (2xx, a JSON object, or a stream with no error event); False: it failed
+    (another status, an error event, a body that is not an answer, no answer in `PROBE_TIMEOUT_S`)."""
+    endpoint: Any = client.chat.completions if chat else client.completions
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            response = await endpoint.with_streaming_response.create(**params, timeout=PROBE_TIMEOUT_S).__aenter__()
+            try:
+                if stream:
+                    events = SSEReader(response.http_response.aiter_raw(), max_events=64)
+                    while (data := await events.next()) is not None:
+                        event_object(data)  # raises ErrorEvent on an error event
+                else:
+                    body = await response.http_response.aread()
+                    if len(body) > _PROBE_BYTES:
+                        return False
+                    json_object(body.decode("utf-8", "replace"))
+            finally:
+                await close_quietly(response)
+    except Exception:  # noqa: BLE001 - any failure of the tier's own request is the deployment's
+        return False
+    return True
