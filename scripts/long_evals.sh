@@ -3,7 +3,8 @@
 # (evals/store.py), so running this again computes only what is missing. Hours on 2 cores.
 #   1. both local tiers on the new workload suites (small first: its results are needed first),
 #   2. the large local tier (Qwen2.5-Coder-1.5B) on all 1,319 GSM8K items, beside the small one.
-# Run from the repository root: `nice -n 19 scripts/long_evals.sh` (nice: tests keep the cores).
+# Run from the repository root: `nice -n 8 scripts/long_evals.sh` (nice: tests keep the cores;
+# at 19 it starves under a test run).
 # It was run this way on 2026-12-07 from a checkout of 65f8f26, writing into main's evals/ (RUNS).
 set -u
 T=${TIERROUTE:-.venv/bin/tierroute}
@@ -14,7 +15,7 @@ for tier in small large; do
   "$T" eval run --suite banking77:770 --tiers "$tier" --runs-dir "$RUNS"/results "${V[@]}"
   "$T" eval run --suite snips --tiers "$tier" --runs-dir "$RUNS"/results "${V[@]}"
   "$T" eval run --suite bfcl --tiers "$tier" --runs-dir "$RUNS"/results "${V[@]}"
-  "$T" eval run --suite ifeval --tiers "$tier" --runs-dir "$RUNS"/results "${V[@]}"
+  "$T" eval run --suite ifeval --tiers "$tier" --runs-dir "$RUNS"/results "${V[@]}" --verifier instructions
 done
 "$T" eval run --suite gsm8k --tiers large --runs-dir "$RUNS"/results-gsm8k-full --run gsm8k-full \
     --verifier 'confidence:{"stat":"mean"}' \
