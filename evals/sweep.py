@@ -391,10 +391,12 @@ def route_cost(item: ItemOutcome, route: Route) -> tuple[float, float, bool]:
 
 
 def _route_cost(item: ItemOutcome, route: Route) -> tuple[float, float, bool]:
-    cost = sum(item.tiers[t].cost_usd for t in route.ran)
+    cost = policy.request_cost(
+        [item.tiers[t].cost_usd for t in route.ran]
+        + [item.tiers[t].verify_cost_usd.get(label, 0.0) for t, label in route.verified]
+    )
     latency = sum(item.tiers[t].latency_s for t in route.ran)
     for t, label in route.verified:
-        cost += item.tiers[t].verify_cost_usd.get(label, 0.0)
         latency += item.tiers[t].verify_s.get(label, 0.0)
     return cost, latency, item.tiers[route.answered].correct
 

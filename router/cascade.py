@@ -110,7 +110,7 @@ class CascadeResult:
 
     @property
     def cost_usd(self) -> float:
-        return sum(a.cost_usd + a.verifier_cost_usd for a in self.attempts)
+        return policy.request_cost(c for a in self.attempts for c in (a.cost_usd, a.verifier_cost_usd))
 
     @property
     def generation(self) -> Generation:

@@ -164,6 +164,13 @@ def verification_cost(parts: Iterable[tuple[PriceSettings, Usage]]) -> float:
     return math.fsum(cost_usd(price, usage) for price, usage in parts)
 
 
+def request_cost(work: Iterable[float]) -> float:
+    """What one request cost: every tier's generation and every verifier's work it paid for, summed
+    exactly (`math.fsum`, so the live cascade's total and a simulation's of the same work agree to
+    the last digit whatever order each adds them in)."""
+    return math.fsum(work)
+
+
 # ---- prices ----------------------------------------------------------------------------------------
 
 
