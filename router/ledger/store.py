@@ -20,7 +20,8 @@ from pathlib import Path
 
 from router.errors import ConfigError
 from router.ledger import rows, schema
-from router.ledger.entries import AttemptEntry, CacheRow, Feedback, LabelCount, LedgerEntry, PendingEntry, ShadowPair
+from router.ledger.entries import AttemptEntry, Feedback, LabelCount, LedgerEntry, PendingEntry, ShadowPair
+from router.ledger.sqlite_cache import CacheRows
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +37,9 @@ _INSERT_ATTEMPT = rows.insert("attempts", "sqlite")
 _INSERT_PENDING = rows.insert("pending", "sqlite", "INSERT OR REPLACE INTO")
 _INSERT_PAIR = rows.insert("shadow_pairs", "sqlite", "INSERT OR REPLACE INTO")
 _INSERT_FEEDBACK = rows.insert("feedback", "sqlite")
-_INSERT_CACHE = rows.insert("cache_entries", "sqlite", "INSERT OR REPLACE INTO")
-# the created time past which the response cache evicts: the (max_entries + 1)-th newest, read off
-# the created index alone (ordering the table by more than `created` sorted all of it: 0.8-1.4 s
-# at 1M entries on the ledger's one thread, against 23-31 ms for this)
-EVICT_CUTOFF = "SELECT created FROM cache_entries ORDER BY created DESC LIMIT 1 OFFSET ?"
-# the same within one scope, read off the (scope, created) index: its (max_per_scope + 1)-th newest
-SCOPE_CUTOFF = "SELECT created FROM cache_entries WHERE scope = ? ORDER BY created DESC LIMIT 1 OFFSET ?"
 
 
-class SQLiteStore:
+class SQLiteStore(CacheRows):
     """The ledger in one SQLite file, WAL mode. Readers (reports) never block the writer. Rows
     come back as `sqlite3.Row`, read by column name."""
 
@@ -238,35 +232,6 @@ class SQLiteStore:
             params,
         ).fetchall():
             yield rows.pair_from_row(row)
-
-    def cache_get(self, cache_key: str, scope: str, now: float) -> CacheRow | None:
-        found = self.conn.execute(
-            f"SELECT {schema.column_list('cache_entries', 'sqlite')} FROM cache_entries "
-            "WHERE cache_key = ? AND scope = ? AND expires_at > ?",
-            (cache_key, scope, now),
-        ).fetchone()
-        return None if found is None else rows.cache_from_row(found)
-
-    def cache_put(self, row: CacheRow, max_entries: int | None, max_per_scope: int | None = None) -> None:
-        def put() -> None:
-            conn = self.conn
-            conn.execute(_INSERT_CACHE, rows.cache_values(row))
-            conn.execute("DELETE FROM cache_entries WHERE expires_at <= ?", (row.created,))
-            if max_per_scope is not None:  # the row's own scope's oldest past its share: no one else's
-                own = conn.execute(SCOPE_CUTOFF, (row.scope, max_per_scope)).fetchone()
-                if own is not None:
-                    conn.execute("DELETE FROM cache_entries WHERE scope = ? AND created <= ?", (row.scope, own[0]))
-            if max_entries is None:
-                return
-            # the newest max_entries stay (an entry stored in the same instant as the cutoff goes too)
-            cutoff = conn.execute(EVICT_CUTOFF, (max_entries,)).fetchone()
-            if cutoff is not None:
-                conn.execute("DELETE FROM cache_entries WHERE created <= ?", (cutoff[0],))
-
-        self._transaction(put)
-
-    def cache_drop(self, cache_key: str) -> None:
-        self.conn.execute("DELETE FROM cache_entries WHERE cache_key = ?", (cache_key,))
 
     def close(self) -> None:
         if self._conn is not None:

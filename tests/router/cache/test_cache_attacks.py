@@ -19,7 +19,8 @@ import pytest
 
 from router.cache import answer
 from router.ledger.entries import CacheRow
-from router.ledger.store import EVICT_CUTOFF, SQLiteStore
+from router.ledger.sqlite_cache import EVICT_CUTOFF
+from router.ledger.store import SQLiteStore
 from tests.support.accounting import auth, chat, running
 from tests.support.cache import Counting, cache_config
 from tests.support.metrics import samples, value
