@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictStr, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictStr, field_validator
 
 from router.errors import RequestError
 from router.generation import ResponseFormat as GenerationFormat
@@ -21,6 +21,17 @@ from router.generation import ToolSpec
 from router.structured.grammars import check_schema, loosened_form, schema_key
 
 MAX_CONTENT_PARTS = 256
+
+
+def _printable_model(v: str) -> str:
+    # the name is echoed in a 404 and written to logs: no control characters, no spaces
+    if not v.isprintable() or any(c.isspace() for c in v):
+        raise ValueError("a model name is printable characters without spaces")
+    return v
+
+
+# the `model` field of every surface's body (chat completions, completions, responses, messages)
+ModelName = Annotated[StrictStr, Field(min_length=1, max_length=256), AfterValidator(_printable_model)]
 MAX_TESTS_CHARS = 100_000
 
 

@@ -27,6 +27,7 @@ from router.api.request_parts import (
     MAX_TOOLS_CHARS,
     ChatMessage,
     Lenient,
+    ModelName,
     NamedToolChoice,
     ResponseFormat,
     StreamOptions,
@@ -73,7 +74,7 @@ GREEDY_BELOW = 1e-4
 
 class BaseRequest(Lenient):
     # Optional parameters also accept null, meaning their default, as OpenAI's API does.
-    model: StrictStr = Field(min_length=1, max_length=256)
+    model: ModelName
     max_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
     temperature: Number | None = Field(None, ge=0.0, le=2.0)
     top_p: Number | None = Field(None, ge=0.0, le=1.0)
@@ -105,14 +106,6 @@ class BaseRequest(Lenient):
     logit_bias: dict[StrictStr, Number] | None = None
     presence_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
-
-    @field_validator("model")
-    @classmethod
-    def _printable(cls, v: str) -> str:
-        # the name is echoed in a 404 and written to logs: no control characters, no spaces
-        if not v.isprintable() or any(c.isspace() for c in v):
-            raise ValueError("a model name is printable characters without spaces")
-        return v
 
     @field_validator("user")
     @classmethod

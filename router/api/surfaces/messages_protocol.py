@@ -38,6 +38,7 @@ from router.api.request_parts import (
     FunctionDefinition,
     Lenient,
     MessageToolCall,
+    ModelName,
     ResponseFormat,
     TierrouteOptions,
     Tool,
@@ -128,7 +129,7 @@ class MessagesBody(Lenient):
 
     surface: ClassVar[str] = "messages"
 
-    model: StrictStr = Field(min_length=1, max_length=256)
+    model: ModelName
     messages: list[Any] = Field(min_length=1)
     system: StrictStr | Annotated[list[Any], Field(max_length=MAX_BLOCKS)] | None = None
     tools: list[Any] | None = None
@@ -141,13 +142,6 @@ class MessagesBody(Lenient):
 
     _count_messages = field_validator("messages", mode="before")(count_first(MAX_ITEMS, "messages"))
     _count_tools = field_validator("tools", mode="before")(count_first(MAX_TOOLS, "tools"))
-
-    @field_validator("model")
-    @classmethod
-    def _printable(cls, v: str) -> str:
-        if not v.isprintable() or any(c.isspace() for c in v):
-            raise ValueError("a model name is printable characters without spaces")
-        return v
 
     @field_validator("thinking")
     @classmethod

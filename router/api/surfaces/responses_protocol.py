@@ -33,6 +33,7 @@ from router.api.request_parts import (
     JsonSchemaSpec,
     Lenient,
     MessageToolCall,
+    ModelName,
     ResponseFormat,
     TierrouteOptions,
     Tool,
@@ -109,7 +110,7 @@ class ResponsesRequest(Lenient):
 
     surface: ClassVar[str] = "responses"
 
-    model: StrictStr = Field(min_length=1, max_length=256)
+    model: ModelName
     input: StrictStr | list[Any]
     instructions: StrictStr | None = None
     max_output_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS_BOUND)
@@ -182,13 +183,6 @@ class ResponsesRequest(Lenient):
     def _no_truncation(cls, v: Any) -> Any:
         if v is not None and v != "disabled":
             raise ValueError("only 'disabled' is supported: tierroute never drops input to fit a context")
-        return v
-
-    @field_validator("model")
-    @classmethod
-    def _printable(cls, v: str) -> str:
-        if not v.isprintable() or any(c.isspace() for c in v):
-            raise ValueError("a model name is printable characters without spaces")
         return v
 
     def to_chat(self) -> tuple[ChatCompletionRequest, Renames]:

@@ -68,7 +68,7 @@ async def _walk(client: httpx.AsyncClient, admin: str, limit: int) -> list[dict[
     raise AssertionError("the pages never ended")
 
 
-@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
 async def test_every_audit_row_is_reachable_through_the_admin_api(
     tmp_path: Path, request: pytest.FixtureRequest, store: str
 ) -> None:

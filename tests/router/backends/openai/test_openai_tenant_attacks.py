@@ -198,7 +198,8 @@ SCHEMA = {
     ("small", "attack"),
     [
         (lambda token, **_: honest(token, max_logprobs=5), {"logprobs": True, "top_logprobs": 10}),
-        (strict_schema(token_for), {"response_format": SCHEMA}),
+        # a json_schema is checked in the schema worker, a child process: a slow test
+        pytest.param(strict_schema(token_for), {"response_format": SCHEMA}, marks=pytest.mark.slow),
     ],
     ids=["top_logprobs-over-max-logprobs", "schema-named-logprobs"],
 )
