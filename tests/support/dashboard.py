@@ -18,8 +18,8 @@ TASKS = ("maths", "code", XSS)
 
 
 def seed(path: Path, *, now: float | None = None, requests: int = 60) -> dict[str, int]:
-    """`requests` requests over the last three days: every third escalated, tasks in turn (one a
-    script tag), keys 'ana' and 'bob' (team 'blue'); a shadow pair for every fifth accepted one
+    """`requests` requests over the last three days: every third escalated, tasks in turn by twos
+    (one a script tag), keys 'ana' and 'bob' (team 'blue'); a shadow pair for every fifth accepted one
     and a label for every seventh request. Returns the counts written."""
     now = time.time() if now is None else now
     store = SQLiteStore(path)
@@ -47,7 +47,7 @@ def seed(path: Path, *, now: float | None = None, requests: int = 60) -> dict[st
                 cost_usd=sum(a.cost_usd + a.verifier_cost_usd for a in atts),
                 counterfactual_usd=3.3e-5 + 1e-7 * i,
                 attempts=atts,
-                task=TASKS[i % len(TASKS)],
+                task=TASKS[(i // 2) % len(TASKS)],
                 team="blue" if key == "bob" else None,
             )
             store.write(entry)

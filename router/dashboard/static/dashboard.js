@@ -79,8 +79,10 @@
   // ---- charts: SVG built node by node -----------------------------------------------------------
   const W = 760, H = 260, PAD = { l: 64, r: 16, t: 12, b: 56 };
 
-  function frame(label) {
-    const s = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img" });
+  // the chart, and below its axis one legend row per four names
+  function frame(label, names) {
+    const rows = Math.max(1, Math.ceil(names / 4));
+    const s = svgEl("svg", { viewBox: `0 0 ${W} ${H + (rows - 1) * 14}`, class: "chart", role: "img" });
     s.appendChild(svgEl("title", {}, label));
     return s;
   }
@@ -92,17 +94,23 @@
       s.appendChild(svgEl("text", { x: PAD.l - 6, y: y + 4, class: "tick end" }, yFmt((yMax * i) / 4)));
     }
   }
-  function legend(s, names) {
+  // a long name (a tenant's task or model) is cut on an axis or legend; its whole text is in the table
+  function short(text, n) {
+    const s = String(text);
+    return s.length > n ? s.slice(0, n - 1) + "…" : s;
+  }
+  function legend(s, names, lineLast) {
     names.forEach((n, i) => {
-      const x = PAD.l + (i % 4) * 170, y = H - 12 - Math.floor(i / 4) * 14;
-      s.appendChild(svgEl("rect", { x, y: y - 9, width: 10, height: 10, class: `s${i % 8}` }));
-      s.appendChild(svgEl("text", { x: x + 14, y, class: "tick" }, n));
+      const x = PAD.l + (i % 4) * 170, y = H - 12 + Math.floor(i / 4) * 14;
+      const line = lineLast && i === names.length - 1;
+      s.appendChild(svgEl("rect", { x, y: line ? y - 5 : y - 9, width: 10, height: line ? 2 : 10, class: line ? "dot" : `s${i % 8}` }));
+      s.appendChild(svgEl("text", { x: x + 14, y, class: "tick" }, short(n, 26)));
     });
   }
 
   // bars: categories on x, stacked series; `line` (optional) drawn over them
   function barChart(label, cats, series, yFmt, line) {
-    const s = frame(label);
+    const s = frame(label, series.length + (line ? 1 : 0));
     const all = cats.map((_, i) => series.reduce((a, se) => a + (se.values[i] || 0), 0));
     const yMax = Math.max(1e-12, ...all, ...(line ? line.values : [])) * 1.1;
     axes(s, yMax, yFmt);
@@ -120,7 +128,7 @@
         base += v;
       });
       if (cats.length <= 16 || i % Math.ceil(cats.length / 16) === 0) {
-        s.appendChild(svgEl("text", { x: PAD.l + i * bw + bw / 2, y: H - PAD.b + 14, class: "tick mid" }, c));
+        s.appendChild(svgEl("text", { x: PAD.l + i * bw + bw / 2, y: H - PAD.b + 14, class: "tick mid" }, short(c, Math.max(6, Math.floor(bw / 6)))));
       }
     });
     const names = series.map((se) => se.name);
@@ -129,7 +137,7 @@
       s.appendChild(svgEl("polyline", { points: pts, class: "line" }));
       line.values.forEach((v, i) => s.appendChild(titled(svgEl("circle", { cx: PAD.l + i * bw + bw / 2, cy: y(v), r: 3, class: "dot" }), `${cats[i]} ${line.name}: ${yFmt(v)}`)));
     }
-    legend(s, line ? [...names, line.name] : names);
+    legend(s, line ? [...names, line.name] : names, Boolean(line));
     return s;
   }
 
@@ -146,7 +154,7 @@
     }
     items.forEach((it, i) => {
       const y = PAD.t + i * rowH + rowH / 2;
-      s.appendChild(svgEl("text", { x: x0 - 8, y: y + 4, class: "tick end" }, it.name));
+      s.appendChild(svgEl("text", { x: x0 - 8, y: y + 4, class: "tick end" }, short(it.name, 40)));
       if (it.low !== null && it.high !== null) s.appendChild(svgEl("line", { x1: x(it.low), x2: x(it.high), y1: y, y2: y, class: `band s${it.series % 8}` }));
       if (it.rate !== null) s.appendChild(titled(svgEl("circle", { cx: x(it.rate), cy: y, r: 4, class: `s${it.series % 8}` }), `${it.name}: ${fmt.pct(it.rate)} [${fmt.pct(it.low)}, ${fmt.pct(it.high)}]`));
     });
@@ -155,7 +163,7 @@
 
   // x-y curves: [{name, points:[{x, y, tip}], marks:[{x, y, tip}]}]
   function curveChart(label, curves, xLabel, yLabel) {
-    const s = frame(label);
+    const s = frame(label, curves.length);
     const xs = [], ys = [];
     for (const c of curves) for (const p of [...c.points, ...(c.marks || [])]) if (p.x !== null && p.y !== null) { xs.push(p.x); ys.push(p.y); }
     const xMax = Math.max(1e-9, ...xs) * 1.05, yMax = Math.min(1, Math.max(0.05, ...ys) * 1.1);
@@ -335,7 +343,10 @@
         picker.appendChild(o);
       }
       picker.addEventListener("change", () => load("evals", { suite: picker.value }));
-      const chosen = new Set(d.verifiers.filter((v) => v.calibrated.length).map((v) => v.verifier));
+      // at first: the config's own verifiers, and the two whose calibrated points did best held-out
+      const best = d.verifiers.filter((v) => v.calibrated.length && v.verifier !== "config")
+        .sort((a, b) => Math.max(...b.calibrated.map((p) => p.accuracy || 0)) - Math.max(...a.calibrated.map((p) => p.accuracy || 0)));
+      const chosen = new Set([...d.verifiers.filter((v) => v.verifier === "config"), ...best.slice(0, 2)].map((v) => v.verifier));
       const boxes = el("div", "verifiers");
       const holder = el("div");
       const draw = () => {
