@@ -10,7 +10,8 @@ evenly over `--days` days ending now. A `postgresql://` URL fills a PostgreSQL l
 
 `time` starts `tierroute serve` on that ledger (tiers behind an unreachable loopback port: no
 request is ever sent to them) with a report key, and asks each page's endpoint for each window
-`--repeat` times, in order, printing and writing the median and worst wall time of each. Run it
+`--repeat` times, in order (a key named after the run: config keys are imported into the ledger's
+database once, so a second run's key must be new), printing and writing the median and worst wall time of each. Run it
 under `nice -n -10` on a shared machine, as the committed results were.
 """
 
@@ -217,7 +218,7 @@ usd_per_1m_output_tokens = {price_out}
     )
     text = f"""[server]
 [[server.api_keys]]
-name = "viewer"
+name = "viewer-{key[-8:].replace("_", "-")}"
 hash = "{hash_key(key)}"
 roles = ["report"]
 [ledger]
@@ -232,7 +233,13 @@ eval_report = "{Path("docs/eval").resolve()}"
 
 def cmd_time(args: argparse.Namespace) -> int:
     key = new_key()
-    results: dict[str, Any] = {"ledger": args.ledger, "repeat": args.repeat, "pages": {}}
+    results: dict[str, Any] = {
+        "command": " ".join(["python", *sys.argv]),
+        "niced": os.nice(0),
+        "ledger": args.ledger,
+        "repeat": args.repeat,
+        "pages": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         cfg = _config(Path(tmp), args.ledger, key)
         port = _free_port()
@@ -255,7 +262,7 @@ def cmd_time(args: argparse.Namespace) -> int:
                         pass
                     time.sleep(0.5)
                 for page in PAGES:
-                    for window in WINDOWS if page != "evals" else ("-",):
+                    for window in args.windows.split(",") if page != "evals" else ("-",):
                         times = []
                         for _ in range(args.repeat):
                             started = time.perf_counter()
@@ -294,6 +301,7 @@ def main() -> int:
     t = sub.add_parser("time", help="serve a ledger and time each page's endpoint")
     t.add_argument("--ledger", required=True)
     t.add_argument("--repeat", type=int, default=3)
+    t.add_argument("--windows", default=",".join(WINDOWS), help="comma-separated `since` values to time")
     t.add_argument("--out", default=None, help="write the results here (.json)")
     t.set_defaults(run=cmd_time)
     args = parser.parse_args()

@@ -168,7 +168,15 @@ def test_every_page_shows_the_reports_figures(served: dict[str, Any], browser: A
     assert {r["group"][0] for r in tiers} == set(by_tier), tiers
     for row in tiers:
         want = by_tier[row["group"][0]]
-        for field in ("requests", "cost_usd", "top_tier_usd", "savings_usd", "savings_pct", "escalation_rate", "p50_ms"):
+        for field in (
+            "requests",
+            "cost_usd",
+            "top_tier_usd",
+            "savings_usd",
+            "savings_pct",
+            "escalation_rate",
+            "p50_ms",
+        ):
             assert _same(row[field][1], want[field]), (row["group"], field, row[field], want[field])
     total = by_tier["TOTAL"]
     assert driver.find_element("id", "kpi-cost").text == f"${float(total['cost_usd']):,.6f}"
@@ -265,9 +273,7 @@ def _key_nowhere(served: dict[str, Any], driver: Any) -> None:
         assert key not in log, name
 
 
-@pytest.mark.parametrize(
-    ("who", "status"), [("ana", "403"), ("wrong", "401")], ids=["client key", "wrong key"]
-)
+@pytest.mark.parametrize(("who", "status"), [("ana", "403"), ("wrong", "401")], ids=["client key", "wrong key"])
 def test_a_key_without_the_report_role_is_refused(served: dict[str, Any], browser: Any, who: str, status: str) -> None:
     driver = browser
     driver.get(f"{served['url']}/ui/")
@@ -288,4 +294,3 @@ def test_the_api_refuses_anonymous_and_client_callers(served: dict[str, Any]) ->
         assert r.status_code == 401 and "content-security-policy" in r.headers
         r = httpx.get(f"{served['url']}/ui/api/{page}", headers={"Authorization": f"Bearer {served['raw']['ana']}"})
         assert r.status_code == 403 and r.json()["error"]["code"] == "not_a_report_key"
-
