@@ -17,7 +17,7 @@ WHEELS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tierroute/wheels/$(shell echo "
 # suite compiles them once, in parallel, before its workers start.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup sandbox postgres models serve complete lint check test clean image stack-test
+.PHONY: setup sandbox postgres browser models serve complete lint check test clean image stack-test
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-setup: $(STAMP) sandbox postgres
+setup: $(STAMP) sandbox postgres browser
 
 # The code_tests verifier runs model-written code in bubblewrap; `config check` and `serve` refuse
 # a config that needs it when it is missing.
@@ -45,6 +45,16 @@ postgres:
 	@test -n "$(PG_CTL)" || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
 	  else echo "PostgreSQL is missing: run 'sudo apt-get install postgresql' (the ledger tests need it)" >&2; exit 1; fi; }
+
+# The dashboard's browser tests (tests/router/dashboard/test_browser.py) drive Debian's chromium
+# headless through its chromedriver with selenium; no browser is downloaded. About 50 s to install
+# on this kind of machine (measured: apt-get update and install, 2 cores). Without them the
+# browser tests skip and say why.
+browser:
+	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver \
+	    || echo "could not install chromium; the dashboard's browser tests skip until it is" >&2; \
+	  else echo "chromium is missing: run 'sudo apt-get install chromium chromium-driver' (the dashboard's browser tests need it)" >&2; fi; }
 
 models: setup
 	$(BIN)/tierroute models pull qwen2.5-coder-0.5b-instruct-q4_k_m

@@ -72,7 +72,7 @@ def reserved_name(name: str) -> str | None:
     return None if why is None else f"'{name}' is a reserved name: {why}"
 
 
-def _client_only() -> list[Literal["client", "admin", "metrics"]]:
+def _client_only() -> list[Literal["client", "admin", "metrics", "report"]]:
     return ["client"]
 
 
@@ -94,11 +94,12 @@ class ApiKeyEntry(_Strict):
         False, description="May send `tierroute.tests`: code that runs on this host (in the sandbox)."
     )
     tokens_per_minute: int | None = Field(None, ge=1, le=2**31 - 1, description="Input + output tokens per minute.")
-    roles: list[Literal["client", "admin", "metrics"]] = Field(
+    roles: list[Literal["client", "admin", "metrics", "report"]] = Field(
         default_factory=_client_only,
         min_length=1,
         description="'client': /v1 (completions, models); 'admin': the admin API (/admin/); 'metrics': "
-        "/metrics only (a scraper's key). An admin key sends completions only if it is also a client. "
+        "/metrics only (a scraper's key); 'report': the dashboard under /ui/ only (read-only). An admin key "
+        "sends completions only if it is also a client. "
         "With a ledger, config keys are imported into its database once (docs/keys.md).",
     )
 
@@ -378,6 +379,18 @@ class LoggingSettings(_Strict):
     )
 
 
+class DashboardSettings(_Strict):
+    """The dashboard under /ui/ (router.dashboard; docs/dashboard.md): read-only pages for admin
+    and report keys."""
+
+    enabled: bool = Field(True, description="Serve the dashboard under /ui/ (admin and report keys only).")
+    eval_report: Path | None = Field(
+        None,
+        description="A directory written by `tierroute eval report` (its sweep.csv) for the Evals page, such "
+        "as the committed docs/eval; unset: the page says none is set.",
+    )
+
+
 class StageSpec(_Strict):
     """A request stage (router.pipeline.stages): a built-in or a plugin's, by registered name."""
 
@@ -399,6 +412,7 @@ class Settings(BaseSettings):
     cache: CacheSettings = Field(default_factory=CacheSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
     stages: list[StageSpec] = Field(
         default_factory=list,
         description="Request stages run on every request, in this order, after admission and the exact cache "

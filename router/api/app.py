@@ -34,6 +34,7 @@ from router.api import (
     routes_messages,
     routes_models,
     routes_responses,
+    routes_ui,
 )
 from router.api.deps import AnyPrincipalDep, MetricsReaderDep, Services, ServicesDep
 from router.config import Settings
@@ -292,6 +293,9 @@ def create_app(
     app.include_router(routes_messages.router)
     app.include_router(routes_feedback.router)
     app.include_router(routes_admin.router)
+    if settings.dashboard.enabled:
+        app.include_router(routes_ui.router)
+        app.add_middleware(routes_ui.UiHeaders)
     _add_metrics_route(app, settings)
     extra_routes = ["/metrics"]
     if docs_enabled(settings.server):

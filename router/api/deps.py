@@ -142,3 +142,28 @@ async def get_metrics_reader(principal: AnyPrincipalDep, services: ServicesDep) 
 
 
 MetricsReaderDep = Annotated[Principal, Depends(get_metrics_reader)]
+
+
+async def get_report_reader(request: Request, services: ServicesDep) -> Principal:
+    """A key with the admin or report role: the dashboard under /ui/ (router.dashboard), which
+    shows every key's spend, every team's budget and the quality of every tier. A client or
+    metrics key gets 403, no key or a wrong one 401; refusals are noted as the admin API's are.
+    A server without keys (`server.allow_unauthenticated`, loopback only) answers whoever
+    reaches it, as its admin API and /metrics do."""
+    route = getattr(request.scope.get("route"), "path", request.url.path[:200])
+    try:
+        principal = await services.auth.authenticate_async(presented(request))
+    except AuthError as exc:
+        await _refused(services, exc.key_id, request.method, route, 401, exc.reason)
+        raise
+    if not (is_admin(principal) or "report" in principal.roles or services.auth.open):
+        await _refused(services, principal.key_id, request.method, route, 403, "not_a_report_key")
+        raise PermissionDenied(
+            f"Key '{principal.key_id}' may not read the dashboard (it shows every key's spend): it needs the "
+            "report or admin role (`tierroute keys create NAME --report`).",
+            code="not_a_report_key",
+        )
+    return principal
+
+
+ReportReaderDep = Annotated[Principal, Depends(get_report_reader)]

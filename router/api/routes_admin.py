@@ -62,7 +62,7 @@ def _errors(*extra: int) -> dict[int | str, dict[str, Any]]:
 
 router = APIRouter(prefix="/admin", tags=["admin"], responses=_errors())
 
-Role = Literal["client", "admin", "metrics"]
+Role = Literal["client", "admin", "metrics", "report"]
 
 
 def _client_only() -> list[Role]:
@@ -97,8 +97,8 @@ class KeyCreate(LimitFields):
     roles: list[Role] = Field(
         default_factory=_client_only,
         min_length=1,
-        description="'client': the /v1 API; 'admin': this API; 'metrics': /metrics only (a scraper's key). An "
-        "admin key sends completions only with 'client' too.",
+        description="'client': the /v1 API; 'admin': this API; 'metrics': /metrics only (a scraper's key); "
+        "'report': the dashboard under /ui/ only (read-only). An admin key sends completions only with 'client' too.",
     )
     team: str | None = Field(None, description="The team it belongs to (at most one); its limits apply too.")
     models: list[str] | None = Field(None, description="Models it may ask for ('auto', tier names); null: all.")

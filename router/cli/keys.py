@@ -95,8 +95,12 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
 
     plane = None if args.print_config else _plane(args)
     if plane is not None:
-        client = args.client or not (args.admin or args.metrics)
-        roles = [r for r, on in (("admin", args.admin), ("client", client), ("metrics", args.metrics)) if on]
+        client = args.client or not (args.admin or args.metrics or args.report)
+        roles = [
+            r
+            for r, on in (("admin", args.admin), ("client", client), ("metrics", args.metrics), ("report", args.report))
+            if on
+        ]
         models = args.models.split(",") if args.models else None
         try:
             expires = _expiry(args.expires_in_days) if args.expires_in_days else None
@@ -123,9 +127,9 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
             return _run(create)
         finally:
             plane.store.close()
-    if args.team or args.models or args.admin or args.metrics or args.tpm or args.expires_in_days:
+    if args.team or args.models or args.admin or args.metrics or args.report or args.tpm or args.expires_in_days:
         print(
-            "error: --team, --models, --admin, --metrics, --tpm and --expires-in-days need a ledger database "
+            "error: --team, --models, --admin, --metrics, --report, --tpm and --expires-in-days need a ledger database "
             "(--config)",
             file=sys.stderr,
         )
@@ -416,9 +420,14 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--team", default=None, help="the team it belongs to (its limits apply too)")
     p.add_argument("--models", default=None, help="comma-separated models it may use ('auto', tier names)")
     p.add_argument("--admin", action="store_true", help="an admin key: the admin API (not /v1 unless --client)")
-    p.add_argument("--client", action="store_true", help="with --admin or --metrics: may send completions too")
+    p.add_argument(
+        "--client", action="store_true", help="with --admin, --metrics or --report: may send completions too"
+    )
     p.add_argument(
         "--metrics", action="store_true", help="may read /metrics (every key's name and spend): a scraper's key"
+    )
+    p.add_argument(
+        "--report", action="store_true", help="may read the dashboard under /ui/ (read-only costs and quality)"
     )
     p.add_argument("--expires-in-days", default=None, help="refused after this many days")
     p.add_argument(

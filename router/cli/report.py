@@ -192,7 +192,7 @@ def register(sub: Any, add: Any) -> None:
     )
     p.add_argument("--since", default=None, help="ISO date/datetime (UTC), 'today', or a span ago like 24h, 7d")
     p.add_argument("--until", default=None, help="end of the window, exclusive; same forms as --since")
-    p.add_argument("--by", choices=("tier", "key", "day", "model", "deployment"), default="tier")
+    p.add_argument("--by", choices=("tier", "key", "day", "model", "deployment", "task"), default="tier")
     p.add_argument("--format", choices=("table", "csv", "html"), default="table")
     p.add_argument("--ledger", default=None, help="ledger file or postgresql:// URL (default: the config's ledger)")
     p.add_argument("--output", "-o", default=None, help="write csv/html here instead of stdout")

@@ -5,7 +5,9 @@ A key has roles: `client` (it may send completions, list models, and the rest of
 for changing who may spend, and a leaked client key must never reach that; an admin key sends
 completions only when it is also given the client role (`roles = ["admin", "client"]`). A third
 role, `metrics`, reads `/metrics` and nothing else: what Prometheus scrapes with, since that page
-names every key and its spend (an admin key reads it too; a client key alone does not).
+names every key and its spend (an admin key reads it too; a client key alone does not). A fourth,
+`report`, reads the dashboard under `/ui/` (router.dashboard) and nothing else: costs, quality and
+spend of every key, read-only, for an operator who must not change who may spend.
 
 Every value here is checked where it is made (`check_name`, `check_roles`, `Limits`), so the
 admin API, the CLI and the config import refuse the same things with the same words.
@@ -24,7 +26,7 @@ from router.errors import RequestError
 
 NAME = re.compile(KEY_NAME_PATTERN)  # fullmatch: a "$" alone also matches before a final newline
 USER_MAX_CHARS = 256  # OpenAI's `user` field is free text: longer ones are refused at the admin API
-ROLES = ("admin", "client", "metrics")
+ROLES = ("admin", "client", "metrics", "report")
 DEFAULT_USER = "*"  # a team's user-limit row that covers every user without a row of their own
 # the largest whole-number limit: PostgreSQL's INTEGER column, and the same on SQLite so that a
 # limit one store takes the other takes too (past it the driver fails with a 500, not a 400)

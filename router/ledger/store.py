@@ -194,9 +194,13 @@ class SQLiteStore(CacheRows):
         # one consistent snapshot for both tables: a request and its attempts are read together
         self.conn.execute("BEGIN")
         try:
+            # CROSS JOIN keeps SQLite's join order: the window's requests off the ts index, then
+            # their attempts by key. Left to choose, it scanned every attempt in key order for the
+            # ORDER BY and probed each one's request (0.84 s against 0.23 s for a day of a
+            # 1,000,000-request ledger: scripts/dashboard_bench.py)
             for row in self.conn.execute(
-                f"SELECT {schema.column_list('attempts', 'sqlite', 'a.')} FROM attempts a "
-                f"JOIN requests r ON r.request_id = a.request_id {r_where} "
+                f"SELECT {schema.column_list('attempts', 'sqlite', 'a.')} FROM requests r "
+                f"CROSS JOIN attempts a ON a.request_id = r.request_id {r_where} "
                 "ORDER BY a.request_id, a.idx",
                 params,
             ):

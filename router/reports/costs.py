@@ -4,8 +4,10 @@ Every figure is computed from ledger entries, which hold the same cost floats th
 received; nothing is re-priced here. Groupings:
 
 - `key`, `day` (UTC), `model` (what the client asked for), `deployment` (`<tier>/<deployment>` that
-  answered, or the tier alone for a tier without deployments): per request. `escalation` is the share
-  of requests that went past their first tier; latency is admission to answer.
+  answered, or the tier alone for a tier without deployments), `task` (`router.tasks`; rows
+  written before tasks were recorded are `open_ended`, as the quality report reads them): per
+  request. `escalation` is the share of requests that went past their first tier; latency is
+  admission to answer.
 - `tier`: per tier *attempt*, because one request can spend money at several tiers. `cost` and
   tokens are what was spent at that tier, `escalation` is the share of its attempts rejected (sent
   on), latency is its generation time. `answered` counts the requests the tier answered, and
@@ -37,8 +39,8 @@ from typing import Literal
 
 from router.ledger.entries import SHADOW_KEY, AttemptEntry, LedgerEntry
 
-GroupBy = Literal["tier", "key", "day", "model", "deployment"]
-GROUPINGS: tuple[GroupBy, ...] = ("tier", "key", "day", "model", "deployment")
+GroupBy = Literal["tier", "key", "day", "model", "deployment", "task"]
+GROUPINGS: tuple[GroupBy, ...] = ("tier", "key", "day", "model", "deployment", "task")
 TOTAL = "TOTAL"
 
 
@@ -137,6 +139,21 @@ def deployment_group(entry: LedgerEntry) -> str:
     return f"{entry.tier}/{entry.deployment}" if entry.deployment else entry.tier
 
 
+def request_group(entry: LedgerEntry, by: GroupBy) -> str:
+    """The row a request belongs to, for every grouping but `tier` (which is per attempt)."""
+    if by == "key":
+        return entry.key_id
+    if by == "day":
+        return utc_day(entry.ts)
+    if by == "model":
+        return entry.model
+    if by == "deployment":
+        return deployment_group(entry)
+    if by == "task":
+        return entry.task or "open_ended"
+    raise ValueError(f"no request grouping {by!r}")
+
+
 def aggregate(entries: Iterable[LedgerEntry], by: GroupBy) -> tuple[list[Row], Row]:
     """Rows per group, sorted by group, and the total row."""
     rows: dict[str, Row] = {}
@@ -163,8 +180,7 @@ def aggregate(entries: Iterable[LedgerEntry], by: GroupBy) -> tuple[list[Row], R
             answering.counterfactuals.append(e.counterfactual_usd)
             answering.savings.append(e.counterfactual_usd - e.cost_usd)
         else:
-            name = {"key": e.key_id, "day": utc_day(e.ts), "model": e.model, "deployment": deployment_group(e)}[by]
-            _add_request(row(name), e)
+            _add_request(row(request_group(e, by)), e)
     return [rows[k] for k in sorted(rows)], total
 
 
