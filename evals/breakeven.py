@@ -163,7 +163,9 @@ def linear_cost(policy: CascadePolicy | SingleTier, priced: ResultTable, top_fre
 
 def required_accuracy(cal: Calibration) -> float:
     """The held-out accuracy the cascade must reach (see the module's definitions)."""
-    if cal.target.kind in ("min-pgr", "min-accuracy"):
+    from evals.calibrate import ACCURACY_KINDS
+
+    if cal.target.kind in ACCURACY_KINDS:
         return cal.held_out_goal
     return cal.held_out_tiers[-1].accuracy  # a cost or escalation target: the top tier's accuracy
 

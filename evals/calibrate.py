@@ -10,6 +10,8 @@ Targets:
 - ``min-accuracy=A``: the cheapest thresholds whose accuracy is at least A;
 - ``min-pgr=G``: the same, with A set to recover the fraction G of the gap between the first and
   the top tier's accuracy (on the calibration split);
+- ``min-relative=R``: the same, with A the fraction R of the top tier's accuracy (on the
+  calibration split): "95% of the top tier's quality" is ``min-relative=0.95``;
 - ``max-cost=C``: the most accurate thresholds costing at most C dollars per 1k requests;
 - ``max-escalation=E``: the most accurate thresholds escalating at most the fraction E.
 
@@ -42,7 +44,8 @@ from evals.sweep import (
 )
 from router.errors import ConfigError
 
-TARGET_KINDS = ("min-accuracy", "min-pgr", "max-cost", "max-escalation")
+TARGET_KINDS = ("min-accuracy", "min-pgr", "min-relative", "max-cost", "max-escalation")
+ACCURACY_KINDS = ("min-accuracy", "min-pgr", "min-relative")  # the targets that bound accuracy
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,7 @@ def pick_setting(
     meets = _meets_arrays(accuracy, cost_per_1k, escalation, target, goal)
     feasible = bool(meets.any())
     pool = np.flatnonzero(meets) if feasible else np.arange(len(accuracy))
-    if target.kind in ("min-accuracy", "min-pgr"):
+    if target.kind in ACCURACY_KINDS:
         first, second = (cost_per_1k, -accuracy) if feasible else (-accuracy, cost_per_1k)
     elif feasible:
         first, second = -accuracy, cost_per_1k
@@ -151,7 +154,7 @@ def _meets_arrays(
     accuracy: np.ndarray, cost_per_1k: np.ndarray, escalation: np.ndarray, target: Target, goal: float
 ) -> np.ndarray:
     """`_meets`, setting by setting."""
-    if target.kind in ("min-accuracy", "min-pgr"):
+    if target.kind in ACCURACY_KINDS:
         return np.asarray(accuracy >= goal - 1e-12)
     if target.kind == "max-cost":
         return np.asarray(cost_per_1k <= goal + 1e-12)
@@ -184,7 +187,7 @@ class Calibration:
 
 
 def _meets(r: PolicyResult, target: Target, goal: float) -> bool:
-    if target.kind in ("min-accuracy", "min-pgr"):
+    if target.kind in ACCURACY_KINDS:
         return r.accuracy >= goal - 1e-12
     if target.kind == "max-cost":
         return r.cost_per_1k <= goal + 1e-12
@@ -215,10 +218,13 @@ def choose(
 
 def goal(target: Target, weak: float, strong: float) -> float:
     """The bound a target sets, given the first and the top tier's accuracy on the same items:
-    `min-pgr=G` asks for weak + G * (strong - weak); every other kind states its bound itself."""
-    if target.kind != "min-pgr":
-        return target.value
-    return weak + target.value * (strong - weak)
+    `min-pgr=G` asks for weak + G * (strong - weak), `min-relative=R` for R * strong; every other
+    kind states its bound itself."""
+    if target.kind == "min-pgr":
+        return weak + target.value * (strong - weak)
+    if target.kind == "min-relative":
+        return target.value * strong
+    return target.value
 
 
 def _goal(table: ResultTable, target: Target) -> float:

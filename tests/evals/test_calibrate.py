@@ -15,12 +15,13 @@ from evals.calibrate import (
     baseline_hint,
     calibrate,
     choose,
+    goal,
     in_calibration,
     split,
     toml_snippet,
     write_thresholds,
 )
-from evals.sweep import CONFIG, ItemOutcome, ResultTable, TierInfo, TierOutcome
+from evals.sweep import CONFIG, CascadePolicy, ItemOutcome, ResultTable, TierInfo, TierOutcome, evaluate
 from router.config import DEFAULT_CONFIG, PriceSettings, load_settings
 from router.errors import ConfigError
 
@@ -108,10 +109,21 @@ def test_targets() -> None:
     strong = sum(i.tiers[1].correct for i in table.items) / len(table.items)
     _, r5, met5 = choose(table, "v", Target("min-pgr", 0.5))
     assert met5 and r5.accuracy >= weak + 0.5 * (strong - weak) - 1e-12
+    # 95% of the top tier's accuracy: the cheapest setting at or above 0.95 * strong, by hand
+    _, r6, met6 = choose(table, "v", Target("min-relative", 0.95))
+    assert met6 and r6.accuracy >= 0.95 * strong - 1e-12
+    assert goal(Target("min-relative", 0.95), weak, strong) == 0.95 * strong
+    assert goal(Target("min-relative", 0.95), 0.2, 0.8) == pytest.approx(0.76)
+    cheaper = [
+        evaluate(CascadePolicy("v", (t,)), table)
+        for t in sorted({i.tiers[0].scores["v"] for i in table.items if i.tiers[0].scores["v"] is not None})
+    ]
+    assert all(c.cost_per_1k >= r6.cost_per_1k - 1e-12 for c in cheaper if c.accuracy >= 0.95 * strong - 1e-12)
 
 
 def test_target_parsing() -> None:
     assert Target.parse("max-cost=0.05") == Target("max-cost", 0.05)
+    assert Target.parse("min-relative=0.95") == Target("min-relative", 0.95)
     for bad in ("accuracy=0.5", "min-accuracy", "min-accuracy=x", "min-accuracy=90"):
         with pytest.raises(ConfigError):
             Target.parse(bad)
