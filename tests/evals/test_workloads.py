@@ -1,0 +1,59 @@
+"""The workloads page (evals.report.workloads): the perfect verifier's ceiling against a hand
+computation, and the split figures at a target of the top tier's accuracy meeting it held out
+where the verifier is informative."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from evals.report.workloads import TARGETS, ceiling, curve_png, markdown, workload
+from evals.sweep import CONFIG, ItemOutcome, ResultTable, TierInfo
+from router.config import PriceSettings
+from tests.evals.test_calibrate import outcome, synthetic
+
+
+def _table(rows: list[tuple[bool, float, bool, float]]) -> ResultTable:
+    """(small right, small cost, large right, large cost) per item."""
+    items = [
+        ItemOutcome(f"i/{n}", "", (outcome(a, 0.5, ca), outcome(b, 1.0, cb))) for n, (a, ca, b, cb) in enumerate(rows)
+    ]
+    price = PriceSettings(usd_per_hour=1.0)
+    tiers = [TierInfo("small", "m", price, "", 0.5, True), TierInfo("large", "M", price, "", 0.5, True)]
+    return ResultTable(run="t", suite="t", source="", tiers=tiers, items=items, verifiers=[CONFIG, "v"])
+
+
+def test_ceiling_by_hand() -> None:
+    # 10 items: small right on 4; large right on 8, of them 5 where small is wrong (costs 3,1,4,1,5)
+    rows = [(True, 1.0, True, 10.0)] * 3 + [(True, 1.0, False, 10.0)]
+    rows += [(False, 1.0, True, 10.0 + c) for c in (3, 1, 4, 1, 5)] + [(False, 1.0, False, 10.0)]
+    table = _table(rows)
+    top = 3 * 10 + 10 + sum(10 + c for c in (3, 1, 4, 1, 5)) + 10  # 124
+    # 95% of 8 right is 7.6: 4 + 4 escalations, the four cheapest (11, 11, 13, 14)
+    assert ceiling(table, 0.95) == pytest.approx(1 - (10 + 11 + 11 + 13 + 14) / top)
+    # 50% of 8 is 4: the small tier alone reaches it
+    assert ceiling(table, 0.5) == pytest.approx(1 - 10 / top)
+    # 100% of 8 = 8: needs 4 escalations too (4 + 4 = 8), 105% cannot be reached: all five
+    assert ceiling(table, 1.0) == pytest.approx(1 - (10 + 11 + 11 + 13 + 14) / top)
+    assert ceiling(table, 1.05) == pytest.approx(1 - (10 + 11 + 11 + 13 + 14 + 15) / top)
+
+
+@pytest.mark.slow
+def test_workload_meets_the_target_on_an_informative_verifier() -> None:
+    table = synthetic(400, seed=2)
+    free = replace(
+        table,
+        items=[replace(it, tiers=tuple(replace(t, cost_usd=0.0) for t in it.tiers)) for it in table.items],
+    )
+    w = workload(table, free, n_splits=200)
+    assert [h.target for h in w.headline] == list(TARGETS)
+    h95, h99 = w.headline
+    assert h95.ratio.median >= 0.95 - 0.03  # held out, around the target
+    assert h95.saved.median > h99.saved.median  # asking more costs more
+    assert h95.saved.median <= h95.ceiling + 0.05
+    assert all(not math.isnan(c.saved.median) for c in w.curve)
+    page = markdown([("as run", [w])], "tierroute eval workloads syn", 200)
+    assert "| syn | 400 |" in page and "min-relative" in page
+    assert curve_png([("as run", [w])]).startswith(b"\x89PNG")
