@@ -5,12 +5,15 @@ where the verifier is informative."""
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from evals.report.workloads import TARGETS, ceiling, curve_png, markdown, workload
 from evals.sweep import CONFIG, ItemOutcome, ResultTable, TierInfo
+from router.cli.main import main
 from router.config import PriceSettings
 from tests.evals.test_calibrate import outcome, synthetic
 
@@ -57,3 +60,29 @@ def test_workload_meets_the_target_on_an_informative_verifier() -> None:
     page = markdown([("as run", [w])], "tierroute eval workloads syn", 200)
     assert "| syn | 400 |" in page and "min-relative" in page
     assert curve_png([("as run", [w])]).startswith(b"\x89PNG")
+
+
+REPO = Path(__file__).resolve().parents[2]
+PAGE = REPO / "docs" / "eval" / "workloads.md"
+
+
+def test_the_readme_quotes_the_workloads_page_row_for_row() -> None:
+    page = PAGE.read_text(encoding="utf-8")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    rows = [line for line in page.splitlines() if line.startswith("| ") and not line.startswith("| suite")]
+    assert rows and all(row in readme for row in rows), "README's workload tables differ from docs/eval/workloads.md"
+    command = page.split("```\n", 2)[1].strip()
+    assert command in readme
+
+
+@pytest.mark.slow  # seconds of CPU: 200 splits x 23 targets x 2 prices per suite
+def test_the_committed_page_is_what_its_command_gives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = shlex.split(PAGE.read_text(encoding="utf-8").split("```\n", 2)[1].strip())
+    assert args[:3] == ["tierroute", "eval", "workloads"]
+    args = args[1:]
+    args[args.index("--out") + 1] = str(tmp_path)
+    monkeypatch.chdir(REPO)
+    assert main(args) == 0
+    for name in ("workloads.md", "workloads.csv"):
+        made = (tmp_path / name).read_text(encoding="utf-8").replace(str(tmp_path), "docs/eval")
+        assert made == (REPO / "docs" / "eval" / name).read_text(encoding="utf-8"), f"docs/eval/{name} is stale"
