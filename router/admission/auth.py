@@ -312,12 +312,15 @@ class Authenticator:
 def credentials(authorization: str | None, api_key: str | None) -> str | None:
     """The Authorization header a request presents, with Anthropic's `x-api-key: KEY` (what its
     clients send) read as `Bearer KEY`. A request that presents two different keys is refused
-    rather than answered under either (401)."""
+    rather than answered under either (401); the same key twice is one key, whatever the case of
+    its scheme (`bearer KEY`: RFC 7235's schemes are case-insensitive, as `_presented` reads them)."""
     if api_key is None:
         return authorization
     bearer = f"Bearer {api_key.strip()}"
-    if authorization is not None and authorization.strip() != bearer:
-        raise AuthError("Two different API keys presented (Authorization and x-api-key); send one.")
+    if authorization is not None:
+        scheme, _, key = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or key.strip() != api_key.strip():
+            raise AuthError("Two different API keys presented (Authorization and x-api-key); send one.")
     return bearer
 
 

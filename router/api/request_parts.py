@@ -11,6 +11,7 @@ know, as OpenAI's newer clients send them freely.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictStr, field_validator
@@ -33,6 +34,19 @@ def _printable_model(v: str) -> str:
 # the `model` field of every surface's body (chat completions, completions, responses, messages)
 ModelName = Annotated[StrictStr, Field(min_length=1, max_length=256), AfterValidator(_printable_model)]
 MAX_TESTS_CHARS = 100_000
+
+
+def count_first(limit: int, what: str) -> Callable[[Any], Any]:
+    """A before-validator counting a list before any item is read: 100,000 items are refused for
+    their number, unread; and a content field that is a string or a list says its bound when the
+    list is too long (the union's own error would say only that it is not a string)."""
+
+    def check(v: Any) -> Any:
+        if isinstance(v, list) and len(v) > limit:
+            raise ValueError(f"at most {limit} {what}")
+        return v
+
+    return check
 
 
 class Lenient(BaseModel):
@@ -76,6 +90,16 @@ def _depth(value: Any) -> int:
                 below.extend(node)
         level = below
     return depth
+
+
+def shallow_schema(v: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A response format's schema, refused when it nests past MAX_SCHEMA_DEPTH as it is read:
+    what walks it next (its encoding as the cache key and the size check, the grammar's checks)
+    recurses, and a schema ~1000 levels deep would exhaust the stack there, a 500. Deeper than
+    any real answer's shape; the grammar's own bound (router.structured.grammars) is tighter."""
+    if v is not None and _depth(v) > MAX_SCHEMA_DEPTH:
+        raise ValueError(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
+    return v
 
 
 def compact_json(value: Any) -> str:
@@ -186,6 +210,8 @@ class ChatMessage(Lenient):
     tool_calls: Annotated[list[MessageToolCall], Field(max_length=MAX_TOOLS)] | None = None
     tool_call_id: StrictStr | None = Field(None, min_length=1, max_length=MAX_CALL_ID_CHARS)
 
+    _count_parts = field_validator("content", mode="before")(count_first(MAX_CONTENT_PARTS, "content parts"))
+
     def text(self) -> str:
         if self.content is None:
             return ""
@@ -220,6 +246,8 @@ class JsonSchemaSpec(Lenient):
     # checked by router.structured.grammars (size, depth, constructs) when the typed request is made.
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: StrictBool | None = None
+
+    _shallow = field_validator("schema_")(shallow_schema)
 
 
 class ResponseFormat(Lenient):

@@ -5,7 +5,8 @@ The body is read into its chat twin (router.api.surfaces.messages_protocol) and 
 pipeline as any chat request is, rendered as an Anthropic message
 (router.api.surfaces.messages_shape); errors are in Anthropic's shape (router.api.errors picks it
 by path), and keys come as `x-api-key` or `Authorization: Bearer` (router.api.deps). count_tokens
-parses and checks the request the same way and counts its prompt at the first tier it would reach.
+parses and checks the request the same way and counts its prompt at the first tier it would reach,
+one request against the key's request rate (never its budgets: nothing is charged).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ async def messages(body: MessagesRequest, services: ServicesDep, principal: Prin
 async def count_tokens(body: CountTokensRequest, services: ServicesDep, principal: PrincipalDep) -> dict[str, int]:
     chat, renames = body.to_chat()
     try:
-        return count_response(await services.pipeline.prompt_tokens(body.surface, chat, principal))
+        counted = await services.pipeline.prompt_tokens(body.surface, chat, principal, f"count_{uuid.uuid4().hex}")
+        return count_response(counted)
     except RequestError as exc:
         raise renames.rename(exc) from None

@@ -134,13 +134,16 @@ class Pipeline:
             return await self._whole(ctx, call)
         return await self._live(ctx, call)
 
-    async def prompt_tokens(self, surface: str, body: BaseRequest, principal: Principal) -> int:
+    async def prompt_tokens(self, surface: str, body: BaseRequest, principal: Principal, call_id: str) -> int:
         """The prompt tokens of a request at the first tier it would reach (the Messages API's
-        count_tokens): parsed and checked as a request is (404, 403, 400), refused while its rate
-        is spent (429), nothing generated and nothing charged. A tier that cannot count its own
-        (a remote one) gives the bound its admission reserves (router.wire)."""
+        count_tokens): parsed and checked as a request is (404, 403, 400), then counted as one
+        request against its key's (and team's) request rate, 429 when that is spent: a count
+        renders and tokenizes the prompt on a local tier, work a key held to a rate must not
+        have for free. Budgets and token rates do not see it (nothing is generated or charged;
+        `Accounting.admit_call`). A tier that cannot count its own (a remote one) gives the bound
+        its admission reserves (router.wire)."""
         ctx = await self._parse(surface, body, principal)
-        self.accounting.refuse_spent_rate(principal, body.user)
+        await self.accounting.admit_call(principal, call_id)
         backend = ctx.plan[0].backend
         counted = await backend.count_prompt_tokens(ctx.request)
         return counted if counted is not None else backend.prompt_token_limit(ctx.request)

@@ -188,8 +188,8 @@ def schema_known(schema: Any) -> bool:
     for the event loop. `schema` may be given as its compact JSON (`schema_key`'s)."""
     try:
         return _CHECKED.get(_Checked.key(schema)) is not _UNKNOWN
-    except (TypeError, ValueError, RecursionError):
-        return False  # not JSON: the check itself says so
+    except (TypeError, ValueError, RecursionError, RequestError):
+        return False  # not JSON, or too deep to encode: the check itself says so
 
 
 def check_schema(schema: Any, param: str = PARAM, *, text: str | None = None) -> None:
@@ -214,7 +214,10 @@ def check_schema_bytes(schemas: list[Any], param: str) -> None:
     """Refuse a request whose schemas (each a schema, or its compact JSON) together pass
     MAX_REQUEST_SCHEMA_BYTES: each is checked (and its grammar built) on the service's CPU, and
     per-schema caps alone let one request carry a hundred of them."""
-    total = sum(len((s if isinstance(s, str) else schema_key(s)).encode()) for s in schemas)
+    try:
+        total = sum(len((s if isinstance(s, str) else schema_key(s)).encode()) for s in schemas)
+    except RequestError as exc:  # nested past what the encoder can walk
+        raise RequestError(str(exc), param=param) from None
     if total > MAX_REQUEST_SCHEMA_BYTES:
         raise RequestError(
             f"the request's JSON schemas (response_format's and every tool's parameters, as compact JSON) "
@@ -404,19 +407,36 @@ def _without_patterns(node: Any, dropped: frozenset[str]) -> Any:
 
 
 def schema_key(schema: dict[str, Any]) -> str:
-    """The cache key of a schema: its compact JSON, property order kept."""
-    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    """The cache key of a schema: its compact JSON, property order kept. RequestError (400) for
+    a schema nested past what the encoder can walk: the request bodies bound a schema's depth as
+    they read it, and this keeps a path that missed that bound from being a 500."""
+    try:
+        return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    except RecursionError:
+        raise RequestError("the JSON schema nests too deeply to encode", param=PARAM) from None
+
+
+def grammar_source(request: GenerationRequest) -> str:
+    """The parameter `request_grammar`'s grammar is made from, as chat names it (a surface renames
+    it): the one function a forced call allows (`tools.N.function.parameters`), `tools` when it
+    allows several, else `response_format`. A refusal of that grammar names it."""
+    if tools.forced_call_schema(request) is None:
+        return PARAM
+    names = {t.name for t in tools.allowed_tools(request)}
+    allowed = [i for i, t in enumerate(request.tools) if t.name in names]
+    return f"tools.{allowed[0]}.function.parameters" if len(allowed) == 1 else "tools"
 
 
 def request_grammar(request: GenerationRequest) -> str | None:
     """The GBNF a local tier decodes `request` under, None for free text: a call the request
-    forces, else its response_format. RequestError (400) when a schema cannot be made one."""
+    forces, else its response_format. RequestError (400) when a schema cannot be made one,
+    naming its source (`grammar_source`)."""
     call = tools.forced_call_schema(request)
     if call is not None:
         try:
             return _compile(schema_key(call))  # the functions' schemas were checked with the request
-        except RequestError as exc:  # all of them together, as one call's grammar: name them
-            raise RequestError(str(exc), param="tools", code=exc.code) from None
+        except RequestError as exc:  # the forced call's grammar: named by the functions it is made of
+            raise RequestError(str(exc), param=grammar_source(request), code=exc.code) from None
     if request.response_format is None:
         return None
     return grammar_for(request.response_format, request.max_tokens)

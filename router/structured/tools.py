@@ -349,7 +349,7 @@ def call_schema(request: GenerationRequest) -> dict[str, Any] | None:
     gives none). None when the request offers no tools."""
     if not request.offers_tools:
         return None
-    return _one_of([(t.name, t.checked or {"type": "object"}) for t in _allowed(request)])
+    return _one_of([(t.name, t.checked or {"type": "object"}) for t in allowed_tools(request)])
 
 
 def forced_call_schema(request: GenerationRequest) -> dict[str, Any] | None:
@@ -361,7 +361,7 @@ def forced_call_schema(request: GenerationRequest) -> dict[str, Any] | None:
         return None
     defs: dict[str, Any] = {}
     options: list[tuple[str, dict[str, Any]]] = []
-    for t in _allowed(request):
+    for t in allowed_tools(request):
         if t.checked:
             params = dict(t.checked)
             for key in ("$defs", "definitions"):
@@ -375,7 +375,8 @@ def forced_call_schema(request: GenerationRequest) -> dict[str, Any] | None:
     return {**schema, "$defs": defs} if defs else schema
 
 
-def _allowed(request: GenerationRequest) -> list[ToolSpec]:
+def allowed_tools(request: GenerationRequest) -> list[ToolSpec]:
+    """The functions a call may name: the one a named tool_choice names, else every one offered."""
     choice = request.tool_choice
     return [t for t in request.tools if not isinstance(choice, NamedTool) or t.name == choice.name]
 

@@ -14,17 +14,18 @@ names the field it sent (`input.7.call_id`, `tools.0.input_schema`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from router.api.errors import validation_message
+from router.api.request_parts import ChatMessage, count_first
 from router.api.requests import ChatCompletionRequest
 from router.errors import RequestError
 
 M = TypeVar("M", bound=BaseModel)
+__all__ = ["MAX_BLOCKS", "MAX_ITEMS", "Renames", "chat_message", "checked", "count_first", "one_of", "twin"]
 
 MAX_ITEMS = 2048  # items of a Responses input or messages of a Messages body: chat's own bound
 MAX_BLOCKS = 256  # content parts or blocks of one item: chat's bound on a message's parts
@@ -39,16 +40,16 @@ def checked(model: type[M], value: Any, where: str) -> M:
         raise RequestError(message, param=param) from None
 
 
-def count_first(limit: int, what: str) -> Callable[[Any], Any]:
-    """A before-validator counting a list before any item is read: 100,000 items are refused for
-    their number, unread."""
-
-    def check(v: Any) -> Any:
-        if isinstance(v, list) and len(v) > limit:
-            raise ValueError(f"at most {limit} {what}")
-        return v
-
-    return check
+def chat_message(fields: dict[str, Any], where: str, names: dict[str, str] | None = None) -> ChatMessage:
+    """One message of the twin, validated as a chat body's message is (its role, its bounds, at
+    most 128 tool calls): the twin takes its messages as they are, so a message constructed
+    around these checks would carry what chat refuses, and a pydantic error raised outside a
+    check is a 500. A refusal names `where`; `names` gives a chat field's name on the surface
+    (`{"tool_calls": "messages.3.content"}`)."""
+    try:
+        return checked(ChatMessage, fields, where)
+    except RequestError as exc:
+        raise Renames({f"{where}.{k}": v for k, v in (names or {}).items()}).rename(exc) from None
 
 
 def one_of(value: Any, where: str, allowed: tuple[str, ...], what: str) -> str:

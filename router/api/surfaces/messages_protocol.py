@@ -43,9 +43,19 @@ from router.api.request_parts import (
     TierrouteOptions,
     Tool,
     compact_json,
+    shallow_schema,
 )
 from router.api.requests import MAX_STOP_CHARS, MAX_STOPS, MAX_TOKENS_BOUND, ChatCompletionRequest, Number
-from router.api.surfaces.common import MAX_BLOCKS, MAX_ITEMS, Renames, checked, count_first, one_of, twin
+from router.api.surfaces.common import (
+    MAX_BLOCKS,
+    MAX_ITEMS,
+    Renames,
+    chat_message,
+    checked,
+    count_first,
+    one_of,
+    twin,
+)
 from router.errors import RequestError
 
 USER_BLOCKS = ("text", "tool_result")
@@ -76,10 +86,14 @@ class ToolResultBlock(Lenient):
     content: StrictStr | Annotated[list[dict[str, Any]], Field(max_length=MAX_BLOCKS)] | None = None
     is_error: StrictBool | None = None
 
+    _count_blocks = field_validator("content", mode="before")(count_first(MAX_BLOCKS, "content blocks"))
+
 
 class Turn(Lenient):
     role: StrictStr
     content: StrictStr | Annotated[list[Any], Field(max_length=MAX_BLOCKS)]
+
+    _count_blocks = field_validator("content", mode="before")(count_first(MAX_BLOCKS, "content blocks"))
 
     @field_validator("role")
     @classmethod
@@ -106,6 +120,8 @@ class ToolChoice(Lenient):
 class OutputFormat(Lenient):
     type: StrictStr
     schema_: dict[str, Any] = Field(alias="schema")
+
+    _shallow = field_validator("schema_")(shallow_schema)
 
 
 class OutputConfig(Lenient):
@@ -141,6 +157,7 @@ class MessagesBody(Lenient):
     container: Any = None
 
     _count_messages = field_validator("messages", mode="before")(count_first(MAX_ITEMS, "messages"))
+    _count_system = field_validator("system", mode="before")(count_first(MAX_BLOCKS, "system blocks"))
     _count_tools = field_validator("tools", mode="before")(count_first(MAX_TOOLS, "tools"))
 
     @field_validator("thinking")
@@ -163,7 +180,8 @@ class MessagesBody(Lenient):
         messages: list[ChatMessage] = []
         if self.system is not None:
             renames.add("messages.0", "system")
-            messages.append(ChatMessage(role="system", content=_text(self.system, "system")))
+            system = _text(self.system, "system")
+            messages.append(chat_message({"role": "system", "content": system}, "system", {"content": "system"}))
         for i, turn in enumerate(self.messages):
             _turn(i, turn, messages, renames)
         renames.add("messages", "messages")
@@ -200,9 +218,12 @@ class MessagesBody(Lenient):
             return None
         if fmt.type != "json_schema":
             raise RequestError("output_config.format.type must be 'json_schema'", param="output_config.format.type")
-        return ResponseFormat.model_validate(
-            {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema_, "strict": True}}
-        )
+        spec = {"name": "output", "schema": fmt.schema_, "strict": True}
+        try:
+            return checked(ResponseFormat, {"type": "json_schema", "json_schema": spec}, "response_format")
+        except RequestError as exc:
+            renames = Renames({"response_format.json_schema": "output_config.format"})
+            raise renames.rename(exc) from None
 
 
 class MessagesRequest(MessagesBody):
@@ -272,7 +293,7 @@ def _turn(i: int, value: Any, messages: list[ChatMessage], renames: Renames) -> 
     turn = checked(Turn, value, where)
     if isinstance(turn.content, str):
         renames.add(f"messages.{len(messages)}", where)
-        messages.append(ChatMessage(role=turn.role, content=turn.content))
+        messages.append(chat_message({"role": turn.role, "content": turn.content}, where))
         return
     allowed = USER_BLOCKS if turn.role == "user" else ASSISTANT_BLOCKS
     texts: list[str] = []
@@ -287,6 +308,10 @@ def _turn(i: int, value: Any, messages: list[ChatMessage], renames: Renames) -> 
             first_text = first_text or at
         elif kind == "tool_use":
             use = checked(ToolUseBlock, block, at)
+            if len(calls) == MAX_TOOLS:  # chat's bound on an assistant message's tool calls
+                raise RequestError(
+                    f"at most {MAX_TOOLS} tool_use blocks in one assistant turn", param=f"{where}.content"
+                )
             arguments = compact_json(use.input)
             if len(arguments) > MAX_ARGUMENTS_CHARS:
                 raise RequestError(f"at most {MAX_ARGUMENTS_CHARS} characters of input", param=f"{at}.input")
@@ -295,11 +320,8 @@ def _turn(i: int, value: Any, messages: list[ChatMessage], renames: Renames) -> 
             renames.add(f"{at_call}.id", f"{at}.id")
             renames.add(f"{at_call}.function.arguments", f"{at}.input")
             renames.add(f"{at_call}.function", at)
-            calls.append(
-                MessageToolCall.model_validate(
-                    {"id": use.id, "type": "function", "function": {"name": use.name, "arguments": arguments}}
-                )
-            )
+            function = {"name": use.name, "arguments": arguments}
+            calls.append(checked(MessageToolCall, {"id": use.id, "type": "function", "function": function}, at))
         else:
             result = checked(ToolResultBlock, block, at)
             content = "" if result.content is None else _result_text(result.content, f"{at}.content")
@@ -308,11 +330,13 @@ def _turn(i: int, value: Any, messages: list[ChatMessage], renames: Renames) -> 
             m = len(messages)
             renames.add(f"messages.{m}", at)
             renames.add(f"messages.{m}.tool_call_id", f"{at}.tool_use_id")
-            messages.append(ChatMessage(role="tool", content=content, tool_call_id=result.tool_use_id))
+            answer = {"role": "tool", "content": content, "tool_call_id": result.tool_use_id}
+            messages.append(chat_message(answer, at, {"tool_call_id": f"{at}.tool_use_id"}))
     if texts or calls or not turn.content:
         renames.add(f"messages.{len(messages)}", first_text or where)
         said = "".join(texts) if texts or not calls else None
-        messages.append(ChatMessage(role=turn.role, content=said, tool_calls=calls or None))
+        fields: dict[str, Any] = {"role": turn.role, "content": said, "tool_calls": calls or None}
+        messages.append(chat_message(fields, where, {"content": f"{where}.content", "tool_calls": f"{where}.content"}))
 
 
 def _result_text(content: str | list[dict[str, Any]], where: str) -> str:

@@ -19,6 +19,7 @@ audio), and every item type but the three above (`reasoning` included).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator
@@ -39,7 +40,16 @@ from router.api.request_parts import (
     Tool,
 )
 from router.api.requests import MAX_TOKENS_BOUND, ChatCompletionRequest, Number
-from router.api.surfaces.common import MAX_BLOCKS, MAX_ITEMS, Renames, checked, count_first, one_of, twin
+from router.api.surfaces.common import (
+    MAX_BLOCKS,
+    MAX_ITEMS,
+    Renames,
+    chat_message,
+    checked,
+    count_first,
+    one_of,
+    twin,
+)
 from router.errors import RequestError
 
 ITEM_TYPES = ("message", "function_call", "function_call_output")
@@ -60,6 +70,8 @@ class MessageItem(Lenient):
     role: StrictStr
     content: StrictStr | Annotated[list[dict[str, Any]], Field(max_length=MAX_BLOCKS)]
 
+    _count_parts = field_validator("content", mode="before")(count_first(MAX_BLOCKS, "content parts"))
+
     @field_validator("role")
     @classmethod
     def _role(cls, v: str) -> str:
@@ -79,6 +91,8 @@ class FunctionCallOutputItem(Lenient):
     type: StrictStr
     call_id: StrictStr = Field(min_length=1, max_length=MAX_CALL_ID_CHARS)
     output: StrictStr | Annotated[list[dict[str, Any]], Field(max_length=MAX_BLOCKS)]
+
+    _count_parts = field_validator("output", mode="before")(count_first(MAX_BLOCKS, "content parts"))
 
 
 class FunctionTool(FunctionDefinition):
@@ -191,10 +205,10 @@ class ResponsesRequest(Lenient):
         messages: list[ChatMessage] = []
         if self.instructions is not None:
             renames.add(f"messages.{len(messages)}", "instructions")
-            messages.append(ChatMessage(role="system", content=self.instructions))
+            messages.append(chat_message({"role": "system", "content": self.instructions}, "instructions"))
         if isinstance(self.input, str):
             renames.add(f"messages.{len(messages)}", "input")
-            messages.append(ChatMessage(role="user", content=self.input))
+            messages.append(chat_message({"role": "user", "content": self.input}, "input", {"content": "input"}))
         else:
             _items(self.input, messages, renames)
         renames.add("messages", "input")
@@ -251,17 +265,19 @@ class ResponsesRequest(Lenient):
         if fmt is None or fmt.type == "text":
             return None
         if fmt.type == "json_object":
-            return ResponseFormat(type="json_object")
+            return checked(ResponseFormat, {"type": "json_object"}, "text.format")
         if fmt.type != "json_schema":
             raise RequestError("text.format.type must be 'text', 'json_object' or 'json_schema'", param="text.format")
         if fmt.name is None:
             raise RequestError("a json_schema format needs a name", param="text.format.name")
+        if fmt.schema_ is None:  # required here, as OpenAI requires it (chat's response_format leaves it optional)
+            raise RequestError("a json_schema format needs a schema", param="text.format.schema")
         spec = checked(
             JsonSchemaSpec,
             {"name": fmt.name, "description": fmt.description, "schema": fmt.schema_, "strict": fmt.strict},
             "text.format",
         )
-        return ResponseFormat(type="json_schema", json_schema=spec)
+        return checked(ResponseFormat, {"type": "json_schema", "json_schema": spec}, "text.format")
 
 
 def _text(parts: str | list[dict[str, Any]], where: str, allowed: tuple[str, ...] = TEXT_PARTS) -> str:
@@ -278,39 +294,69 @@ def _text(parts: str | list[dict[str, Any]], where: str, allowed: tuple[str, ...
 def _items(items: list[Any], messages: list[ChatMessage], renames: Renames) -> None:
     """The input items as chat messages: an assistant's consecutive function calls (and the text
     before them) are one assistant message with tool calls, as chat carries them; each
-    function_call_output is a `tool` message."""
+    function_call_output is a `tool` message. The assistant message is made once its calls are
+    all read, and checked as chat's is (at most 128 calls)."""
+    gathering: _Calls | None = None  # the assistant message whose calls are being read
     for i, item in enumerate(items):
         where = f"input.{i}"
         if isinstance(item, dict) and "type" not in item and "role" in item:
             kind = "message"  # an easy input message: {"role", "content"}
         else:
             kind = one_of(item, where, ITEM_TYPES, "input items")
+        if kind != "function_call" and gathering is not None:
+            gathering.close(messages)
+            gathering = None
         m = len(messages)
         if kind == "message":
             message = checked(MessageItem, item, where)
             renames.add(f"messages.{m}", where)
             content = _text(message.content, f"{where}.content")
-            messages.append(ChatMessage(role=message.role, content=content))
+            messages.append(chat_message({"role": message.role, "content": content}, where))
         elif kind == "function_call":
             call = checked(FunctionCallItem, item, where)
-            last = messages[-1] if messages else None
-            if last is None or last.role != "assistant":
-                renames.add(f"messages.{m}", where)
-                last = ChatMessage(role="assistant", content=None, tool_calls=[])
-                messages.append(last)
-            calls = last.tool_calls if last.tool_calls is not None else []
-            k, at = len(calls), f"messages.{len(messages) - 1}.tool_calls"
+            if gathering is None:
+                last = messages[-1] if messages else None
+                if last is not None and last.role == "assistant" and not last.tool_calls:
+                    gathering = _Calls(m - 1, last.content, where)  # the calls of the text before them
+                else:
+                    renames.add(f"messages.{m}", where)
+                    gathering = _Calls(m, None, where)
+                    messages.append(chat_message({"role": "assistant", "content": None}, where))
+            k, at = len(gathering.calls), f"messages.{gathering.index}.tool_calls"
+            if k == MAX_TOOLS:  # chat's bound on an assistant message's tool calls
+                raise RequestError(
+                    f"at most {MAX_TOOLS} function_call items in a row (one assistant turn's calls)", param=where
+                )
             renames.add(f"{at}.{k}", where)
             renames.add(f"{at}.{k}.id", f"{where}.call_id")
             renames.add(f"{at}.{k}.function", where)
             function = {"name": call.name, "arguments": call.arguments}
             value = {"id": call.call_id, "type": "function", "function": function}
-            calls.append(checked(MessageToolCall, value, where))
-            last.tool_calls = calls
+            gathering.calls.append(checked(MessageToolCall, value, where))
         else:
             result = checked(FunctionCallOutputItem, item, where)
             renames.add(f"messages.{m}", where)
             renames.add(f"messages.{m}.tool_call_id", f"{where}.call_id")
             renames.add(f"messages.{m}.content", f"{where}.output")
             output = _text(result.output, f"{where}.output", ("input_text",))
-            messages.append(ChatMessage(role="tool", content=output, tool_call_id=result.call_id))
+            fields = {"role": "tool", "content": output, "tool_call_id": result.call_id}
+            messages.append(
+                chat_message(fields, where, {"tool_call_id": f"{where}.call_id", "content": f"{where}.output"})
+            )
+    if gathering is not None:
+        gathering.close(messages)
+
+
+@dataclass
+class _Calls:
+    """An assistant message being read: its place among the messages, its text, its calls so far."""
+
+    index: int
+    content: Any
+    where: str  # the input item that opened it
+    calls: list[MessageToolCall] = field(default_factory=list)
+
+    def close(self, messages: list[ChatMessage]) -> None:
+        """The message made, with its calls: checked once, as a chat body's message is."""
+        fields = {"role": "assistant", "content": self.content, "tool_calls": self.calls}
+        messages[self.index] = chat_message(fields, self.where, {"tool_calls": self.where})

@@ -15,7 +15,8 @@ then per output item `response.output_item.added`, for a message `response.conte
 call `response.function_call_arguments.delta`…, `response.function_call_arguments.done`, then
 `response.output_item.done`; last `response.completed` (or `response.incomplete`) carrying the
 whole response, whose output is exactly the items streamed. A failure after output began is a
-last `response.failed` whose `error` says why (OpenAI's error code and message); no `[DONE]`.
+last `response.failed` whose `error` says why (OpenAI's error code and message) and whose
+`output` holds what was sent (a message cut midway as `incomplete`); no `[DONE]`.
 """
 
 from __future__ import annotations
@@ -260,10 +261,15 @@ class ResponsesWriter(StreamWriter):
         return []
 
     def failed(self, exc: BaseException) -> list[bytes]:
+        """The last event: `response.failed`, its output every item the client was sent, the
+        message whose text was streaming among them (`incomplete`, with the text sent)."""
         error = json.loads(bytes(error_response(exc).body))["error"]
+        sent = self.items
+        if self.text_sent is not None:
+            sent = [*sent, _message(f"msg_{self.base}", self.text_sent, "incomplete")]
         response = {
             **self.shape.skeleton(self.rid, self.tier, "failed"),
-            "output": self.items,
+            "output": sent,
             "error": {"code": error.get("code") or error["type"], "message": error["message"]},
         }
         return [self.events.emit("response.failed", response=response)]

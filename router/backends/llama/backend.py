@@ -51,7 +51,7 @@ from router.backends.llama.vocab import vocab_mismatch
 from router.errors import ContextLengthError, DeadlineError, ModelError, RequestError
 from router.generation import Delta, Generation, GenerationRequest
 from router.models.catalog import resolve_model
-from router.structured.grammars import request_grammar
+from router.structured.grammars import grammar_source, request_grammar
 from router.structured.tools import chat_inputs, template_renders_tools
 
 # No tokenizer we serve averages more characters per token than this, even on runs of spaces or
@@ -264,7 +264,7 @@ class LlamaCppBackend(Backend):
             raise RequestError(
                 "the JSON schema cannot be decoded under a grammar (a $ref that refers back to itself "
                 "before any text, which llama.cpp refuses as left recursion)",
-                param="response_format",
+                param=grammar_source(request),  # a forced call's functions, or the response_format
             )
         return gbnf
 

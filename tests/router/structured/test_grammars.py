@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from router.errors import RequestError
-from router.generation import ResponseFormat
+from router.generation import GenerationRequest, Message, NamedTool, ResponseFormat, ToolSpec
 from router.structured import grammar_bound
 from router.structured.grammars import (
     MAX_GRAMMAR_REPEAT,
@@ -14,6 +14,8 @@ from router.structured.grammars import (
     check_schema,
     check_schema_bytes,
     grammar_for,
+    grammar_source,
+    schema_key,
     schema_known,
 )
 
@@ -286,3 +288,34 @@ def test_checks_are_remembered_and_schema_bytes_capped() -> None:
         check_schema_bytes([big] * 9, "tools")
     assert err.value.param == "tools" and str(MAX_REQUEST_SCHEMA_BYTES) in str(err.value)
     check_schema_bytes([big] * 8, "tools")
+
+
+def test_a_schema_too_deep_to_encode_is_a_bad_request() -> None:
+    """The backstop behind the request bodies' depth bound: a schema nested past what the JSON
+    encoder can walk is a RequestError naming where it came from, never a RecursionError (a 500)."""
+    deep: dict = {}
+    node = deep
+    for _ in range(5000):
+        node["a"] = {}
+        node = node["a"]
+    with pytest.raises(RequestError):
+        schema_key(deep)
+    with pytest.raises(RequestError) as err:
+        check_schema_bytes([deep], "tools")
+    assert err.value.param == "tools"
+    assert not schema_known(deep)
+
+
+def test_the_grammar_is_named_by_its_source() -> None:
+    """A forced call's grammar is made of the functions it may call: a refusal names the one
+    function (or all of them), a response_format's names the response_format."""
+    params = '{"type":"object"}'
+    offered = (ToolSpec("f", None, params, True), ToolSpec("g", None, params, True))
+    ask = (Message("user", "hi"),)
+    assert grammar_source(GenerationRequest(messages=ask)) == "response_format"
+    assert grammar_source(GenerationRequest(messages=ask, tools=offered, tool_choice="auto")) == "response_format"
+    assert grammar_source(GenerationRequest(messages=ask, tools=offered, tool_choice="required")) == "tools"
+    named = GenerationRequest(messages=ask, tools=offered, tool_choice=NamedTool("g"))
+    assert grammar_source(named) == "tools.1.function.parameters"
+    one = GenerationRequest(messages=ask, tools=offered[:1], tool_choice="required")
+    assert grammar_source(one) == "tools.0.function.parameters"

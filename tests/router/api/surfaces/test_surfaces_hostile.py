@@ -38,6 +38,24 @@ def nested_schema(depth: int) -> dict[str, Any]:
     return schema
 
 
+def raw_nest(depth: int) -> str:
+    """A JSON object nested `depth` levels deep, as text: deeper than the JSON encoder can walk."""
+    return '{"a":' * depth + "1" + "}" * depth
+
+
+def calls(n: int) -> list[dict[str, Any]]:
+    """One assistant turn of `n` function calls and their outputs, as Responses items."""
+    made = [{"type": "function_call", "call_id": f"c{i}", "name": "get_weather", "arguments": "{}"} for i in range(n)]
+    return made + [{"type": "function_call_output", "call_id": f"c{i}", "output": "21 C"} for i in range(n)]
+
+
+def tool_uses(n: int) -> list[dict[str, Any]]:
+    """A Messages conversation whose assistant turn makes `n` tool_use blocks, and their results."""
+    uses = [{"type": "tool_use", "id": f"c{i}", "name": "get_weather", "input": {}} for i in range(n)]
+    results = [{"type": "tool_result", "tool_use_id": f"c{i}", "content": "21 C"} for i in range(n)]
+    return [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": uses}, user(*results)]
+
+
 def resp(**extra: Any) -> dict[str, Any]:
     return {"model": "auto", "input": QUESTION, "max_output_tokens": 16, **extra}
 
@@ -76,6 +94,10 @@ RESPONSES: list[tuple[Any, str | None]] = [
     (resp(tools=[RESPONSES_WEATHER], tool_choice={"type": "allowed_tools", "tools": []}), "tool_choice"),
     (resp(tools=[RESPONSES_WEATHER], tool_choice={"type": "function", "name": "other"}), "tool_choice"),
     (resp(text={"format": {"type": "json_schema", "schema": {"type": "object"}}}), "text.format.name"),
+    (resp(text={"format": {"type": "json_schema", "name": "x"}}), "text.format.schema"),  # OpenAI requires it
+    (resp(text={"format": {"type": "json_schema", "name": "x", "schema": nested_schema(40)}}), "text.format.schema"),
+    (resp(input=[{"role": "user", "content": QUESTION}, *calls(129)]), "input.129"),  # chat's 128 calls a message
+    (resp(input=[{"role": "user", "content": [{"type": "input_text", "text": "a"}] * 257}]), "input.0.content"),
     (resp(store=True), "store"),
     (resp(previous_response_id="resp_1"), "previous_response_id"),
     (resp(background=True), "background"),
@@ -111,6 +133,12 @@ MESSAGES: list[tuple[Any, str | None]] = [
         "messages.0.content.0.type",
     ),
     (msg(messages=[{"role": "user", "content": "hi"}] * 3000), "messages"),
+    (msg(messages=tool_uses(129)), "messages.1.content"),
+    (msg(messages=[user(*[{"type": "text", "text": "a"}] * 257)]), "messages.0.content"),
+    (
+        msg(output_config={"format": {"type": "json_schema", "schema": nested_schema(40)}}),
+        "output_config.format.schema",
+    ),
     (msg(tools=[{"type": "web_search_20250305", "name": "web_search"}]), "tools.0.type"),
     (msg(tools=[{**ANTHROPIC_WEATHER, "input_schema": nested_schema(40)}]), "tools.0.input_schema"),
     (msg(tools=[{**ANTHROPIC_WEATHER, "input_schema": COSTLY, "strict": True}]), "tools.0.input_schema"),
@@ -181,3 +209,114 @@ def test_the_openapi_schema_has_both_routes_and_their_errors(tools: UvicornThrea
         assert {"200", "400", "401", "429"} <= set(responses)
         assert responses["400"]["content"]["application/json"]["schema"]["$ref"].endswith(error)
     assert "/v1/messages/count_tokens" in paths
+
+
+def test_one_turn_of_128_calls_is_served_and_129_refused_on_count_tokens_too(tools: UvicornThread) -> None:
+    """Chat's bound on an assistant message's calls holds on each surface's own words for them,
+    count_tokens included: 128 are read, 129 are a 400 naming the turn's content (not a 500)."""
+    body = {"model": "auto", "messages": tool_uses(128)}
+    assert post(tools, "/v1/messages/count_tokens", body).status_code == 200
+    r = post(tools, "/v1/messages/count_tokens", {**body, "messages": tool_uses(129)})
+    assert r.status_code == 400 and "messages.1.content" in anthropic_error(r)["message"], r.text
+    assert "at most 128 tool_use blocks" in anthropic_error(r)["message"]
+    r = post(tools, "/v1/responses", resp(input=[{"role": "user", "content": QUESTION}, *calls(128)]))
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "named"),
+    [
+        (
+            "/v1/chat/completions",
+            {"model": "auto", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 257}]},
+            "at most 256 content parts",
+        ),
+        (
+            "/v1/responses",
+            resp(input=[{"role": "user", "content": [{"type": "input_text", "text": "a"}] * 257}]),
+            "at most 256 content parts",
+        ),
+        ("/v1/messages", msg(messages=[user(*[{"type": "text", "text": "a"}] * 257)]), "at most 256 content blocks"),
+        ("/v1/messages", msg(system=[{"type": "text", "text": "a"}] * 257), "at most 256 system blocks"),
+    ],
+    ids=["chat", "responses", "messages", "messages-system"],
+)
+def test_too_many_content_parts_are_refused_by_their_bound(
+    tools: UvicornThread, path: str, body: dict[str, Any], named: str
+) -> None:
+    """A string-or-list content field over its bound says the bound, not that it is no string."""
+    r = post(tools, path, body)
+    assert r.status_code == 400 and named in r.text and "valid string" not in r.text, r.text
+
+
+DEEP_SCHEMAS = {  # a surface's structured-output schema, as raw JSON nested `depth` levels
+    "/v1/chat/completions": (
+        '{"model":"auto","max_tokens":4,"messages":[{"role":"user","content":"q"}],'
+        '"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":%s}}}',
+        "response_format.json_schema.schema",
+    ),
+    "/v1/responses": (
+        '{"model":"auto","max_output_tokens":4,"input":"q","text":{"format":{"type":"json_schema","name":"x","schema":%s}}}',
+        "text.format.schema",
+    ),
+    "/v1/messages": (
+        '{"model":"auto","max_tokens":4,"messages":[{"role":"user","content":"q"}],'
+        '"output_config":{"format":{"type":"json_schema","schema":%s}}}',
+        "output_config.format.schema",
+    ),
+}
+
+
+@pytest.mark.parametrize("path", list(DEEP_SCHEMAS))
+def test_deeply_nested_schemas_are_refused_never_a_500(tools: UvicornThread, path: str) -> None:
+    """A schema nested past the depth bound is refused as it is read, at any depth: the review
+    found a 500 (RecursionError in the schema's encoding) at 956-963 levels, before the bound."""
+    template, param = DEEP_SCHEMAS[path]
+    for depth in (25, 33, 500, *range(950, 971), 2000, 5000):
+        r = post(tools, path, (template % raw_nest(depth)).encode())
+        assert r.status_code == 400, (depth, r.text[:300])
+        # the grammar's tighter bound speaks first at 25; past what the JSON parser reads (~960 levels
+        # in a thread of this process, more in a served one), the body is refused as unparseable
+        named = param in r.text or "nest" in r.text or "parsing the body" in r.text
+        assert named, (depth, r.text[:300])
+
+
+LEFT_RECURSIVE = {  # llama.cpp refuses its grammar: the $ref loops back before any text
+    "type": "object",
+    "properties": {"a": {"$ref": "#/$defs/x"}},
+    "required": ["a"],
+    "$defs": {"x": {"anyOf": [{"$ref": "#/$defs/x"}, {"type": "string"}]}},
+}
+FORCED_CALLS = {  # a strict function of that schema, a call forced: the surface's name for its schema
+    "/v1/chat/completions": (
+        {
+            "model": "auto",
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "call f"}],
+            "tools": [{"type": "function", "function": {"name": "f", "strict": True, "parameters": LEFT_RECURSIVE}}],
+            "tool_choice": "required",
+        },
+        "tools.0.function.parameters",
+    ),
+    "/v1/responses": (
+        resp(tools=[{"type": "function", "name": "f", "parameters": LEFT_RECURSIVE}], tool_choice="required"),
+        "tools.0.parameters",
+    ),
+    "/v1/messages": (
+        msg(tools=[{"name": "f", "strict": True, "input_schema": LEFT_RECURSIVE}], tool_choice={"type": "any"}),
+        "tools.0.input_schema",
+    ),
+}
+
+
+@pytest.mark.parametrize("path", list(FORCED_CALLS))
+def test_a_tool_schema_the_local_grammar_refuses_is_named_as_the_tool(smol: UvicornThread, path: str) -> None:
+    """The refusal names the function's schema in the surface's words, not the response format
+    the request never sent (the review found text.format / output_config.format named)."""
+    body, named = FORCED_CALLS[path]
+    r = post(smol, path, body)
+    assert r.status_code == 400 and "left recursion" in r.text, r.text
+    if path == "/v1/messages":
+        assert anthropic_error(r)["message"].startswith(f"{named}:"), r.text
+    else:
+        assert openai_error(r)["param"] == named, r.text
