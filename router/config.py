@@ -134,6 +134,22 @@ class ServerSettings(_Strict):
     )
     api_keys: list[ApiKeyEntry] = Field(default_factory=list)
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger request bodies get 413.")
+    max_in_flight: int = Field(
+        256,
+        ge=1,
+        le=1_000_000,
+        description="Requests to the /v1/ surfaces served at once; one more is answered 503 with Retry-After "
+        "at once, before its key is checked or its body parsed (router.api.shedding), instead of waiting.",
+    )
+    shed_lag_ms: float | None = Field(
+        None,
+        gt=0,
+        le=60_000,
+        description="While the event loop runs this much late (every new request would wait as long), new "
+        "requests to the /v1/ surfaces get 503 with Retry-After at once unless none is in flight. Unset (the "
+        "default): only max_in_flight sheds; a machine shared with other work runs late often enough to shed "
+        "at low load.",
+    )
     metrics_public: bool = Field(
         False, description="Serve /metrics to anyone (it names every key and its spend); else admin and metrics keys."
     )

@@ -37,6 +37,7 @@ from router.api import (
     routes_ui,
 )
 from router.api.deps import AnyPrincipalDep, MetricsReaderDep, Services, ServicesDep
+from router.api.shedding import InFlightLimit
 from router.config import Settings
 from router.engine import Engine
 from router.errors import RequestError, TierrouteError, UnavailableError
@@ -302,6 +303,14 @@ def create_app(
         extra_routes += _add_docs_routes(app)
     app.add_middleware(
         BodyLimit, max_bytes=settings.server.max_body_bytes, authenticate=app.state.services.auth.authenticate_async
+    )
+    # past the bound, 503 at once: before the key is checked or the body read (router.api.shedding)
+    app.add_middleware(
+        InFlightLimit,
+        limit=settings.server.max_in_flight,
+        max_body_bytes=settings.server.max_body_bytes,
+        lag_s=None if settings.server.shed_lag_ms is None else settings.server.shed_lag_ms / 1000,
+        admitted=lambda: app.state.services.accounting.limits.in_flight,
     )
     hosts = allowed_hosts(settings.server)
     if hosts is not None:

@@ -61,7 +61,7 @@ from router.backends.openai.call import (
     prompt_limit,
     request_params,
 )
-from router.backends.openai.client import close_quietly, json_body
+from router.backends.openai.client import close_quietly, json_body, post
 from router.backends.openai.deployments import Deployment, Pool
 from router.backends.openai.failures import DEADLINE_RETRY_AFTER_S, Failures, Retryable, refused_param
 from router.backends.openai.outages import judged
@@ -514,7 +514,7 @@ class OpenAIBackend(Backend):
         request only when the deployment refuses it to a request of the tier's own
         (`router.backends.openai.refusals`). The body is read by the caller, through the capped
         transport, and parsed here rather than by the SDK."""
-        endpoint = client.chat.completions if call.request.is_chat else client.completions
+        path = "chat/completions" if call.request.is_chat else "completions"
         while True:
             params = self._sized_params(call, where, stream=stream)
             # The try's share of the time (`call.remaining()`) bounds the open here and each read
@@ -524,11 +524,10 @@ class OpenAIBackend(Backend):
             to_deadline = call.deadline - time.monotonic()
             try:
                 async with asyncio.timeout(call.remaining()):
-                    # Entered by hand: the response outlives this call (a stream is read by the
-                    # caller's loop), and the caller closes it, which is all the exit would do.
-                    return await endpoint.with_streaming_response.create(
-                        **params, timeout=to_deadline, extra_headers=call.headers
-                    ).__aenter__()
+                    # The response outlives this call (a stream is read by the caller's loop),
+                    # and the caller closes it.
+                    # the SDK's body, headers and errors without its per-call work (`client.post`)
+                    return await post(client, path, params, timeout_s=to_deadline, headers=call.headers)
             except openai.APIStatusError as exc:
                 refused = refused_param(exc, params)
                 if refused is None:
