@@ -68,8 +68,8 @@ class StageAction:
 
 @dataclass
 class StageContext:
-    """One request as the stages see it. `request`, `plan`, `notes`, `actions`, `cacheable` and
-    `shadowable` are the stages' to change (see the module docstring for how); the rest is read-only."""
+    """One request as the stages see it. `request`, `plan`, `notes`, `actions`, `state`, `cacheable`
+    and `shadowable` are the stages' to change (see the module docstring for how); the rest is read-only."""
 
     surface: str  # the API the request came through: "chat.completions", "completions"
     principal: Principal
@@ -78,6 +78,8 @@ class StageContext:
     plan: tuple[Tier, ...]
     notes: dict[str, Any] = field(default_factory=dict)  # stage name -> what it says, shown to the client
     actions: list[StageAction] = field(default_factory=list)  # counted in /metrics
+    # a stage's own per-request state, by stage name: kept between its `before` and `after`, never shown
+    state: dict[str, Any] = field(default_factory=dict, repr=False)
     cacheable: bool = True  # False: the response cache does not store this request's answer
     shadowable: bool = True  # False: the answer is not offered to shadow escalation
     # how the request's task is detected (the cascade's own rule); None: it is not (tests)
