@@ -18,7 +18,10 @@ NINO, Spain's NIF and NIE, Italy's fiscal code, India's PAN and Aadhaar, Singapo
 Australia's TFN, Poland's PESEL, Finland's personal identity code). More of Presidio's pattern
 recognizers can be asked for by kind (`OPTIONAL_KINDS`). Beside Presidio's card pattern, which
 takes digits in groups, one of ours takes 13 to 19 digits with any single space, dot or dash
-between any two (`4 1 1 1 1 1 1 1 ...`) and keeps those that pass Luhn's check.
+between any two (`4 1 1 1 1 1 1 1 ...`) and keeps those that pass Luhn's check; and beside
+Presidio's phone recognizer (Google's `phonenumbers`, which keeps only numbers valid in their
+region's plan), one of ours takes the North American shape (`(292) 380-6033`, `511-600-8958`)
+whatever the area code.
 
 Presidio's email recognizer checks a match's domain with `tldextract`, which fetches the public
 suffix list from the network the first time; here it is given its bundled snapshot and no URL, so
@@ -107,6 +110,9 @@ _RECOGNIZERS = {
 
 _WORD = re.compile(r"\w+|[^\w\s]")
 _SPACED_CARD = re.compile(r"(?<![\d])\d(?:[ .\-]?\d){12,18}(?![\d])")
+# a North American number's shape, whatever its area code: `phonenumbers` drops numbers whose area
+# code is not assigned (511-600-8958), which are still somebody's data to a policy
+_NANP_SHAPE = re.compile(r"(?<![\w+-])(?:\+?1[ .-]?)?(?:\(\d{3}\)\s?|\d{3}[ .-])\d{3}[ .-]\d{4}(?![\w-])")
 _build_lock = threading.Lock()
 
 
@@ -197,4 +203,8 @@ class PiiDetector:
                 digits = re.sub(r"\D", "", m.group())
                 if luhn(digits) and not any(f.start <= m.start() and m.end() <= f.end for f in found):
                     found.append(Finding("CREDIT_CARD", m.start(), m.end(), 0.9))
+        if "PHONE_NUMBER" in self.kinds:
+            for m in _NANP_SHAPE.finditer(text):
+                if not any(f.start < m.end() and m.start() < f.end for f in found):
+                    found.append(Finding("PHONE_NUMBER", m.start(), m.end(), 0.5))
         return found

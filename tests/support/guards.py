@@ -129,8 +129,8 @@ def requests_for(planter: Planter, model: str = "auto") -> list[Planted]:
 
 
 def _two(planter: Planter) -> list[str]:
-    """Two slots of a request's text, each holding three planted items."""
-    return [", ".join(planter.any()[1] for _ in range(3)) for _ in range(2)]
+    """Two slots of a request's text, each holding six planted items."""
+    return [", ".join(planter.any()[1] for _ in range(6)) for _ in range(2)]
 
 
 def _chat(p: Planter, model: str, stream: bool) -> list[Planted]:
@@ -217,10 +217,15 @@ def guard_stages() -> str:
     return text
 
 
-def served_config(tmp: Path, upstream_url: str, *, stages: str | None = None) -> tuple[Path, dict[str, str]]:
-    """The served cascade of the module docstring, with a key per policy (and `admin`)."""
+def served_config(
+    tmp: Path, upstream_url: str, *, stages: str | None = None, cache: bool = False
+) -> tuple[Path, dict[str, str]]:
+    """The served cascade of the module docstring, with a key per policy (and `admin`); `cache`
+    turns the response cache on (its rows live in the ledger's database)."""
     keys, raw = keys_section({name: {} for name in POLICIES} | {"admin": {"roles": ["client", "admin", "metrics"]}})
     body = f'[server]\n{keys}\n[ledger]\npath = "{tmp / "ledger.sqlite3"}"\n'
+    if cache:
+        body += "[cache]\nenabled = true\n"
     engine = {"model": SMOL, "n_ctx": 2048, "n_threads": 1, "n_parallel": 4}
     never = '\n[[tiers.verifiers]]\nname = "format"\nparams = { regex = "^NEVER MATCHES$" }\n'
     body += tier(
