@@ -207,4 +207,12 @@ class PiiDetector:
             for m in _NANP_SHAPE.finditer(text):
                 if not any(f.start < m.end() and m.start() < f.end for f in found):
                     found.append(Finding("PHONE_NUMBER", m.start(), m.end(), 0.5))
+            # one in eleven 10-digit numbers passes the NHS check: written the NANP way (dashes,
+            # brackets) and also read as a phone number, it is a phone number
+            phones = {(f.start, f.end) for f in found if f.kind == "PHONE_NUMBER"}
+            found = [
+                f
+                for f in found
+                if not (f.kind == "UK_NHS" and (f.start, f.end) in phones and set(text[f.start : f.end]) & set("-()"))
+            ]
         return found
