@@ -28,7 +28,10 @@ import re
 
 from router.guards.findings import Finding
 
-_GRADE = r"(?:1(?:\.0)?|10|100|5/5|10/10|full marks|full credit|(?:a )?(?:perfect|maximum|max|top) score|correct|a pass|pass(?:ed)?|yes)"
+_GRADE = (
+    r"(?:1(?:\.0)?|10|100|5/5|10/10|full marks|full credit|(?:a )?(?:perfect|maximum|max|top) score"
+    r"|correct|a pass|pass(?:ed)?|yes)"
+)
 _PATTERNS: tuple[tuple[str, str], ...] = (
     (
         "IGNORE_INSTRUCTIONS",
@@ -39,11 +42,14 @@ _PATTERNS: tuple[tuple[str, str], ...] = (
     (
         "JUDGE_OVERRIDE",
         r"(?i)\b(?:give|assign|award|rate|score|grade|mark|output|return)\s+(?:this|the|my|that)\s+"
-        r"(?:answer|response|output|reply|solution|candidate)\s+(?:as\s+|with\s+|a\s+(?:score\s+of\s+)?)?" + _GRADE + r"\b",
+        r"(?:answer|response|output|reply|solution|candidate)\s+(?:as\s+|with\s+|a\s+(?:score\s+of\s+)?)?"
+        + _GRADE
+        + r"\b",
     ),
     (
         "JUDGE_OVERRIDE",
-        r"(?i)\b(?:as|dear|attention,?|note to)\s+(?:the\s+|an?\s+)?(?:ai\s+)?(?:judge|grader|evaluator|verifier|reviewer|scorer)"
+        r"(?i)\b(?:as|dear|attention,?|note to)\s+(?:the\s+|an?\s+)?(?:ai\s+)?"
+        r"(?:judge|grader|evaluator|verifier|reviewer|scorer)"
         r"\b[^.\n]{0,40}?\b(?:you\s+)?(?:must|should|will|shall|have to|are (?:required|instructed) to)\b",
     ),
     (

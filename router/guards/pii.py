@@ -131,7 +131,7 @@ def _engine() -> Any:
     from presidio_analyzer.nlp_engine import NlpArtifacts, NoOpNlpEngine
     from spacy.tokens import Doc
 
-    class WordsEngine(NoOpNlpEngine):  # type: ignore[misc]
+    class WordsEngine(NoOpNlpEngine):
         def process_text(self, text: str, language: str) -> NlpArtifacts:
             matches = list(_WORD.finditer(text))
             words = [m.group() for m in matches] or [""]
@@ -158,7 +158,7 @@ def _offline_email() -> Any:
 
     extract = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None, fallback_to_snapshot=True)
 
-    class OfflineEmail(EmailRecognizer):  # type: ignore[misc]
+    class OfflineEmail(EmailRecognizer):
         def validate_result(self, pattern_text: str) -> bool:
             return bool(extract(pattern_text).fqdn)
 
@@ -194,9 +194,7 @@ class PiiDetector:
     def detect(self, text: str) -> list[Finding]:
         if not text.strip():
             return []
-        results = self._analyzer.analyze(
-            text, language="en", entities=self._entities, score_threshold=self.min_score
-        )
+        results = self._analyzer.analyze(text, language="en", entities=self._entities, score_threshold=self.min_score)
         found = [Finding(r.entity_type, r.start, r.end, float(r.score)) for r in results]
         if "CREDIT_CARD" in self.kinds:
             for m in _SPACED_CARD.finditer(text):

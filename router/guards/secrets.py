@@ -36,7 +36,8 @@ _PATTERNS: tuple[tuple[str, str, int], ...] = (
     ("AWS_ACCESS_KEY", r"(?<![A-Z0-9])(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Z0-9])", 0),
     (
         "AWS_SECRET_KEY",
-        r"(?i:aws[_\- ]?secret(?:[_\- ]?access)?(?:[_\- ]?key)?)[\"']?\s*[:=]\s*[\"']?([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])",
+        r"(?i:aws[_\- ]?secret(?:[_\- ]?access)?(?:[_\- ]?key)?)[\"']?\s*[:=]\s*[\"']?"
+        r"([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])",
         1,
     ),
     ("ANTHROPIC_API_KEY", r"(?<![\w-])sk-ant-(?:api|admin)\d{2}-[A-Za-z0-9_-]{20,}", 0),
@@ -49,7 +50,8 @@ _PATTERNS: tuple[tuple[str, str, int], ...] = (
     ("HUGGINGFACE_TOKEN", r"(?<![\w])hf_[A-Za-z]{34}(?![A-Za-z])", 0),
     (
         "PRIVATE_KEY",
-        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----(?:[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|[A-Za-z0-9+/=\s:\-,]*)",
+        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
+        r"(?:[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|[A-Za-z0-9+/=\s:\-,]*)",
         0,
     ),
     ("JWT", r"(?<![\w-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", 0),

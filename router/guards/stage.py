@@ -99,7 +99,9 @@ class Guard(Stage):
             raise ValueError("label: a name of letters, digits and underscores")
         extra = self._own_params(params)
         super().__init__(params)
-        if kinds is not None and (not isinstance(kinds, list) or not kinds or not all(isinstance(k, str) for k in kinds)):
+        if kinds is not None and (
+            not isinstance(kinds, list) or not kinds or not all(isinstance(k, str) for k in kinds)
+        ):
             raise ValueError("kinds: a non-empty list of kind names")
         self.detector = make(frozenset(kinds) if kinds is not None else None, **extra)
         self.name = label or ""
@@ -242,8 +244,10 @@ class Guard(Stage):
         """`gen` with `change` applied to every choice's text and tool call arguments."""
 
         def one(g: Generation) -> Generation:
-            calls = None if g.tool_calls is None else tuple(
-                dataclasses.replace(c, arguments=change(c.arguments)) for c in g.tool_calls
+            calls = (
+                None
+                if g.tool_calls is None
+                else tuple(dataclasses.replace(c, arguments=change(c.arguments)) for c in g.tool_calls)
             )
             return dataclasses.replace(g, text=change(g.text), tool_calls=calls)
 

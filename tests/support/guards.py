@@ -137,34 +137,94 @@ def _chat(p: Planter, model: str, stream: bool) -> list[Planted]:
     base = {"model": model, "max_tokens": 4, "stream": stream, "temperature": 0}
     made = []
     a = _two(p)
-    made.append(Planted("/v1/chat/completions", {**base, "messages": [
-        {"role": "user", "content": f"My details are {a[0]} and {a[1]}. Say ok."}]}, a, "plain"))
+    made.append(
+        Planted(
+            "/v1/chat/completions",
+            {**base, "messages": [{"role": "user", "content": f"My details are {a[0]} and {a[1]}. Say ok."}]},
+            a,
+            "plain",
+        )
+    )
     a = _two(p)
-    made.append(Planted("/v1/chat/completions", {**base, "messages": [
-        {"role": "system", "content": f"The account holder's contact is {a[0]}; backup {a[1]}."},
-        {"role": "user", "content": "Say ok."}]}, a, "system"))
+    made.append(
+        Planted(
+            "/v1/chat/completions",
+            {
+                **base,
+                "messages": [
+                    {"role": "system", "content": f"The account holder's contact is {a[0]}; backup {a[1]}."},
+                    {"role": "user", "content": "Say ok."},
+                ],
+            },
+            a,
+            "system",
+        )
+    )
     a = _two(p)
-    made.append(Planted("/v1/chat/completions", {**base, "messages": [
-        {"role": "user", "content": f"Remember {a[0]}."},
-        {"role": "assistant", "content": f"Noted: {a[1]}."},
-        {"role": "user", "content": "Say ok."}]}, a, "earlier turns"))
+    made.append(
+        Planted(
+            "/v1/chat/completions",
+            {
+                **base,
+                "messages": [
+                    {"role": "user", "content": f"Remember {a[0]}."},
+                    {"role": "assistant", "content": f"Noted: {a[1]}."},
+                    {"role": "user", "content": "Say ok."},
+                ],
+            },
+            a,
+            "earlier turns",
+        )
+    )
     a = _two(p)
-    made.append(Planted("/v1/chat/completions", {**base, "tools": [
-        {"type": "function", "function": {"name": "lookup", "description": "Look a customer up",
-                                          "parameters": WEATHER_PARAMS}}],
-        "messages": [
-        {"role": "user", "content": "Look the customer up."},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": json.dumps({"city": a[0]})}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": f"found: {a[1]}"},
-        {"role": "user", "content": "Say ok."}]}, a, "tool-call arguments"))
+    made.append(
+        Planted(
+            "/v1/chat/completions",
+            {
+                **base,
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "lookup",
+                            "description": "Look a customer up",
+                            "parameters": WEATHER_PARAMS,
+                        },
+                    }
+                ],
+                "messages": [
+                    {"role": "user", "content": "Look the customer up."},
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "lookup", "arguments": json.dumps({"city": a[0]})},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "call_1", "content": f"found: {a[1]}"},
+                    {"role": "user", "content": "Say ok."},
+                ],
+            },
+            a,
+            "tool-call arguments",
+        )
+    )
     return made
 
 
 def _completions(p: Planter, model: str, stream: bool) -> list[Planted]:
     a = _two(p)
-    body = {"model": model, "max_tokens": 4, "stream": stream, "temperature": 0,
-            "prompt": f"Customer record: {a[0]}, {a[1]}.\nSummary:"}
+    body = {
+        "model": model,
+        "max_tokens": 4,
+        "stream": stream,
+        "temperature": 0,
+        "prompt": f"Customer record: {a[0]}, {a[1]}.\nSummary:",
+    }
     return [Planted("/v1/completions", body, a, "plain")]
 
 
@@ -172,15 +232,39 @@ def _responses(p: Planter, model: str, stream: bool) -> list[Planted]:
     base = {"model": model, "max_output_tokens": 16, "stream": stream, "temperature": 0}
     a, b = _two(p), _two(p)
     return [
-        Planted("/v1/responses", {**base, "instructions": f"The customer is {a[0]}.",
-                                  "input": f"Also {a[1]}. Say ok."}, a, "system"),
-        Planted("/v1/responses", {**base, "tools": [
-            {"type": "function", "name": "lookup", "description": "Look a customer up", "parameters": WEATHER_PARAMS}],
-            "input": [
-            {"role": "user", "content": "Look the customer up."},
-            {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": json.dumps({"city": b[0]})},
-            {"type": "function_call_output", "call_id": "c1", "output": f"found: {b[1]}"},
-            {"role": "user", "content": "Say ok."}]}, b, "tool-call arguments"),
+        Planted(
+            "/v1/responses",
+            {**base, "instructions": f"The customer is {a[0]}.", "input": f"Also {a[1]}. Say ok."},
+            a,
+            "system",
+        ),
+        Planted(
+            "/v1/responses",
+            {
+                **base,
+                "tools": [
+                    {
+                        "type": "function",
+                        "name": "lookup",
+                        "description": "Look a customer up",
+                        "parameters": WEATHER_PARAMS,
+                    }
+                ],
+                "input": [
+                    {"role": "user", "content": "Look the customer up."},
+                    {
+                        "type": "function_call",
+                        "call_id": "c1",
+                        "name": "lookup",
+                        "arguments": json.dumps({"city": b[0]}),
+                    },
+                    {"type": "function_call_output", "call_id": "c1", "output": f"found: {b[1]}"},
+                    {"role": "user", "content": "Say ok."},
+                ],
+            },
+            b,
+            "tool-call arguments",
+        ),
     ]
 
 
@@ -188,15 +272,39 @@ def _messages(p: Planter, model: str, stream: bool) -> list[Planted]:
     base = {"model": model, "max_tokens": 4, "stream": stream, "temperature": 0}
     a, b = _two(p), _two(p)
     return [
-        Planted("/v1/messages", {**base, "system": f"Account contact: {a[0]}.", "messages": [
-            {"role": "user", "content": f"And {a[1]}. Say ok."}]}, a, "system"),
-        Planted("/v1/messages", {**base, "tools": [
-            {"name": "lookup", "description": "Look a customer up", "input_schema": WEATHER_PARAMS}],
-            "messages": [
-            {"role": "user", "content": "Look the customer up."},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "lookup", "input": {"city": b[0]}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": f"found: {b[1]}"},
-                                         {"type": "text", "text": "Say ok."}]}]}, b, "tool-call arguments"),
+        Planted(
+            "/v1/messages",
+            {
+                **base,
+                "system": f"Account contact: {a[0]}.",
+                "messages": [{"role": "user", "content": f"And {a[1]}. Say ok."}],
+            },
+            a,
+            "system",
+        ),
+        Planted(
+            "/v1/messages",
+            {
+                **base,
+                "tools": [{"name": "lookup", "description": "Look a customer up", "input_schema": WEATHER_PARAMS}],
+                "messages": [
+                    {"role": "user", "content": "Look the customer up."},
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "tool_use", "id": "t1", "name": "lookup", "input": {"city": b[0]}}],
+                    },
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "tool_result", "tool_use_id": "t1", "content": f"found: {b[1]}"},
+                            {"type": "text", "text": "Say ok."},
+                        ],
+                    },
+                ],
+            },
+            b,
+            "tool-call arguments",
+        ),
     ]
 
 

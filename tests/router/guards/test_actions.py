@@ -26,7 +26,9 @@ REFUSE = '\n[[stages]]\nname = "pii"\nparams = { action = "keep_local", on_local
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, smol_path: Path) -> Iterator[tuple[str, dict[str, str], FaultUpstream]]:
+def served(
+    tmp_path_factory: pytest.TempPathFactory, smol_path: Path
+) -> Iterator[tuple[str, dict[str, str], FaultUpstream]]:
     tmp = tmp_path_factory.mktemp("actions")
     with FaultUpstream() as upstream:
         # the `log` key's personal-data guard is the strict keep_local one here
@@ -39,8 +41,13 @@ def served(tmp_path_factory: pytest.TempPathFactory, smol_path: Path) -> Iterato
 
 
 def _chat(url: str, key: str, content: str, *, model: str = "auto", stream: bool = False) -> httpx.Response:
-    body = {"model": model, "max_tokens": 4, "temperature": 0, "stream": stream,
-            "messages": [{"role": "user", "content": content}]}
+    body = {
+        "model": model,
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": stream,
+        "messages": [{"role": "user", "content": content}],
+    }
     return httpx.post(f"{url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}, timeout=120)
 
 
@@ -86,7 +93,11 @@ def test_redact_sends_placeholders_and_restores_them_in_the_answer(served) -> No
     body = r.json()
     assert body["choices"][0]["message"]["content"] == f"I will write to {EMAIL} today."
     note = body["tierroute"]["stages"]["pii_redact"]
-    assert note["action"] == "redact" and note["found"] == {"EMAIL_ADDRESS": 2} and note["restored"] == {"EMAIL_ADDRESS": 1}
+    assert (
+        note["action"] == "redact"
+        and note["found"] == {"EMAIL_ADDRESS": 2}
+        and note["restored"] == {"EMAIL_ADDRESS": 1}
+    )
     assert EMAIL not in json.dumps(note)
 
 
@@ -118,7 +129,13 @@ def test_output_check_redacts_an_answer_the_model_wrote_plain_and_streamed(serve
             text, ext = r.json()["choices"][0]["message"]["content"], r.json()["tierroute"]
         assert leaked not in r.text and "415-555-2671" not in r.text
         assert text == "Contact <EMAIL_ADDRESS> or call <PHONE_NUMBER>."
-        assert ext["stages"]["pii_out"]["answer"] == {"action": "redact", "found": {"EMAIL_ADDRESS": 1, "PHONE_NUMBER": 1}}
+        assert ext["stages"]["pii_out"]["answer"] == {
+            "action": "redact",
+            "found": {"EMAIL_ADDRESS": 1, "PHONE_NUMBER": 1},
+        }
     metrics = httpx.get(f"{url}/metrics", headers={"authorization": f"Bearer {keys['admin']}"}).text
-    assert 'tierroute_stage_actions_total{action="redact",kind="EMAIL_ADDRESS",stage="pii_out",where="answer"} 2.0' in metrics
+    assert (
+        'tierroute_stage_actions_total{action="redact",kind="EMAIL_ADDRESS",stage="pii_out",where="answer"} 2.0'
+        in metrics
+    )
     assert 'stage="pii_block"' in metrics and 'action="restore"' in metrics

@@ -18,7 +18,11 @@ from router.guards.secrets import SecretsDetector
 
 SECRETS = [
     ("AWS_ACCESS_KEY", "key AKIAIOSFODNN7EXAMPLE here", "AKIAIOSFODNN7EXAMPLE"),
-    ("AWS_SECRET_KEY", "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
+    (
+        "AWS_SECRET_KEY",
+        "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    ),
     ("OPENAI_API_KEY", "use sk-proj-abcdefghijklmnopqrstuvwx1234 now", "sk-proj-abcdefghijklmnopqrstuvwx1234"),
     ("ANTHROPIC_API_KEY", "sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123", "sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123"),
     ("GITHUB_TOKEN", "token ghp_abcdefghijklmnopqrstuvwxyz0123456789", "ghp_abcdefghijklmnopqrstuvwxyz0123456789"),
@@ -27,7 +31,11 @@ SECRETS = [
     ("STRIPE_KEY", "sk_live_abcdefghijklmnop1234", "sk_live_abcdefghijklmnop1234"),
     ("GOOGLE_API_KEY", "AIzaSyA1234567890abcdefghijklmnopqrstuv", "AIzaSyA1234567890abcdefghijklmnopqrstuv"),
     ("HUGGINGFACE_TOKEN", "hf_abcdefghijklmnopqrstuvwxyzABCDEFGH", "hf_abcdefghijklmnopqrstuvwxyzABCDEFGH"),
-    ("JWT", "Authorization eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.abcdefghijk", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.abcdefghijk"),
+    (
+        "JWT",
+        "Authorization eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.abcdefghijk",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.abcdefghijk",
+    ),
     ("BEARER_TOKEN", "Authorization: Bearer abcdef0123456789abcdef01", "abcdef0123456789abcdef01"),
     ("PASSWORD", 'password = "hunter2hunter2"', "hunter2hunter2"),
 ]

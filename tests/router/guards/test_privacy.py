@@ -32,7 +32,9 @@ ROUNDS = 1  # each round: 18 requests x 12 items = 216 planted items
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, smol_path: Path) -> Iterator[tuple[str, dict[str, str], FaultUpstream, Path]]:
+def served(
+    tmp_path_factory: pytest.TempPathFactory, smol_path: Path
+) -> Iterator[tuple[str, dict[str, str], FaultUpstream, Path]]:
     tmp = tmp_path_factory.mktemp("privacy")
     with FaultUpstream() as upstream:
         cfg, keys = served_config(tmp, upstream.base_url, cache=True)

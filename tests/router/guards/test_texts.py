@@ -51,7 +51,11 @@ def test_a_card_split_over_two_messages_is_found_and_both_parts_replaced() -> No
 
 def test_the_same_value_is_the_same_placeholder_and_restores() -> None:
     r = Redaction()
-    a, b, c = r.placeholder("EMAIL_ADDRESS", "x@y.com"), r.placeholder("EMAIL_ADDRESS", "z@y.com"), r.placeholder("EMAIL_ADDRESS", "x@y.com")
+    a, b, c = (
+        r.placeholder("EMAIL_ADDRESS", "x@y.com"),
+        r.placeholder("EMAIL_ADDRESS", "z@y.com"),
+        r.placeholder("EMAIL_ADDRESS", "x@y.com"),
+    )
     assert (a, b, c) == ("<EMAIL_ADDRESS_1>", "<EMAIL_ADDRESS_2>", "<EMAIL_ADDRESS_1>")
     text, n = r.restore("to <EMAIL_ADDRESS_1>, cc EMAIL_ADDRESS_2 and [EMAIL_ADDRESS_1]")
     assert text == "to x@y.com, cc z@y.com and x@y.com" and n["EMAIL_ADDRESS"] == 3
