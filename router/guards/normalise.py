@@ -12,7 +12,7 @@ finds back to the spans of the text as sent, so a redaction replaces exactly wha
   the small and fullwidth `@`), any decimal digit read as its ASCII digit, and the Cyrillic and
   Greek letters that look like Latin ones folded to those (`CONFUSABLES`: a short list, not
   Unicode's whole confusables table);
-- a run of 20 or more base64 characters that decodes to printable UTF-8 text is scanned as that
+- a run of 16 or more base64 characters that decodes to printable UTF-8 text is scanned as that
   text too, and a finding inside it is the whole run.
 
 What it does not undo (spacing a value out letter by letter, spelling `at` and `dot`, splitting a
@@ -36,7 +36,7 @@ CONFUSABLES = str.maketrans(
     "abcehijklmhoppstyxydqwABCEHIJKMHOPSTXYABEZHIKMNOPTYXaoiknptux",
 )
 _VARIATION = range(0xFE00, 0xFE10)
-_B64_RUN = re.compile(r"[A-Za-z0-9+/_-]{20,}={0,2}")
+_B64_RUN = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
 _MAX_B64_RUNS = 16  # per text: a text of nothing but base64 does not cost a decode per run forever
 _MAX_B64_CHARS = 65_536
 
@@ -80,7 +80,8 @@ def decoded(run: str) -> str | None:
     """The text a base64 run stands for, when it is printable UTF-8 text; else None."""
     if len(run) > _MAX_B64_CHARS:
         return None
-    padded = run + "=" * (-len(run.rstrip("=")) % 4)
+    bare = run.rstrip("=")
+    padded = bare + "=" * (-len(bare) % 4)
     for alt in (None, b"-_"):
         try:
             raw = base64.b64decode(padded, altchars=alt, validate=True)

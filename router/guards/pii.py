@@ -15,7 +15,8 @@ places and organisations (Presidio's NER kinds) are not found: they need a model
 Kinds found by default (`DEFAULT_KINDS`): email, phone, credit card, IBAN, IP address, and the
 national ids whose recognizers carry a checksum or a narrow format (US SSN and ITIN, UK NHS and
 NINO, Spain's NIF and NIE, Italy's fiscal code, India's PAN and Aadhaar, Singapore's NRIC/FIN,
-Australia's TFN, Poland's PESEL, Finland's personal identity code). More of Presidio's pattern
+Australia's TFN, Finland's personal identity code; Poland's PESEL is optional, since its pattern
+fires inside longer numbers). More of Presidio's pattern
 recognizers can be asked for by kind (`OPTIONAL_KINDS`). Beside Presidio's card pattern, which
 takes digits in groups, one of ours takes 13 to 19 digits with any single space, dot or dash
 between any two (`4 1 1 1 1 1 1 1 ...`) and keeps those that pass Luhn's check; and beside
@@ -54,12 +55,12 @@ DEFAULT_KINDS = frozenset(
         "IN_AADHAAR",
         "SG_NRIC_FIN",
         "AU_TFN",
-        "PL_PESEL",
         "FI_PERSONAL_IDENTITY_CODE",
     }
 )
 OPTIONAL_KINDS = frozenset(
     {
+        "PL_PESEL",  # its pattern matches 11 digits inside longer numbers (cards, IBANs): measured
         "US_PASSPORT",
         "US_DRIVER_LICENSE",
         "US_BANK_NUMBER",
