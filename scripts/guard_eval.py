@@ -77,7 +77,8 @@ class Gen:
     def entity(self, kind: str) -> str:
         r = self.rng
         if kind == "EMAIL_ADDRESS":
-            return f"{self.alnum(6, string.ascii_lowercase)}.{self.alnum(4, string.ascii_lowercase)}@{r.choice(['example.com', 'mail.example.org', 'example.co.uk'])}"
+            host = r.choice(["example.com", "mail.example.org", "example.co.uk"])
+            return f"{self.alnum(6, string.ascii_lowercase)}.{self.alnum(4, string.ascii_lowercase)}@{host}"
         if kind == "PHONE_NUMBER":
             style = r.randrange(4)
             if style == 0:
@@ -130,6 +131,7 @@ class Gen:
 
     def negative(self) -> str:
         r = self.rng
+        hx = "0123456789abcdef"
         body = "4" + "".join(r.choices(string.digits, k=14))
         bad = str((int(luhn_digit(body)) + 1 + r.randrange(8)) % 10)
         options = [
@@ -137,9 +139,11 @@ class Gen:
             f"card {body + bad}",  # fails Luhn's check
             f"IBAN {iban(r, valid=False)}",
             f"version {r.randrange(1, 9)}.{r.randrange(0, 20)}.{r.randrange(0, 99)}",
-            f"at 2026-{r.randrange(1, 12):02d}-{r.randrange(1, 28):02d} {r.randrange(0, 23):02d}:{r.randrange(0, 59):02d}",
+            f"at 2026-{r.randrange(1, 12):02d}-{r.randrange(1, 28):02d} "
+            f"{r.randrange(0, 23):02d}:{r.randrange(0, 59):02d}",
             f"sha256 {self.alnum(64, '0123456789abcdef')}",
-            f"id {self.alnum(8, '0123456789abcdef')}-{self.alnum(4, '0123456789abcdef')}-4{self.alnum(3, '0123456789abcdef')}-a{self.alnum(3, '0123456789abcdef')}-{self.alnum(12, '0123456789abcdef')}",
+            f"id {self.alnum(8, hx)}-{self.alnum(4, hx)}-4{self.alnum(3, hx)}-a{self.alnum(3, hx)}-"
+            f"{self.alnum(12, hx)}",
             f"ISBN 978-{r.randrange(0, 9)}-{r.randrange(100, 999)}-{r.randrange(10000, 99999)}-{r.randrange(0, 9)}",
             f"price ${r.randrange(10, 9999)}.{r.randrange(0, 99):02d}",
             "the key to the password reset is patience",
@@ -214,10 +218,23 @@ def evaluate(items: list[dict[str, Any]]) -> dict[str, Any]:
     for kind in sorted(set(tp) | set(fn) | set(fp)):
         p = tp[kind] / (tp[kind] + fp[kind]) if tp[kind] + fp[kind] else None
         r = tp[kind] / (tp[kind] + fn[kind]) if tp[kind] + fn[kind] else None
-        rows.append({"kind": kind, "labelled": tp[kind] + fn[kind], "tp": tp[kind], "fp": fp[kind], "fn": fn[kind],
-                     "precision": p, "recall": r})
-    return {"rows": rows, "by_smuggling": {k: dict(v) for k, v in by_how.items()},
-            "items": len(items), "ms_per_item": 1000 * seconds / len(items)}
+        rows.append(
+            {
+                "kind": kind,
+                "labelled": tp[kind] + fn[kind],
+                "tp": tp[kind],
+                "fp": fp[kind],
+                "fn": fn[kind],
+                "precision": p,
+                "recall": r,
+            }
+        )
+    return {
+        "rows": rows,
+        "by_smuggling": {k: dict(v) for k, v in by_how.items()},
+        "items": len(items),
+        "ms_per_item": 1000 * seconds / len(items),
+    }
 
 
 def main() -> None:
