@@ -407,6 +407,18 @@ class TierSettings(_Strict):
         None,
         description="Optional: also send a sampled share of accepted answers to a larger tier (off the client's path).",
     )
+    local: bool | None = Field(
+        None,
+        description="Whether what this tier is sent stays on this machine (guards' keep_local answers only "
+        "from local tiers, docs/guardrails.md). Unset: true for 'llamacpp' (in-process), false for 'openai' "
+        "and plugin backends; set true only for a server on this machine (a vLLM or llama.cpp on loopback).",
+    )
+
+    @property
+    def is_local(self) -> bool:
+        """`local`, or its default by backend: only the in-process llama.cpp backend is local unless
+        the operator says otherwise (a remote default is the safe mistake)."""
+        return self.local if self.local is not None else self.backend == "llamacpp"
 
     @field_validator("name")
     @classmethod

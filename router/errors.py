@@ -7,6 +7,7 @@ TierrouteError
  ├── RequestError (400)          the request cannot be served as asked
  │    ├── ContextLengthError     prompt + max_tokens exceed the context
  │    ├── AnswerTooLargeError    its answer cannot fit under a tier's max_response_bytes
+ │    ├── ResidencyError         a request that must stay on this machine, about to reach a remote tier
  │    ├── UnknownModelError (404)
  │    └── NotFoundError (404)    a thing the request names is not there (for this caller)
  ├── AuthError (401)
@@ -65,6 +66,19 @@ class AnswerTooLargeError(RequestError):
     def __init__(self, message: str, *, param: str, spent: Generation | None = None) -> None:
         super().__init__(message, param=param, code="response_too_large")
         self.spent = spent
+
+
+class ResidencyError(RequestError):
+    """A request a guard keeps on this machine (`GenerationRequest.local_only`) was about to be sent
+    to a tier that is not local. Raised where a remote backend builds what it sends, so no path (a
+    cascade, a verifier asking another tier, shadow escalation) can send it by mistake."""
+
+    def __init__(self, tier: str) -> None:
+        super().__init__(
+            f"This request may be answered only on this machine, and tier '{tier}' is not local.",
+            code="must_stay_local",
+        )
+        self.tier = tier
 
 
 class UpstreamRefusedError(TierrouteError):

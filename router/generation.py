@@ -156,6 +156,10 @@ class GenerationRequest:
     # (evals, the command line), one tenant of its own. Work done for a request (verifiers asking a
     # tier, shadow comparisons) carries its tenant on.
     tenant: Tenant | None = None
+    # a guard found data in it that may not leave the machine (router.guards, `keep_local`): only a
+    # local tier may be sent it; a remote backend refuses it (ResidencyError), and so does shadow
+    # escalation. Work done for the request (a judge, a second opinion) carries it on, as `tenant`.
+    local_only: bool = False
     # the span this work reports under (a tier attempt's; router.telemetry.spans): a backend's
     # upstream call and the verifiers hang theirs under it; None while tracing is off
     trace: Span | None = field(default=None, compare=False, repr=False)

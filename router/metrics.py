@@ -124,6 +124,13 @@ class Metrics:
             ["surface"],
             registry=r,
         )
+        self.stage_actions = Counter(
+            "tierroute_stage_actions",
+            "What request stages did (router.pipeline.stages), by stage, action (a guard's block, redact, "
+            "keep_local, log_only, restore), kind (an entity kind, never its text) and where (request or answer).",
+            ["stage", "action", "kind", "where"],
+            registry=r,
+        )
         self.refused = Counter(
             "tierroute_requests_refused", "Requests refused before generation, by reason.", ["reason"], registry=r
         )
@@ -240,7 +247,8 @@ class ShadowMetrics:
         self.dropped = Counter(
             "tierroute_shadow_dropped",
             "Sampled shadow requests not run: queue_full, budget (the day's shadow budget is spent), "
-            "failed (the target tier failed), stopped (the service shut down).",
+            "failed (the target tier failed), stopped (the service shut down), local_only (a guard keeps the request "
+            "on the machine and the target is remote).",
             ["tier", "reason"],
             registry=r,
         )

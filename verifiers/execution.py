@@ -352,6 +352,7 @@ class ExecutionVerifier:
             temperature=self.temperature,
             seed=self.seed,
             tenant=request.tenant,  # the client's problem: a local tier keeps its KV as the client's
+            local_only=request.local_only,
         )
 
     def worst_cost(self, request: GenerationRequest) -> VerifierCost:

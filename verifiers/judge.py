@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from router.errors import ResidencyError
 from router.generation import Generation, GenerationRequest, Message
 from verifiers.base import Score, VerifierContext, VerifierCost, require_integers, require_numbers
 from verifiers.consistency import generation_cost
@@ -127,9 +128,12 @@ class JudgeVerifier:
             seed=self.seed,
             deadline=time.monotonic() + self.timeout_s,
             tenant=request.tenant,  # the client's text: a local judge tier keeps its KV as the client's
+            local_only=request.local_only,  # kept on the machine by a guard: a remote judge refuses it
         )
         try:
             reply = await backend.generate(judge_request)
+        except ResidencyError:
+            return Score.abstain(f"judge tier {self.tier!r} is remote and this request must stay on the machine")
         except Exception as exc:  # noqa: BLE001 - any failure of the judge is a reject, with its reason
             return Score(
                 0.0, f"judge tier {self.tier!r} failed: {type(exc).__name__}: {exc}"[:300], {"tier": self.tier}

@@ -5,6 +5,11 @@ before any tier sees it: the smallest useful guard, and the worked example of do
 Params: `phrases` (a list of strings, required), `case_sensitive` (default false). The refusal
 names the stage, never the phrase matched (a client probing the list learns only that one
 matched).
+
+The guards (router.guards): `pii` (personal data, by Microsoft Presidio's pattern recognizers),
+`secrets` (API keys, private keys, tokens) and `prompt_injection` (text aimed at the verifiers and
+judges), each blocking, redacting, keeping the request on the machine or only logging what it
+finds (docs/guardrails.md).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from router.guards.stage import InjectionGuard, PiiGuard, SecretsGuard
 from router.pipeline.stages import Stage, StageContext, StageFactory, StageRefused
 
 if TYPE_CHECKING:
@@ -42,3 +48,6 @@ class DenyPhrases(Stage):
 
 def register_builtin_stages(register: Callable[[str, StageFactory], None]) -> None:
     register("deny_phrases", DenyPhrases)
+    register("pii", PiiGuard)
+    register("secrets", SecretsGuard)
+    register("prompt_injection", InjectionGuard)

@@ -120,11 +120,14 @@ class Pipeline:
             hit = await self.cache.get(lookup)
             if hit is not None:
                 return await self._replayed(ctx, call, hit, from_cache=True)
-        for stage in self.stages:
-            stored = await stage.before(ctx)
-            if stored is not None:
-                stored = dataclasses.replace(stored, source=f"stored answer from stage {stage.name}")
-                return await self._replayed(ctx, call, stored, from_cache=False)
+        try:
+            for stage in self.stages:
+                stored = await stage.before(ctx)
+                if stored is not None:
+                    stored = dataclasses.replace(stored, source=f"stored answer from stage {stage.name}")
+                    return await self._replayed(ctx, call, stored, from_cache=False)
+        finally:
+            self._count(ctx, 0)  # a refusal too: /metrics says which stage refused, and on what kind
         if ctx.request.tenant != principal.tenant:  # a stage rewrites what is generated, never for whom
             ctx.request = ctx.request.with_(tenant=principal.tenant)
         # n > 1 is answered whole (the cascade judges the request once its n choices exist), so its
@@ -176,7 +179,14 @@ class Pipeline:
                 request = make()
         else:
             request = make()
-        return StageContext(surface=surface, principal=principal, model=body.model, request=request, plan=tuple(plan))
+        return StageContext(
+            surface=surface,
+            principal=principal,
+            model=body.model,
+            request=request,
+            plan=tuple(plan),
+            detect=self.engine.cascade.detect,
+        )
 
     def _open(self, ctx: StageContext, call: _Call, *, stream: bool, cached: bool = False) -> RequestAccount:
         """The request's account (router.admission.lifecycle), priced on the plan as it stands;
@@ -195,23 +205,36 @@ class Pipeline:
         )
 
     async def _after(self, ctx: StageContext, result: CascadeResult) -> None:
-        for stage in self.stages:
-            await stage.after(ctx, result)
+        before = len(ctx.actions)
+        try:
+            for stage in self.stages:
+                await stage.after(ctx, result)
+        finally:
+            self._count(ctx, before)
         result.stages = ctx.notes
+
+    def _count(self, ctx: StageContext, since: int) -> None:
+        """What the stages did from `since` on, in /metrics (`tierroute_stage_actions_total`)."""
+        counter = self.accounting.metrics.stage_actions
+        for a in ctx.actions[since:]:
+            counter.labels(a.stage, a.action, a.kind, a.where).inc()
 
     async def _whole(self, ctx: StageContext, call: _Call) -> Any:
         """Answered whole, then sent as JSON or, when a stream was asked for, in OpenAI's chunks."""
         body, shape = call.body, call.shape
         account = self._open(ctx, call, stream=bool(body.stream))
         async with account:  # a failing ledger: 503 before any work
-            result = await self.engine.cascade.run(ctx.request, body.model, spent=account.spent, plan=ctx.plan)
+            result = await self.engine.cascade.run(
+                ctx.request, body.model, spent=account.spent, plan=ctx.plan, task=ctx.detected
+            )
             await account.record(result)  # committed before the client sees it
         await self._after(ctx, result)  # a refusal here: the answer is not sent, its cost is recorded
         stored = shape.response(call.rid, ctx.request, result, call.wanted, call.cache)
-        self.cache.offer(call.lookup, stored, result)  # in the background: its row is committed
+        # in the background: its row is committed; never an answer a stage found data in
+        self.cache.offer(call.lookup if ctx.cacheable else None, stored, result)
         payload = shape.shown(stored)
         # shadow escalation starts once the response is sent: never on the client's path
-        after = BackgroundTask(self.shadow.offered, call.rid, ctx.request, result)
+        after = BackgroundTask(self.shadow.offered, call.rid, ctx.request, result) if ctx.shadowable else None
         headers = _headers(result.final.tier, result.escalated, call.lookup)
         if body.stream:
             return StreamingResponse(
@@ -225,7 +248,9 @@ class Pipeline:
     async def _live(self, ctx: StageContext, call: _Call) -> Any:
         """Streamed as the answering tier generates (router.pipeline.streaming)."""
         account = self._open(ctx, call, stream=True)
-        events = self.engine.cascade.stream(ctx.request, call.body.model, spent=account.spent, plan=ctx.plan)
+        events = self.engine.cascade.stream(
+            ctx.request, call.body.model, spent=account.spent, plan=ctx.plan, task=ctx.detected
+        )
         iterator = events.__aiter__()
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(account)
@@ -238,10 +263,12 @@ class Pipeline:
         settle = streaming.once(way_out.aclose)
 
         async def delivered(result: CascadeResult) -> None:
-            self.shadow.offer(call.rid, ctx.request, result)
-            self.cache.offer(
-                call.lookup, call.shape.response(call.rid, ctx.request, result, call.wanted, call.cache), result
-            )
+            if ctx.shadowable:
+                self.shadow.offer(call.rid, ctx.request, result)
+            if ctx.cacheable:
+                self.cache.offer(
+                    call.lookup, call.shape.response(call.rid, ctx.request, result, call.wanted, call.cache), result
+                )
 
         content = streaming.live_events(
             rid=call.rid,

@@ -17,7 +17,11 @@ answer is then not delivered, and its cost is still recorded) or add a note. A s
 then answered whole and streamed afterwards, since text already sent cannot be taken back.
 
 What every stage writes to `ctx.notes[stage.name]` reaches the client in the `tierroute` object's
-`stages` field, so a client can see which stage acted and why. Stages run in the order the
+`stages` field, so a client can see which stage acted and why; what it records with `ctx.acted`
+is counted in /metrics (`tierroute_stage_actions_total`). A stage that found something the
+service must not keep clears `ctx.cacheable` (the response cache does not store the answer) or
+`ctx.shadowable` (the answer is not offered to shadow escalation); `ctx.task()` is the request's
+task (router.tasks), detected once and handed on to the cascade. Stages run in the order the
 config lists them (`[[stages]]`), after the exact response cache and admission, on every API
 surface alike.
 
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from router.errors import ConfigError, RequestError
 from router.plugins import STAGES, Registry
@@ -41,6 +45,7 @@ if TYPE_CHECKING:
     from router.cascade import CascadeResult, Tier
     from router.config import StageSpec
     from router.generation import GenerationRequest
+    from router.tasks import TaskLabel
 
 
 class StageRefused(RequestError):
@@ -51,10 +56,20 @@ class StageRefused(RequestError):
         self.stage = stage
 
 
+@dataclass(frozen=True)
+class StageAction:
+    """One thing a stage did, as /metrics counts it: never the data it acted on."""
+
+    stage: str
+    action: str  # the stage's word for it: "block", "redact", "keep_local", "log_only", "restore"...
+    kind: str  # what it acted on: an entity kind ("EMAIL_ADDRESS"), never its text
+    where: Literal["request", "answer"]
+
+
 @dataclass
 class StageContext:
-    """One request as the stages see it. `request` and `plan` are the stages' to change (see the
-    module docstring for how); the rest is read-only."""
+    """One request as the stages see it. `request`, `plan`, `notes`, `actions`, `state`, `cacheable`
+    and `shadowable` are the stages' to change (see the module docstring for how); the rest is read-only."""
 
     surface: str  # the API the request came through: "chat.completions", "completions"
     principal: Principal
@@ -62,6 +77,24 @@ class StageContext:
     request: GenerationRequest
     plan: tuple[Tier, ...]
     notes: dict[str, Any] = field(default_factory=dict)  # stage name -> what it says, shown to the client
+    actions: list[StageAction] = field(default_factory=list)  # counted in /metrics
+    # a stage's own per-request state, by stage name: kept between its `before` and `after`, never shown
+    state: dict[str, Any] = field(default_factory=dict, repr=False)
+    cacheable: bool = True  # False: the response cache does not store this request's answer
+    shadowable: bool = True  # False: the answer is not offered to shadow escalation
+    # how the request's task is detected (the cascade's own rule); None: it is not (tests)
+    detect: Callable[[GenerationRequest], TaskLabel] | None = field(default=None, repr=False)
+    detected: TaskLabel | None = field(default=None, repr=False)
+
+    def task(self) -> str | None:
+        """The request's task (router.tasks), detected once on the request as the stage sees it;
+        the cascade is handed the same label."""
+        if self.detected is None and self.detect is not None:
+            self.detected = self.detect(self.request)
+        return None if self.detected is None else self.detected.task
+
+    def acted(self, stage: str, action: str, kind: str, where: Literal["request", "answer"] = "request") -> None:
+        self.actions.append(StageAction(stage, action, kind, where))
 
     def narrow(self, names: Iterable[str]) -> None:
         """Keep only the planned tiers named, in the plan's order; at least one must stay."""

@@ -20,6 +20,10 @@ spent and reserved would pass `usd_per_day`, and charges the real cost after. So
 never passes the budget. The day is the UTC day; at a restart, the day's spend is read back from
 the ledger's shadow pairs.
 
+A request a guard keeps on the machine (`GenerationRequest.local_only`, router.guards) is never
+sent to a target that is not local: it is dropped and counted (`reason="local_only"`), and the
+target's backend would refuse it besides (`ResidencyError`).
+
 A shadow request is a generation only: the target's verifiers are not run (the client is not
 waiting on its answer, and nothing is decided by it). It is written to the ledger as a request of
 the operator key `_shadow` (never the client's), so `report costs --by key` shows its cost, and
@@ -214,6 +218,10 @@ class ShadowService:
         final = result.final
         lane = self.lanes.get(final.tier)
         if lane is None or not self.started or final.tier == last or not final.accepted:
+            return
+        if request.local_only and not self.cascade.by_name[lane.target].settings.is_local:
+            # a guard keeps this request on the machine (router.guards): a remote target never sees it
+            self.metrics.shadow.dropped.labels(lane.tier, "local_only").inc()
             return
         if self.rng.random() >= lane.settings.rate:
             return

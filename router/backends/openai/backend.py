@@ -75,6 +75,7 @@ from router.errors import (
     ConfigError,
     DeadlineError,
     RequestError,
+    ResidencyError,
     UnavailableError,
     UpstreamError,
 )
@@ -116,9 +117,11 @@ class OpenAIBackend(Backend):
         max_tokens: int | None = None,
         retry_after_s: float = 30.0,
         breaker: CircuitBreaker | None = None,
+        local: bool = False,
     ) -> None:
         super().__init__(name)
         self.config = config
+        self.local = local  # the tier's `local`: False refuses every request that must stay here
         self.model = config.model
         self.timeout_s = timeout_s
         self.max_tokens = max_tokens
@@ -147,6 +150,7 @@ class OpenAIBackend(Backend):
             timeout_s=tier.timeout_s,
             max_tokens=tier.max_tokens,
             retry_after_s=settings.cascade.retry_after_s,
+            local=tier.is_local,
         )
 
     def prompt_token_limit(self, request: GenerationRequest) -> int:
@@ -573,6 +577,10 @@ class OpenAIBackend(Backend):
     # -- failures --------------------------------------------------------------------------------
 
     def _new_call(self, request: GenerationRequest) -> Call:
+        # every way a request leaves for an upstream (generate, stream, score) starts here: one place
+        # where a request a guard keeps on the machine cannot pass (router.guards, keep_local)
+        if request.local_only and not self.local:
+            raise ResidencyError(self.name)
         now = time.monotonic()
         deadline = now + self.timeout_s
         if request.deadline is not None:
