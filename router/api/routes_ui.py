@@ -16,6 +16,9 @@ thread, so a long window never holds the event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from typing import Annotated, Any
 
@@ -25,9 +28,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.api.deps import ReportReaderDep, Services, ServicesDep
 from router.dashboard import evals, figures, reading
-from router.errors import NotFoundError
+from router.errors import NotFoundError, RateLimitError
+
+log = logging.getLogger(__name__)
 
 PREFIX = "/ui"
+# A page's figures are built from a window of ledger rows on threads of their own, never asyncio's
+# default pool, which admission, the key registry's refresh (revocations), admin routes and the
+# body guard share: one report key's week-long builds queued all of those behind it (an outside
+# review: a revocation took 31 s to arrive, a large-body completion 73 s). At most MAX_BUILDS run
+# at once; one more is refused with 429 at once, not queued.
+MAX_BUILDS = 2
+_BUILDS = ThreadPoolExecutor(max_workers=MAX_BUILDS, thread_name_prefix="tierroute-ui")
+_running = 0
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -72,7 +85,37 @@ class UiHeaders:
                 message = {**message, "headers": [*kept, *HEADERS]}
             await send(message)
 
-        await self.app(scope, receive, with_headers)
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await with_headers(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            # an unhandled error under /ui/ still gets the headers (the server's own 500 would not)
+            log.exception("dashboard request failed")
+            if started:
+                raise
+            await with_headers(
+                {"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"application/json")]}
+            )
+            await send({"type": "http.response.body", "body": b'{"error":{"message":"internal error"}}'})
+
+
+async def _build(work: Callable[..., Any], *args: Any) -> Any:
+    """`work` on the dashboard's own threads, or 429 when MAX_BUILDS are running already."""
+    global _running
+    if _running >= MAX_BUILDS:
+        raise RateLimitError(f"the dashboard is building {MAX_BUILDS} pages already: try again shortly", 2.0)
+    _running += 1
+    try:
+        return await asyncio.get_running_loop().run_in_executor(_BUILDS, work, *args)
+    finally:
+        _running -= 1
 
 
 def _file(name: str) -> Response:
@@ -99,7 +142,7 @@ async def overview(services: ServicesDep, viewer: ReportReaderDep, since: Since 
     def build() -> dict[str, Any]:
         return figures.overview(reading.entries(services.settings, w), services.settings, w)
 
-    return await asyncio.to_thread(build)
+    return await _build(build)
 
 
 @router.get("/api/quality")
@@ -110,7 +153,7 @@ async def quality(services: ServicesDep, viewer: ReportReaderDep, since: Since =
         entries, pairs, labels = reading.quality_rows(services.settings, w)
         return figures.quality(entries, pairs, labels, services.settings, w)
 
-    return await asyncio.to_thread(build)
+    return await _build(build)
 
 
 @router.get("/api/latency")
@@ -123,7 +166,7 @@ async def latency(services: ServicesDep, viewer: ReportReaderDep, since: Since =
     def build() -> dict[str, Any]:
         return figures.latency(reading.entries(services.settings, w), w, live, deployments)
 
-    return await asyncio.to_thread(build)
+    return await _build(build)
 
 
 @router.get("/api/keys")
@@ -135,7 +178,7 @@ async def keys(services: ServicesDep, viewer: ReportReaderDep, since: Since = No
         entries = reading.entries(services.settings, w)
         return figures.keys(entries, w, reading.budgets(services.keys.plane), refusals)
 
-    return await asyncio.to_thread(build)
+    return await _build(build)
 
 
 @router.get("/api/evals")
@@ -145,7 +188,7 @@ async def eval_curves(
     report = services.settings.dashboard.eval_report
     if report is None:
         return {"report": None, "suites": [], "suite": None, "verifiers": [], "tiers": [], "oracle": [], "random": []}
-    return await asyncio.to_thread(evals.curves, report, suite)
+    return await _build(evals.curves, report, suite)
 
 
 def _refusals(services: Services) -> dict[str, float]:

@@ -9,6 +9,7 @@ GET /admin/keys/NAME/spend answers), for the keys and teams that have a USD budg
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,6 +23,8 @@ from router.ledger.entries import Feedback, LedgerEntry, LedgerStore, ShadowPair
 from router.ledger.stores import open_store
 from router.reports.costs import parse_time
 
+LATEST_AHEAD_S = 366 * 86400.0  # the latest time a window may name: a year ahead
+
 
 def window(since: str | None, until: str | None, default_since: str = "7d") -> Window:
     """The page's window from its query (`since`, `until`: the report's forms, '7d', an ISO date,
@@ -32,9 +35,12 @@ def window(since: str | None, until: str | None, default_since: str = "7d") -> W
             found.append(None)
             continue
         try:
-            found.append(parse_time(text[:64]))
-        except ValueError as exc:
+            at = parse_time(text[:64])
+        except (ValueError, OverflowError) as exc:
             raise RequestError(str(exc), param=name, code="invalid_window") from None
+        if not 0.0 <= at <= time.time() + LATEST_AHEAD_S:  # before anything is read: a time gmtime can format
+            raise RequestError(f"{name}: a time from 1970 to a year ahead", param=name, code="invalid_window")
+        found.append(at)
     return Window(found[0], found[1])
 
 

@@ -21,37 +21,10 @@ from evals.calibrate import (
     toml_snippet,
     write_thresholds,
 )
-from evals.sweep import CONFIG, CascadePolicy, ItemOutcome, ResultTable, TierInfo, TierOutcome, evaluate
-from router.config import DEFAULT_CONFIG, PriceSettings, load_settings
+from evals.sweep import CONFIG, CascadePolicy, ItemOutcome, evaluate
+from router.config import DEFAULT_CONFIG, load_settings
 from router.errors import ConfigError
-
-
-def outcome(correct: bool, score: float, cost: float) -> TierOutcome:
-    return TierOutcome(
-        correct=correct,
-        cost_usd=cost,
-        latency_s=1.0,
-        busy_s=1.0,
-        prompt_tokens=1,
-        completion_tokens=1,
-        scores={"v": score, CONFIG: score},
-        verify_cost_usd={},
-        verify_s={},
-    )
-
-
-def synthetic(n: int = 200, seed: int = 1) -> ResultTable:
-    """Small is right more often when its score is high; large is right 90% of the time."""
-    rng = random.Random(seed)
-    items = []
-    for i in range(n):
-        s = rng.random()
-        items.append(
-            ItemOutcome(f"item/{i}", "", (outcome(rng.random() < s, s, 0.001), outcome(rng.random() < 0.9, 1.0, 0.01)))
-        )
-    price = PriceSettings(usd_per_hour=1.0)
-    tiers = [TierInfo("small", "m", price, "", 0.5, True), TierInfo("large", "M", price, "", 0.5, True)]
-    return ResultTable(run="syn", suite="syn", source="", tiers=tiers, items=items, verifiers=[CONFIG, "v"])
+from tests.support.evals import synthetic
 
 
 def test_split_is_fixed_by_seed_and_item_id() -> None:

@@ -15,7 +15,7 @@ from evals.report.workloads import TARGETS, ceiling, curve_png, markdown, worklo
 from evals.sweep import CONFIG, ItemOutcome, ResultTable, TierInfo
 from router.cli.main import main
 from router.config import PriceSettings
-from tests.evals.test_calibrate import outcome, synthetic
+from tests.support.evals import outcome, synthetic
 
 
 def _table(rows: list[tuple[bool, float, bool, float]]) -> ResultTable:

@@ -5,6 +5,7 @@ production code offers; nothing in the runner knows about them."""
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -14,8 +15,9 @@ from typing import Any, ClassVar
 from evals.runner import EvalPlan, run_eval
 from evals.store import RunStore
 from evals.suites import get_suite
+from evals.sweep import CONFIG, ItemOutcome, ResultTable, TierInfo, TierOutcome
 from router.backends.base import Backend
-from router.config import VerifierSpec, load_settings
+from router.config import PriceSettings, VerifierSpec, load_settings
 from router.generation import Delta, Generation, GenerationRequest
 from tests.support.config import keyless, tier
 from tests.support.model import SMOL
@@ -267,3 +269,34 @@ async def make_run(tmp_path: Path, n: int = 40) -> Path:
     with RunStore(root) as store:
         await run_eval(plan, store, registry=registry(), backends=scripted())
     return root
+
+
+# ---- synthetic result tables (no run behind them), for calibration and report tests ----
+
+
+def outcome(correct: bool, score: float, cost: float) -> TierOutcome:
+    return TierOutcome(
+        correct=correct,
+        cost_usd=cost,
+        latency_s=1.0,
+        busy_s=1.0,
+        prompt_tokens=1,
+        completion_tokens=1,
+        scores={"v": score, CONFIG: score},
+        verify_cost_usd={},
+        verify_s={},
+    )
+
+
+def synthetic(n: int = 200, seed: int = 1) -> ResultTable:
+    """Small is right more often when its score is high; large is right 90% of the time."""
+    rng = random.Random(seed)
+    items = []
+    for i in range(n):
+        s = rng.random()
+        items.append(
+            ItemOutcome(f"item/{i}", "", (outcome(rng.random() < s, s, 0.001), outcome(rng.random() < 0.9, 1.0, 0.01)))
+        )
+    price = PriceSettings(usd_per_hour=1.0)
+    tiers = [TierInfo("small", "m", price, "", 0.5, True), TierInfo("large", "M", price, "", 0.5, True)]
+    return ResultTable(run="syn", suite="syn", source="", tiers=tiers, items=items, verifiers=[CONFIG, "v"])

@@ -294,3 +294,15 @@ def test_the_api_refuses_anonymous_and_client_callers(served: dict[str, Any]) ->
         assert r.status_code == 401 and "content-security-policy" in r.headers
         r = httpx.get(f"{served['url']}/ui/api/{page}", headers={"Authorization": f"Bearer {served['raw']['ana']}"})
         assert r.status_code == 403 and r.json()["error"]["code"] == "not_a_report_key"
+
+
+def test_a_window_no_clock_can_show_is_refused_before_anything_is_read(served: dict[str, Any]) -> None:
+    """An outside review: `since=99999999999999999999d` read the whole ledger, then failed with a
+    500 that carried none of the page's security headers."""
+    viewer = {"Authorization": f"Bearer {served['raw']['viewer']}"}
+    for query in ("since=99999999999999999999d", "until=9999-12-31", "since=1900-01-01"):
+        r = httpx.get(f"{served['url']}/ui/api/overview?{query}", headers=viewer, timeout=30)
+        assert r.status_code == 400, (query, r.text)
+        assert r.json()["error"]["code"] == "invalid_window"
+        assert "content-security-policy" in r.headers
+    assert httpx.get(f"{served['url']}/ui/api/overview?since=all", headers=viewer, timeout=60).status_code == 200
