@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from router import policy
 from router.backends.base import Backend
 from router.config import CascadeSettings, TierSettings
-from router.errors import AnswerTooLargeError, UnavailableError, UnknownModelError, UpstreamRefusedError
+from router.errors import UnavailableError, UnknownModelError, spent_of
 from router.generation import Delta, Generation, GenerationRequest
 from router.policy import TaskPolicy, Usage
 from router.tasks import TaskClassifier, TaskLabel, detect_task
@@ -249,6 +249,7 @@ class Cascade:
                     attempt.error = f"{type(exc).__name__}: {exc}"
                     attempt.reason = "tier unavailable"
                     if not last:
+                        self._charge(attempt, tier, exc)  # work it did all the same (a deadline cut)
                         continue
                     # once text has streamed, another tier's answer cannot be spliced in after it
                     fallback = None if announced else self._best_effort(attempts)
@@ -315,17 +316,13 @@ class Cascade:
         """Fill `spent` when the cascade ends without an answer after work was done: the
         interrupted attempt is priced for what it streamed (tokens and compute as the backend
         counted them; where it cannot, a token per piece and the elapsed time), or for the answer
-        a backend had to refuse for its size, or whose upstream refused it (`spent` of
-        `AnswerTooLargeError`, `UpstreamRefusedError`)."""
+        a backend had to refuse for its size, whose upstream refused it, or that its deadline cut
+        (the error's `spent`)."""
         if spent is None:
             return
         gone = isinstance(exc, (GeneratorExit, asyncio.CancelledError))
-        charged = exc.spent if isinstance(exc, (AnswerTooLargeError, UpstreamRefusedError)) else None
-        if attempt.generation is None and not pieces and charged is not None:
-            # an answer too large to take was generated all the same, or a refused request's prompt
-            # read: priced as the backend counts it
-            attempt.generation = charged
-            attempt.cost_usd = tier.cost_of(charged)
+        if not pieces:
+            self._charge(attempt, tier, exc)
         if attempt.generation is None and pieces:
             last = pieces[-1]
             completion = last.completion_tokens if last.completion_tokens is not None else len(pieces)
@@ -350,6 +347,16 @@ class Cascade:
             attempt.reason = "failed mid-answer" if pieces else "failed"
         if any(a.generation is not None for a in attempts):
             spent.result = self._result(model, attempts, attempt, label)
+
+    @staticmethod
+    def _charge(attempt: Attempt, tier: Tier, exc: BaseException) -> None:
+        """Price a failed attempt for what its error says it cost (`router.errors.spent_of`: an
+        answer too large to take generated all the same, a refused request's prompt read, a request
+        cut at its deadline while the upstream generated for it), as the backend counts it."""
+        charged = spent_of(exc)
+        if attempt.generation is None and charged is not None:
+            attempt.generation = charged
+            attempt.cost_usd = tier.cost_of(charged)
 
     @staticmethod
     def _bound(request: GenerationRequest, tier: Tier, span: Span = NOOP) -> GenerationRequest:
@@ -421,7 +428,7 @@ class Cascade:
     def _best_effort(self, attempts: list[Attempt]) -> Attempt | None:
         if self.settings.on_unavailable != "best_effort":
             return None
-        answered = [a for a in attempts if a.generation is not None]
+        answered = [a for a in attempts if a.generation is not None and a.error is None]
         if not answered:
             return None
         best = max(answered, key=lambda a: a.score if a.score is not None else -1.0)

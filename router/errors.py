@@ -8,6 +8,7 @@ TierrouteError
  │    ├── ContextLengthError     prompt + max_tokens exceed the context
  │    ├── AnswerTooLargeError    its answer cannot fit under a tier's max_response_bytes
  │    ├── ResidencyError         a request that must stay on this machine, about to reach a remote tier
+ │    ├── ChoicesUnsupportedError  n > 1 asked of an upstream that answers one choice
  │    ├── UnknownModelError (404)
  │    └── NotFoundError (404)    a thing the request names is not there (for this caller)
  ├── AuthError (401)
@@ -81,6 +82,17 @@ class ResidencyError(RequestError):
         self.tier = tier
 
 
+class ChoicesUnsupportedError(RequestError):
+    """A request for n > 1 choices that the tier's upstream answered with fewer (llama-cpp-python's
+    server ignores `n`): the upstream is alive and did what it does, so no breaker hears of it
+    and no other attempt is made; the client is told to ask for one choice at a time. `spent`: the
+    answer it did send (the cascade records it, and the key is charged)."""
+
+    def __init__(self, message: str, *, spent: Generation | None = None) -> None:
+        super().__init__(message, param="n", code="n_not_supported")
+        self.spent = spent
+
+
 class UpstreamRefusedError(TierrouteError):
     """An upstream answered this request with a 5xx (or an error event) while it answers a request
     of the tier's own: the failure is the request's, not the deployment's
@@ -147,9 +159,13 @@ class QuotaError(TierrouteError):
 
 
 class UnavailableError(TierrouteError):
-    def __init__(self, message: str, retry_after: float = 30.0) -> None:
+    """`spent`: what the failed request cost all the same, when a tier knows (a request cut at its
+    deadline while the upstream generated for it); None: nothing, or what it streamed says."""
+
+    def __init__(self, message: str, retry_after: float = 30.0, *, spent: Generation | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.spent = spent
 
 
 class OverloadedError(UnavailableError):
@@ -166,3 +182,8 @@ class UpstreamError(UnavailableError):
 
 class DeadlineError(UnavailableError):
     pass
+
+
+def spent_of(exc: BaseException) -> Generation | None:
+    """What a failed request cost, as the error that ended it says (`spent` of the errors above)."""
+    return getattr(exc, "spent", None) if isinstance(exc, TierrouteError) else None

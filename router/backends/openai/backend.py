@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
+import httpx2
 import openai
 
 from router.backends.base import Backend, ContinuationScore, ScoringUnsupportedError
@@ -66,11 +67,11 @@ from router.backends.openai.deployments import Deployment, Pool
 from router.backends.openai.failures import DEADLINE_RETRY_AFTER_S, Failures, Retryable, refused_param
 from router.backends.openai.outages import judged
 from router.backends.openai.prompt_scoring import ScoredTokens, read_echo, read_vllm, render_chat
-from router.backends.openai.reading import read_response
+from router.backends.openai.reading import checked_usage, read_response
 from router.backends.openai.refusals import PROBE_TIMEOUT_S
 from router.backends.openai.retry import RetryPolicy
 from router.backends.openai.streams import Accumulator, next_piece
-from router.backends.openai.upstream_io import Malformed, SSEReader, first_choice, token_count
+from router.backends.openai.upstream_io import Cut, FewerChoices, Malformed, SSEReader, first_choice, token_count
 from router.errors import (
     ConfigError,
     DeadlineError,
@@ -92,6 +93,8 @@ _T = TypeVar("_T")
 
 # After a stream's deadline, how long its slot and connection wait for a reader that has stopped.
 _HELD_GRACE_S = 1.0
+# A timeout this close to the deadline is the deadline's (timers fire at it or a little after).
+_DEADLINE_SLACK_S = 0.01
 
 
 @dataclass
@@ -139,6 +142,7 @@ class OpenAIBackend(Backend):
         self._failed_total = 0
         self._usage_raised_total = 0  # usage counts raised to their floor (`reading`)
         self._closing: set[asyncio.Future[None]] = set()  # upstream streams being closed at their deadline
+        self._judging: set[asyncio.Future[None]] = set()  # deadline cuts waiting for a probe's verdict
 
     @classmethod
     def from_settings(cls, tier: TierSettings, settings: Settings) -> OpenAIBackend:
@@ -179,6 +183,9 @@ class OpenAIBackend(Backend):
 
     async def close(self) -> None:
         self._closed = True
+        for judging in list(self._judging):
+            judging.cancel()
+        await asyncio.gather(*self._judging, return_exceptions=True)
         await self.pool.close()
 
     @property
@@ -260,20 +267,12 @@ class OpenAIBackend(Backend):
                         if mapped is exc:
                             raise
                         raise mapped from exc
-                if not acc.complete(events.done):
-                    permit.failure()
-                    self._failed_total += 1
-                    where.failed_attempts_total += 1
-                    log.warning(
-                        "tier %s: the upstream stream ended without finish_reason or [DONE] after %d characters",
-                        self.name,
-                        len(acc.text),
-                    )
-                    raise UpstreamError(
-                        f"tier {self.name}: the upstream stream ended without finishing the answer "
-                        f"({len(acc.text)} characters received)",
-                        retry_after=where.failures.client_retry_after(None),
-                    )
+                if not acc.complete():
+                    # cut: a probe says whose doing (`outages`), as for any failure mid-stream
+                    done = "[DONE]" if events.done else "the end of the stream"
+                    cut = Cut(f"{done} without a finish_reason after {len(acc.text)} characters")
+                    mapped = await self._stream_cut(permit, cut, call, acc, where)
+                    raise mapped from cut
                 permit.success()
                 where.answered()
             finally:
@@ -462,13 +461,14 @@ class OpenAIBackend(Backend):
         permit = self._begin_attempt(call, where)
         try:
             response = await self._open(client, call, where, stream=False)
-            generation = read_response(
-                await json_body(response, call),
-                call,
-                tier=self.name,
-                model=where.model,
-                logprobs="logprobs" not in call.unsent(where.refused),
-            )
+            body = await json_body(response, call)
+            try:
+                generation = read_response(
+                    body, call, tier=self.name, model=where.model, logprobs="logprobs" not in call.unsent(where.refused)
+                )
+            except Malformed as exc:  # what it generated, if its usage says, for its charge (`unanswered`)
+                exc.completion_tokens = checked_usage(body.get("usage"), call, self.name)[1]  # type: ignore[attr-defined]
+                raise
         except BaseException as exc:
             mapped = await self._settle(permit, exc, call, where)
             if mapped is exc:
@@ -500,8 +500,9 @@ class OpenAIBackend(Backend):
                 calls={} if call.request.offers_tools else None,
             )
             first = await next_piece(events, acc, call)
-            if first is None and not acc.complete(events.done):
-                raise Malformed("the stream ended before any output or finish_reason")
+            if first is None and not acc.complete():
+                # llama-cpp-python's answer to a streamed prompt over its context: judged as a cut
+                raise Cut("the stream ended before any output or finish_reason")
         except BaseException as exc:
             where.outstanding -= 1
             if response is not None:
@@ -606,6 +607,9 @@ class OpenAIBackend(Backend):
         too_large = None
         if call.answer_bytes > self.config.max_response_bytes:
             too_large = functools.partial(unanswered.too_large, self.name, self.config.max_response_bytes, call, where)
+        fewer = None
+        if isinstance(exc, FewerChoices):
+            fewer = functools.partial(unanswered.fewer_choices, self.name, call, where, exc)
         refused, undecided = None, False
         if judged(exc):
             try:
@@ -623,19 +627,28 @@ class OpenAIBackend(Backend):
             undecided = answers is None
             if answers:
                 refused = functools.partial(unanswered.refused, self.name, call, where, exc, chars)
-        verdict = where.failures.classify(exc, too_large=too_large, refused=refused)
+        verdict = where.failures.classify(exc, too_large=too_large, refused=refused, fewer=fewer)
         if verdict is None:  # cancelled, or not the upstream's doing
             permit.release()
             return exc
+        cut = _deadline_cut(exc, call)
         if undecided:  # no verdict before the deadline: the breaker hears nothing either way
             permit.release()
+        elif cut:  # the request's own length, or a hung deployment: a probe says which, later
+            where.failed_attempts_total += 1
+            self._judge_later(permit, call, where)
         elif verdict.healthy:
             permit.success()
             where.outages.answered()
         else:
-            permit.failure()
             where.failed_attempts_total += 1
-            if not judged(exc):
+            if judged(exc) and where.name in call.outage_counted:
+                permit.release()  # its own retry, failed on the verdict already counted (`outages`)
+            else:
+                permit.failure()
+            if judged(exc):
+                call.outage_counted.add(where.name)
+            else:
                 where.outages.failed()
         log.warning(
             "tier %s: upstream attempt %d (deployment %s) failed: %s",
@@ -647,7 +660,45 @@ class OpenAIBackend(Backend):
         mapped = verdict.error()  # built after the breaker heard of it: its cool-down is current
         if isinstance(mapped, Retryable) and mapped.retry_after:
             where.mark(mapped.retry_after)
+        if cut and chars is None and isinstance(mapped, Retryable):  # after text: what it streamed
+            mapped.spent = unanswered.timed_out(call, where, streamed=call.streamed)
         return mapped
+
+    def _judge_later(self, permit: Permit, call: Call, where: Deployment) -> None:
+        """Report a deadline cut to the breaker once a probe of the tier's own says what it was: the
+        request's own length when the deployment answers (a success), else (a failure, or no answer
+        within the tier's `timeout_s`: a deployment that hangs) a failure. The request does not wait:
+        it ends as its deadline says. A server that takes one request at a time answers the probe
+        after what is left of the cut request (a non-streamed one goes on without its reader)."""
+
+        async def judge() -> None:
+            answers: bool | None = None
+            try:
+                answers = await where.outages.answers(
+                    where.ensure_client(),
+                    where.model,
+                    where.refused,
+                    chat=call.request.is_chat,
+                    stream=call.streamed,
+                    seconds=self.timeout_s,
+                )
+            except BaseException:
+                permit.release()
+                raise
+            if answers:
+                permit.success()
+                return
+            permit.failure()
+            log.warning(
+                "tier %s: deployment %s gave no answer to the tier's own request after a request's deadline "
+                "passed: counted as its failure",
+                self.name,
+                where.logged,
+            )
+
+        judging = asyncio.ensure_future(judge())
+        self._judging.add(judging)
+        judging.add_done_callback(self._judging.discard)
 
     async def _stream_cut(
         self, permit: Permit, exc: Exception, call: Call, acc: Accumulator, where: Deployment
@@ -656,3 +707,11 @@ class OpenAIBackend(Backend):
         if isinstance(mapped, (UnavailableError, Retryable)):  # refused whole, or broken: it failed
             self._failed_total += 1
         return where.failures.mid_stream(mapped, call, len(acc.text))
+
+
+def _deadline_cut(exc: BaseException, call: Call) -> bool:
+    """Whether an attempt timed out at its request's own deadline, not at a share of it that leaves
+    time for another deployment (`failover`): a cut the request's own length can make (issue 38's
+    review: `max_tokens` 256 with EOS suppressed ran past a tier's 6 s)."""
+    timeout = (openai.APITimeoutError, TimeoutError, httpx2.TimeoutException)
+    return isinstance(exc, timeout) and time.monotonic() >= call.deadline - _DEADLINE_SLACK_S

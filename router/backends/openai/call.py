@@ -38,6 +38,8 @@ _COMPLETION_SLACK = 8
 # A tokenizer gives at most one token per byte of text; a chat template adds a few per message (a
 # hosted API's own system prompt is the tier's `hosted_prompt_tokens`).
 _TEMPLATE_TOKENS_PER_MESSAGE = 64
+# What a chat template adds per message, as an estimate (not a bound): `estimate_prompt_tokens`.
+TEMPLATE_TOKENS_ESTIMATE = 5
 
 
 @dataclass
@@ -60,6 +62,9 @@ class Call:
     omitted: set[str] = field(default_factory=set)
     answer_bytes: int = 0  # the most an honest answer to the last attempt, as sent, takes (`answer_size`)
     usage_raised: int = 0  # answers whose reported usage was below its floor and raised to it (`reading`)
+    # deployments whose outage verdict this request has counted once against the breaker: its own
+    # later tries there, failing the same way, count no more (`outages`)
+    outage_counted: set[str] = field(default_factory=set)
 
     def unsent(self, refused: Set[str]) -> set[str]:
         """The optional parameters not sent on this attempt: those the deployment refuses
@@ -113,6 +118,23 @@ def prompt_text(request: GenerationRequest) -> str:
 def estimate_tokens(text: str) -> int:
     # Only when the server reports no usage: about four characters a token in English.
     return max(1, round(len(text) / 4)) if text else 0
+
+
+def estimate_prompt_tokens(request: GenerationRequest) -> int:
+    """The prompt's tokens when the server reports none: its text at about four characters a token,
+    and for a chat the template's own, which the text does not show: `TEMPLATE_TOKENS_ESTIMATE`
+    a message (ChatML's `<|im_start|>`, the role, a newline, `<|im_end|>`, a newline; Llama 3's
+    and OpenAI's own are as many or fewer) and as many again to open the reply. Each message's
+    text counts at least a token. Without the template's share 200 one-character messages were
+    charged 100 tokens where llama-cpp-python's server counted 1,324 (issue 38's review)."""
+    if request.messages is None:
+        return estimate_tokens(prompt_text(request))
+    tools = [f"{t.name} {t.description or ''} {t.parameters_json or ''}" for t in request.tools]
+    per_message = (
+        TEMPLATE_TOKENS_ESTIMATE + max(1, estimate_tokens(m.content + "".join(c.arguments for c in m.tool_calls)))
+        for m in request.messages
+    )
+    return sum(per_message) + TEMPLATE_TOKENS_ESTIMATE + estimate_tokens("\n".join(tools))
 
 
 # -- the body sent -------------------------------------------------------------------------------

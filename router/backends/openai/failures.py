@@ -15,16 +15,21 @@ from `router.errors`::
     answer over the size limits   -> retryable at another deployment only; none left: UpstreamError;
                                      but AnswerTooLargeError (400, healthy, not retried) when the
                                      request asks for an answer that large (`answer_size`)
-    5xx, or an error event, while the deployment answers a request of the tier's own
+    5xx, an error event, a malformed answer or a stream cut before its finish_reason, while the
+    deployment answers a request of the tier's own
                                   -> UpstreamRefusedError (502, healthy, not retried): the
                                      request's doing (`router.backends.openai.outages`)
-    deadline passed               -> DeadlineError
+    fewer choices than n asked    -> ChoicesUnsupportedError (400, healthy, not retried): the
+                                     server does not honour n (`FewerChoices`)
+    deadline passed               -> DeadlineError (the backend charges what it may have cost,
+                                     and a probe decides later whether the breaker hears of it)
     breaker open or probing       -> CircuitOpenError (retry_after: remaining cool-down)
     stream cut after text began   -> UpstreamError (DeadlineError if the deadline cut it)
 
 Retryable: connection errors, timeouts, HTTP 408/409/429/5xx, a 200 whose body is not a
-well-formed completion, and an error event in a stream (a 5xx and an error event only when a probe
-of the tier's own fails too: else they are the request's, above); and an answer over the size limits, but
+well-formed completion, a stream cut before its finish_reason, and an error event in a stream
+(each of these but a timeout only when a probe of the tier's own fails too: else they are the
+request's, above); and an answer over the size limits, but
 only at another deployment of the tier (`Retryable.repeat`): the same server would send as much
 again, another one may answer.
 
@@ -53,7 +58,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 import openai
@@ -64,6 +69,7 @@ from router.backends.openai.retry import parse_retry_after
 from router.backends.openai.upstream_io import LOG_TEXT_CHARS, ErrorEvent, Malformed, Unacceptable
 from router.errors import (
     AnswerTooLargeError,
+    ChoicesUnsupportedError,
     ContextLengthError,
     DeadlineError,
     RequestError,
@@ -71,6 +77,9 @@ from router.errors import (
     UpstreamError,
     UpstreamRefusedError,
 )
+
+if TYPE_CHECKING:
+    from router.generation import Generation
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
 _REQUEST_STATUS = frozenset({400, 413, 422})  # the upstream says our request is the problem
@@ -115,6 +124,7 @@ class Retryable(Exception):
         self.retry_after = retry_after
         self.timed_out = timed_out
         self.repeat = repeat  # False: try another deployment, never this one again for this request
+        self.spent: Generation | None = None  # what it cost, when the client is to be charged (a deadline cut)
 
 
 @dataclass
@@ -155,6 +165,7 @@ class Failures:
         *,
         too_large: Callable[[], AnswerTooLargeError] | None = None,
         refused: Callable[[], UpstreamRefusedError] | None = None,
+        fewer: Callable[[], ChoicesUnsupportedError] | None = None,
     ) -> Verdict | None:
         """What an attempt's exception means: what to raise, whether the upstream looked healthy,
         and the full story for the log. None: cancelled, or not the upstream's doing.
@@ -163,7 +174,10 @@ class Failures:
         request's, and this is what the client hears. `refused`: given when the failure is a 5xx or
         an error event and the deployment answers a request of the tier's own
         (`router.backends.openai.outages`): the failure is then the request's, and this is what
-        the client hears."""
+        the client hears. `fewer`: given for an answer with fewer choices than asked (`FewerChoices`):
+        the server answered, and does not honour n; this is what the client hears."""
+        if fewer is not None:
+            return Verdict(fewer, healthy=True, detail=f"{exc}: the upstream does not honour n")
         if refused is not None and _cause(exc, Unacceptable) is None:
             told = f"{_told(exc)}; the deployment answers a request of the tier's own: this request's doing"
             return Verdict(refused, healthy=True, detail=told)
@@ -243,6 +257,7 @@ class Failures:
             return DeadlineError(
                 f"tier {self.tier}: deadline passed after {attempts}; last: {exc.summary}",
                 retry_after=DEADLINE_RETRY_AFTER_S,
+                spent=exc.spent,
             )
         if exc.retry_after is not None and exc.retry_after >= call.remaining():
             why = "the upstream asks to wait past the deadline"

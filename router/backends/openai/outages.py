@@ -1,4 +1,4 @@
-"""Whether an upstream's 5xx is the deployment failing or one request's doing: a probe of the tier's own.
+"""Whether an upstream's failure is the deployment's or one request's doing: a probe of the tier's own.
 
 A 5xx says the server failed; it does not say why, and a client can make a server fail. llama-cpp-python's
 server answers every request it cannot validate with HTTP 500: a message of role `developer`, a
@@ -7,8 +7,15 @@ breaker, two such requests of one key opened it, and every other tenant got 503 
 while the key paid nothing (issue 38, the outside review of its fixes). The same holds for an error
 event in a stream: vLLM sends one when a request's own grammar or tool parser fails mid-answer.
 
-So a 5xx (or an error event) is the deployment's failure only when the deployment also fails a
-request of the tier's own: a fixed one-token request with nothing a client chose (`probe_params`:
+The same holds for a 200 that is not an answer: llama-cpp-python's server answers a streamed prompt
+longer than its context with an empty event stream, and ends a running stream with a bare
+`[DONE]` when another request arrives (`--interrupt_requests`, on by default); a body of the
+wrong shape can be a client's tools or schema at work. Counted, two such requests of one key opened
+the breaker for everyone at no charge (the review of issue 38's third pass).
+
+So a 5xx, an error event, a malformed answer or a stream cut before its `finish_reason`
+(`judged`) is the deployment's failure only when the deployment also fails a request of the
+tier's own: a fixed one-token request with nothing a client chose (`probe_params`:
 the tier's own additions, logprobs and a stream's usage, as the deployment is sent them now, and
 of the same kind, chat or completions, streamed or not). One probe per kind runs at a time per
 deployment; failures that arrive meanwhile wait for it, and its verdict is remembered for
@@ -16,14 +23,21 @@ deployment; failures that arrive meanwhile wait for it, and its verdict is remem
 deployment in that time (each costs the operator one token of output; counted in
 `tierroute_deployment_outage_probes_total`).
 
-- The probe fails too (any status but 2xx, an error event, no answer in `PROBE_TIMEOUT_S`): an
-  outage. The failure counts against the breaker and the request fails over, as it always did.
+- The probe fails too (any status but 2xx, an error event, a body that is not an answer): an
+  outage. The failure counts against the breaker and the request fails over, as it always did;
+  its own later tries at that deployment, failing the same way on the same verdict, count no more
+  (`Call.outage_counted`): one request is one failure's evidence, not `max_attempts`.
 - The probe is answered: the failure was this request's. It is not retried anywhere (another
   deployment would fail it the same way, at the operator's cost), the breaker hears the
   deployment as alive, and the client hears 502 naming the upstream's refusal
   (`UpstreamRefusedError`), charged for what was spent.
-- No verdict within what is left of the request's deadline (the probe goes on for the others): the
-  breaker hears nothing either way, and the request fails as its deadline says.
+- No verdict: the probe waits as long as the request that started it may (its deadline, at
+  least `PROBE_TIMEOUT_S`), and a probe that gets no answer in that time is no verdict, never an
+  outage, nor remembered. A server that takes one request at a time (llama-cpp-python's) answers a
+  request it cannot validate with 500 at once, while the probe queues behind another request's
+  long answer: a fixed 5 s bound made that an outage, remembered 10 s, and one key opened the
+  breaker in 8 s for $0.00025 (the review). The breaker hears nothing either way; a waiter whose
+  own deadline comes first fails as its deadline says.
 
 What is remembered is corrected by what the deployment does next: an answer clears a remembered
 failure, and a failure the probe does not judge (a timeout, a reset) clears a remembered success.
@@ -42,11 +56,11 @@ from typing import Any
 import openai
 
 from router.backends.openai.client import close_quietly
-from router.backends.openai.upstream_io import ErrorEvent, SSEReader, event_object, json_object
+from router.backends.openai.upstream_io import ErrorEvent, FewerChoices, Malformed, SSEReader, event_object, json_object
 
 log = logging.getLogger(__name__)
 
-PROBE_TIMEOUT_S = 5.0  # a probe's own bound (a request waits for it at most until its deadline)
+PROBE_TIMEOUT_S = 5.0  # the least a probe waits for its answer (else as long as its request may)
 REMEMBERED_FOR_S = 10.0  # how long a probe's verdict stands for later failures of its kind
 PROBE_TEXT = "Reply with the word OK."  # not refusals' text: a test upstream tells the two apart
 _PROBE_BYTES = 64 * 1024  # a one-token answer is a few hundred bytes; more is not an answer
@@ -55,10 +69,12 @@ Kind = tuple[bool, bool]  # (chat, stream)
 
 
 def judged(exc: BaseException) -> bool:
-    """Whether a failed attempt is one a probe decides: an HTTP 5xx or an error event in a stream."""
+    """Whether a failed attempt is one a probe decides: an HTTP 5xx, an error event in a stream, a
+    2xx that is not an answer, or a stream cut before its `finish_reason` (`Cut`). Not an answer
+    with fewer choices than asked (`FewerChoices`): choice 0 came, the server is alive."""
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code >= 500
-    return isinstance(exc, ErrorEvent)
+    return isinstance(exc, (ErrorEvent, Malformed)) and not isinstance(exc, FewerChoices)
 
 
 class Outages:
@@ -69,7 +85,7 @@ class Outages:
         self.deployment = deployment  # as the log names it
         self._clock = clock
         self._verdicts: dict[Kind, tuple[bool, float]] = {}  # kind -> (answered, when)
-        self._probing: dict[Kind, asyncio.Future[bool]] = {}
+        self._probing: dict[Kind, asyncio.Future[bool | None]] = {}
         self.probes_total = 0
 
     def answered(self) -> None:
@@ -86,7 +102,8 @@ class Outages:
         self, client: openai.AsyncOpenAI, model: str, refused: Set[str], *, chat: bool, stream: bool, seconds: float
     ) -> bool | None:
         """Whether the deployment answers a request of the tier's own now: True (the failure was
-        the request's), False (an outage), None (no verdict within `seconds`)."""
+        the request's), False (an outage), None (no verdict within `seconds`, or the probe got no
+        answer in its time: the module docstring)."""
         kind = (chat, stream)
         seen = self._verdicts.get(kind)
         if seen is not None and self._clock() - seen[1] < REMEMBERED_FOR_S:
@@ -94,7 +111,8 @@ class Outages:
         probing = self._probing.get(kind)
         if probing is None:
             params = probe_params(model, refused, chat=chat, stream=stream)
-            probing = asyncio.ensure_future(self._probe(kind, client, params))
+            bound = max(PROBE_TIMEOUT_S, seconds)
+            probing = asyncio.ensure_future(self._probe(kind, client, params, bound))
             self._probing[kind] = probing
             probing.add_done_callback(lambda _: self._probing.pop(kind, None))
         try:
@@ -105,9 +123,14 @@ class Outages:
         except TimeoutError:
             return None
 
-    async def _probe(self, kind: Kind, client: openai.AsyncOpenAI, params: dict[str, Any]) -> bool:
+    async def _probe(
+        self, kind: Kind, client: openai.AsyncOpenAI, params: dict[str, Any], seconds: float
+    ) -> bool | None:
         self.probes_total += 1
-        answered = await _answered(client, params, chat=kind[0], stream=kind[1])
+        answered = await _answered(client, params, chat=kind[0], stream=kind[1], seconds=seconds)
+        if answered is None:  # no answer in its time: busy or hung, no verdict either way
+            log.info("tier %s: deployment %s gave its probe no answer in %.1f s", self.tier, self.deployment, seconds)
+            return None
         self._verdicts[kind] = (answered, self._clock())
         if answered:
             log.warning(
@@ -136,13 +159,15 @@ def probe_params(model: str, refused: Set[str], *, chat: bool, stream: bool) -> 
     return params
 
 
-async def _answered(client: openai.AsyncOpenAI, params: dict[str, Any], *, chat: bool, stream: bool) -> bool:
+async def _answered(
+    client: openai.AsyncOpenAI, params: dict[str, Any], *, chat: bool, stream: bool, seconds: float
+) -> bool | None:
     """True: answered (2xx, a JSON object, or a stream with no error event); False: it failed
-    (another status, an error event, a body that is not an answer, no answer in `PROBE_TIMEOUT_S`)."""
+    (another status, an error event, a body that is not an answer); None: no answer in `seconds`."""
     endpoint: Any = client.chat.completions if chat else client.completions
     try:
-        async with asyncio.timeout(PROBE_TIMEOUT_S):
-            response = await endpoint.with_streaming_response.create(**params, timeout=PROBE_TIMEOUT_S).__aenter__()
+        async with asyncio.timeout(seconds):
+            response = await endpoint.with_streaming_response.create(**params, timeout=seconds).__aenter__()
             try:
                 if stream:
                     events = SSEReader(response.http_response.aiter_raw(), max_events=64)
@@ -155,6 +180,8 @@ async def _answered(client: openai.AsyncOpenAI, params: dict[str, Any], *, chat:
                     json_object(body.decode("utf-8", "replace"))
             finally:
                 await close_quietly(response)
+    except (TimeoutError, openai.APITimeoutError):
+        return None
     except Exception:  # noqa: BLE001 - any failure of the tier's own request is the deployment's
         return False
     return True

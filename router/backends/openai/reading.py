@@ -8,7 +8,10 @@ are bounded first by `router.backends.openai.upstream_io`; what they say is read
   JSON, not through the SDK's models, which it builds without validation and which let any type
   through. A field of the wrong type makes the answer malformed (retried like a 5xx); bytes that
   are not UTF-8 and lone surrogates become U+FFFD; only choice 0 is read, however many are sent
-  (choices 1 to n-1 too when the request asked for n).
+  (choices 1 to n-1 too when the request asked for n). An answer with fewer choices than the n
+  asked for is a server that does not honour n (llama-cpp-python's ignores it): `FewerChoices`,
+  carrying what it did send, which the backend charges and refuses as the request's, never as a
+  failure of the server (it answered).
   Logprobs must be finite and at most 0, or the tier's logprobs for that answer are dropped.
   Top-k alternatives (asked for only when the request wants them) are clamped: at most the k
   asked for, the likeliest kept; an alternative whose logprob is not a finite number at most 0 is
@@ -48,8 +51,9 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from router.backends.openai.call import Call, estimate_tokens, prompt_text
+from router.backends.openai.call import Call, estimate_prompt_tokens, estimate_tokens, prompt_text
 from router.backends.openai.upstream_io import (
+    FewerChoices,
     Malformed,
     clean_text,
     first_choice,
@@ -98,7 +102,7 @@ def read_response(
     # usage covers every choice: choice 0 carries it (merged below), the others count their own
     prompt_tokens, completion_tokens = (0, None) if index else checked_usage(body.get("usage"), call, tier)
     if prompt_tokens is None:
-        prompt_tokens = max(estimate_tokens(prompt_text(call.request)), prompt_floor(call))
+        prompt_tokens = max(estimate_prompt_tokens(call.request), prompt_floor(call))
     elif not index:
         prompt_tokens = raised(prompt_tokens, prompt_floor(call), "prompt_tokens", call, tier)
     reported = completion_tokens  # the server's count covers every choice; None: each is estimated
@@ -119,8 +123,11 @@ def read_response(
     )
     if index > 0:
         return generation
+    sent = _indices(body.get("choices"))
     others = tuple(
-        read_response(body, call, tier=tier, model=model, logprobs=logprobs, index=i) for i in range(1, call.request.n)
+        read_response(body, call, tier=tier, model=model, logprobs=logprobs, index=i)
+        for i in range(1, call.request.n)
+        if i in sent
     )
     floor = completion_floor((generation, *others), call)
     if reported is None:  # no usage from the server: choice 0's estimate alone would under-bill
@@ -128,7 +135,18 @@ def read_response(
         completion_tokens = min(estimated, call.request.n * call.max_tokens)  # an estimate: never past asked
     else:  # the server's count, but never below what the choices it sent must have taken
         completion_tokens = raised(reported, floor, "completion_tokens", call, tier)
-    return replace(generation, completion_tokens=completion_tokens, others=others)
+    answer = replace(generation, completion_tokens=completion_tokens, others=others)
+    if len(others) < call.request.n - 1:
+        # the server answered, with fewer choices than asked: it does not honour n, which is no
+        # failure of its own (module docstring); what it sent is what the request cost
+        raise FewerChoices(f"{1 + len(others)} of the {call.request.n} choices asked for", answer)
+    return answer
+
+
+def _indices(choices: Any) -> set[int]:
+    """The indices of the choices a body carries (their shapes were checked by `first_choice`)."""
+    found = (c.get("index", 0) for c in choices if isinstance(c, dict)) if isinstance(choices, list) else ()
+    return {i for i in found if isinstance(i, int) and not isinstance(i, bool)}
 
 
 def finish_reason(reason: str | None) -> FinishReason:

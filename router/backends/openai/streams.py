@@ -7,11 +7,12 @@ stream as a whole is bounded: `router.backends.openai.upstream_io.SSEReader` cap
 (twice `max_tokens`, plus a slack), so an upstream that ignores `max_tokens` is stopped there. Too
 much is `Unacceptable`: an upstream failure, tried again only at another deployment.
 
-A stream is complete when the upstream sent a `finish_reason` or `data: [DONE]`. A `[DONE]`
-without a `finish_reason` is the server saying the answer is whole without saying why it stopped:
-it is taken as complete, with `length` when the answer used all of `max_tokens` (the one reason a
-server stops untold) and `stop` otherwise. A stream that ends with neither (the connection closed)
-is cut, and the backend raises.
+A stream is complete when the upstream sent a `finish_reason`. One that ends without (the
+connection closed, or `data: [DONE]` alone) is cut, and the backend raises (`Cut`): a `[DONE]`
+without a `finish_reason` is not a server saying the answer is whole. llama-cpp-python's server,
+with its default `--interrupt_requests true`, ends a running stream that way when another request
+arrives: taken as complete, one tenant's request cut another's answer short and it was passed
+off as finished (`stop`, 44 characters of 201; issue 38's review).
 
 One piece without logprobs makes the whole answer's logprobs unusable, and one without well-formed
 top-k its top-k: a gap would misplace every later token. Counts the server does not report are
@@ -28,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.backends.openai.call import Call, estimate_tokens, prompt_text
+from router.backends.openai.call import Call, estimate_prompt_tokens
 from router.backends.openai.reading import (
     arguments_text,
     chars_tokens,
@@ -181,16 +182,16 @@ class Accumulator:
         self.unsent_tops = len(self.tops)
         return taken
 
-    def complete(self, done: bool) -> bool:
-        """Whether the upstream said the answer is whole: a finish_reason, or [DONE] after a chunk."""
-        return self.finish_reason is not None or (done and self.chunks > 0)
+    def complete(self) -> bool:
+        """Whether the upstream said the answer is whole: a finish_reason (module docstring)."""
+        return self.finish_reason is not None
 
     def prompt_count(self, call: Call) -> int:
         """The prompt tokens the server reported, else an estimate (made once per call)."""
         if self.usage[0] is not None:
             return self.usage[0]
         if self.prompt_estimate is None:
-            self.prompt_estimate = estimate_tokens(prompt_text(call.request))
+            self.prompt_estimate = estimate_prompt_tokens(call.request)
         return self.prompt_estimate
 
     def completion_count(self, call: Call) -> int:
@@ -224,9 +225,7 @@ class Accumulator:
         logprobs = tuple(self.token_logprobs) if self.token_logprobs is not None and text else None
         tops = tuple(self.tops) if self.top_k and self.tops is not None and text else None
         prompt_tokens, completion_tokens = self.so_far(call)
-        reason = self.finish_reason
-        if reason is None:  # [DONE] without a finish_reason: see the module docstring
-            reason = "length" if completion_tokens >= call.max_tokens else "stop"
+        reason = self.finish_reason or "stop"  # a cut stream is priced here too (`Cut`)
         # a reported count below its floor is said in the log and counted (`reading`: usage floors)
         names = ("prompt_tokens", "completion_tokens")
         for reported, floor, name in zip(self.usage, self.floors(call), names, strict=True):

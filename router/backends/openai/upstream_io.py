@@ -37,6 +37,19 @@ class Malformed(Exception):
     """A 2xx answer that is not a well-formed completion."""
 
 
+class Cut(Malformed):
+    """A stream that ended (closed, or `[DONE]`) before a `finish_reason`: not a whole answer."""
+
+
+class FewerChoices(Malformed):
+    """An answer with fewer choices than the n asked for (llama-cpp-python's server ignores `n`):
+    `answer`, the choices it did send, read and counted as any answer is."""
+
+    def __init__(self, message: str, answer: Any) -> None:
+        super().__init__(message)
+        self.answer = answer
+
+
 class ErrorEvent(Exception):
     """An error event inside a stream."""
 

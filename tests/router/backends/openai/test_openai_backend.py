@@ -514,7 +514,7 @@ async def test_failed_probe_reopens_the_breaker(upstream: FaultUpstream) -> None
 
 
 async def test_each_failed_attempt_counts_toward_the_breaker(upstream: FaultUpstream) -> None:
-    upstream.script(status(500), status(500), status(500))
+    upstream.script(reset(), reset(), reset())
     async with backend_for(upstream, max_attempts=3, breaker_failures=3, breaker_cooldown_s=60) as backend:
         with pytest.raises(UpstreamError):
             await backend.generate(CHAT)
@@ -522,6 +522,22 @@ async def test_each_failed_attempt_counts_toward_the_breaker(upstream: FaultUpst
         with pytest.raises(CircuitOpenError):
             await backend.generate(CHAT)
     assert len(upstream.requests) == 3
+
+
+async def test_a_requests_retries_on_one_outage_verdict_count_once(upstream: FaultUpstream) -> None:
+    # a 5xx is the deployment's when its probe fails too (`outages`); that verdict stands 10 s, and
+    # one request's own retries failing on it are one failure's evidence, not max_attempts of it
+    # (issue 38's review: a probe that timed out behind a queue made each 500 three failures)
+    upstream.script(*[status(500)] * 9)
+    async with backend_for(upstream, max_attempts=3, breaker_failures=3, breaker_cooldown_s=60) as backend:
+        for expected in (1, 2):
+            with pytest.raises(UpstreamError):
+                await backend.generate(CHAT)
+            assert (backend.breaker.state, backend.breaker.consecutive_failures) == ("closed", expected)
+        with pytest.raises(CircuitOpenError):  # its first try opens it, and its retry is refused
+            await backend.generate(CHAT)
+        assert backend.breaker.state == "open"
+    assert len([r for r in upstream.requests if not r.outage_probe]) == 7
 
 
 # -- construction and lifecycle ------------------------------------------------------------------
