@@ -78,7 +78,6 @@ from router.errors import (
     RequestError,
     ResidencyError,
     UnavailableError,
-    UpstreamError,
 )
 from router.generation import Delta, Generation, GenerationRequest
 from router.telemetry import spans
