@@ -63,7 +63,8 @@ usd_per_1m_output_tokens = 2.40
 
 def config(tmp: Path) -> tuple[Path, dict[str, str]]:
     keys, raw = keys_section({"k": {"usd_per_day": BUDGET}, "rich": {"roles": ["client", "metrics"]}})
-    body = f'[server]\n{keys}\n[ledger]\npath = "{tmp / "ledger.sqlite3"}"\n{TIERS}'
+    # max_in_flight above the burst: this is about the budget, not shedding (tests/router/api/test_shedding.py)
+    body = f'[server]\nmax_in_flight = 1000\n{keys}\n[ledger]\npath = "{tmp / "ledger.sqlite3"}"\n{TIERS}'
     return write_config(tmp / "config.toml", body), raw
 
 
