@@ -88,7 +88,7 @@ test: setup lint
 # Its own virtual environment outside the repository (pinned: scripts/vllm/requirements.txt), its
 # checkpoint made from the pinned GGUF and hash-checked, its server on 127.0.0.1. `make vllm` serves
 # in the foreground on VLLM_PORT (8000) with the key in VLLM_API_KEY. `make vllm-test` runs the
-# tests against a real vLLM process (tests/router/backends/vllm/), once per session: `make test`
+# tests against a real vLLM process (tests/scripts/vllm/), once per session: `make test`
 # calls it after the suite; it adds the environment (once), the checkpoint (once) and vLLM's start.
 vllm-env:
 	scripts/vllm/env.sh setup
@@ -101,7 +101,7 @@ vllm: vllm-model
 
 vllm-test: setup vllm-model
 	$(BIN)/tierroute models pull smollm2-135m-instruct-q4_1
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m vllm -n 0 tests/router/backends/vllm
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m vllm -n 0 tests/scripts/vllm
 
 clean:
 	rm -rf $(VENV) *.egg-info site

@@ -1,6 +1,6 @@
 """A real vLLM server for the tests, started through the same script a user runs (scripts/vllm/env.sh).
 
-One process serves a whole session (tests/router/backends/vllm/conftest.py): on this 2-core machine
+One process serves a whole session (tests/scripts/vllm/conftest.py): on this 2-core machine
 it takes 1-4 minutes to start (loading, then torch.compile's warm-up, cached between runs in
 ~/.cache/vllm). A test that kills it (failover) asks for it again afterwards and gets a new one
 (`ensure_up`). It runs in its own process group, so a kill reaches vLLM's engine and worker
