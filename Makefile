@@ -17,7 +17,7 @@ WHEELS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tierroute/wheels/$(shell echo "
 # suite compiles them once, in parallel, before its workers start.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup sandbox postgres browser models serve complete lint check test clean image stack-test
+.PHONY: setup sandbox postgres browser models serve complete lint check test clean image stack-test vllm vllm-env vllm-model vllm-test
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -91,7 +91,27 @@ test: setup lint
 	$(BIN)/tierroute models pull smollm2-135m-instruct-q4_1
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 	$(BIN)/python -m compileall -q -j 0 router verifiers evals scripts bench tests >/dev/null
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not vllm" -n $(TEST_WORKERS) --dist loadgroup
+	$(MAKE) vllm-test
+
+# ---- vLLM as the upper tier, on the CPU (docs/vllm.md) ------------------------------------------
+# Its own virtual environment outside the repository (pinned: scripts/vllm/requirements.txt), its
+# checkpoint made from the pinned GGUF and hash-checked, its server on 127.0.0.1. `make vllm` serves
+# in the foreground on VLLM_PORT (8000) with the key in VLLM_API_KEY. `make vllm-test` runs the
+# tests against a real vLLM process (tests/scripts/vllm/), once per session: `make test`
+# calls it after the suite; it adds the environment (once), the checkpoint (once) and vLLM's start.
+vllm-env:
+	scripts/vllm/env.sh setup
+
+vllm-model: setup vllm-env
+	scripts/vllm/env.sh model
+
+vllm: vllm-model
+	scripts/vllm/env.sh serve-only
+
+vllm-test: setup vllm-model
+	$(BIN)/tierroute models pull smollm2-135m-instruct-q4_1
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m vllm -n 0 tests/scripts/vllm
 
 clean:
 	rm -rf $(VENV) *.egg-info site
