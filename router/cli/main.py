@@ -260,7 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def add(name: str, help_: str, handler: Handler, parent: Any = sub) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = parent.add_parser(name, help=help_, description=help_)
+        # argparse %-formats a help line (a "95%" in one broke every `--help` above it) but prints
+        # a description as written
+        p: argparse.ArgumentParser = parent.add_parser(name, help=help_.replace("%", "%%"), description=help_)
         p.add_argument("--config", default=argparse.SUPPRESS, help="path to config.toml")
         p.set_defaults(handler=handler)
         return p
