@@ -293,6 +293,13 @@ HOSTILE_PROMPTS = {
     "dots": "." * 1_000_000 + "a",
     "sections": "Section 1 and Section 2 " * 40_000,
     "repeats": "repeat the request " * 50_000,
+    # each of these took seconds of one core before its reader was bounded (a quantity tried at
+    # every position of a long run: 20,000 digits before "placeholder" 15 s, "words 1 ..." 2.7 s)
+    "digits": "1" * 1_000_000,
+    "counted words": "words 1 " * 125_000,
+    "word heads": "word " * 200_000,
+    "placeholders": "1 placeholder " * 70_000,
+    "between": "between 1 and " * 70_000,
 }
 
 
@@ -301,4 +308,6 @@ async def test_a_huge_or_hostile_prompt_is_read_in_bounded_time(name: str) -> No
     started = time.process_time()
     score = await InstructionsVerifier().score(ask(HOSTILE_PROMPTS[name]), answer("A short answer."))
     assert score.value is None or 0.0 <= score.value <= 1.0
-    assert time.process_time() - started < 10  # read on its first and last 10,000 characters
+    # read on its first and last 10,000 characters, each reader linear in them: CPU time, so a
+    # loaded machine does not fail it (the worst of these takes about 0.1 s here)
+    assert time.process_time() - started < 1.5

@@ -194,17 +194,24 @@ _NUMBER_OF = re.compile(
 _NOT_WORD_COUNT_AFTER = re.compile(r"[^.!?\n]{0,50}\b(?:capital|caps|upper ?case|italic|highlight|bold)", _I)
 _NOT_WORD_COUNT_BEFORE = re.compile(r"\b(?:highlight\w*|italic\w*|bold\w*|capitali[sz]\w*)\b[^.!?\n]{0,30}$", _I)
 _PARENTHESES = re.compile(r"\([^()]*\)")
+# how far before a word count "highlighted ... 300 words" is looked for (a word and 30 characters):
+# searched from the sentence's start, each count in a long sentence rescanned all before it
+_BEFORE_REACH = 120
 
 
 def _lengths(prompt: str, out: Found) -> None:
     for s in sentences(prompt):
+        lower = s.lower()
         outside = _PARENTHESES.sub(" ", s)
         for unit, pattern in (("words", _WORDS), ("sentences", _SENTENCES)):
+            if unit[:-1] not in lower:  # a sentence without the unit's word cannot state it (and a
+                continue  # search of it is a number tried at every position: 0.2 s on 20,000 digits)
             text = outside if pattern.search(outside) else s  # "(just 1 or 2 sentences)" restates the bound
             matches = list(pattern.finditer(text))
             for m in matches:
                 if unit == "words" and (
-                    _NOT_WORD_COUNT_AFTER.match(text, m.end()) or _NOT_WORD_COUNT_BEFORE.search(text, 0, m.start())
+                    _NOT_WORD_COUNT_AFTER.match(text, m.end())
+                    or _NOT_WORD_COUNT_BEFORE.search(text, max(0, m.start() - _BEFORE_REACH), m.start())
                 ):
                     continue
                 _emit_length(out, unit, m.group(0), match_bounds(m))
@@ -225,10 +232,27 @@ def _emit_length(out: Found, unit: str, where: str, found: list[Bound]) -> None:
 _PLACEHOLDER = re.compile(rf"(?:{QUANTITY}\s+)?(?:\w+\s+)?placeholders?\b", _I)
 
 
+_PLACEHOLDER_WORD = re.compile(r"placeholders?\b", _I)
+_PLACEHOLDER_REACH = 80  # how far before the word its quantity and one word may start
+
+
+def _placeholder_matches(prompt: str) -> Iterator[re.Match[str]]:
+    """`_PLACEHOLDER`'s matches, each searched in a window that ends at an occurrence of the word:
+    searched over the whole prompt, its optional quantity and word made a prompt of 20,000 digits
+    take 15 s of the event loop (every start position tried to the end)."""
+    last = 0
+    for w in _PLACEHOLDER_WORD.finditer(prompt):
+        start = max(last, w.start() - _PLACEHOLDER_REACH)
+        m = _PLACEHOLDER.search(prompt, start, w.end())
+        if m is not None:
+            last = m.end()
+            yield m
+
+
 def _placeholders(prompt: str, out: Found) -> None:
     best: int | None = None
     where = ""
-    for m in _PLACEHOLDER.finditer(prompt):
+    for m in _placeholder_matches(prompt):
         if m.group("n"):
             found = match_bounds(m)
             n = next((n for r, n in found if r == "at least"), number(m.group("n")))
