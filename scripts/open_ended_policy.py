@@ -46,7 +46,9 @@ FLOOR = 0.5  # the threshold on prompts without constraints, set without labels 
 WEIGHTS = (1.0, 2.0, 3.0, 5.0, 10.0, 20.0)
 MIN = "min(instructions, degeneration)"
 SPLITS = range(1, 201)
-COMMAND = ".venv/bin/python scripts/open_ended_policy.py --run evals/results/ifeval --out docs/eval/open-ended-policy.md"
+COMMAND = (
+    ".venv/bin/python scripts/open_ended_policy.py --run evals/results/ifeval --out docs/eval/open-ended-policy.md"
+)
 
 
 def mean_label(w: float) -> str:

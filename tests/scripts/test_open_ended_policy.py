@@ -8,10 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from router.config import DEFAULT_CONFIG, load_settings
-from scripts.open_ended_policy import COMMAND, DEGEN, FLOOR, INSTR, MIN, as_config, combined, deployed, mean_label
-from scripts.open_ended_policy import page, table_of
 from evals.calibrate import Target
+from router.config import DEFAULT_CONFIG, load_settings
+from scripts.open_ended_policy import (
+    COMMAND,
+    DEGEN,
+    FLOOR,
+    INSTR,
+    MIN,
+    as_config,
+    combined,
+    deployed,
+    mean_label,
+    page,
+    table_of,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "eval" / "open-ended-policy.md"
