@@ -5,6 +5,11 @@ by the command that regenerates it. The bfcl suite's published tiers are GPT-4o 
 per-item correctness (`evals.frontier.bfcl`, read from `--bfcl-data`), reported in `bfcl.md` and
 `bfcl.csv` beside the others.
 
+`tierroute eval frontier-import SUITE`: a frontier model's published per-item answers written as an
+eval run under `--runs-dir` and nothing else, for reports that read runs (`eval workloads --top`):
+ifeval's GPT-4 responses as `ifeval-published`, graded by this project's grader
+(`evals.frontier.ifeval`).
+
 `tierroute eval frontier-score`: the local large tier's `cross_tier` reading of the weak frontier
 tier's published answers, cached per item in `--out` and resumed by a rerun
 (`evals.frontier.scoring`); `eval frontier --weak-scores SUITE=DIR` reads it.
@@ -109,6 +114,24 @@ def _command(args: argparse.Namespace) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
+def cmd_frontier_import(args: argparse.Namespace) -> int:
+    from evals.frontier import ifeval
+    from evals.store import RunStore
+    from evals.suites import get_suite
+
+    if args.suite != "ifeval":
+        raise ConfigError(f"eval frontier-import: no published answers to import for {args.suite!r}; have: ifeval")
+    data = Path(args.data)
+    published = ifeval.load(data)
+    root = ifeval.write_run(published, get_suite("ifeval"), Path(args.runs_dir))
+    right: int = RunStore(root).manifest()["published"]["right"]
+    print(
+        f"{root}: {len(published.items)} GPT-4 responses ({len(published.edited)} matched through the authors' "
+        f"stated edit of its prompt), {right} right by this project's grader ({right / len(published.items):.1%})"
+    )
+    return 0
+
+
 def cmd_frontier_score(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -177,6 +200,16 @@ def register(esub: Any, add: Any) -> None:
         "--out DIR), used once they cover every item",
     )
     p.add_argument("--splits", type=int, default=200, help="random calibration/held-out splits (default 200)")
+
+    i = add(
+        "frontier-import",
+        "write a frontier model's published per-item answers as an eval run (ifeval: GPT-4's responses)",
+        cmd_frontier_import,
+        esub,
+    )
+    i.add_argument("suite", help="the suite whose published answers to import (ifeval)")
+    i.add_argument("--data", default="evals/data/ifeval", help="the published data (default: the committed one)")
+    i.add_argument("--runs-dir", default="runs", help="where the run is written (default ./runs)")
 
     q = add(
         "frontier-score",

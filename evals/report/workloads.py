@@ -128,8 +128,11 @@ def _spread(s: splits.Spread) -> str:
     return f"{_pct(s.median)} [{_pct(s.low)}, {_pct(s.high)}]"
 
 
-def markdown(priced: Sequence[tuple[str, Sequence[Workload]]], command: str, n_splits: int) -> str:
-    """The page: one table per pricing of the top tier (its label, the suites priced so)."""
+def markdown(
+    priced: Sequence[tuple[str, Sequence[Workload]]], command: str, n_splits: int, notes: Sequence[str] = ()
+) -> str:
+    """The page: one table per pricing of the top tier (its label, the suites priced so). `notes`
+    says, per suite whose top tier is another run's (a published frontier tier), where it came from."""
     lines = [
         "# Where the cascade pays: savings per workload",
         "",
@@ -150,6 +153,8 @@ def markdown(priced: Sequence[tuple[str, Sequence[Workload]]], command: str, n_s
         "comes from splits that missed the target held out.",
         "",
     ]
+    if notes:
+        lines += ["Top tiers taken from another run:", "", *(f"- {n}" for n in notes), ""]
     for label, loads in priced:
         lines += _table(label, loads)
     lines += ["![saving against quality target](workloads-savings.png)", ""]

@@ -86,3 +86,44 @@ def test_the_committed_page_is_what_its_command_gives(tmp_path: Path, monkeypatc
     for name in ("workloads.md", "workloads.csv"):
         made = (tmp_path / name).read_text(encoding="utf-8").replace(str(tmp_path), "docs/eval")
         assert made == (REPO / "docs" / "eval" / name).read_text(encoding="utf-8"), f"docs/eval/{name} is stale"
+
+
+@pytest.mark.parametrize(
+    ("runs", "top", "says"),
+    [
+        (["ifeval"], "ifeval", "expected RUN=TOP_RUN[:TIER]"),
+        (["snips"], "ifeval=ifeval-published", "ifeval is not one of the runs listed"),
+        (["ifeval"], "ifeval=snips:large", "runs of different suites (ifeval, snips)"),
+        (["ifeval"], "ifeval=ifeval", "name one of its tiers (small, large) as ifeval:TIER"),
+        (["ifeval"], "ifeval=ifeval-published:gpt-4o", "name one of its tiers (gpt-4)"),
+    ],
+)
+def test_a_top_run_that_cannot_go_above_is_refused(
+    runs: list[str], top: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(REPO)
+    argv = ["eval", "workloads", *runs, "--top", top, "--runs-dir", "evals/results", "--out", str(tmp_path)]
+    assert main(argv) != 0
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "workloads.md").exists()
+
+
+def test_the_ifeval_row_is_the_small_tier_in_front_of_gpt4s_published_answers() -> None:
+    """Recounted from the two runs: the small tier of `ifeval` (its large tier's run is still
+    incomplete and is not read) in front of `ifeval-published`, all 541 items; the page's
+    accuracies and the perfect verifier's ceiling at 95% are these."""
+    from evals.frontier.cascade import join
+    from evals.store import RunStore
+    from evals.sweep import load_table
+
+    results = REPO / "evals" / "results"
+    small = load_table(RunStore(results / "ifeval"), tiers=["small"])
+    gpt4 = load_table(RunStore(results / "ifeval-published"))
+    table = join(small, gpt4, ["gpt-4"])
+    assert len(table.items) == 541 and [t.name for t in table.tiers] == ["small", "gpt-4"]
+    right = [sum(it.tiers[k].correct for it in table.items) for k in (0, 1)]
+    assert right == [127, 421]
+    assert "instructions" in table.verifiers  # the constraint verifier competes with the others
+    row = next(line for line in PAGE.read_text(encoding="utf-8").splitlines() if line.startswith("| ifeval | 541 |"))
+    assert "small 23.5%" in row and "gpt-4 77.8%" in row
+    assert f"| {100 * ceiling(table, 0.95):.1f}% |" in row
