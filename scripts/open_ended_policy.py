@@ -13,6 +13,8 @@ what `[tiers.tasks.open_ended]` can express,
 - `min(instructions, degeneration)` (`combine = "min"`: either may reject),
 - `mean(instructions x W, degeneration)` (`combine = "mean"`, `instructions` weighted W, for each W
   of `WEIGHTS`: where it speaks it mostly decides; where it abstains `degeneration` decides alone),
+- `mean(instructions[all] x W, degeneration)`: the same with `params = { stat = "all" }`, which
+  scores 1 only where every constraint is met (else 0),
 
 each at the threshold `FLOOR`. The deployed one is chosen on a calibration half by the project's
 rule (the cheapest there that meets `--target`, default `min-relative=0.95`, 95% of the top tier's
@@ -37,6 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from evals.calibrate import CascadePolicy, Target, calibrate, evaluate, goal, split
+from evals.frontier.cascade import join
 from evals.store import RunStore
 from evals.sweep import ItemOutcome, PolicyResult, ResultTable, SingleTier, load_table
 from router import policy
@@ -47,30 +50,39 @@ WEIGHTS = (1.0, 2.0, 3.0, 5.0, 10.0, 20.0)
 MIN = "min(instructions, degeneration)"
 SPLITS = range(1, 201)
 COMMAND = (
-    ".venv/bin/python scripts/open_ended_policy.py --run evals/results/ifeval --out docs/eval/open-ended-policy.md"
+    ".venv/bin/python scripts/open_ended_policy.py --run evals/results/ifeval --top evals/results/ifeval-published "
+    "--out docs/eval/open-ended-policy.md"
 )
 
 
-def mean_label(w: float) -> str:
-    return f"mean(instructions x {w:g}, degeneration)"
+def mean_label(w: float, stat: str = "fraction") -> str:
+    name = INSTR if stat == "fraction" else f"{INSTR}[{stat}]"
+    return f"mean({name} x {w:g}, degeneration)"
 
 
-CANDIDATES = (DEGEN, MIN, *(mean_label(w) for w in WEIGHTS))
+CANDIDATES = (DEGEN, MIN, *(mean_label(w) for w in WEIGHTS), *(mean_label(w, "all") for w in WEIGHTS))
 
 
-def as_config(label: str) -> tuple[str, float, tuple[tuple[str, float], ...]]:
-    """A candidate as `[tiers.tasks.open_ended]` states it: (combine, threshold, (verifier, weight)...)."""
+Member = tuple[str, float, tuple[tuple[str, str], ...]]  # verifier, weight, params
+
+
+def as_config(label: str) -> tuple[str, float, tuple[Member, ...]]:
+    """A candidate as `[tiers.tasks.open_ended]` states it: (combine, threshold, members)."""
+    degen: Member = (DEGEN, 1.0, ())
     if label == DEGEN:
-        return "mean", FLOOR, ((DEGEN, 1.0),)
+        return "mean", FLOOR, (degen,)
     if label == MIN:
-        return "min", FLOOR, ((INSTR, 1.0), (DEGEN, 1.0))
-    w = next(w for w in WEIGHTS if mean_label(w) == label)
-    return "mean", FLOOR, ((INSTR, w), (DEGEN, 1.0))
+        return "min", FLOOR, ((INSTR, 1.0, ()), degen)
+    for stat in ("fraction", "all"):
+        for w in WEIGHTS:
+            if mean_label(w, stat) == label:
+                return "mean", FLOOR, ((INSTR, w, () if stat == "fraction" else (("stat", stat),)), degen)
+    raise ValueError(f"not a candidate: {label!r}")
 
 
 def deployed(page_text: str) -> str:
     """The policy a page says split 0 deploys (what `config.toml` must hold)."""
-    marker = "split 0 deploys `"
+    marker = "**In `config.toml`**: split 0 deploys `"
     at = page_text.index(marker) + len(marker)
     return page_text[at : page_text.index("`", at)]
 
@@ -78,15 +90,22 @@ def deployed(page_text: str) -> str:
 def combined(scores: dict[str, float | None]) -> dict[str, float | None]:
     """Each candidate's score as the cascade combines the two verifiers (`router.policy.combine`)."""
     pair = (scores[INSTR], scores[DEGEN])
+    # `stat = "all"` scores 1 where every constraint read was met, else 0: the stored fraction is 1
+    # exactly then (met / total), so it is derived from the run's scores, not scored again
+    every = None if pair[0] is None else float(pair[0] == 1.0)
     out = {MIN: policy.combine([(pair[0], 1.0), (pair[1], 1.0)], "min")}
     for w in WEIGHTS:
         out[mean_label(w)] = policy.combine([(pair[0], w), (pair[1], 1.0)], "mean")
+        out[mean_label(w, "all")] = policy.combine([(every, w), (pair[1], 1.0)], "mean")
     return out
 
 
 def with_candidates(item: ItemOutcome) -> ItemOutcome:
     tiers = []
     for t in item.tiers:
+        if INSTR not in t.scores or DEGEN not in t.scores:  # a published top tier: never judged
+            tiers.append(t)
+            continue
         extra = combined(dict(t.scores))
         cost = t.verify_cost_usd[INSTR] + t.verify_cost_usd[DEGEN]
         took = t.verify_s[INSTR] + t.verify_s[DEGEN]
@@ -101,8 +120,13 @@ def with_candidates(item: ItemOutcome) -> ItemOutcome:
     return dataclasses.replace(item, tiers=tuple(tiers))
 
 
-def table_of(run: Path) -> ResultTable:
+def table_of(run: Path, top: Path | None = None) -> ResultTable:
+    """The run's tiers, or with `top` its first tier in front of that run's only tier (GPT-4's
+    published IFEval answers: `tierroute eval frontier-import ifeval`), item by item."""
     table = load_table(RunStore(run))
+    if top is not None:
+        upper = load_table(RunStore(top))
+        table = join(load_table(RunStore(run), tiers=[table.tiers[0].name]), upper, [upper.tiers[-1].name])
     return dataclasses.replace(
         table, items=[with_candidates(it) for it in table.items], verifiers=[*table.verifiers, *CANDIDATES[1:]]
     )
@@ -128,7 +152,7 @@ def deploy(table: ResultTable, target: Target, seed: int) -> Outcome:
     top = evaluate(SingleTier(len(table.tiers) - 1, table.tiers[-1].name), held)
     if not met:
         return Outcome("", top, top)
-    chosen = min(met)[1]
+    chosen = min(met, key=lambda m: (m[0], CANDIDATES.index(m[1])))[1]  # ties: the simplest, listed first
     return Outcome(chosen, at_floor(held, chosen), top)
 
 
@@ -146,12 +170,8 @@ def ratio(o: Outcome) -> float:
     return o.held_out.accuracy / o.top.accuracy if o.top.accuracy else 0.0
 
 
-def page(table: ResultTable, target: Target) -> str:
-    fixed = deploy(table, target, 0)
-    per = [deploy(table, target, s) for s in SPLITS]
-    calib, held = split(table, 0, 0.5)
-    top_held = evaluate(SingleTier(len(table.tiers) - 1, table.tiers[-1].name), held)
-    tiers = ", ".join(t.name for t in table.tiers)
+def page(tables: Sequence[tuple[str, ResultTable]], target: Target) -> str:
+    """The page: one section per (what the top tier is, its table); the first decides the config."""
     lines = [
         "# The open-ended policy, calibrated on IFEval",
         "",
@@ -161,15 +181,46 @@ def page(table: ResultTable, target: Target) -> str:
         COMMAND,
         "```",
         "",
-        f"IFEval's prompts answered by both local tiers ({tiers}; {len(table.items)} items both answered), graded by "
-        "this project's IFEval checker (`evals/ifeval_checks.py`: an answer is right when it meets every constraint "
-        "of its prompt). The verifiers never read the grader's fields: `instructions` reads the constraints from "
-        f"the prompt itself. Every policy is at the threshold {FLOOR:g}, the one prompts without constraints keep "
-        "(no labels say where it belongs; `scripts/open_ended_policy.py` says why); what is chosen is how the "
-        f"prompt's own constraints weigh. Target: `{target}` (a share of the top tier's accuracy on the same half). "
-        "Split 0 is the split the config's thresholds come from.",
+        "IFEval's prompts, graded by this project's IFEval checker (`evals/ifeval_checks.py`: an answer is right when "
+        "it meets every constraint of its prompt). The verifiers never read the grader's fields: `instructions` "
+        f"reads the constraints from the prompt itself. Every policy is at the threshold {FLOOR:g}, the one prompts "
+        "without constraints keep (no labels say where it belongs; `scripts/open_ended_policy.py` says why); what is "
+        f"chosen is how the prompt's own constraints weigh. Target: `{target}` (a share of the top tier's accuracy "
+        "on the same half). Split 0 is the split the config's thresholds come from; the 200 random splits each "
+        "choose afresh on their calibration half. The config's policy is chosen in front of GPT-4 (the first "
+        "section): a hosted frontier model is what the upper tier stands for in a deployment, and GPT-4 answered "
+        "every prompt. The local 1.5B (the default config's self-contained upper tier) has answered only part of "
+        "them so far, and its own accuracy is low enough that a policy chosen against it accepts answers GPT-4 "
+        "would get right; the second section shows both.",
         "",
-        f"## Split 0: each policy on the held-out half ({len(held.items)} items)",
+    ]
+    first = ""
+    for title, table in tables:
+        section, deployed_here = _section(title, table, target)
+        lines += section
+        first = first or deployed_here
+    lines += [
+        f"**In `config.toml`**: split 0 deploys `{first}` at threshold {FLOOR:g} (the first section). "
+        "Where a prompt states no constraint `instructions` abstains and `degeneration` decides alone, exactly as "
+        "before this calibration.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _section(title: str, table: ResultTable, target: Target) -> tuple[list[str], str]:
+    fixed = deploy(table, target, 0)
+    per = [deploy(table, target, s) for s in SPLITS]
+    calib, held = split(table, 0, 0.5)
+    top_held = evaluate(SingleTier(len(table.tiers) - 1, table.tiers[-1].name), held)
+    every = [evaluate(SingleTier(i, t.name), table) for i, t in enumerate(table.tiers)]
+    tiers = "; ".join(f"{t.name} {pct(r.accuracy)}" for t, r in zip(table.tiers, every, strict=True))
+    lines = [
+        f"## {title}",
+        "",
+        f"{len(table.items)} items with an answer of each tier (accuracy: {tiers}).",
+        "",
+        f"Split 0, each policy on the held-out half ({len(held.items)} items):",
         "",
         "| policy | meets the target on the calibration half | held out: accuracy / top's | saved vs top alone | "
         "escalated |",
@@ -191,19 +242,15 @@ def page(table: ResultTable, target: Target) -> str:
         f"constraints) | {'yes' if ref.met else 'no'} | {pct(ref.held_out.accuracy / top_held.accuracy)} | "
         f"{pct(ref.held_out.savings or 0.0)} | {pct(ref.held_out.escalation_rate)} |",
         "",
-        "## 200 random splits, each choosing on its calibration half",
+        f"Split 0 deploys `{fixed.policy or 'the top tier alone'}`. Over 200 random splits:",
         "",
         "| deployed | saved vs top alone | accuracy / top's | held out below target |",
         "|---|---|---|---|",
         f"| {_shares(per)} | {spread([o.held_out.savings or 0.0 for o in per])} | {spread([ratio(o) for o in per])} | "
         f"{pct(sum(ratio(o) < target.value - 1e-12 for o in per) / len(per))} |",
         "",
-        f"**In `config.toml`**: split 0 deploys `{fixed.policy or 'the top tier alone'}` at threshold {FLOOR:g}. "
-        "Where a prompt states no constraint `instructions` abstains and `degeneration` decides alone, exactly as "
-        "before this calibration.",
-        "",
     ]
-    return "\n".join(lines)
+    return lines, fixed.policy or "the top tier alone"
 
 
 def _shares(per: Sequence[Outcome]) -> str:
@@ -214,13 +261,22 @@ def _shares(per: Sequence[Outcome]) -> str:
     return ", ".join(f"`{k}` {pct(v / len(per))}" for k, v in ranked)
 
 
+def tables_of(run: Path, top: Path) -> list[tuple[str, ResultTable]]:
+    """The page's sections: in front of GPT-4 first (it decides the config), then the local large."""
+    return [
+        ("In front of GPT-4 (its published IFEval answers)", table_of(run, top)),
+        ("In front of the local large tier (Qwen2.5-Coder-1.5B)", table_of(run)),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run", type=Path, default=Path("evals/results/ifeval"))
+    parser.add_argument("--top", type=Path, default=Path("evals/results/ifeval-published"), help="GPT-4's run")
     parser.add_argument("--target", default="min-relative=0.95")
     parser.add_argument("--out", type=Path, default=None, help="write the page here (else print it)")
     args = parser.parse_args()
-    text = page(table_of(args.run), Target.parse(args.target))
+    text = page(tables_of(args.run, args.top), Target.parse(args.target))
     if args.out:
         args.out.write_text(text, encoding="utf-8")
     else:

@@ -21,7 +21,7 @@ from scripts.open_ended_policy import (
     deployed,
     mean_label,
     page,
-    table_of,
+    tables_of,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,13 +42,18 @@ def test_candidates_by_hand() -> None:
     assert s[mean_label(1)] == pytest.approx((1 / 3 + 1.0) / 2)
     s = combined({INSTR: 0.0, DEGEN: 1.0})  # a clean answer that meets none of its constraints
     assert s[mean_label(1)] == pytest.approx(0.5) and s[mean_label(2)] == pytest.approx(1 / 3)
-    assert as_config(mean_label(3)) == ("mean", FLOOR, ((INSTR, 3.0), (DEGEN, 1.0)))
-    assert as_config(MIN) == ("min", FLOOR, ((INSTR, 1.0), (DEGEN, 1.0)))
+    s = combined({INSTR: 2 / 3, DEGEN: 1.0})  # stat = "all": 0 unless every constraint is met
+    assert s[mean_label(2, "all")] == pytest.approx(1 / 3) and s[mean_label(2)] == pytest.approx(7 / 9)
+    assert combined({INSTR: 1.0, DEGEN: 0.04})[mean_label(2, "all")] == pytest.approx(2.04 / 3)
+    assert as_config(mean_label(3)) == ("mean", FLOOR, ((INSTR, 3.0, ()), (DEGEN, 1.0, ())))
+    assert as_config(mean_label(2, "all")) == ("mean", FLOOR, ((INSTR, 2.0, (("stat", "all"),)), (DEGEN, 1.0, ())))
+    assert as_config(MIN) == ("min", FLOOR, ((INSTR, 1.0, ()), (DEGEN, 1.0, ())))
 
 
 @pytest.mark.slow  # seconds of CPU: 200 splits
 def test_the_page_regenerates_from_the_committed_run() -> None:
-    text = page(table_of(ROOT / "evals" / "results" / "ifeval"), Target.parse("min-relative=0.95"))
+    run, top = ROOT / "evals" / "results" / "ifeval", ROOT / "evals" / "results" / "ifeval-published"
+    text = page(tables_of(run, top), Target.parse("min-relative=0.95"))
     assert COMMAND in text
     assert text == PAGE.read_text(encoding="utf-8")
 
@@ -58,4 +63,4 @@ def test_config_holds_the_policy_the_page_deploys() -> None:
     policy = load_settings(DEFAULT_CONFIG).tiers[0].tasks["open_ended"]
     assert policy.threshold == threshold and (policy.combine or "mean") == combine
     assert policy.verifiers is not None
-    assert tuple((v.name, v.weight) for v in policy.verifiers) == members
+    assert tuple((v.name, v.weight, tuple(sorted(v.params.items()))) for v in policy.verifiers) == members
