@@ -116,8 +116,27 @@ def prompt_text(request: GenerationRequest) -> str:
 
 
 def estimate_tokens(text: str) -> int:
-    # Only when the server reports no usage: about four characters a token in English.
-    return max(1, round(len(text) / 4)) if text else 0
+    """Text's tokens when the server reports none (an estimate, not a bound): four characters a
+    token for ASCII letters and white space (English averages about that), a token a digit
+    (SmolLM2's, Qwen's and Llama 2's tokenizers split numbers into digits), two other ASCII
+    characters (punctuation) a token, and two UTF-8 bytes a token for everything else. At four
+    characters a token for all text, the fourth review's streamed prompt of 112 Chinese characters
+    was charged 38 tokens where llama-cpp-python's server counted 254 (SmolLM2), 400 digits 110
+    where it counted 430; the other scripts measured there (Cyrillic, Arabic, emoji) take 0.4 to
+    0.75 tokens a byte. Counted by bytes.translate, in C: a prompt of megabytes costs milliseconds."""
+    if not text:
+        return 0
+    sent = text.encode("utf-8", "replace")
+    narrow = sent.translate(None, _NON_ASCII)
+    rest = narrow.translate(None, _WORD_CHARS)
+    marks = rest.translate(None, _DIGITS)
+    letters, digits, wide = len(narrow) - len(rest), len(rest) - len(marks), len(sent) - len(narrow)
+    return max(1, round(letters / 4 + digits + len(marks) / 2 + wide / 2))
+
+
+_NON_ASCII = bytes(range(128, 256))
+_WORD_CHARS = bytes(c for c in range(128) if chr(c).isalpha() or chr(c).isspace())
+_DIGITS = b"0123456789"
 
 
 def estimate_prompt_tokens(request: GenerationRequest) -> int:

@@ -23,10 +23,12 @@ deployment; failures that arrive meanwhile wait for it, and its verdict is remem
 deployment in that time (each costs the operator one token of output; counted in
 `tierroute_deployment_outage_probes_total`).
 
-- The probe fails too (any status but 2xx, an error event, a body that is not an answer): an
-  outage. The failure counts against the breaker and the request fails over, as it always did;
-  its own later tries at that deployment, failing the same way on the same verdict, count no more
-  (`Call.outage_counted`): one request is one failure's evidence, not `max_attempts`.
+- The probe fails too (any status but 2xx, an error event, a body that is not an answer, a
+  connection that fails before any answer twice: once may be the connection the failed request
+  left, closing under it, `_opened`): an outage. The failure counts against the breaker and the
+  request fails over, as it always did; its own later tries at that deployment, failing the same
+  way on the same verdict, count no more (`Call.outage_counted`): one request is one failure's
+  evidence, not `max_attempts`.
 - The probe is answered: the failure was this request's. It is not retried anywhere (another
   deployment would fail it the same way, at the operator's cost), the breaker hears the
   deployment as alive, and the client hears 502 naming the upstream's refusal
@@ -163,11 +165,12 @@ async def _answered(
     client: openai.AsyncOpenAI, params: dict[str, Any], *, chat: bool, stream: bool, seconds: float
 ) -> bool | None:
     """True: answered (2xx, a JSON object, or a stream with no error event); False: it failed
-    (another status, an error event, a body that is not an answer); None: no answer in `seconds`."""
+    (another status, an error event, a body that is not an answer, its connection failed twice);
+    None: no answer in `seconds`."""
     endpoint: Any = client.chat.completions if chat else client.completions
     try:
         async with asyncio.timeout(seconds):
-            response = await endpoint.with_streaming_response.create(**params, timeout=seconds).__aenter__()
+            response = await _opened(endpoint, params, seconds)
             try:
                 if stream:
                     events = SSEReader(response.http_response.aiter_raw(), max_events=64)
@@ -185,3 +188,19 @@ async def _answered(
     except Exception:  # noqa: BLE001 - any failure of the tier's own request is the deployment's
         return False
     return True
+
+
+async def _opened(endpoint: Any, params: dict[str, Any], seconds: float) -> Any:
+    """The probe sent, and tried once more on a new connection when its connection fails before
+    any answer. It goes out at once, on the pool's idle connection, often the one the failed
+    request just left; a server that closes a connection after a failed answer (llama-cpp-python's,
+    after a streamed prompt over its context) closes it under the probe, and "Server disconnected
+    without sending a response" says nothing of the deployment (the fourth review: taken for an
+    outage, five such requests of one key opened the breaker). The pool drops that connection, so
+    the second try connects anew; a deployment that is down fails it too."""
+    try:
+        return await endpoint.with_streaming_response.create(**params, timeout=seconds).__aenter__()
+    except openai.APITimeoutError:
+        raise
+    except openai.APIConnectionError:
+        return await endpoint.with_streaming_response.create(**params, timeout=seconds).__aenter__()

@@ -17,7 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from router.backends.openai import OpenAIBackend
-from router.backends.openai.call import TEMPLATE_TOKENS_ESTIMATE, estimate_prompt_tokens
+from router.backends.openai.call import TEMPLATE_TOKENS_ESTIMATE, estimate_prompt_tokens, estimate_tokens
 from router.config import OpenAIBackendSettings
 from router.errors import (
     AnswerTooLargeError,
@@ -208,7 +208,7 @@ async def test_impossible_usage_falls_back_to_the_estimate_with_a_warning(
         gen = await backend.generate(CHAT) if way == "plain" else (await collect(backend, CHAT))[1]
     assert gen.text == TEXT
     estimate = estimate_prompt_tokens(CHAT)  # its text, and the chat template's tokens (`call`)
-    assert gen.prompt_tokens == estimate == round(len("Say hello.") / 4) + 2 * TEMPLATE_TOKENS_ESTIMATE
+    assert gen.prompt_tokens == estimate == estimate_tokens("Say hello.") + 2 * TEMPLATE_TOKENS_ESTIMATE
     assert 0 < gen.completion_tokens <= CHAT.max_tokens
     assert "upstream usage refused" in caplog.text
 

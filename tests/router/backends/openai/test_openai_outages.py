@@ -25,7 +25,7 @@ import pytest
 from router.plugins import VerifierRegistry
 from tests.support.accounting import auth, keys_section, read_ledger, running
 from tests.support.config import TOKEN_PRICE, table, tier, write_config
-from tests.support.fault_upstream import FaultUpstream, Received, broken_stream, ok, status
+from tests.support.fault_upstream import FaultUpstream, Received, broken_stream, ok, sse, status
 from tests.support.servers import llama_cpp_server
 
 KEYS: dict[str, dict[str, Any]] = {"tenant": {}, "attacker": {}, "scraper": {"roles": ["metrics"]}}
@@ -206,3 +206,49 @@ async def test_an_error_event_mid_stream_is_the_requests_when_the_tier_is_answer
                 assert "refused this request" not in r.text and failures == 1, (r.text, failures)
             rows = attacker_rows(tmp)
             assert len(rows) == 1 and rows[0].completion_tokens >= 1 and rows[0].cost_usd > 0, rows
+
+
+def drops_after_an_empty_stream() -> Any:
+    """llama-cpp-python's server on a streamed prompt over its context: a whole, empty 200 event
+    stream, after which it closes the connection. The close races the next request sent on that
+    pooled connection, here every time: the next request it carries gets no answer."""
+    dropping: set[int] = set()
+
+    async def act(conn: Any, req: Received) -> bool:
+        if id(conn.writer) in dropping:
+            return False  # closed without a word: "Server disconnected without sending a response"
+        if req.streaming and "word word" in json.dumps(req.body.get("messages", [])):
+            await sse(done=False)(conn, req)
+            dropping.add(id(conn.writer))
+            return True
+        return await ok()(conn, req)
+
+    return act
+
+
+async def test_a_probe_on_the_connection_the_failed_request_left_is_no_outage(tmp_path: Path) -> None:
+    # Found (fourth review): the probe went out at once on the pooled connection of the request it
+    # judges, which llama-cpp-python's server was closing; "Server disconnected without sending a
+    # response" was taken for an outage, remembered 10 s, and five such requests of one key (3,000
+    # words, streamed) opened the breaker for every tenant, with no ledger row for any of them. The
+    # probe's own connection failing before any answer says nothing of the deployment: it is asked
+    # once more, on a new connection.
+    long = "word " * 3000
+    with FaultUpstream(default=drops_after_an_empty_stream(), outage_probe=None) as d0:
+        cfg, keys = served_config(tmp_path, [d0.base_url])  # defaults: 5 failures open it, 3 attempts
+        async with running(cfg, registry=VerifierRegistry.from_entry_points()) as client:
+            attacks = []
+            for _ in range(5):
+                attacks.append(
+                    await ask(client, keys["attacker"], stream=True, messages=[{"role": "user", "content": long}])
+                )
+            after = await ask(client, keys["tenant"])
+            metrics = (await client.get("/metrics", headers=auth(keys["scraper"]))).text
+    assert all(r.status_code == 502 and "upstream_refused_request" in r.text for r in attacks), [
+        r.text for r in attacks
+    ]
+    assert after.status_code == 200, after.text
+    assert metric(metrics, "tierroute_backend_breaker_opens_total", tier="large") == 0
+    assert metric(metrics, "tierroute_backend_consecutive_failures", tier="large") == 0
+    rows = attacker_rows(tmp_path)
+    assert len(rows) == 5 and all(row.prompt_tokens > 3000 and row.cost_usd > 0 for row in rows), rows
