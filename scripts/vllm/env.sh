@@ -51,6 +51,10 @@ home="${TIERROUTE_VLLM_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/tierroute/vllm}"
 lock_hash="$(cat "$here/requirements.txt" <(echo "$VLLM_VERSION $TORCH_VERSION") | sha256sum | cut -c1-12)"
 venv="$home/venv-$VLLM_VERSION-$lock_hash"
 model="${VLLM_MODEL:-qwen2.5-coder-0.5b-instruct-q4_k_m}"
+# a catalog name: it becomes a path under $home and a key in the Python that looks up its pin
+if ! [[ "$model" =~ ^[a-z0-9][a-z0-9._-]*$ ]] || [[ "$model" == *..* ]]; then
+  echo "VLLM_MODEL must be a catalog name (lower-case letters, digits, '.', '_', '-'), not '$model'" >&2; exit 2
+fi
 checkpoint="$home/models/$model"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 

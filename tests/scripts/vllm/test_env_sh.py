@@ -116,3 +116,12 @@ def test_the_machine_check_names_the_reason(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     done = subprocess.run([str(ENV_SH), "machine"], capture_output=True, text=True, env=env)
     assert done.returncode == 0 and "for x86_64 Linux, not Linux aarch64" in done.stdout
+
+
+@pytest.mark.parametrize("name", ["../../../etc", "x']; import os; os.system('id'); ['", "Qwen/Qwen2.5", ""])
+def test_a_model_name_that_is_no_catalog_name_is_refused(name: str) -> None:
+    done = _argv(VLLM_MODEL=name)
+    if name == "":  # unset: the default catalog name
+        assert done.returncode == 0
+        return
+    assert done.returncode == 2 and "must be a catalog name" in done.stderr and done.stdout == ""
