@@ -32,16 +32,26 @@ def parse_json_answer(text: str) -> Any:
     """The JSON value of an answer: the whole text, else the first ```json / unlabelled fenced
     block that parses. Raises ValueError (json.JSONDecodeError) when there is none."""
     try:
-        return json.loads(text)
+        return _loads(text)
     except ValueError as exc:
         first_error = exc
     for block in fenced_blocks(text):
         if block.lang in ("json", "jsonc", ""):
             try:
-                return json.loads(block.body)
+                return _loads(block.body)
             except ValueError:
                 continue
     raise first_error
+
+
+def _loads(text: str) -> Any:
+    """`json.loads`, with JSON nested past Python's recursion limit (a few hundred tokens of
+    brackets, which a model can be asked to write) raised as the ValueError of any text that is
+    not JSON, not as a RecursionError out of the verifier (a 500)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested deeper than the JSON reader can follow") from None
 
 
 @dataclass(frozen=True)
@@ -111,7 +121,7 @@ class FormatVerifier:
 def _check_response_format(fmt: ResponseFormat, candidate: Generation, budget: PatternBudget) -> Score:
     details: dict[str, Any] = {"check": "response_format", "kind": fmt.kind}
     try:
-        value = json.loads(candidate.text)
+        value = _loads(candidate.text)
     except ValueError as exc:
         cut = " (cut off at max_tokens)" if candidate.finish_reason == "length" else ""
         return Score(0.0, f"not JSON{cut}: {exc}", {**details, "failed": "json"})

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.generation import Generation, GenerationRequest, NamedTool, ToolCall, ToolSpec
-from router.structured.tools import answer
+from router.structured.tools import answer, decode_arguments
 from verifiers.base import Score, VerifierContext
 from verifiers.jsonschema_check import PatternBudget, first_error
 
@@ -60,10 +60,9 @@ class ToolCallVerifier:
                 return Score(0.0, f"call {i} names {call.name[:64]!r}, which is not an offered function", details)
             if isinstance(choice, NamedTool) and call.name != choice.name:
                 return Score(0.0, f"call {i} names {call.name!r}, but tool_choice names {choice.name!r}", details)
-            try:
-                arguments = json.loads(call.arguments)
-            except ValueError as exc:
-                return Score(0.0, f"call {i} ({call.name}): arguments are not JSON ({exc})", details)
+            arguments, why = decode_arguments(call.arguments)
+            if why is not None:
+                return Score(0.0, f"call {i} ({call.name}): arguments are {why}", details)
             if not isinstance(arguments, dict):
                 return Score(0.0, f"call {i} ({call.name}): arguments are not a JSON object", details)
             if tool.checked is not None:
@@ -92,11 +91,8 @@ def _repeats(request: GenerationRequest, calls: tuple[ToolCall, ...]) -> str | N
 
 
 def _key(call: ToolCall) -> tuple[str, str]:
-    try:
-        arguments = json.dumps(json.loads(call.arguments), sort_keys=True)
-    except ValueError:
-        arguments = call.arguments
-    return call.name, arguments
+    value, why = decode_arguments(call.arguments)
+    return call.name, call.arguments if why is not None else json.dumps(value, sort_keys=True)
 
 
 def make_tool_call(params: dict[str, Any], ctx: VerifierContext) -> ToolCallVerifier:

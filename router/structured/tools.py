@@ -149,12 +149,26 @@ def format_call(call: ToolCall) -> str:
     return f"{OPEN_TAG}\n{json.dumps(body, ensure_ascii=False)}\n{CLOSE_TAG}"
 
 
-def _arguments_value(arguments: str) -> Any:
-    # templates write arguments with `tojson`: an object, not the JSON text of one
+def decode_arguments(arguments: str) -> tuple[Any, str | None]:
+    """A call's arguments decoded, or None and why they cannot be: not JSON, or nested past
+    `MAX_NESTING`. Every reader of a call's arguments goes through here, whoever wrote them: a
+    local model's text, or an upstream's `tool_calls`, which arrive as text the router did not
+    check (an upstream sending arguments a few thousand brackets deep made the `tool_call`
+    verifier and the Messages renderer raise RecursionError out of `json.loads`: a 500)."""
     try:
         value = json.loads(arguments)
-    except ValueError:
-        return arguments
+    except ValueError as exc:
+        return None, f"not JSON ({exc})"
+    except RecursionError:
+        return None, f"nested more than {MAX_NESTING} deep"
+    if _nesting(value) > MAX_NESTING:
+        return None, f"nested more than {MAX_NESTING} deep"
+    return value, None
+
+
+def _arguments_value(arguments: str) -> Any:
+    # templates write arguments with `tojson`: an object, not the JSON text of one
+    value, _ = decode_arguments(arguments)
     return value if isinstance(value, dict) else arguments
 
 

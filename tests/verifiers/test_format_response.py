@@ -107,3 +107,13 @@ async def test_many_slow_strings_cost_a_bounded_time_off_the_event_loop() -> Non
     assert bad.value == 0.0 and "took too long" in bad.reason
     assert took < 0.2 * 200 * PATTERN_TIMEOUT_S  # far less than every string run to its limit
     assert ticks >= took / 0.01 / 4  # the loop kept turning while the patterns ran
+
+
+@pytest.mark.parametrize("fmt", [ResponseFormat("json_object"), None])
+async def test_json_nested_past_the_reader_fails_instead_of_raising(fmt: ResponseFormat | None) -> None:
+    # a model can be asked to write a few thousand brackets; json.loads raised RecursionError out
+    # of the verifier (a 500) for the request's format and for the config's `json` check alike
+    deep = "[" * 5000 + "]" * 5000
+    verifier = FormatVerifier(json=fmt is None)
+    s = await verifier.score(GenerationRequest(prompt="brackets", response_format=fmt), gen(deep))
+    assert s.value == 0.0 and "nested deeper" in s.reason

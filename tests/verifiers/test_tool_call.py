@@ -117,3 +117,14 @@ def test_a_hostile_pattern_fails_in_bounded_time_and_a_schema_made_in_code_never
     assert time.monotonic() - started < 0.2 * 200 * PATTERN_TIMEOUT_S
     # the API refuses such schemas (router.structured.grammars.check_schema); one built in code fails the answer
     assert "cannot be applied" in (first_error({"$ref": "#/nowhere"}, "x") or "")
+
+
+@pytest.mark.parametrize("depth", [65, 5000])
+async def test_an_upstreams_call_nested_past_the_bound_fails_without_raising(depth: int) -> None:
+    # an upstream's `tool_calls` arrive as text the router did not check; a few thousand brackets
+    # raised RecursionError out of json.loads here (a 500 for the client)
+    deep = '{"city": ' + "[" * depth + "]" * depth + "}"
+    s = await ToolCallVerifier().score(
+        req(), Generation("", "stop", 1, 1, None, 0.0, tool_calls=(ToolCall("c1", "get_weather", deep),))
+    )
+    assert s.value == 0.0 and "nested more than 64 deep" in s.reason

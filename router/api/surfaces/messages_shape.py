@@ -25,7 +25,7 @@ from router.api.responses import ChatShape
 from router.api.sse import StreamWriter, named
 from router.cascade import CascadeResult
 from router.generation import GenerationRequest
-from router.structured.tools import ToolAnswer, argument_fragments
+from router.structured.tools import ToolAnswer, argument_fragments, decode_arguments
 
 _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}
 
@@ -33,10 +33,7 @@ _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}
 def tool_input(arguments: str) -> dict[str, Any]:
     """A call's arguments as a tool_use block's `input`, which Anthropic makes an object: JSON
     that is not an object (the tool check scored such a call 0) is kept whole under `_arguments`."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        value = None
+    value, _ = decode_arguments(arguments)
     return value if isinstance(value, dict) else {"_arguments": arguments}
 
 

@@ -188,3 +188,12 @@ def test_a_conversation_ending_on_tool_results_asks_for_their_use() -> None:
             GenerationRequest(messages=(*history, Message("user", "Thanks")), tools=(spec,)), native=native
         )
         assert tools.RESULTS_NUDGE not in json.dumps(later)
+
+
+def test_decode_arguments_says_why_and_never_raises() -> None:
+    assert tools.decode_arguments('{"city": "Paris"}') == ({"city": "Paris"}, None)
+    assert tools.decode_arguments("[1]") == ([1], None)  # JSON, not an object: the caller decides
+    assert tools.decode_arguments("{not json")[1].startswith("not JSON")  # type: ignore[union-attr]
+    for depth in (65, 5000):  # past the bound, and past json's own recursion limit
+        value, why = tools.decode_arguments("[" * depth + "]" * depth)
+        assert value is None and why == f"nested more than {tools.MAX_NESTING} deep"
