@@ -13,6 +13,7 @@ against scripted upstreams on loopback.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ import pytest
 from router.plugins import VerifierRegistry
 from tests.support.accounting import auth, keys_section, read_ledger, running
 from tests.support.config import TOKEN_PRICE, table, tier, write_config
-from tests.support.fault_upstream import FaultUpstream, Received, broken_stream, ok, sse, status
+from tests.support.fault_upstream import FaultUpstream, Received, broken_stream, hang, ok, sse, status
 from tests.support.servers import llama_cpp_server
 
 KEYS: dict[str, dict[str, Any]] = {"tenant": {}, "attacker": {}, "scraper": {"roles": ["metrics"]}}
@@ -33,7 +34,9 @@ DEVELOPER = [{"role": "developer", "content": "Be brief."}, {"role": "user", "co
 SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
 
 
-def served_config(tmp: Path, urls: list[str], *, model: str = "fake", **engine: object) -> tuple[Path, dict[str, str]]:
+def served_config(
+    tmp: Path, urls: list[str], *, model: str = "fake", timeout_s: float = 20, **engine: object
+) -> tuple[Path, dict[str, str]]:
     """Tier `large` of one deployment per URL (named d0, d1, ...); the engine's settings are the
     defaults unless given."""
     body, raw = keys_section(KEYS)
@@ -45,7 +48,7 @@ def served_config(tmp: Path, urls: list[str], *, model: str = "fake", **engine: 
     else:
         extra = "".join(f'[[tiers.openai.deployments]]\nname = "d{i}"\nbase_url = "{u}"\n' for i, u in enumerate(urls))
     text += tier(
-        "large", backend="openai", max_tokens=16, timeout_s=20, engine=settings, price=TOKEN_PRICE, extra=extra
+        "large", backend="openai", max_tokens=16, timeout_s=timeout_s, engine=settings, price=TOKEN_PRICE, extra=extra
     )
     return write_config(tmp / "config.toml", text), raw
 
@@ -252,3 +255,78 @@ async def test_a_probe_on_the_connection_the_failed_request_left_is_no_outage(tm
     assert metric(metrics, "tierroute_backend_consecutive_failures", tier="large") == 0
     rows = attacker_rows(tmp_path)
     assert len(rows) == 5 and all(row.prompt_tokens > 3000 and row.cost_usd > 0 for row in rows), rows
+
+
+async def test_n_the_real_server_does_not_honour_is_the_requests_400_and_charged(
+    tmp_path: Path, llama_server: str
+) -> None:
+    # llama-cpp-python's server ignores n and answers one choice: counted as a malformed answer,
+    # two such requests opened the breaker (the third review). Now each is a 400 naming n, tried
+    # once, charged the choice that came, and the breaker hears the deployment as alive.
+    cfg, keys = served_config(tmp_path, [llama_server], model="smol")
+    async with running(cfg, registry=VerifierRegistry.from_entry_points()) as client:
+        attacks = [await ask(client, keys["attacker"], n=2, temperature=0.8) for _ in range(3)]
+        after = await ask(client, keys["tenant"])
+        metrics = (await client.get("/metrics", headers=auth(keys["scraper"]))).text
+    for r in attacks:
+        error = r.json()["error"]
+        assert r.status_code == 400 and (error["code"], error["param"]) == ("n_not_supported", "n"), r.text
+    assert after.status_code == 200, after.text
+    assert metric(metrics, "tierroute_backend_consecutive_failures", tier="large") == 0
+    assert metric(metrics, "tierroute_backend_upstream_retries_total", tier="large") == 0
+    rows = attacker_rows(tmp_path)
+    assert len(rows) == 3 and all(r.completion_tokens >= 1 and r.cost_usd > 0 for r in rows), rows
+
+
+async def until(check: Any, seconds: float) -> None:
+    """Wait, a tenth of a second at a time, until `check()` (a deadline cut is judged after the
+    request has ended)."""
+    for _ in range(int(seconds * 10)):
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("not within the time")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+async def test_a_deadline_cut_is_charged_and_judged_by_the_probe(tmp_path: Path, stream: bool) -> None:
+    # A request cut at its deadline was charged nothing and counted against the breaker: one
+    # whose own length (max_tokens with end-of-text suppressed) passes the tier's timeout_s is the
+    # request's doing. Now it is charged its prompt and, plain, n * max_tokens (the server goes on
+    # generating for a reader that left), and the breaker hears of it only once the tier's own
+    # probe says: answered here, so the deployment is alive, and nothing counts.
+    with FaultUpstream(outage_probe=None) as d0:
+        d0.script(hang(10))
+        cfg, keys = served_config(tmp_path, [d0.base_url], timeout_s=1.5)
+        async with running(cfg, registry=VerifierRegistry.from_entry_points()) as client:
+            cut = await ask(client, keys["attacker"], stream=stream)
+
+            async def judged() -> bool:
+                text = (await client.get("/metrics", headers=auth(keys["scraper"]))).text
+                return metric(text, "tierroute_deployment_outage_probes_total", tier="large") >= 1
+
+            await until(judged, 8)
+            after = await ask(client, keys["tenant"])
+            metrics = (await client.get("/metrics", headers=auth(keys["scraper"]))).text
+    assert cut.status_code == 503 and cut.headers["retry-after"] == "1", cut.text
+    assert "deadline" in cut.json()["error"]["message"]
+    assert after.status_code == 200, after.text
+    assert metric(metrics, "tierroute_backend_consecutive_failures", tier="large") == 0
+    [row] = attacker_rows(tmp_path)
+    assert row.prompt_tokens > 0 and row.cost_usd > 0, row
+    assert row.completion_tokens == (0 if stream else 4), row  # the max_tokens asked (`ask`), n = 1
+
+
+async def test_a_deadline_cut_on_a_deployment_that_answers_nothing_counts_against_it(tmp_path: Path) -> None:
+    # the other side: the probe gets no answer either (a hung deployment), so the cut counts
+    with FaultUpstream(default=hang(30), outage_probe=None) as d0:
+        cfg, keys = served_config(tmp_path, [d0.base_url], timeout_s=1.5)
+        async with running(cfg, registry=VerifierRegistry.from_entry_points()) as client:
+            cut = await ask(client, keys["attacker"])
+
+            async def counted() -> bool:
+                text = (await client.get("/metrics", headers=auth(keys["scraper"]))).text
+                return metric(text, "tierroute_backend_consecutive_failures", tier="large") == 1
+
+            await until(counted, 10)
+    assert cut.status_code == 503, cut.text
