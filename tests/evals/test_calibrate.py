@@ -150,7 +150,7 @@ def test_write_thresholds_into_a_task_policy(tmp_path: Path) -> None:
     write_thresholds(path, {"small": 0.3, "large": 0.2}, task="open_ended")
     final = load_settings(path)
     assert final.tier("small").tasks["open_ended"].threshold == pytest.approx(0.3)
-    assert [v.name for v in final.tier("small").tasks["open_ended"].verifiers or []] == ["degeneration"]
+    assert [v.name for v in final.tier("small").tasks["open_ended"].verifiers or []] == ["instructions", "degeneration"]
     assert final.tier("large").tasks["open_ended"].threshold == pytest.approx(0.2)
     assert final.tier("large").llamacpp == before.tier("large").llamacpp
 
