@@ -38,6 +38,7 @@
 #   VLLM_CPU_KVCACHE_SPACE   GiB of KV cache (default 2)
 #   VLLM_CPU_OMP_THREADS_BIND  cores for the model's threads (default: all, e.g. 0-1)
 #   VLLM_ENFORCE_EAGER  1: skip torch.compile (a faster start, slower decoding)
+#   VLLM_USE_AOT_COMPILE  0 (default here): reuse torch.compile's cache (vLLM's AOT one does not load on CPU)
 #   VLLM_EXTRA_ARGS   more flags, appended as given; never --host, --api-key, --model or
 #                     --trust-remote-code (refused, in any spelling vLLM's parser would take)
 set -euo pipefail
@@ -151,6 +152,11 @@ serve() {
   export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}"
   export VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-0-$(($(nproc) - 1))}"
   export VLLM_CPU_NUM_OF_RESERVED_CPU="${VLLM_CPU_NUM_OF_RESERVED_CPU:-0}"
+  # torch.compile's cache, not its AOT artifacts: vllm-cpu 0.32.0 saves an AOT artifact it cannot
+  # load back on the CPU ("Compiling model again due to a load failure ... 'function' object has
+  # no attribute 'finalize_loading'"), so every start compiled afresh (engine init 145 s here);
+  # without AOT the Inductor cache in ~/.cache/vllm is reused (57 s)
+  export VLLM_USE_AOT_COMPILE="${VLLM_USE_AOT_COMPILE:-0}"
   VLLM_API_KEY="$(api_key)"
   export VLLM_API_KEY
   export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"  # key_guard.py, for --middleware

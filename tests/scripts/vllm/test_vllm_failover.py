@@ -4,8 +4,8 @@ two deployments, vLLM first (`ordered_failover`) and llama-cpp-python's server o
 A request in flight when vLLM dies is answered by the second deployment; a stream that had
 already sent text cannot be spliced onto another model's answer, so its client hears the error
 (what it was sent stays sent) and the next requests, plain and streamed, go to the second
-deployment. These tests kill the session's server: they run last (conftest.py), and a test after
-them would start a new one."""
+deployment. Both are in flight at the one kill. The test kills the session's server: it runs last
+(conftest.py), and a test after it would start a new one."""
 
 from __future__ import annotations
 
@@ -53,31 +53,30 @@ async def _stream(b: object, request: GenerationRequest) -> tuple[list[str], Gen
     return pieces, result
 
 
-async def test_kill_mid_stream_then_the_second_deployment_answers(vllm: VllmServer, llama_url: str) -> None:
+async def test_kill_mid_stream_and_mid_request_then_the_second_deployment_answers(
+    vllm: VllmServer, llama_url: str
+) -> None:
+    """One kill, two requests in flight on vLLM: a plain one, which fails over and is answered by
+    llama's server, and a stream that had sent text, which ends with the error. (One kill, not one
+    a case: each kill costs the next test a vLLM start, most of these tests' time.)"""
     async with backend(vllm, deployments=_deployments(vllm, llama_url), strategy="ordered_failover") as b:
+        warm = await b.generate(SHORT)
+        assert warm.deployment == "vllm"
+        in_flight = asyncio.create_task(b.generate(LONG.with_(max_tokens=200)))
         pieces: list[str] = []
         with pytest.raises(UnavailableError):
             async for item in b.stream(LONG):
                 if isinstance(item, Delta):
                     pieces.append(item.text)
                     if len(pieces) == 5:
+                        assert not in_flight.done()  # still decoding on vLLM (a few tokens a second here)
                         await asyncio.to_thread(vllm.kill)
         assert len(pieces) >= 5  # the text sent before the kill reached the client
+        answered = await in_flight
         plain = await b.generate(SHORT)
         _, streamed = await _stream(b, SHORT)
         health = b.deployment_stats()
+    assert answered.deployment == "llama" and answered.text
     assert plain.deployment == "llama" and plain.text
     assert streamed.deployment == "llama" and streamed.text
     assert health["llama"]["consecutive_failures"] == 0
-
-
-async def test_kill_during_a_request_fails_it_over(vllm: VllmServer, llama_url: str) -> None:
-    async with backend(vllm, deployments=_deployments(vllm, llama_url), strategy="ordered_failover") as b:
-        warm = await b.generate(SHORT)
-        assert warm.deployment == "vllm"
-        in_flight = asyncio.create_task(b.generate(LONG.with_(max_tokens=200)))
-        await asyncio.sleep(2.0)  # vLLM is decoding it (about 20 tokens a second here)
-        assert not in_flight.done()
-        await asyncio.to_thread(vllm.kill)
-        answered = await in_flight
-    assert answered.deployment == "llama" and answered.text
