@@ -36,12 +36,9 @@ vocabulary (Qwen2.5-Coder-0.5B via llama.cpp `vocab_only`), as the RouteLLM subs
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import json
 import math
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -55,13 +52,13 @@ from evals.frontier.cascade import SHARES, Row, calibrations, held_out_row, join
 from evals.frontier.page import csv_text
 from evals.frontier.published import ListPrice
 from evals.frontier.report import SuiteFrontier, TierLine, cascade_name
+from evals.frontier.runs import published_tier, replace_run
 from evals.splits import BOOTSTRAP, Interval
 from evals.store import GenerationRecord, GradeRecord, RunStore, digest, generation_key, grade_key
 from evals.suites.base import Item, Suite
 from evals.sweep import ResultTable, load_table
 from router.errors import ConfigError
 from router.generation import GenerationRequest
-from router.policy import describe
 
 DATA_DIR = Path("evals/data/bfcl")
 CORRECT_FILE = "per_item_correct.csv"
@@ -185,18 +182,7 @@ def write_run(published: PublishedBFCL, suite: Suite, runs_dir: Path) -> Path:
     """Write (or rewrite whole) the run `runs_dir/bfcl-published`: one tier per model of `TOPS`,
     over the published items this suite has (its categories), graded by the published verdicts."""
     items = {it.id: it for it in suite.load()}
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    final = runs_dir / RUN
-    tmp = Path(tempfile.mkdtemp(dir=runs_dir, prefix=f".{RUN}-"))
-    try:
-        asyncio.run(_write(published, suite, items, tmp))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+    return replace_run(runs_dir, RUN, lambda tmp: _write(published, suite, items, tmp))
 
 
 async def _write(published: PublishedBFCL, suite: Suite, items: Mapping[str, Item], root: Path) -> None:
@@ -226,25 +212,7 @@ async def _write(published: PublishedBFCL, suite: Suite, items: Mapping[str, Ite
 def _manifest(
     published: PublishedBFCL, suite: Suite, items: Mapping[str, Item], kept: list[str], left: int
 ) -> dict[str, Any]:
-    tiers: list[dict[str, Any]] = []
-    for tier in TOPS:
-        price = PRICES[tier].settings(tier)
-        tiers.append(
-            {
-                "name": tier,
-                "backend": "published",
-                "model": f"published:{MODELS[tier]}",
-                "fingerprint": tier_fingerprint(tier),
-                "max_tokens": None,
-                "price": price.model_dump(mode="json"),
-                "price_text": describe(price),
-                "task": None,
-                "combine": "mean",
-                "threshold": 0.5,
-                "verifiers": [],
-                "scored_with": [],
-            }
-        )
+    tiers = [published_tier(t, MODELS[t], tier_fingerprint(t), PRICES[t].settings(t)) for t in TOPS]
     right = {t: sum(published.correct[t][i] for i in kept) for t in TOPS}
     return {
         "name": RUN,

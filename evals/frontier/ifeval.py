@@ -38,22 +38,19 @@ prompts that ask for Hindi, Bengali or other scripts).
 
 from __future__ import annotations
 
-import asyncio
 import json
-import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from evals.frontier.published import ListPrice
+from evals.frontier.runs import published_tier, replace_run
 from evals.store import GenerationRecord, GradeRecord, RunStore, digest, generation_key, grade_key
 from evals.suites.base import Item, Suite
 from evals.suites.ifeval import IFEval
 from router.errors import ConfigError
 from router.generation import GenerationRequest
-from router.policy import describe
 
 DATA_DIR = Path("evals/data/ifeval")
 RESPONSES_FILE = "input_response_data_gpt4_20231107_145030.jsonl"
@@ -190,18 +187,7 @@ def write_run(published: PublishedIFEval, suite: Suite, runs_dir: Path) -> Path:
     items = {it.id: it for it in suite.load()}
     if set(items) != set(published.answers):
         raise ConfigError(f"the {suite.name} suite's items are not the published responses' items")
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    final = runs_dir / RUN
-    tmp = Path(tempfile.mkdtemp(dir=runs_dir, prefix=f".{RUN}-"))
-    try:
-        asyncio.run(_write(published, suite, items, tmp))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+    return replace_run(runs_dir, RUN, lambda tmp: _write(published, suite, items, tmp))
 
 
 async def _write(published: PublishedIFEval, suite: Suite, items: Mapping[str, Item], root: Path) -> None:
@@ -223,21 +209,7 @@ async def _write(published: PublishedIFEval, suite: Suite, items: Mapping[str, I
 
 
 def _manifest(published: PublishedIFEval, suite: Suite, items: Mapping[str, Item], right: int) -> dict[str, Any]:
-    price = PRICE.settings(TIER)
-    tier: dict[str, Any] = {
-        "name": TIER,
-        "backend": "published",
-        "model": f"published:{MODEL}",
-        "fingerprint": tier_fingerprint(),
-        "max_tokens": None,
-        "price": price.model_dump(mode="json"),
-        "price_text": describe(price),
-        "task": None,
-        "combine": "mean",
-        "threshold": 0.5,
-        "verifiers": [],
-        "scored_with": [],
-    }
+    tier = published_tier(TIER, MODEL, tier_fingerprint(), PRICE.settings(TIER))
     return {
         "name": RUN,
         "suite": {

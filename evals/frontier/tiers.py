@@ -19,17 +19,14 @@ into place), so it always carries the current grader's verdicts.
 
 from __future__ import annotations
 
-import asyncio
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from evals.frontier.published import MODELS, PRICES, TIERS, Published
+from evals.frontier.runs import published_tier, replace_run
 from evals.store import GenerationRecord, GradeRecord, RunStore, digest, generation_key, grade_key
 from evals.suites.base import Suite
-from router.policy import describe
 
 MAX_EXAMPLES = 6  # disagreements kept, with both readings, per tier
 
@@ -57,18 +54,7 @@ def tier_fingerprint(published: Published, tier: str) -> str:
 
 def write_run(published: Published, suite: Suite, runs_dir: Path) -> Path:
     """Write (or rewrite) the run `runs_dir/routellm-<suite>` from the published subset."""
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    final = runs_dir / run_name(published.suite)
-    tmp = Path(tempfile.mkdtemp(dir=runs_dir, prefix=f".{final.name}-"))
-    try:
-        asyncio.run(_write(published, suite, tmp))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+    return replace_run(runs_dir, run_name(published.suite), lambda tmp: _write(published, suite, tmp))
 
 
 async def _write(published: Published, suite: Suite, root: Path) -> None:
@@ -139,25 +125,7 @@ def _manifest(
     disagreements: list[Disagreement],
     agree_counts: dict[str, dict[str, int]],
 ) -> dict[str, Any]:
-    tiers: list[dict[str, Any]] = []
-    for tier in TIERS:
-        price = PRICES[tier].settings(MODELS[tier])
-        tiers.append(
-            {
-                "name": tier,
-                "backend": "published",
-                "model": f"published:{MODELS[tier]}",
-                "fingerprint": tier_fingerprint(published, tier),
-                "max_tokens": None,
-                "price": price.model_dump(mode="json"),
-                "price_text": describe(price),
-                "task": None,
-                "combine": "mean",
-                "threshold": 0.5,
-                "verifiers": [],
-                "scored_with": [],
-            }
-        )
+    tiers = [published_tier(t, MODELS[t], tier_fingerprint(published, t), PRICES[t].settings(MODELS[t])) for t in TIERS]
     grading: dict[str, Any] = {"grader": f"{suite.fingerprint}'s own" if suite.name == "gsm8k" else "published labels"}
     if suite.name == "gsm8k":
         for tier in TIERS:
